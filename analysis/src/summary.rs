@@ -1,0 +1,332 @@
+//! The summary of one run and `summary.json`.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Write};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::AnalysisError;
+use crate::slo::Slo;
+use crate::stats::MetricStats;
+
+/// Metrics of one request class (completed requests only, latencies in ms).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct ClassSummary {
+    /// Class name.
+    pub name: String,
+    /// Completed (non-rejected) requests.
+    pub completed: u64,
+    /// Rejected requests.
+    pub rejected: u64,
+    /// Mean time to first token (ms).
+    pub mean_ttft_ms: f64,
+    /// Median time to first token (ms).
+    pub median_ttft_ms: f64,
+    /// 99th percentile of time to first token (ms).
+    pub p99_ttft_ms: f64,
+    /// Mean time per output token (ms).
+    pub mean_tpot_ms: f64,
+    /// Median time per output token (ms).
+    pub median_tpot_ms: f64,
+    /// 99th percentile of time per output token (ms).
+    pub p99_tpot_ms: f64,
+    /// Mean end-to-end latency (ms).
+    pub mean_e2el_ms: f64,
+    /// Median end-to-end latency (ms).
+    pub median_e2el_ms: f64,
+    /// 99th percentile of end-to-end latency (ms).
+    pub p99_e2el_ms: f64,
+}
+
+impl ClassSummary {
+    /// A class summary from its counts and metric statistics.
+    pub(crate) fn new(
+        name: String,
+        completed: u64,
+        rejected: u64,
+        ttft: MetricStats,
+        tpot: MetricStats,
+        e2el: MetricStats,
+    ) -> Self {
+        ClassSummary {
+            name,
+            completed,
+            rejected,
+            mean_ttft_ms: ttft.mean,
+            median_ttft_ms: ttft.median,
+            p99_ttft_ms: ttft.p99,
+            mean_tpot_ms: tpot.mean,
+            median_tpot_ms: tpot.median,
+            p99_tpot_ms: tpot.p99,
+            mean_e2el_ms: e2el.mean,
+            median_e2el_ms: e2el.median,
+            p99_e2el_ms: e2el.p99,
+        }
+    }
+}
+
+/// Everything reported about one run (`summary.json`).
+///
+/// Field names follow vLLM's benchmark client (`benchmarks/benchmark_serving.py`). Latency
+/// metrics are over completed (non-rejected) requests, in milliseconds; TPOT leaves out
+/// requests with at most one output token; ITL pools every gap between consecutive tokens.
+/// Empty sets give 0.
+///
+/// `Summary::default()` is the summary of nothing: empty names and zeros.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct Summary {
+    /// Scenario name.
+    pub scenario: String,
+    /// Variant name.
+    pub variant: String,
+    /// Backend name.
+    pub backend: String,
+    /// Completed (non-rejected) requests.
+    pub completed: u64,
+    /// Rejected requests.
+    pub num_rejected: u64,
+    /// Prompt tokens of completed requests.
+    pub total_input_tokens: u64,
+    /// Output tokens of completed requests.
+    pub total_output_tokens: u64,
+    /// Makespan (s): last finish minus first arrival, over all requests including rejected.
+    pub duration: f64,
+    /// Completed requests per second.
+    pub request_throughput: f64,
+    /// Output tokens per second.
+    pub output_throughput: f64,
+    /// Prompt plus output tokens per second.
+    pub total_token_throughput: f64,
+    /// Completed requests per second that meet every given SLO; `None` without an SLO.
+    pub request_goodput: Option<f64>,
+    /// The SLO goodput was measured against.
+    pub slo: Slo,
+
+    /// Mean time to first token (ms).
+    pub mean_ttft_ms: f64,
+    /// Median time to first token (ms).
+    pub median_ttft_ms: f64,
+    /// Standard deviation of time to first token (ms).
+    pub std_ttft_ms: f64,
+    /// 90th percentile of time to first token (ms).
+    pub p90_ttft_ms: f64,
+    /// 95th percentile of time to first token (ms).
+    pub p95_ttft_ms: f64,
+    /// 99th percentile of time to first token (ms).
+    pub p99_ttft_ms: f64,
+
+    /// Mean time per output token (ms).
+    pub mean_tpot_ms: f64,
+    /// Median time per output token (ms).
+    pub median_tpot_ms: f64,
+    /// Standard deviation of time per output token (ms).
+    pub std_tpot_ms: f64,
+    /// 90th percentile of time per output token (ms).
+    pub p90_tpot_ms: f64,
+    /// 95th percentile of time per output token (ms).
+    pub p95_tpot_ms: f64,
+    /// 99th percentile of time per output token (ms).
+    pub p99_tpot_ms: f64,
+
+    /// Mean inter-token latency (ms).
+    pub mean_itl_ms: f64,
+    /// Median inter-token latency (ms).
+    pub median_itl_ms: f64,
+    /// Standard deviation of inter-token latency (ms).
+    pub std_itl_ms: f64,
+    /// 90th percentile of inter-token latency (ms).
+    pub p90_itl_ms: f64,
+    /// 95th percentile of inter-token latency (ms).
+    pub p95_itl_ms: f64,
+    /// 99th percentile of inter-token latency (ms).
+    pub p99_itl_ms: f64,
+
+    /// Mean end-to-end latency (ms).
+    pub mean_e2el_ms: f64,
+    /// Median end-to-end latency (ms).
+    pub median_e2el_ms: f64,
+    /// Standard deviation of end-to-end latency (ms).
+    pub std_e2el_ms: f64,
+    /// 90th percentile of end-to-end latency (ms).
+    pub p90_e2el_ms: f64,
+    /// 95th percentile of end-to-end latency (ms).
+    pub p95_e2el_ms: f64,
+    /// 99th percentile of end-to-end latency (ms).
+    pub p99_e2el_ms: f64,
+
+    /// Mean queueing delay, first scheduled minus arrival (ms).
+    pub mean_queue_ms: f64,
+    /// Median queueing delay (ms).
+    pub median_queue_ms: f64,
+    /// Standard deviation of queueing delay (ms).
+    pub std_queue_ms: f64,
+    /// 90th percentile of queueing delay (ms).
+    pub p90_queue_ms: f64,
+    /// 95th percentile of queueing delay (ms).
+    pub p95_queue_ms: f64,
+    /// 99th percentile of queueing delay (ms).
+    pub p99_queue_ms: f64,
+
+    /// Engine steps.
+    pub num_steps: u64,
+    /// Preemptions (sum of the steps' `num_preempted`).
+    pub num_preemptions: u64,
+    /// Mean sequences per step.
+    pub mean_batch_size: f64,
+    /// Mean batched tokens per step.
+    pub mean_batched_tokens: f64,
+    /// Mean KV usage over steps (fraction of the pool).
+    pub mean_kv_usage: f64,
+    /// Maximum KV usage over steps (fraction of the pool).
+    pub max_kv_usage: f64,
+    /// KV pool size in blocks.
+    pub kv_pool_blocks: u32,
+    /// KV blocks still in use when the run ended (should be 0).
+    pub leaked_blocks: u32,
+    /// Wall-clock time of the simulation (s).
+    pub wall_time_s: f64,
+    /// Simulated requests (completed and rejected) per wall-clock second.
+    pub sim_speed: f64,
+    /// Per-class metrics, in class-index order.
+    pub classes: Vec<ClassSummary>,
+}
+
+impl Summary {
+    /// The scalar fields (everything but `slo` and `classes`) as `(name, value)` pairs, in
+    /// field order; floats with 6 decimals, a missing goodput as an empty string.
+    pub(crate) fn scalar_fields(&self) -> Vec<(String, String)> {
+        let f = |x: f64| format!("{x:.6}");
+        let v: Vec<(&str, String)> = vec![
+            ("scenario", self.scenario.clone()),
+            ("variant", self.variant.clone()),
+            ("backend", self.backend.clone()),
+            ("completed", self.completed.to_string()),
+            ("num_rejected", self.num_rejected.to_string()),
+            ("total_input_tokens", self.total_input_tokens.to_string()),
+            ("total_output_tokens", self.total_output_tokens.to_string()),
+            ("duration", f(self.duration)),
+            ("request_throughput", f(self.request_throughput)),
+            ("output_throughput", f(self.output_throughput)),
+            ("total_token_throughput", f(self.total_token_throughput)),
+            (
+                "request_goodput",
+                self.request_goodput.map(f).unwrap_or_default(),
+            ),
+        ];
+        let metrics: [(&'static str, [f64; 6]); 5] = [
+            (
+                "ttft",
+                [
+                    self.mean_ttft_ms,
+                    self.median_ttft_ms,
+                    self.std_ttft_ms,
+                    self.p90_ttft_ms,
+                    self.p95_ttft_ms,
+                    self.p99_ttft_ms,
+                ],
+            ),
+            (
+                "tpot",
+                [
+                    self.mean_tpot_ms,
+                    self.median_tpot_ms,
+                    self.std_tpot_ms,
+                    self.p90_tpot_ms,
+                    self.p95_tpot_ms,
+                    self.p99_tpot_ms,
+                ],
+            ),
+            (
+                "itl",
+                [
+                    self.mean_itl_ms,
+                    self.median_itl_ms,
+                    self.std_itl_ms,
+                    self.p90_itl_ms,
+                    self.p95_itl_ms,
+                    self.p99_itl_ms,
+                ],
+            ),
+            (
+                "e2el",
+                [
+                    self.mean_e2el_ms,
+                    self.median_e2el_ms,
+                    self.std_e2el_ms,
+                    self.p90_e2el_ms,
+                    self.p95_e2el_ms,
+                    self.p99_e2el_ms,
+                ],
+            ),
+            (
+                "queue",
+                [
+                    self.mean_queue_ms,
+                    self.median_queue_ms,
+                    self.std_queue_ms,
+                    self.p90_queue_ms,
+                    self.p95_queue_ms,
+                    self.p99_queue_ms,
+                ],
+            ),
+        ];
+        let mut out: Vec<(String, String)> =
+            v.into_iter().map(|(k, x)| (k.to_owned(), x)).collect();
+        for (metric, values) in metrics {
+            for (stat, value) in METRIC_STATS.iter().zip(values) {
+                out.push((format!("{stat}_{metric}_ms"), f(value)));
+            }
+        }
+        let tail: [(&str, String); 10] = [
+            ("num_steps", self.num_steps.to_string()),
+            ("num_preemptions", self.num_preemptions.to_string()),
+            ("mean_batch_size", f(self.mean_batch_size)),
+            ("mean_batched_tokens", f(self.mean_batched_tokens)),
+            ("mean_kv_usage", f(self.mean_kv_usage)),
+            ("max_kv_usage", f(self.max_kv_usage)),
+            ("kv_pool_blocks", self.kv_pool_blocks.to_string()),
+            ("leaked_blocks", self.leaked_blocks.to_string()),
+            ("wall_time_s", f(self.wall_time_s)),
+            ("sim_speed", f(self.sim_speed)),
+        ];
+        out.extend(tail.into_iter().map(|(k, x)| (k.to_owned(), x)));
+        out
+    }
+}
+
+/// The six statistics reported for each latency metric, in field order.
+const METRIC_STATS: [&str; 6] = ["mean", "median", "std", "p90", "p95", "p99"];
+
+/// Writes `s` as pretty-printed JSON (with a final newline) to `path`, creating the parent
+/// directory if needed.
+pub fn write_summary_json(path: &Path, s: &Summary) -> Result<(), AnalysisError> {
+    create_parent(path)?;
+    let file = File::create(path).map_err(|e| AnalysisError::io(path, e))?;
+    let mut w = BufWriter::new(file);
+    serde_json::to_writer_pretty(&mut w, s).map_err(|source| AnalysisError::Json {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    w.write_all(b"\n").map_err(|e| AnalysisError::io(path, e))?;
+    w.flush().map_err(|e| AnalysisError::io(path, e))
+}
+
+/// Reads a summary written by [`write_summary_json`].
+pub fn read_summary_json(path: &Path) -> Result<Summary, AnalysisError> {
+    let file = File::open(path).map_err(|e| AnalysisError::io(path, e))?;
+    serde_json::from_reader(BufReader::new(file)).map_err(|source| AnalysisError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Creates the parent directory of `path` when it has one that does not exist.
+pub(crate) fn create_parent(path: &Path) -> Result<(), AnalysisError> {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => {
+            std::fs::create_dir_all(dir).map_err(|e| AnalysisError::io(dir, e))
+        }
+        _ => Ok(()),
+    }
+}

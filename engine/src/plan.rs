@@ -1,0 +1,91 @@
+//! What the scheduler hands the worker (`StepPlan`) and what comes back (`StepOutcome`).
+
+use crate::request::{Nanos, SeqId};
+
+/// The kind of work one sequence does in a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkKind {
+    /// Compute the KV of prompt tokens `[start, start + len)` (a whole prompt or a chunk; also
+    /// the recompute of a preempted sequence).
+    Prefill,
+    /// Generate one token after the last one.
+    Decode,
+}
+
+/// One sequence's share of a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqWork {
+    /// Sequence id.
+    pub seq: SeqId,
+    /// Prefill chunk or decode.
+    pub kind: WorkKind,
+    /// First token position computed in this step (= tokens already in the KV cache).
+    pub start: u32,
+    /// Number of tokens computed in this step.
+    pub len: u32,
+    /// Whether the step ends at the sequence's last token, so a token is sampled.
+    pub sample: bool,
+    /// Block table after this step's reservation (filled only when the backend asks for
+    /// it: real runtimes need it, the cost model does not).
+    pub block_table: Vec<u32>,
+}
+
+impl SeqWork {
+    /// Context length after this step (tokens attended to by the last computed token).
+    pub fn context_len(&self) -> u32 {
+        self.start + self.len
+    }
+}
+
+/// One engine step: the batch the worker executes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepPlan {
+    /// Step number.
+    pub step: u64,
+    /// Time the step starts.
+    pub start: Nanos,
+    /// Work per sequence, in scheduling order.
+    pub work: Vec<SeqWork>,
+    /// Sequences preempted while this step was scheduled (their KV was freed).
+    pub preempted: Vec<SeqId>,
+    /// Block copies `(src, dst)` to perform before the step (copy-on-write).
+    pub block_copies: Vec<(u32, u32)>,
+    /// Blocks to swap in from the CPU pool before the step.
+    pub swap_in: Vec<u32>,
+    /// Blocks to swap out to the CPU pool before the step.
+    pub swap_out: Vec<u32>,
+}
+
+impl StepPlan {
+    /// Total tokens computed in the step.
+    pub fn num_batched_tokens(&self) -> u32 {
+        self.work.iter().map(|w| w.len).sum()
+    }
+
+    /// Prefill tokens in the step.
+    pub fn num_prefill_tokens(&self) -> u32 {
+        self.work
+            .iter()
+            .filter(|w| w.kind == WorkKind::Prefill)
+            .map(|w| w.len)
+            .sum()
+    }
+
+    /// True when the step has no work.
+    pub fn is_empty(&self) -> bool {
+        self.work.is_empty()
+    }
+}
+
+/// What a backend returns for a step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepOutcome {
+    /// Duration of the step: predicted by a cost model or measured by a real runtime.
+    pub duration: Nanos,
+    /// One sampled token per `SeqWork` with `sample == true`, in plan order.
+    pub sampled: Vec<u32>,
+    /// Model bandwidth utilisation (0 when unknown).
+    pub mbu: f64,
+    /// Model FLOPs utilisation (0 when unknown).
+    pub mfu: f64,
+}

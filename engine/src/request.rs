@@ -1,0 +1,144 @@
+//! Requests and the sequence state machine.
+
+use serde::{Deserialize, Serialize};
+
+/// Simulated time in integer nanoseconds. Integer time keeps event ordering exact and
+/// runs byte-identical across machines.
+pub type Nanos = u64;
+
+/// Identifier of a request (and of its sequence: one request is one sequence here).
+pub type SeqId = u64;
+
+/// Nanoseconds per second, for converting user-facing seconds.
+pub const NANOS_PER_SEC: f64 = 1e9;
+
+/// One inference request as the workload yields it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// Unique id, increasing in arrival order.
+    pub id: SeqId,
+    /// Arrival time.
+    pub arrival: Nanos,
+    /// Number of prompt tokens.
+    pub prompt_len: u32,
+    /// Prompt token ids, when a real backend or a prefix cache needs them; empty in pure
+    /// simulation (the length is what the cost model needs).
+    pub prompt_tokens: Vec<u32>,
+    /// Maximum number of tokens to generate. In simulation this is the output length the
+    /// workload drew (the request runs with `ignore_eos`, as vLLM's benchmark client does).
+    pub max_tokens: u32,
+    /// Stop at the end-of-sequence token (real backends); simulation ignores EOS.
+    pub ignore_eos: bool,
+    /// Scheduling priority (lower value is served first by priority policies).
+    pub priority: i32,
+    /// Index of the request class in the workload (for per-class metrics).
+    pub class: u16,
+}
+
+/// Lifecycle state of a sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SeqStatus {
+    /// In the queue, never scheduled.
+    Waiting,
+    /// Admitted: holds KV blocks and is scheduled step by step.
+    Running,
+    /// Evicted from the running set (KV freed, to be recomputed); back in the queue.
+    Preempted,
+    /// Ended normally.
+    Finished,
+    /// Refused without running.
+    Rejected,
+}
+
+/// Why a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// Reached `max_tokens`.
+    Length,
+    /// Produced the end-of-sequence token.
+    Stop,
+    /// Prompt plus `max_tokens` exceed `max_model_len` (or the whole KV pool).
+    RejectedTooLong,
+}
+
+impl FinishReason {
+    /// Short name used in CSV outputs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Length => "length",
+            FinishReason::Stop => "stop",
+            FinishReason::RejectedTooLong => "rejected_too_long",
+        }
+    }
+
+    /// True for rejections (the request never ran).
+    pub fn is_rejection(self) -> bool {
+        matches!(self, FinishReason::RejectedTooLong)
+    }
+}
+
+/// A live sequence inside the scheduler.
+///
+/// The token accounting follows vLLM V1: `num_tokens` counts prompt and generated tokens,
+/// `num_computed` the tokens whose KV is in the cache. A step schedules `n <= num_tokens -
+/// num_computed` tokens; when a step brings `num_computed` to `num_tokens`, the model samples
+/// one new token. Preemption by recompute resets `num_computed` to 0, so the prompt and the
+/// tokens generated so far are prefilled again.
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    /// The request as it arrived.
+    pub request: Request,
+    /// Current state.
+    pub status: SeqStatus,
+    /// Prompt plus generated tokens.
+    pub num_tokens: u32,
+    /// Tokens whose KV has been computed.
+    pub num_computed: u32,
+    /// Tokens generated so far.
+    pub output_len: u32,
+    /// Generated token ids (kept only when a real backend produces them).
+    pub output_tokens: Vec<u32>,
+    /// Time the sequence was first scheduled.
+    pub first_scheduled: Option<Nanos>,
+    /// Time of the first generated token.
+    pub first_token: Option<Nanos>,
+    /// Time of the latest generated token.
+    pub last_token: Option<Nanos>,
+    /// Times this sequence was preempted.
+    pub num_preemptions: u32,
+    /// Admission counter value when last admitted (orders the running set, newest last).
+    pub admitted_seq: u64,
+}
+
+impl Sequence {
+    /// A new waiting sequence for `request`.
+    pub fn new(request: Request) -> Self {
+        let num_tokens = request.prompt_len;
+        Sequence {
+            request,
+            status: SeqStatus::Waiting,
+            num_tokens,
+            num_computed: 0,
+            output_len: 0,
+            output_tokens: Vec::new(),
+            first_scheduled: None,
+            first_token: None,
+            last_token: None,
+            num_preemptions: 0,
+            admitted_seq: 0,
+        }
+    }
+
+    /// Tokens still to compute before the next sample.
+    pub fn remaining(&self) -> u32 {
+        self.num_tokens - self.num_computed
+    }
+
+    /// True when the next step of this sequence is a plain decode (one new token after
+    /// the last generated one); false during prefill or a recompute after preemption.
+    pub fn is_decode(&self) -> bool {
+        self.output_len > 0 && self.remaining() == 1
+    }
+}

@@ -1,0 +1,39 @@
+//! Iteration-level batching, prefill first (Orca, vLLM V0 without chunked prefill).
+
+use super::{Proposal, Queues, SchedulePolicy, SchedulerConfig};
+use crate::block_manager::{EntryKind, ReserveOrder};
+
+/// Each step either prefills whole prompts of waiting requests (whenever at least one fits)
+/// or decodes every running sequence; when blocks run out during decode, the newest
+/// admitted sequence is preempted (recompute).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Continuous;
+
+impl SchedulePolicy for Continuous {
+    fn name(&self) -> &'static str {
+        "continuous"
+    }
+
+    fn propose(&mut self, q: &Queues<'_>, cfg: &SchedulerConfig) -> Proposal {
+        let mut p = Proposal {
+            order: Some(ReserveOrder::WaitingFirstExclusive),
+            ..Proposal::default()
+        };
+        let mut budget = cfg.max_num_batched_tokens;
+        let free_seats = (cfg.max_num_seqs as usize).saturating_sub(q.running.len());
+        for &id in q.waiting.iter().take(free_seats) {
+            let s = q.seq(id);
+            let n = s.remaining();
+            if n > budget {
+                break;
+            }
+            budget -= n;
+            p.push(id, EntryKind::Waiting, n, s.num_tokens);
+        }
+        for &id in q.running {
+            let s = q.seq(id);
+            p.push(id, EntryKind::Running, s.remaining(), s.num_tokens);
+        }
+        p
+    }
+}

@@ -1,0 +1,485 @@
+//! The scheduler: queues, admission and the per-step plan.
+//!
+//! A [`Scheduler`] owns the live sequences, the FCFS waiting queue and the running set (in
+//! admission order). One step goes:
+//! 1. [`Scheduler::propose`]: the policy ([`SchedulePolicy`]) picks the sequences and the
+//!    tokens of each under `max_num_seqs` and `max_num_batched_tokens`, as one
+//!    [`ReserveRequest`] for the block manager;
+//! 2. the block manager answers with a [`ReserveResponse`] (granted entries, preempted
+//!    victims);
+//! 3. [`Scheduler::apply`] turns the answer into a [`StepPlan`] (preempted sequences go
+//!    back to the front of the queue, admitted ones join the running set);
+//! 4. after the backend ran the step, [`Scheduler::commit`] appends the sampled tokens,
+//!    finishes sequences and returns their records and the sequences whose blocks must be
+//!    freed.
+
+mod chunked;
+mod continuous;
+mod static_batch;
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+use crate::block_manager::{EntryKind, ReserveEntry, ReserveOrder, ReserveRequest, ReserveResponse};
+use crate::error::EngineError;
+use crate::plan::{SeqWork, StepOutcome, StepPlan, WorkKind};
+use crate::record::RequestRecord;
+use crate::request::{FinishReason, Nanos, Request, SeqId, SeqStatus, Sequence};
+
+pub use chunked::Chunked;
+pub use continuous::Continuous;
+pub use static_batch::StaticBatch;
+
+/// Which scheduling policy runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SchedulerKind {
+    /// Request-level batching: a batch of up to `max_num_seqs` is formed, prefilled
+    /// together, and decoded until every member finishes; nothing joins mid-batch. KV for
+    /// prompt + max_tokens is reserved at admission (as pre-PagedAttention systems do), so
+    /// it never preempts.
+    Static,
+    /// Iteration-level (Orca, vLLM V0): each step is either a batch of whole-prompt
+    /// prefills (preferred whenever a waiting request fits) or a decode step of every
+    /// running sequence.
+    Continuous,
+    /// Chunked prefill (vLLM V1, Sarathi): one token budget per step, spent on running
+    /// sequences first (decodes and ongoing prefill chunks), then on new prompts, whose
+    /// prefill is split into chunks that fit the budget.
+    Chunked,
+}
+
+impl SchedulerKind {
+    /// All kinds, for listings.
+    pub const ALL: [SchedulerKind; 3] = [
+        SchedulerKind::Static,
+        SchedulerKind::Continuous,
+        SchedulerKind::Chunked,
+    ];
+
+    /// The policy object for this kind.
+    pub fn policy(self) -> Box<dyn SchedulePolicy + Send> {
+        match self {
+            SchedulerKind::Static => Box::new(StaticBatch),
+            SchedulerKind::Continuous => Box::new(Continuous),
+            SchedulerKind::Chunked => Box::new(Chunked),
+        }
+    }
+
+    /// Whether a prompt may be split over several steps.
+    pub fn chunks_prefill(self) -> bool {
+        matches!(self, SchedulerKind::Chunked)
+    }
+
+    /// Scenario name of the kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SchedulerKind::Static => "static",
+            SchedulerKind::Continuous => "continuous",
+            SchedulerKind::Chunked => "chunked",
+        }
+    }
+}
+
+/// Limits the scheduler works under.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedulerConfig {
+    /// Policy.
+    pub kind: SchedulerKind,
+    /// Most sequences running at once.
+    pub max_num_seqs: u32,
+    /// Most tokens in one step.
+    pub max_num_batched_tokens: u32,
+    /// Longest sequence (prompt + output) accepted.
+    pub max_model_len: u32,
+    /// Token slots in the whole KV pool (blocks x block size): a request that cannot fit
+    /// alone is rejected on arrival.
+    pub pool_tokens: u64,
+    /// End-of-sequence token id (real backends); `None` in simulation.
+    pub eos_token: Option<u32>,
+    /// Ask the block manager for block tables (real backends need them).
+    pub want_block_tables: bool,
+    /// Keep generated token ids on the sequences (real backends).
+    pub keep_tokens: bool,
+}
+
+impl SchedulerConfig {
+    /// Checks that the limits allow progress; the message names the offending key.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let bad = |key: &str, msg: String| Err(EngineError::Config { key: key.into(), msg });
+        if self.max_num_seqs == 0 {
+            return bad("engine.max_num_seqs", "must be at least 1".into());
+        }
+        if self.max_num_batched_tokens < self.max_num_seqs {
+            return bad(
+                "engine.max_num_batched_tokens",
+                format!(
+                    "({}) must be at least max_num_seqs ({}) so that every running sequence can decode",
+                    self.max_num_batched_tokens, self.max_num_seqs
+                ),
+            );
+        }
+        if !self.kind.chunks_prefill() && self.max_num_batched_tokens < self.max_model_len {
+            return bad(
+                "engine.max_num_batched_tokens",
+                format!(
+                    "({}) is smaller than max_model_len ({}): the {} scheduler prefills whole prompts, so a prompt of max length could never run (use the chunked scheduler or raise the budget)",
+                    self.max_num_batched_tokens,
+                    self.max_model_len,
+                    self.kind.as_str()
+                ),
+            );
+        }
+        if u64::from(self.max_model_len) > self.pool_tokens {
+            return bad(
+                "engine.max_model_len",
+                format!(
+                    "({}) is larger than the KV cache ({} tokens): one sequence of max length would not fit",
+                    self.max_model_len, self.pool_tokens
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Read-only view of the queues that policies schedule from.
+pub struct Queues<'a> {
+    /// Live sequences by id.
+    pub seqs: &'a FxHashMap<SeqId, Sequence>,
+    /// FCFS waiting queue (preempted sequences are put back at the front).
+    pub waiting: &'a VecDeque<SeqId>,
+    /// Running sequences in admission order (newest last).
+    pub running: &'a [SeqId],
+}
+
+impl Queues<'_> {
+    /// The sequence `id` (present for every id in the queues).
+    pub fn seq(&self, id: SeqId) -> &Sequence {
+        &self.seqs[&id]
+    }
+}
+
+/// A proposal: block reservations plus the tokens each entry computes this step.
+#[derive(Debug, Clone, Default)]
+pub struct Proposal {
+    /// Reservation entries in priority order.
+    pub entries: Vec<ReserveEntry>,
+    /// Tokens each entry computes (same order).
+    pub tokens: Vec<u32>,
+    /// Order in which the block manager serves the entries.
+    pub order: Option<ReserveOrder>,
+}
+
+impl Proposal {
+    /// Adds an entry computing `tokens` tokens with a block table covering `slots`.
+    pub fn push(&mut self, seq: SeqId, kind: EntryKind, tokens: u32, slots: u32) {
+        self.entries.push(ReserveEntry { seq, kind, slots });
+        self.tokens.push(tokens);
+    }
+}
+
+/// A scheduling policy: picks this step's sequences and token counts.
+pub trait SchedulePolicy {
+    /// Policy name.
+    fn name(&self) -> &'static str;
+    /// Builds the step's proposal from the queues under the limits in `cfg`.
+    fn propose(&mut self, q: &Queues<'_>, cfg: &SchedulerConfig) -> Proposal;
+}
+
+/// What committing a step produced.
+#[derive(Debug, Clone, Default)]
+pub struct CommitResult {
+    /// Records of the requests that finished in this step.
+    pub finished: Vec<RequestRecord>,
+    /// Sequences whose blocks must be freed.
+    pub to_free: Vec<SeqId>,
+}
+
+/// The scheduler core (a plain struct: time is passed in, effects are returned).
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    policy: Box<dyn SchedulePolicy + Send>,
+    seqs: FxHashMap<SeqId, Sequence>,
+    waiting: VecDeque<SeqId>,
+    running: Vec<SeqId>,
+    admissions: u64,
+    steps: u64,
+    pending_tokens: Vec<u32>,
+    itl_gaps: Vec<Nanos>,
+    last_admitted_arrival: Option<(Nanos, SeqId)>,
+    fcfs_violations: u64,
+}
+
+impl Scheduler {
+    /// A scheduler with the policy named in `cfg`.
+    pub fn new(cfg: SchedulerConfig) -> Result<Self, EngineError> {
+        cfg.validate()?;
+        Ok(Scheduler {
+            policy: cfg.kind.policy(),
+            cfg,
+            seqs: FxHashMap::default(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            admissions: 0,
+            steps: 0,
+            pending_tokens: Vec::new(),
+            itl_gaps: Vec::new(),
+            last_admitted_arrival: None,
+            fcfs_violations: 0,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    /// Accepts an arriving request, or rejects it at once (the returned record) when it can
+    /// never run: prompt + max_tokens longer than `max_model_len` or than the KV pool.
+    pub fn add_request(&mut self, req: Request, now: Nanos) -> Option<RequestRecord> {
+        let total = u64::from(req.prompt_len) + u64::from(req.max_tokens);
+        if req.prompt_len == 0
+            || total > u64::from(self.cfg.max_model_len)
+            || total > self.cfg.pool_tokens
+        {
+            return Some(RequestRecord {
+                request_id: req.id,
+                class: req.class,
+                arrival_ns: req.arrival,
+                first_scheduled_ns: None,
+                first_token_ns: None,
+                finish_ns: now,
+                prompt_len: req.prompt_len,
+                output_len: 0,
+                max_tokens: req.max_tokens,
+                cached_tokens: 0,
+                num_preemptions: 0,
+                finish_reason: FinishReason::RejectedTooLong,
+            });
+        }
+        let id = req.id;
+        self.seqs.insert(id, Sequence::new(req));
+        self.waiting.push_back(id);
+        None
+    }
+
+    /// True when some sequence waits or runs.
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// Requests waiting.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Sequences running.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Live sequences (waiting or running).
+    pub fn num_live(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Running sequences in admission order.
+    pub fn running(&self) -> &[SeqId] {
+        &self.running
+    }
+
+    /// A live sequence.
+    pub fn sequence(&self, id: SeqId) -> Option<&Sequence> {
+        self.seqs.get(&id)
+    }
+
+    /// Times a request was admitted before one that arrived earlier without any
+    /// preemption in between (DESIGN §3 invariant 8: must stay 0 under FCFS).
+    pub fn fcfs_violations(&self) -> u64 {
+        self.fcfs_violations
+    }
+
+    /// Inter-token gaps recorded by the last commits; the caller drains them.
+    pub fn take_itl_gaps(&mut self) -> std::vec::Drain<'_, Nanos> {
+        self.itl_gaps.drain(..)
+    }
+
+    /// Step 1: the policy's reservation request for the block manager.
+    pub fn propose(&mut self) -> ReserveRequest {
+        let q = Queues {
+            seqs: &self.seqs,
+            waiting: &self.waiting,
+            running: &self.running,
+        };
+        let p = self.policy.propose(&q, &self.cfg);
+        self.pending_tokens = p.tokens;
+        ReserveRequest {
+            entries: p.entries,
+            victims: self.running.iter().rev().copied().collect(),
+            order: p.order.unwrap_or(ReserveOrder::RunningFirst),
+            want_tables: self.cfg.want_block_tables,
+        }
+    }
+
+    /// Step 2: turns the block manager's answer into the step plan.
+    pub fn apply(
+        &mut self,
+        req: &ReserveRequest,
+        mut resp: ReserveResponse,
+        now: Nanos,
+    ) -> StepPlan {
+        // Preempted sequences (recompute) return to the front of the queue; victims come
+        // newest first, so prepending each leaves the oldest at the head.
+        if !resp.preempted.is_empty() {
+            for &v in &resp.preempted {
+                if let Some(s) = self.seqs.get_mut(&v) {
+                    s.status = SeqStatus::Preempted;
+                    s.num_computed = 0;
+                    s.num_preemptions += 1;
+                }
+                self.waiting.push_front(v);
+            }
+            let pre = &resp.preempted;
+            self.running.retain(|id| !pre.contains(id));
+            // The FCFS check restarts after a preemption: re-admissions are legitimate.
+            self.last_admitted_arrival = None;
+        }
+        let mut tables = std::mem::take(&mut resp.tables).into_iter();
+        let mut work = Vec::with_capacity(resp.granted.len());
+        for &g in &resp.granted {
+            let entry = &req.entries[g];
+            let tokens = self.pending_tokens[g];
+            if entry.kind == EntryKind::Waiting {
+                // Granted waiting entries are a prefix of the queue (FCFS, no skipping).
+                debug_assert_eq!(self.waiting.front(), Some(&entry.seq));
+                self.waiting.pop_front();
+                self.running.push(entry.seq);
+            }
+            let Some(s) = self.seqs.get_mut(&entry.seq) else {
+                continue;
+            };
+            if entry.kind == EntryKind::Waiting {
+                s.status = SeqStatus::Running;
+                s.admitted_seq = self.admissions;
+                self.admissions += 1;
+                if s.first_scheduled.is_none() {
+                    s.first_scheduled = Some(now);
+                    let key = (s.request.arrival, s.request.id);
+                    if let Some(last) = self.last_admitted_arrival {
+                        if key < last {
+                            self.fcfs_violations += 1;
+                        }
+                    }
+                    self.last_admitted_arrival = Some(key);
+                }
+            }
+            if tokens == 0 {
+                // Admitted (blocks reserved) but not computing in this step.
+                tables.next();
+                continue;
+            }
+            let kind = if s.is_decode() {
+                WorkKind::Decode
+            } else {
+                WorkKind::Prefill
+            };
+            work.push(SeqWork {
+                seq: entry.seq,
+                kind,
+                start: s.num_computed,
+                len: tokens,
+                sample: s.num_computed + tokens == s.num_tokens,
+                block_table: tables.next().unwrap_or_default(),
+            });
+        }
+        let plan = StepPlan {
+            step: self.steps,
+            start: now,
+            work,
+            preempted: resp.preempted,
+            ..StepPlan::default()
+        };
+        self.steps += 1;
+        plan
+    }
+
+    /// Step 3: commits the backend's outcome at time `now` (the step's end).
+    pub fn commit(
+        &mut self,
+        plan: &StepPlan,
+        outcome: &StepOutcome,
+        now: Nanos,
+    ) -> Result<CommitResult, EngineError> {
+        let expected = plan.work.iter().filter(|w| w.sample).count();
+        if outcome.sampled.len() != expected {
+            return Err(EngineError::Backend(format!(
+                "step {}: backend returned {} sampled tokens for {} sampling sequences",
+                plan.step,
+                outcome.sampled.len(),
+                expected
+            )));
+        }
+        let mut result = CommitResult::default();
+        let mut sampled = outcome.sampled.iter();
+        for w in &plan.work {
+            let Some(s) = self.seqs.get_mut(&w.seq) else {
+                return Err(EngineError::Backend(format!(
+                    "step {}: sequence {} is not live",
+                    plan.step, w.seq
+                )));
+            };
+            s.num_computed += w.len;
+            if !w.sample {
+                continue;
+            }
+            let token = sampled.next().copied().unwrap_or(crate::backend::SIM_TOKEN);
+            s.output_len += 1;
+            s.num_tokens += 1;
+            if self.cfg.keep_tokens {
+                s.output_tokens.push(token);
+            }
+            match s.last_token {
+                Some(last) => self.itl_gaps.push(now - last),
+                None => s.first_token = Some(now),
+            }
+            s.last_token = Some(now);
+            let reason = if s.output_len >= s.request.max_tokens {
+                Some(FinishReason::Length)
+            } else if !s.request.ignore_eos && Some(token) == self.cfg.eos_token {
+                Some(FinishReason::Stop)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                s.status = SeqStatus::Finished;
+                result.finished.push(RequestRecord {
+                    request_id: s.request.id,
+                    class: s.request.class,
+                    arrival_ns: s.request.arrival,
+                    first_scheduled_ns: s.first_scheduled,
+                    first_token_ns: s.first_token,
+                    finish_ns: now,
+                    prompt_len: s.request.prompt_len,
+                    output_len: s.output_len,
+                    max_tokens: s.request.max_tokens,
+                    cached_tokens: 0,
+                    num_preemptions: s.num_preemptions,
+                    finish_reason: reason,
+                });
+                result.to_free.push(w.seq);
+            }
+        }
+        if !result.to_free.is_empty() {
+            let seqs = &self.seqs;
+            self.running
+                .retain(|id| seqs.get(id).is_some_and(|s| s.status != SeqStatus::Finished));
+            for id in &result.to_free {
+                self.seqs.remove(id);
+            }
+        }
+        Ok(result)
+    }
+}

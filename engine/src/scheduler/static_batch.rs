@@ -1,0 +1,58 @@
+//! Request-level (static) batching.
+
+use super::{Proposal, Queues, SchedulePolicy, SchedulerConfig};
+use crate::block_manager::{EntryKind, ReserveOrder};
+
+/// Forms a batch of up to `max_num_seqs` requests only when the previous batch has fully
+/// finished, and reserves KV for prompt + max_tokens of every member at admission (as
+/// pre-PagedAttention systems did), so a batch never preempts. The batch's prompts are
+/// prefilled first (whole prompts, as many per step as `max_num_batched_tokens` allows),
+/// then all members decode together until the last one finishes; nobody joins mid-batch.
+/// Members that finish early leave the batch (their slots idle until the batch ends); the
+/// cost model does not charge their padding, which flatters static batching slightly.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StaticBatch;
+
+impl SchedulePolicy for StaticBatch {
+    fn name(&self) -> &'static str {
+        "static"
+    }
+
+    fn propose(&mut self, q: &Queues<'_>, cfg: &SchedulerConfig) -> Proposal {
+        let mut p = Proposal {
+            order: Some(ReserveOrder::RunningFirst),
+            ..Proposal::default()
+        };
+        let mut budget = cfg.max_num_batched_tokens;
+        if q.running.is_empty() {
+            // Form a new batch: admit (and reserve) every member now; prefill those whose
+            // prompts fit this step's budget, the rest in the following steps.
+            for &id in q.waiting.iter().take(cfg.max_num_seqs as usize) {
+                let s = q.seq(id);
+                let n = if s.remaining() <= budget {
+                    s.remaining()
+                } else {
+                    0
+                };
+                budget -= n;
+                let worst_case = s.request.prompt_len + s.request.max_tokens;
+                p.push(id, EntryKind::Waiting, n, worst_case);
+            }
+            return p;
+        }
+        let prefilling = q.running.iter().any(|&id| q.seq(id).output_len == 0);
+        for &id in q.running {
+            let s = q.seq(id);
+            if prefilling {
+                // Prefill phase: whole prompts in batch order under the token budget.
+                if s.output_len == 0 && s.remaining() <= budget {
+                    budget -= s.remaining();
+                    p.push(id, EntryKind::Running, s.remaining(), s.num_tokens);
+                }
+            } else {
+                p.push(id, EntryKind::Running, s.remaining(), s.num_tokens);
+            }
+        }
+        p
+    }
+}

@@ -1,0 +1,365 @@
+//! The hardware and model catalogs (datasheet and HF `config.json` figures).
+
+use serde::{Deserialize, Serialize};
+
+/// Numeric formats of weights and KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Dtype {
+    /// 32-bit float.
+    Fp32,
+    /// IEEE half.
+    Fp16,
+    /// bfloat16.
+    Bf16,
+    /// 8-bit float (E4M3); Hopper and Ada tensor cores run it at twice the 16-bit peak.
+    Fp8,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn bytes(self) -> f64 {
+        match self {
+            Dtype::Fp32 => 4.0,
+            Dtype::Fp16 | Dtype::Bf16 => 2.0,
+            Dtype::Fp8 => 1.0,
+        }
+    }
+
+    /// Scenario spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dtype::Fp32 => "fp32",
+            Dtype::Fp16 => "fp16",
+            Dtype::Bf16 => "bf16",
+            Dtype::Fp8 => "fp8",
+        }
+    }
+}
+
+/// One GPU model (dense figures from the vendor datasheets).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Gpu {
+    /// Catalog key.
+    pub name: &'static str,
+    /// Marketing name.
+    pub display: &'static str,
+    /// Device memory in bytes, as `nvidia-smi` reports the total.
+    pub mem_bytes: f64,
+    /// Dense 16-bit tensor-core peak, FLOP/s.
+    pub flops_16: f64,
+    /// Dense fp8 peak, FLOP/s (`None`: no fp8 tensor cores; fp8 runs at the 16-bit rate).
+    pub flops_fp8: Option<f64>,
+    /// Dense fp32 (non-tensor) peak, FLOP/s.
+    pub flops_32: f64,
+    /// HBM/GDDR bandwidth, bytes/s.
+    pub mem_bw: f64,
+    /// GPU-to-GPU link bandwidth per GPU and direction used by all-reduce, bytes/s
+    /// (NVLink where the part has it, else PCIe).
+    pub link_bw: f64,
+    /// Host link (PCIe) bandwidth per direction, bytes/s (swap, uploads).
+    pub pcie_bw: f64,
+}
+
+impl Gpu {
+    /// Peak FLOP/s for matrix math in `dtype`.
+    pub fn peak_flops(&self, dtype: Dtype) -> f64 {
+        match dtype {
+            Dtype::Fp32 => self.flops_32,
+            Dtype::Fp16 | Dtype::Bf16 => self.flops_16,
+            Dtype::Fp8 => self.flops_fp8.unwrap_or(self.flops_16),
+        }
+    }
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// The GPU catalog.
+pub const GPUS: &[Gpu] = &[
+    Gpu {
+        name: "a100-40gb",
+        display: "NVIDIA A100-SXM4-40GB",
+        mem_bytes: 40960.0 * MIB,
+        flops_16: 312e12,
+        flops_fp8: None,
+        flops_32: 19.5e12,
+        mem_bw: 1.555e12,
+        link_bw: 300e9,
+        pcie_bw: 32e9,
+    },
+    Gpu {
+        name: "a100-80gb",
+        display: "NVIDIA A100-SXM4-80GB",
+        mem_bytes: 81920.0 * MIB,
+        flops_16: 312e12,
+        flops_fp8: None,
+        flops_32: 19.5e12,
+        mem_bw: 2.039e12,
+        link_bw: 300e9,
+        pcie_bw: 32e9,
+    },
+    Gpu {
+        name: "a100-80gb-pcie",
+        display: "NVIDIA A100 80GB PCIe",
+        mem_bytes: 81920.0 * MIB,
+        flops_16: 312e12,
+        flops_fp8: None,
+        flops_32: 19.5e12,
+        mem_bw: 1.935e12,
+        link_bw: 32e9,
+        pcie_bw: 32e9,
+    },
+    Gpu {
+        name: "h100-sxm",
+        display: "NVIDIA H100 80GB HBM3 (SXM5)",
+        mem_bytes: 81559.0 * MIB,
+        flops_16: 989.4e12,
+        flops_fp8: Some(1978.9e12),
+        flops_32: 66.9e12,
+        mem_bw: 3.35e12,
+        link_bw: 450e9,
+        pcie_bw: 64e9,
+    },
+    Gpu {
+        name: "h100-pcie",
+        display: "NVIDIA H100 PCIe",
+        mem_bytes: 81559.0 * MIB,
+        flops_16: 756.5e12,
+        flops_fp8: Some(1513e12),
+        flops_32: 51.2e12,
+        mem_bw: 2.0e12,
+        link_bw: 64e9,
+        pcie_bw: 64e9,
+    },
+    Gpu {
+        name: "h200",
+        display: "NVIDIA H200 (SXM, 141 GB HBM3e)",
+        mem_bytes: 143771.0 * MIB,
+        flops_16: 989.4e12,
+        flops_fp8: Some(1978.9e12),
+        flops_32: 66.9e12,
+        mem_bw: 4.8e12,
+        link_bw: 450e9,
+        pcie_bw: 64e9,
+    },
+    Gpu {
+        name: "l40s",
+        display: "NVIDIA L40S",
+        mem_bytes: 46068.0 * MIB,
+        flops_16: 362.05e12,
+        flops_fp8: Some(733e12),
+        flops_32: 91.6e12,
+        mem_bw: 0.864e12,
+        link_bw: 32e9,
+        pcie_bw: 32e9,
+    },
+];
+
+/// A transformer shape (Llama family: RMSNorm, RoPE, GQA, SwiGLU).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelSpec {
+    /// Catalog key.
+    pub name: &'static str,
+    /// Hugging Face repository it describes.
+    pub hf_id: &'static str,
+    /// Decoder layers.
+    pub layers: u32,
+    /// Hidden size.
+    pub hidden: u32,
+    /// Attention (query) heads.
+    pub heads: u32,
+    /// Key/value heads (GQA when fewer than `heads`).
+    pub kv_heads: u32,
+    /// Head dimension.
+    pub head_dim: u32,
+    /// MLP intermediate size.
+    pub intermediate: u32,
+    /// Vocabulary size.
+    pub vocab: u32,
+    /// Context length the model was trained for (default `max_model_len`).
+    pub max_position: u32,
+    /// Whether the LM head shares the embedding matrix.
+    pub tied_embeddings: bool,
+}
+
+impl ModelSpec {
+    /// Parameters of one decoder layer's linear layers.
+    pub fn layer_linear_params(&self) -> f64 {
+        let h = f64::from(self.hidden);
+        let q = f64::from(self.heads * self.head_dim);
+        let kv = f64::from(self.kv_heads * self.head_dim);
+        let i = f64::from(self.intermediate);
+        h * (q + 2.0 * kv) + q * h + 3.0 * h * i
+    }
+
+    /// Parameters of the embedding (and of the LM head when untied).
+    pub fn embedding_params(&self) -> f64 {
+        f64::from(self.vocab) * f64::from(self.hidden)
+    }
+
+    /// Total parameters (norm weights included).
+    pub fn params(&self) -> f64 {
+        let norms = f64::from(self.hidden) * f64::from(2 * self.layers + 1);
+        let heads = if self.tied_embeddings { 1.0 } else { 2.0 };
+        f64::from(self.layers) * self.layer_linear_params()
+            + heads * self.embedding_params()
+            + norms
+    }
+}
+
+/// The model catalog (figures from each model's `config.json`).
+pub const MODELS: &[ModelSpec] = &[
+    ModelSpec {
+        name: "llama-2-7b",
+        hf_id: "meta-llama/Llama-2-7b-hf",
+        layers: 32,
+        hidden: 4096,
+        heads: 32,
+        kv_heads: 32,
+        head_dim: 128,
+        intermediate: 11008,
+        vocab: 32000,
+        max_position: 4096,
+        tied_embeddings: false,
+    },
+    ModelSpec {
+        name: "llama-2-13b",
+        hf_id: "meta-llama/Llama-2-13b-hf",
+        layers: 40,
+        hidden: 5120,
+        heads: 40,
+        kv_heads: 40,
+        head_dim: 128,
+        intermediate: 13824,
+        vocab: 32000,
+        max_position: 4096,
+        tied_embeddings: false,
+    },
+    ModelSpec {
+        name: "llama-2-70b",
+        hf_id: "meta-llama/Llama-2-70b-hf",
+        layers: 80,
+        hidden: 8192,
+        heads: 64,
+        kv_heads: 8,
+        head_dim: 128,
+        intermediate: 28672,
+        vocab: 32000,
+        max_position: 4096,
+        tied_embeddings: false,
+    },
+    ModelSpec {
+        name: "llama-3-8b",
+        hf_id: "meta-llama/Meta-Llama-3-8B",
+        layers: 32,
+        hidden: 4096,
+        heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+        intermediate: 14336,
+        vocab: 128256,
+        max_position: 8192,
+        tied_embeddings: false,
+    },
+    ModelSpec {
+        name: "llama-3-70b",
+        hf_id: "meta-llama/Meta-Llama-3-70B",
+        layers: 80,
+        hidden: 8192,
+        heads: 64,
+        kv_heads: 8,
+        head_dim: 128,
+        intermediate: 28672,
+        vocab: 128256,
+        max_position: 8192,
+        tied_embeddings: false,
+    },
+    ModelSpec {
+        name: "mistral-7b",
+        hf_id: "mistralai/Mistral-7B-v0.1",
+        layers: 32,
+        hidden: 4096,
+        heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+        intermediate: 14336,
+        vocab: 32000,
+        max_position: 32768,
+        tied_embeddings: false,
+    },
+    ModelSpec {
+        name: "smollm2-135m",
+        hf_id: "HuggingFaceTB/SmolLM2-135M-Instruct",
+        layers: 30,
+        hidden: 576,
+        heads: 9,
+        kv_heads: 3,
+        head_dim: 64,
+        intermediate: 1536,
+        vocab: 49152,
+        max_position: 8192,
+        tied_embeddings: true,
+    },
+];
+
+/// Normalises a user-typed name: lower case, `_`, space and `.` become `-`.
+fn normalise(name: &str) -> String {
+    name.trim()
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c == '_' || c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// Looks up a GPU by catalog key (case-insensitive; `h100` means `h100-sxm`,
+/// `a100` means `a100-80gb`).
+pub fn find_gpu(name: &str) -> Option<&'static Gpu> {
+    let n = normalise(name);
+    let n = match n.as_str() {
+        "h100" | "h100-80gb" | "h100-sxm5" => "h100-sxm",
+        "a100" | "a100-80gb-sxm" => "a100-80gb",
+        "a100-40gb-sxm" => "a100-40gb",
+        "h200-sxm" => "h200",
+        other => other,
+    };
+    GPUS.iter().find(|g| g.name == n)
+}
+
+/// Looks up a model by catalog key or Hugging Face id (case-insensitive).
+pub fn find_model(name: &str) -> Option<&'static ModelSpec> {
+    let n = normalise(name);
+    MODELS
+        .iter()
+        .find(|m| m.name == n || normalise(m.hf_id) == n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama2_70b_is_about_69b_params() {
+        let m = find_model("Llama-2-70B").unwrap();
+        // 68.98e9 with the HF shapes above (the "70B" is rounded).
+        assert!((m.params() / 1e9 - 68.98).abs() < 0.05, "{}", m.params());
+    }
+
+    #[test]
+    fn llama3_8b_params() {
+        let m = find_model("meta-llama/Meta-Llama-3-8B").unwrap();
+        assert!((m.params() / 1e9 - 8.03).abs() < 0.01, "{}", m.params());
+    }
+
+    #[test]
+    fn smollm2_params() {
+        let m = find_model("smollm2-135m").unwrap();
+        assert!((m.params() / 1e6 - 134.5).abs() < 0.5, "{}", m.params());
+    }
+
+    #[test]
+    fn aliases() {
+        assert_eq!(find_gpu("H100").unwrap().name, "h100-sxm");
+        assert_eq!(find_gpu("A100_40GB").unwrap().name, "a100-40gb");
+        assert!(find_gpu("tpu-v5").is_none());
+    }
+}

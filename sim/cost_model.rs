@@ -1,0 +1,548 @@
+//! The cost model backend: a per-operator roofline of one engine step (DESIGN §6), and the
+//! memory plan that sizes the KV pool (DESIGN §5).
+//!
+//! Each operator of a layer costs `max(FLOPs / (peak x eff_compute), bytes / (bandwidth x
+//! eff_memory)) + launch overhead`; a step is the layers' sum plus the LM head, the
+//! tensor-parallel all-reduces and a per-step CPU overhead of the serving framework. The
+//! efficiencies are constants here with defaults documented on [`CostParams`]; a shape-
+//! dependent calibration replaces them later (DESIGN §6).
+
+use engine::backend::{Backend, BackendError, SIM_TOKEN};
+use engine::plan::{StepOutcome, StepPlan, WorkKind};
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::{Dtype, Gpu, ModelSpec};
+
+/// Efficiency factors and overheads of the cost model. Defaults are first estimates from
+/// public measurements (gpt-fast, vLLM and Vidur profiles in `shared/data/calibration.csv`):
+/// weight-streaming decode reaches ~80% of HBM bandwidth; large bf16 GEMMs ~70% of peak;
+/// FlashAttention-2 prefill ~50%; NVLink all-reduce reaches ~40% of the link's figure with
+/// ~10 us latency on small messages.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CostParams {
+    /// Fraction of peak FLOP/s reached by the linear layers.
+    pub gemm_compute_eff: f64,
+    /// Fraction of memory bandwidth reached when streaming weights.
+    pub gemm_memory_eff: f64,
+    /// Fraction of peak FLOP/s reached by prefill attention.
+    pub attn_compute_eff: f64,
+    /// Fraction of memory bandwidth reached by paged decode attention.
+    pub attn_memory_eff: f64,
+    /// Fraction of bandwidth reached by element-wise kernels (norms, RoPE, activation).
+    pub elementwise_memory_eff: f64,
+    /// Launch overhead per kernel, microseconds (small with CUDA graphs).
+    pub kernel_launch_us: f64,
+    /// Fraction of the link bandwidth an all-reduce reaches.
+    pub allreduce_eff: f64,
+    /// Latency of one all-reduce, microseconds.
+    pub allreduce_latency_us: f64,
+    /// Framework CPU overhead per step, microseconds (scheduling, input preparation).
+    pub step_overhead_us: f64,
+    /// Additional CPU overhead per sequence in the step, microseconds.
+    pub per_seq_overhead_us: f64,
+}
+
+impl Default for CostParams {
+    fn default() -> Self {
+        CostParams {
+            gemm_compute_eff: 0.70,
+            gemm_memory_eff: 0.80,
+            attn_compute_eff: 0.50,
+            attn_memory_eff: 0.70,
+            elementwise_memory_eff: 0.60,
+            kernel_launch_us: 2.0,
+            allreduce_eff: 0.40,
+            allreduce_latency_us: 10.0,
+            step_overhead_us: 300.0,
+            per_seq_overhead_us: 4.0,
+        }
+    }
+}
+
+impl CostParams {
+    /// Rejects efficiencies outside (0, 1] and negative overheads.
+    pub fn validate(&self) -> Result<(), String> {
+        let effs = [
+            ("cost.gemm_compute_eff", self.gemm_compute_eff),
+            ("cost.gemm_memory_eff", self.gemm_memory_eff),
+            ("cost.attn_compute_eff", self.attn_compute_eff),
+            ("cost.attn_memory_eff", self.attn_memory_eff),
+            ("cost.elementwise_memory_eff", self.elementwise_memory_eff),
+            ("cost.allreduce_eff", self.allreduce_eff),
+        ];
+        for (k, v) in effs {
+            if !(v > 0.0 && v <= 1.0) {
+                return Err(format!("{k}: must be in (0, 1], got {v}"));
+            }
+        }
+        let overheads = [
+            ("cost.kernel_launch_us", self.kernel_launch_us),
+            ("cost.allreduce_latency_us", self.allreduce_latency_us),
+            ("cost.step_overhead_us", self.step_overhead_us),
+            ("cost.per_seq_overhead_us", self.per_seq_overhead_us),
+        ];
+        for (k, v) in overheads {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(format!("{k}: must be a non-negative number, got {v}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A model deployed on hardware: everything the cost and memory formulas need.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Deployment {
+    /// Model shape.
+    pub model: ModelSpec,
+    /// GPU type.
+    pub gpu: Gpu,
+    /// Tensor-parallel degree (GPUs).
+    pub tp: u32,
+    /// Weight format.
+    pub dtype: Dtype,
+    /// KV-cache format.
+    pub kv_dtype: Dtype,
+}
+
+impl Deployment {
+    /// Weight bytes held by each GPU (linear layers and embeddings split over TP, norms
+    /// replicated).
+    pub fn weight_bytes_per_gpu(&self) -> f64 {
+        self.model.params() * self.dtype.bytes() / f64::from(self.tp)
+    }
+
+    /// KV heads stored on each GPU (at least one: a head is replicated when TP exceeds the
+    /// KV head count).
+    pub fn kv_heads_per_gpu(&self) -> u32 {
+        (self.model.kv_heads / self.tp).max(1)
+    }
+
+    /// KV bytes per token on one GPU: 2 (K and V) x layers x kv_heads x head_dim x bytes.
+    pub fn kv_bytes_per_token(&self) -> f64 {
+        kv_cache_bytes(
+            self.model.layers,
+            self.kv_heads_per_gpu(),
+            self.model.head_dim,
+            1,
+            1,
+            self.kv_dtype.bytes(),
+        )
+    }
+}
+
+/// Bytes of a KV cache: 2 x layers x kv_heads x head_dim x tokens x sequences x bytes.
+pub fn kv_cache_bytes(
+    layers: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    tokens: u64,
+    seqs: u64,
+    bytes: f64,
+) -> f64 {
+    2.0 * f64::from(layers)
+        * f64::from(kv_heads)
+        * f64::from(head_dim)
+        * tokens as f64
+        * seqs as f64
+        * bytes
+}
+
+/// The memory plan of one GPU (vLLM's profile run, computed instead of measured).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemoryPlan {
+    /// Device memory.
+    pub gpu_mem_bytes: f64,
+    /// Fraction vLLM may use.
+    pub gpu_memory_utilization: f64,
+    /// Weights per GPU.
+    pub weight_bytes: f64,
+    /// Activation peak at `max_num_batched_tokens` (plus the logits of `max_num_seqs`).
+    pub activation_bytes: f64,
+    /// CUDA context, cuBLAS/NCCL workspaces, CUDA graphs.
+    pub runtime_overhead_bytes: f64,
+    /// What is left for the KV cache.
+    pub kv_budget_bytes: f64,
+    /// KV bytes per token on this GPU.
+    pub kv_bytes_per_token: f64,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// Bytes per block.
+    pub block_bytes: f64,
+    /// Blocks in the pool.
+    pub num_blocks: u32,
+    /// Token slots in the pool.
+    pub pool_tokens: u64,
+    /// Longest sequence accepted.
+    pub max_model_len: u32,
+    /// Sequences of `max_model_len` tokens that fit at once.
+    pub max_concurrency_at_max_len: f64,
+}
+
+/// Why a deployment does not fit.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FitError {
+    /// Weights alone exceed the usable memory.
+    #[error("model does not fit: {weights_gb:.1} GB of weights per GPU ({model}, {dtype}, tp={tp}) but only {usable_gb:.1} GB usable on a {gpu} ({mem_gb:.1} GB x gpu_memory_utilization {util}); use more GPUs (hardware.tp) or a smaller dtype")]
+    Weights {
+        /// Model name.
+        model: String,
+        /// Weight dtype.
+        dtype: String,
+        /// TP degree.
+        tp: u32,
+        /// GPU name.
+        gpu: String,
+        /// Weights per GPU, GB.
+        weights_gb: f64,
+        /// Usable memory, GB.
+        usable_gb: f64,
+        /// Device memory, GB.
+        mem_gb: f64,
+        /// Utilisation.
+        util: f64,
+    },
+    /// No room for a single KV block after weights, activations and overhead.
+    #[error("no memory left for the KV cache: {usable_gb:.2} GB usable - {weights_gb:.2} GB weights - {act_gb:.2} GB activations - {overhead_gb:.2} GB runtime overhead = {left_gb:.2} GB, less than one block ({block_bytes} bytes)")]
+    NoKvRoom {
+        /// Usable memory, GB.
+        usable_gb: f64,
+        /// Weights, GB.
+        weights_gb: f64,
+        /// Activations, GB.
+        act_gb: f64,
+        /// Overhead, GB.
+        overhead_gb: f64,
+        /// What is left, GB.
+        left_gb: f64,
+        /// Block size in bytes.
+        block_bytes: f64,
+    },
+}
+
+/// Inputs of the memory plan besides the deployment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryInputs {
+    /// Fraction of device memory to use.
+    pub gpu_memory_utilization: f64,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// Step token budget (activation peak).
+    pub max_num_batched_tokens: u32,
+    /// Most sequences per step (logits buffer).
+    pub max_num_seqs: u32,
+    /// Longest sequence.
+    pub max_model_len: u32,
+    /// Runtime overhead in bytes.
+    pub runtime_overhead_bytes: f64,
+    /// Use exactly this many blocks instead of the computed pool.
+    pub num_gpu_blocks_override: Option<u32>,
+}
+
+/// Plans one GPU's memory: `blocks = floor((mem x util - weights - activations - overhead)
+/// / block_bytes)` (DESIGN §5).
+pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, FitError> {
+    let gb = 1e9;
+    let m = &d.model;
+    let usable = d.gpu.mem_bytes * inp.gpu_memory_utilization;
+    let weights = d.weight_bytes_per_gpu();
+    if weights >= usable {
+        return Err(FitError::Weights {
+            model: m.name.into(),
+            dtype: d.dtype.as_str().into(),
+            tp: d.tp,
+            gpu: d.gpu.name.into(),
+            weights_gb: weights / gb,
+            usable_gb: usable / gb,
+            mem_gb: d.gpu.mem_bytes / gb,
+            util: inp.gpu_memory_utilization,
+        });
+    }
+    // Peak activations of one layer at the full token budget, in the activation dtype
+    // (16-bit): residual + normed input, QKV, attention output, gate/up and the SwiGLU
+    // product; plus fp32 logits of one token per sequence.
+    let tp = f64::from(d.tp);
+    let t = f64::from(inp.max_num_batched_tokens);
+    let qkv = f64::from((m.heads + 2 * m.kv_heads) * m.head_dim) / tp;
+    let per_token = 2.0 * f64::from(m.hidden) + qkv + f64::from(m.heads * m.head_dim) / tp
+        + 3.0 * f64::from(m.intermediate) / tp;
+    let activations = t * per_token * 2.0
+        + f64::from(inp.max_num_seqs) * f64::from(m.vocab) / tp * 4.0;
+    let kv_per_token = d.kv_bytes_per_token();
+    let block_bytes = kv_per_token * f64::from(inp.block_size);
+    let left = usable - weights - activations - inp.runtime_overhead_bytes;
+    let computed_blocks = if left > 0.0 {
+        (left / block_bytes).floor()
+    } else {
+        0.0
+    };
+    let num_blocks = match inp.num_gpu_blocks_override {
+        Some(n) => n,
+        None => {
+            if computed_blocks < 1.0 {
+                return Err(FitError::NoKvRoom {
+                    usable_gb: usable / gb,
+                    weights_gb: weights / gb,
+                    act_gb: activations / gb,
+                    overhead_gb: inp.runtime_overhead_bytes / gb,
+                    left_gb: left / gb,
+                    block_bytes,
+                });
+            }
+            computed_blocks.min(f64::from(u32::MAX)) as u32
+        }
+    };
+    let pool_tokens = u64::from(num_blocks) * u64::from(inp.block_size);
+    Ok(MemoryPlan {
+        gpu_mem_bytes: d.gpu.mem_bytes,
+        gpu_memory_utilization: inp.gpu_memory_utilization,
+        weight_bytes: weights,
+        activation_bytes: activations,
+        runtime_overhead_bytes: inp.runtime_overhead_bytes,
+        kv_budget_bytes: left.max(0.0),
+        kv_bytes_per_token: kv_per_token,
+        block_size: inp.block_size,
+        block_bytes,
+        num_blocks,
+        pool_tokens,
+        max_model_len: inp.max_model_len,
+        max_concurrency_at_max_len: pool_tokens as f64 / f64::from(inp.max_model_len),
+    })
+}
+
+/// Time, FLOPs and bytes of one step, split by operator family.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepCost {
+    /// Total seconds.
+    pub seconds: f64,
+    /// Linear layers (all layers), seconds.
+    pub linear_s: f64,
+    /// Attention (all layers), seconds.
+    pub attention_s: f64,
+    /// Element-wise kernels, seconds.
+    pub elementwise_s: f64,
+    /// All-reduces, seconds.
+    pub allreduce_s: f64,
+    /// LM head, seconds.
+    pub lm_head_s: f64,
+    /// CPU overhead, seconds.
+    pub overhead_s: f64,
+    /// FLOPs per GPU.
+    pub flops: f64,
+    /// HBM bytes per GPU.
+    pub bytes: f64,
+}
+
+/// The cost model: predicts step durations for a deployment.
+#[derive(Debug, Clone)]
+pub struct CostModel {
+    d: Deployment,
+    p: CostParams,
+}
+
+impl CostModel {
+    /// A cost model of `d` with parameters `p`.
+    pub fn new(d: Deployment, p: CostParams) -> Self {
+        CostModel { d, p }
+    }
+
+    /// The deployment.
+    pub fn deployment(&self) -> &Deployment {
+        &self.d
+    }
+
+    fn roofline(&self, flops: f64, bytes: f64, eff_c: f64, eff_m: f64, peak: f64) -> f64 {
+        (flops / (peak * eff_c)).max(bytes / (self.d.gpu.mem_bw * eff_m))
+            + self.p.kernel_launch_us * 1e-6
+    }
+
+    /// Time of one ring all-reduce of `bytes` over `tp` GPUs.
+    pub fn allreduce_s(&self, bytes: f64) -> f64 {
+        let tp = f64::from(self.d.tp);
+        if self.d.tp <= 1 {
+            return 0.0;
+        }
+        2.0 * (tp - 1.0) / tp * bytes / (self.d.gpu.link_bw * self.p.allreduce_eff)
+            + self.p.allreduce_latency_us * 1e-6
+    }
+
+    /// Cost of a step of `num_seqs` sequences that computes `prefill` chunks `(cached,
+    /// len)` and `decode` contexts (tokens attended, including the new one), sampling
+    /// `samples` tokens.
+    pub fn step_cost(
+        &self,
+        prefill: impl Iterator<Item = (u32, u32)>,
+        decode: impl Iterator<Item = u32>,
+        samples: u32,
+        num_seqs: u32,
+    ) -> StepCost {
+        let m = &self.d.model;
+        let tp = f64::from(self.d.tp);
+        let wb = self.d.dtype.bytes();
+        let act = 2.0; // 16-bit activations
+        let kvb = self.d.kv_dtype.bytes();
+        let peak = self.d.gpu.peak_flops(self.d.dtype);
+        let peak16 = self.d.gpu.peak_flops(Dtype::Bf16);
+        let hd = f64::from(m.head_dim);
+        let heads = f64::from(m.heads) / tp;
+        let kv_heads = f64::from(self.d.kv_heads_per_gpu());
+        let hidden = f64::from(m.hidden);
+        let inter = f64::from(m.intermediate) / tp;
+
+        // Prefill attention: FLOPs = 4 x heads x head_dim x sum len x (cached + len / 2);
+        // bytes: the chunk's Q/K/V/O plus the cached K/V read.
+        let (mut pf_flops, mut pf_bytes, mut prefill_tokens) = (0.0, 0.0, 0.0);
+        for (cached, len) in prefill {
+            let (c, l) = (f64::from(cached), f64::from(len));
+            pf_flops += 4.0 * heads * hd * l * (c + l / 2.0);
+            pf_bytes += l * (2.0 * heads + 2.0 * kv_heads) * hd * act + c * 2.0 * kv_heads * hd * kvb;
+            prefill_tokens += l;
+        }
+        // Decode attention: bandwidth-bound read of every context's K and V.
+        let (mut dc_flops, mut dc_bytes, mut decode_tokens) = (0.0, 0.0, 0.0);
+        for ctx in decode {
+            let c = f64::from(ctx);
+            dc_flops += 4.0 * heads * hd * c;
+            dc_bytes += c * 2.0 * kv_heads * hd * kvb;
+            decode_tokens += 1.0;
+        }
+        let tokens = prefill_tokens + decode_tokens;
+
+        // Linear layers of one layer: QKV, O, gate+up, down.
+        let q = f64::from(m.heads * m.head_dim) / tp;
+        let kv = f64::from(m.kv_heads * m.head_dim) / tp;
+        let shapes = [
+            (hidden, q + 2.0 * kv),
+            (q, hidden),
+            (hidden, 2.0 * inter),
+            (inter, hidden),
+        ];
+        let (mut lin_s, mut lin_flops, mut lin_bytes) = (0.0, 0.0, 0.0);
+        for (k, n) in shapes {
+            let flops = 2.0 * tokens * k * n;
+            let bytes = k * n * wb + tokens * (k + n) * act;
+            lin_s += self.roofline(
+                flops,
+                bytes,
+                self.p.gemm_compute_eff,
+                self.p.gemm_memory_eff,
+                peak,
+            );
+            lin_flops += flops;
+            lin_bytes += bytes;
+        }
+        let mut attn_s = 0.0;
+        if prefill_tokens > 0.0 {
+            attn_s += self.roofline(
+                pf_flops,
+                pf_bytes,
+                self.p.attn_compute_eff,
+                self.p.attn_memory_eff,
+                peak16,
+            );
+        }
+        if decode_tokens > 0.0 {
+            attn_s += self.roofline(
+                dc_flops,
+                dc_bytes,
+                self.p.attn_compute_eff,
+                self.p.attn_memory_eff,
+                peak16,
+            );
+        }
+        // Two RMSNorms, RoPE, SwiGLU and two residual adds: five memory-bound kernels.
+        let ew_bytes = tokens * (6.0 * hidden + 2.0 * (q + kv) + 3.0 * inter) * act;
+        let ew_s = ew_bytes / (self.d.gpu.mem_bw * self.p.elementwise_memory_eff)
+            + 5.0 * self.p.kernel_launch_us * 1e-6;
+        let ar_s = 2.0 * self.allreduce_s(tokens * hidden * act);
+
+        let layers = f64::from(m.layers);
+        let s = f64::from(samples);
+        let vocab = f64::from(m.vocab) / tp;
+        let head_flops = 2.0 * s * hidden * vocab;
+        let head_bytes = hidden * vocab * wb + s * vocab * 4.0;
+        let head_s = if samples > 0 {
+            self.roofline(
+                head_flops,
+                head_bytes,
+                self.p.gemm_compute_eff,
+                self.p.gemm_memory_eff,
+                peak,
+            ) + self.allreduce_s(s * vocab * 4.0 / tp.max(1.0))
+        } else {
+            0.0
+        };
+        let overhead_s =
+            (self.p.step_overhead_us + self.p.per_seq_overhead_us * f64::from(num_seqs)) * 1e-6;
+
+        let linear_s = layers * lin_s;
+        let attention_s = layers * attn_s;
+        let elementwise_s = layers * ew_s;
+        let allreduce_s = layers * ar_s;
+        StepCost {
+            seconds: linear_s + attention_s + elementwise_s + allreduce_s + head_s + overhead_s,
+            linear_s,
+            attention_s,
+            elementwise_s,
+            allreduce_s,
+            lm_head_s: head_s,
+            overhead_s,
+            flops: layers * (lin_flops + pf_flops + dc_flops) + head_flops,
+            bytes: layers * (lin_bytes + pf_bytes + dc_bytes + ew_bytes) + head_bytes,
+        }
+    }
+
+    /// Cost of a step plan.
+    pub fn plan_cost(&self, plan: &StepPlan) -> StepCost {
+        let prefill = plan
+            .work
+            .iter()
+            .filter(|w| w.kind == WorkKind::Prefill)
+            .map(|w| (w.start, w.len));
+        let decode = plan
+            .work
+            .iter()
+            .filter(|w| w.kind == WorkKind::Decode)
+            .map(|w| w.context_len());
+        let samples = plan.work.iter().filter(|w| w.sample).count() as u32;
+        self.step_cost(prefill, decode, samples, plan.work.len() as u32)
+    }
+}
+
+/// The cost model as an engine backend.
+pub struct CostModelBackend {
+    model: CostModel,
+    sampled: Vec<u32>,
+}
+
+impl CostModelBackend {
+    /// Wraps a cost model.
+    pub fn new(model: CostModel) -> Self {
+        CostModelBackend {
+            model,
+            sampled: Vec::new(),
+        }
+    }
+}
+
+impl Backend for CostModelBackend {
+    fn name(&self) -> &str {
+        "model"
+    }
+
+    fn execute(&mut self, plan: &StepPlan) -> Result<StepOutcome, BackendError> {
+        let c = self.model.plan_cost(plan);
+        let d = &self.model.d;
+        let duration = (c.seconds * 1e9).round().max(1.0) as u64;
+        let samples = plan.work.iter().filter(|w| w.sample).count();
+        self.sampled.clear();
+        self.sampled.resize(samples, SIM_TOKEN);
+        Ok(StepOutcome {
+            duration,
+            sampled: self.sampled.clone(),
+            mbu: c.bytes / (c.seconds * d.gpu.mem_bw),
+            mfu: c.flops / (c.seconds * d.gpu.peak_flops(d.dtype)),
+        })
+    }
+}

@@ -1,0 +1,57 @@
+//! `sim`: an actor-based discrete-event simulator of LLM inference serving.
+//!
+//! A scenario file ([`scenario`]) names a model on GPUs, the engine's knobs and a workload
+//! ([`workload`]); each `[[variant]]` changes some knobs. For every variant the driver
+//! ([`driver`]) replays the same request stream through the engine's scheduler, block
+//! manager and worker actors, with the cost model ([`cost_model`]) predicting each step's
+//! duration; [`run`] writes per-request and per-step CSVs, a `summary.json` per variant
+//! and a comparison across variants.
+//!
+//! ```no_run
+//! use sim::run::{run_scenario, RunOptions};
+//! use sim::scenario::Scenario;
+//!
+//! let scenario = Scenario::load("scenarios/mixed.toml".as_ref(), None).unwrap();
+//! let results = run_scenario(&scenario, &RunOptions::default()).unwrap();
+//! for r in &results {
+//!     println!("{}: {:.1} req/s", r.summary.variant, r.summary.request_throughput);
+//! }
+//! ```
+#![warn(missing_docs)]
+
+pub mod catalog;
+pub mod cost_model;
+pub mod driver;
+pub mod run;
+pub mod scenario;
+pub mod workload;
+
+/// Errors of the simulator library (the binary turns them into one line and exit code 2).
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// A scenario file problem.
+    #[error(transparent)]
+    Scenario(#[from] scenario::ScenarioError),
+    /// A workload or trace problem.
+    #[error(transparent)]
+    Workload(#[from] workload::WorkloadError),
+    /// A run failed.
+    #[error("variant `{variant}`: {source}")]
+    Run {
+        /// The variant.
+        variant: String,
+        /// What failed.
+        source: driver::DriverError,
+    },
+    /// Writing results failed.
+    #[error(transparent)]
+    Analysis(#[from] analysis::AnalysisError),
+    /// A file could not be written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,233 @@
+//! The `sim` command line: run, validate and inspect serving scenarios.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use sim::catalog::{GPUS, MODELS};
+use sim::driver::DriverKind;
+use sim::run::{run_scenario, RunOptions};
+use sim::scenario::Scenario;
+
+/// Actor-based discrete-event simulator of LLM inference serving.
+#[derive(Parser)]
+#[command(name = "sim", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Execution backend of the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendKind {
+    /// The roofline cost model of the scenario's GPUs (no GPU needed).
+    Model,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run every variant of a scenario and compare them.
+    Run {
+        /// Scenario TOML file.
+        scenario: PathBuf,
+        /// Output folder (default: results/<scenario name>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Seed of the workload's random streams (default: the scenario's `seed`).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Backend that executes the steps.
+        #[arg(long, value_enum, default_value_t = BackendKind::Model)]
+        backend: BackendKind,
+        /// Driver: actix actors (default) or the inline loop (same results, faster).
+        #[arg(long, value_enum, default_value_t = DriverKind::Actors)]
+        driver: DriverKind,
+        /// Run only this variant (repeatable).
+        #[arg(long = "variant")]
+        variants: Vec<String>,
+        /// Hide the progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Parse a scenario and print each variant's memory plan without running it.
+    Validate {
+        /// Scenario TOML file.
+        scenario: PathBuf,
+    },
+    /// List the model catalog.
+    Models,
+    /// List the GPU catalog.
+    Gpus,
+}
+
+fn gb(bytes: f64) -> String {
+    format!("{:.2} GB", bytes / 1e9)
+}
+
+fn print_plan(scenario: &Scenario) {
+    println!("scenario `{}` ({})", scenario.name, scenario.path.display());
+    for v in &scenario.variants {
+        let d = &v.deployment;
+        let m = &v.memory;
+        println!();
+        println!("variant `{}`", v.name);
+        println!(
+            "  model            {} ({:.2} B params), weights {}, KV cache {}",
+            d.model.name,
+            d.model.params() / 1e9,
+            d.dtype.as_str(),
+            d.kv_dtype.as_str()
+        );
+        println!(
+            "  hardware         {} x {} ({:.1} GB each), tp = {}",
+            d.tp,
+            d.gpu.name,
+            d.gpu.mem_bytes / 1e9,
+            d.tp
+        );
+        println!(
+            "  usable memory    {} ({} x gpu_memory_utilization {})",
+            gb(m.gpu_mem_bytes * m.gpu_memory_utilization),
+            gb(m.gpu_mem_bytes),
+            m.gpu_memory_utilization
+        );
+        println!("  weights / GPU    {}", gb(m.weight_bytes));
+        println!("  activations      {}", gb(m.activation_bytes));
+        println!("  runtime overhead {}", gb(m.runtime_overhead_bytes));
+        println!("  KV budget        {}", gb(m.kv_budget_bytes));
+        println!(
+            "  KV per token     {} bytes / GPU ({} layers x {} KV heads x {} head dim x 2 x {} B)",
+            m.kv_bytes_per_token,
+            d.model.layers,
+            d.kv_heads_per_gpu(),
+            d.model.head_dim,
+            d.kv_dtype.bytes()
+        );
+        println!(
+            "  KV pool          {} blocks x {} tokens = {} tokens ({} bytes per block)",
+            m.num_blocks, m.block_size, m.pool_tokens, m.block_bytes
+        );
+        println!(
+            "  max concurrency  {:.2} sequences of max_model_len {}",
+            m.max_concurrency_at_max_len, m.max_model_len
+        );
+        let s = &v.scheduler;
+        println!(
+            "  scheduler        {} (max_num_seqs {}, max_num_batched_tokens {})",
+            s.kind.as_str(),
+            s.max_num_seqs,
+            s.max_num_batched_tokens
+        );
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run {
+            scenario,
+            out,
+            seed,
+            backend,
+            driver,
+            variants,
+            quiet,
+        } => {
+            let BackendKind::Model = backend;
+            let scn = Scenario::load(&scenario, seed)?;
+            let out = out.unwrap_or_else(|| PathBuf::from("results").join(&scn.name));
+            let opts = RunOptions {
+                out_dir: Some(out.clone()),
+                driver,
+                only: variants,
+                progress: !quiet,
+                parallel: true,
+            };
+            let results = run_scenario(&scn, &opts)?;
+            let summaries: Vec<_> = results.iter().map(|r| r.summary.clone()).collect();
+            println!(
+                "scenario `{}`: {} variants, seed {}, backend model",
+                scn.name,
+                summaries.len(),
+                scn.seed
+            );
+            println!("{}", analysis::comparison_table(&summaries));
+            for r in &results {
+                for w in &r.warnings {
+                    println!("warning: {w}");
+                }
+            }
+            println!("results in {}", out.display());
+            Ok(())
+        }
+        Command::Validate { scenario } => {
+            let scn = Scenario::load(&scenario, None)?;
+            print_plan(&scn);
+            println!();
+            println!("ok: {} variant(s) fit", scn.variants.len());
+            Ok(())
+        }
+        Command::Models => {
+            println!(
+                "{:<14} {:>8} {:>6} {:>6} {:>9} {:>8} {:>10} {:>12}  hf id",
+                "name", "params", "layers", "hidden", "heads/kv", "context", "bf16 GB", "KV B/token"
+            );
+            for m in MODELS {
+                let kv = 2.0 * f64::from(m.layers * m.kv_heads * m.head_dim) * 2.0;
+                println!(
+                    "{:<14} {:>7.2}B {:>6} {:>6} {:>9} {:>8} {:>10.1} {:>12}  {}",
+                    m.name,
+                    m.params() / 1e9,
+                    m.layers,
+                    m.hidden,
+                    format!("{}/{}", m.heads, m.kv_heads),
+                    m.max_position,
+                    m.params() * 2.0 / 1e9,
+                    kv,
+                    m.hf_id
+                );
+            }
+            Ok(())
+        }
+        Command::Gpus => {
+            println!(
+                "{:<15} {:>8} {:>11} {:>10} {:>9} {:>11}  name",
+                "key", "mem GB", "bf16 TF/s", "fp8 TF/s", "HBM TB/s", "link GB/s"
+            );
+            for g in GPUS {
+                println!(
+                    "{:<15} {:>8.1} {:>11.1} {:>10} {:>9.3} {:>11.0}  {}",
+                    g.name,
+                    g.mem_bytes / 1e9,
+                    g.flops_16 / 1e12,
+                    g.flops_fp8.map_or("-".to_string(), |f| format!("{:.1}", f / 1e12)),
+                    g.mem_bw / 1e12,
+                    g.link_bw / 1e9,
+                    g.display
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the cause chain, skipping causes the outer message already quotes.
+            let mut line = String::new();
+            for cause in e.chain() {
+                let text = cause.to_string().replace('\n', " ");
+                if !line.contains(&text) {
+                    if !line.is_empty() {
+                        line.push_str(": ");
+                    }
+                    line.push_str(&text);
+                }
+            }
+            eprintln!("error: {line}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Running a scenario: every variant on the same request stream, results written to disk.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use analysis::{RunCollector, RunInfo, Summary};
+use engine::block_manager::BlockManager;
+use engine::scheduler::Scheduler;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rayon::prelude::*;
+
+use crate::cost_model::{CostModel, CostModelBackend};
+use crate::driver::{run_to_end, DriverKind, RunStats};
+use crate::scenario::{Scenario, Variant};
+use crate::workload::Workload;
+use crate::SimError;
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Where results go (`None`: nothing is written).
+    pub out_dir: Option<PathBuf>,
+    /// Driver.
+    pub driver: DriverKind,
+    /// Run only these variants (all when empty).
+    pub only: Vec<String>,
+    /// Show a progress bar on runs longer than a second.
+    pub progress: bool,
+    /// Run variants in parallel.
+    pub parallel: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            out_dir: None,
+            driver: DriverKind::Actors,
+            only: Vec::new(),
+            progress: false,
+            parallel: true,
+        }
+    }
+}
+
+/// What one variant produced.
+#[derive(Debug, Clone)]
+pub struct VariantResult {
+    /// The summary (also written as `summary.json`).
+    pub summary: Summary,
+    /// Driver counters.
+    pub stats: RunStats,
+    /// Things the user should know (leaks, rejections, adjusted trace rows).
+    pub warnings: Vec<String>,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SimError + '_ {
+    move |source| SimError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Progress display that stays hidden for the first second of a run.
+struct Progress {
+    multi: MultiProgress,
+    start: Instant,
+    shown: Arc<AtomicBool>,
+    enabled: bool,
+}
+
+impl Progress {
+    fn new(enabled: bool) -> Self {
+        Progress {
+            multi: MultiProgress::with_draw_target(ProgressDrawTarget::hidden()),
+            start: Instant::now(),
+            shown: Arc::new(AtomicBool::new(false)),
+            enabled,
+        }
+    }
+
+    fn bar(&self, name: &str, len: Option<u64>) -> ProgressBar {
+        let bar = self.multi.add(match len {
+            Some(n) => ProgressBar::new(n),
+            None => ProgressBar::no_length(),
+        });
+        let style = ProgressStyle::with_template(
+            "{prefix:>12} [{bar:40}] {pos}/{len} requests ({per_sec}, {eta})",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+        bar.set_style(style);
+        bar.set_prefix(name.to_string());
+        bar
+    }
+
+    fn tick(&self) {
+        if self.enabled
+            && !self.shown.load(Ordering::Relaxed)
+            && self.start.elapsed() > Duration::from_secs(1)
+            && !self.shown.swap(true, Ordering::Relaxed)
+        {
+            self.multi.set_draw_target(ProgressDrawTarget::stderr());
+        }
+    }
+}
+
+/// Runs one variant.
+pub fn run_variant(
+    scenario: &Scenario,
+    variant: &Variant,
+    driver: DriverKind,
+    out_dir: Option<&Path>,
+    progress: &ProgressBar,
+    on_progress: &dyn Fn(),
+) -> Result<VariantResult, SimError> {
+    let started = Instant::now();
+    let mut workload = Workload::open(
+        &variant.config.workload,
+        &scenario.base_dir,
+        scenario.seed,
+    )?;
+    let classes = workload.class_names();
+    let mut collector = RunCollector::new(variant.config.slo.clone(), classes);
+    if let Some(dir) = out_dir {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        collector = collector.with_csv_files(dir)?;
+        let plan_path = dir.join("plan.json");
+        let plan = serde_json::json!({
+            "deployment": variant.deployment,
+            "memory": variant.memory,
+            "engine": variant.config.engine,
+            "cost": variant.config.cost,
+        });
+        let text = serde_json::to_string_pretty(&plan).unwrap_or_default();
+        std::fs::write(&plan_path, text + "\n").map_err(io_err(&plan_path))?;
+    }
+    let scheduler = Scheduler::new(variant.scheduler.clone()).map_err(|e| SimError::Run {
+        variant: variant.name.clone(),
+        source: e.into(),
+    })?;
+    let block_manager = BlockManager::new(variant.memory.num_blocks, variant.memory.block_size);
+    let backend = Box::new(CostModelBackend::new(CostModel::new(
+        variant.deployment.clone(),
+        variant.config.cost.clone(),
+    )));
+    let mut last = 0;
+    let stats = run_to_end(
+        driver,
+        scheduler,
+        block_manager,
+        backend,
+        &mut workload,
+        &mut collector,
+        &mut |ended| {
+            if ended >= last + 256 {
+                progress.set_position(ended);
+                last = ended;
+                on_progress();
+            }
+        },
+    )
+    .map_err(|source| SimError::Run {
+        variant: variant.name.clone(),
+        source,
+    })?;
+    progress.finish_and_clear();
+    let wall = started.elapsed().as_secs_f64();
+    let summary = collector.finish(RunInfo {
+        scenario: scenario.name.clone(),
+        variant: variant.name.clone(),
+        backend: "model".into(),
+        kv_pool_blocks: stats.pool_blocks,
+        kv_blocks_in_use_at_end: stats.blocks_in_use_at_end,
+        wall_time_s: wall,
+    })?;
+    if let Some(dir) = out_dir {
+        analysis::write_summary_json(&dir.join("summary.json"), &summary)?;
+    }
+    let mut warnings = Vec::new();
+    if stats.blocks_in_use_at_end > 0 {
+        warnings.push(format!(
+            "{}: {} KV blocks still in use after every request ended (leak)",
+            variant.name, stats.blocks_in_use_at_end
+        ));
+    }
+    if summary.num_rejected > 0 {
+        warnings.push(format!(
+            "{}: {} requests rejected (prompt + output longer than max_model_len {} or the KV pool)",
+            variant.name, summary.num_rejected, variant.scheduler.max_model_len
+        ));
+    }
+    if workload.clamped_outputs() > 0 {
+        warnings.push(format!(
+            "{}: {} trace rows asked for 0 output tokens and were raised to 1",
+            variant.name,
+            workload.clamped_outputs()
+        ));
+    }
+    Ok(VariantResult {
+        summary,
+        stats,
+        warnings,
+    })
+}
+
+/// Runs every (selected) variant of a scenario and writes `comparison.csv`.
+pub fn run_scenario(scenario: &Scenario, opts: &RunOptions) -> Result<Vec<VariantResult>, SimError> {
+    let selected: Vec<&Variant> = scenario
+        .variants
+        .iter()
+        .filter(|v| opts.only.is_empty() || opts.only.contains(&v.name))
+        .collect();
+    if selected.is_empty() {
+        let names: Vec<&str> = scenario.variants.iter().map(|v| v.name.as_str()).collect();
+        return Err(SimError::Scenario(crate::scenario::ScenarioError {
+            file: scenario.path.display().to_string(),
+            msg: format!(
+                "no variant named {:?} (variants: {})",
+                opts.only,
+                names.join(", ")
+            ),
+        }));
+    }
+    let progress = Progress::new(opts.progress);
+    let expected = Workload::open(&scenario.base.workload, &scenario.base_dir, scenario.seed)?
+        .expected_len();
+    let bars: Vec<ProgressBar> = selected
+        .iter()
+        .map(|v| progress.bar(&v.name, expected))
+        .collect();
+    let job = |(v, bar): (&&Variant, &ProgressBar)| {
+        let dir = opts.out_dir.as_ref().map(|d| d.join(&v.name));
+        run_variant(scenario, v, opts.driver, dir.as_deref(), bar, &|| progress.tick())
+    };
+    let results: Vec<Result<VariantResult, SimError>> = if opts.parallel {
+        selected.par_iter().zip(bars.par_iter()).map(job).collect()
+    } else {
+        selected.iter().zip(bars.iter()).map(job).collect()
+    };
+    let results = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    if let Some(dir) = &opts.out_dir {
+        let summaries: Vec<Summary> = results.iter().map(|r| r.summary.clone()).collect();
+        analysis::write_comparison_csv(&dir.join("comparison.csv"), &summaries)?;
+    }
+    Ok(results)
+}

@@ -1,0 +1,395 @@
+//! Scenario files: a base configuration plus `[[variant]]` overrides, all run on the same
+//! request stream.
+//!
+//! ```toml
+//! name = "mixed"
+//! seed = 42
+//! [model]
+//! name = "llama-3-8b"
+//! dtype = "bf16"
+//! [hardware]
+//! gpu = "h100-sxm"
+//! tp = 1
+//! [engine]
+//! scheduler = "chunked"
+//! [workload]
+//! ...
+//! [[variant]]
+//! name = "static"
+//! engine.scheduler = "static"
+//! ```
+//! Unknown keys anywhere are errors; a variant may override any table but `workload` and
+//! `seed` (the request stream is shared by construction).
+
+use std::path::{Path, PathBuf};
+
+use analysis::Slo;
+use engine::scheduler::{SchedulerConfig, SchedulerKind};
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::{find_gpu, find_model, Dtype, GPUS, MODELS};
+use crate::cost_model::{memory_plan, CostParams, Deployment, MemoryInputs, MemoryPlan};
+use crate::workload::WorkloadConfig;
+
+/// An error in a scenario file: one line naming the file and the key or line.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {msg}")]
+pub struct ScenarioError {
+    /// The scenario file.
+    pub file: String,
+    /// What is wrong and where.
+    pub msg: String,
+}
+
+/// `[model]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Catalog name or Hugging Face id (`sim models` lists them).
+    pub name: String,
+    /// Weight format.
+    #[serde(default = "default_dtype")]
+    pub dtype: Dtype,
+    /// KV-cache format (default: the weight format; bf16 for fp8 weights).
+    #[serde(default)]
+    pub kv_dtype: Option<Dtype>,
+}
+
+fn default_dtype() -> Dtype {
+    Dtype::Bf16
+}
+
+/// `[hardware]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HardwareConfig {
+    /// Catalog name (`sim gpus` lists them).
+    pub gpu: String,
+    /// Tensor-parallel degree (number of GPUs).
+    #[serde(default = "one")]
+    pub tp: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// `[engine]`: the serving engine's knobs, named as vLLM names them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineConfig {
+    /// `static`, `continuous` or `chunked`.
+    #[serde(default = "default_scheduler")]
+    pub scheduler: SchedulerKind,
+    /// Tokens per KV block.
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    /// Most sequences per step (for `static`: the batch size).
+    #[serde(default = "default_max_num_seqs")]
+    pub max_num_seqs: u32,
+    /// Token budget per step (default: 2048 for chunked, as vLLM's server; otherwise
+    /// max(max_model_len, 2048) so that a whole prompt fits, as vLLM V0).
+    #[serde(default)]
+    pub max_num_batched_tokens: Option<u32>,
+    /// Longest prompt + output (default: the model's context length).
+    #[serde(default)]
+    pub max_model_len: Option<u32>,
+    /// Fraction of GPU memory the engine may use.
+    #[serde(default = "default_util")]
+    pub gpu_memory_utilization: f64,
+    /// Memory for the CUDA context, workspaces and graphs, GiB.
+    #[serde(default = "default_overhead")]
+    pub runtime_overhead_gib: f64,
+    /// Use exactly this many KV blocks (like vLLM's `num_gpu_blocks_override`).
+    #[serde(default)]
+    pub num_gpu_blocks_override: Option<u32>,
+}
+
+fn default_scheduler() -> SchedulerKind {
+    SchedulerKind::Chunked
+}
+fn default_block_size() -> u32 {
+    16
+}
+fn default_max_num_seqs() -> u32 {
+    256
+}
+fn default_util() -> f64 {
+    0.9
+}
+fn default_overhead() -> f64 {
+    1.0
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            scheduler: default_scheduler(),
+            block_size: default_block_size(),
+            max_num_seqs: default_max_num_seqs(),
+            max_num_batched_tokens: None,
+            max_model_len: None,
+            gpu_memory_utilization: default_util(),
+            runtime_overhead_gib: default_overhead(),
+            num_gpu_blocks_override: None,
+        }
+    }
+}
+
+/// A whole scenario configuration (the base, or the base with one variant's overrides).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioConfig {
+    /// Scenario name (default: the file stem).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Free text.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Seed of every random stream (`--seed` overrides it).
+    #[serde(default)]
+    pub seed: u64,
+    /// Model and formats.
+    pub model: ModelConfig,
+    /// GPUs.
+    pub hardware: HardwareConfig,
+    /// Engine knobs.
+    #[serde(default)]
+    pub engine: EngineConfig,
+    /// The request stream.
+    pub workload: WorkloadConfig,
+    /// Service-level objectives for goodput.
+    #[serde(default)]
+    pub slo: Slo,
+    /// Cost-model efficiencies and overheads.
+    #[serde(default)]
+    pub cost: CostParams,
+    /// Variants (raw override tables; resolved by [`Scenario::load`]).
+    #[serde(default, skip_serializing)]
+    pub variant: Vec<toml::Table>,
+}
+
+/// One variant, resolved and checked: what a run needs.
+#[derive(Debug, Clone)]
+pub struct Variant {
+    /// Variant name.
+    pub name: String,
+    /// Its full configuration.
+    pub config: ScenarioConfig,
+    /// Model on hardware.
+    pub deployment: Deployment,
+    /// The memory plan.
+    pub memory: MemoryPlan,
+    /// The scheduler's limits.
+    pub scheduler: SchedulerConfig,
+}
+
+/// A loaded scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Scenario name.
+    pub name: String,
+    /// The file it came from.
+    pub path: PathBuf,
+    /// The folder relative paths are resolved against.
+    pub base_dir: PathBuf,
+    /// Seed.
+    pub seed: u64,
+    /// The base configuration.
+    pub base: ScenarioConfig,
+    /// Variants (the base alone, named `base`, when the file has none).
+    pub variants: Vec<Variant>,
+}
+
+/// 1-based line and column of byte offset `at` in `src`.
+fn line_col(src: &str, at: usize) -> (usize, usize) {
+    let before = &src[..at.min(src.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    (line, col)
+}
+
+/// Merges `over` into `base` recursively (tables merge, other values replace).
+fn merge(base: &mut toml::Table, over: &toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            _ => {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+impl Scenario {
+    /// Reads, parses and checks a scenario file; `seed` overrides the file's seed.
+    pub fn load(path: &Path, seed: Option<u64>) -> Result<Scenario, ScenarioError> {
+        let file = path.display().to_string();
+        let err = |msg: String| ScenarioError {
+            file: file.clone(),
+            msg,
+        };
+        let src = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
+        let base: ScenarioConfig = toml::from_str(&src).map_err(|e| {
+            let msg = e.message().trim().replace('\n', " ");
+            match e.span() {
+                Some(span) => {
+                    let (line, col) = line_col(&src, span.start);
+                    err(format!("line {line}, column {col}: {msg}"))
+                }
+                None => err(msg),
+            }
+        })?;
+        let raw: toml::Table = toml::from_str(&src).map_err(|e| err(e.message().to_string()))?;
+        let base_dir = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        let name = base.name.clone().unwrap_or_else(|| {
+            path.file_stem()
+                .map_or_else(|| "scenario".into(), |s| s.to_string_lossy().into_owned())
+        });
+        let seed = seed.unwrap_or(base.seed);
+        base.workload.validate().map_err(|e| err(e.to_string()))?;
+
+        let mut variants = Vec::new();
+        if base.variant.is_empty() {
+            variants.push(resolve("base", base.clone()).map_err(err)?);
+        }
+        for (i, over) in base.variant.iter().enumerate() {
+            let vname = match over.get("name") {
+                Some(toml::Value::String(s)) if !s.trim().is_empty() => s.clone(),
+                _ => return Err(err(format!("variant #{}: needs a `name` (a non-empty string)", i + 1))),
+            };
+            let mut over = over.clone();
+            over.remove("name");
+            for forbidden in ["workload", "seed", "variant", "name"] {
+                if over.contains_key(forbidden) {
+                    return Err(err(format!(
+                        "variant `{vname}`: `{forbidden}` cannot be overridden (variants share one request stream)"
+                    )));
+                }
+            }
+            let mut merged = raw.clone();
+            merged.remove("variant");
+            merge(&mut merged, &over);
+            let cfg: ScenarioConfig = toml::Value::Table(merged).try_into().map_err(
+                |e: toml::de::Error| {
+                    err(format!("variant `{vname}`: {}", e.message().trim().replace('\n', " ")))
+                },
+            )?;
+            if variants.iter().any(|v: &Variant| v.name == vname) {
+                return Err(err(format!("variant `{vname}` is defined twice")));
+            }
+            variants.push(resolve(&vname, cfg).map_err(|m| err(format!("variant `{vname}`: {m}")))?);
+        }
+        Ok(Scenario {
+            name,
+            path: path.to_path_buf(),
+            base_dir,
+            seed,
+            base,
+            variants,
+        })
+    }
+}
+
+/// Checks one configuration and computes its deployment, memory plan and scheduler limits.
+fn resolve(name: &str, config: ScenarioConfig) -> Result<Variant, String> {
+    let model = find_model(&config.model.name).ok_or_else(|| {
+        let names: Vec<&str> = MODELS.iter().map(|m| m.name).collect();
+        format!(
+            "model.name: unknown model `{}` (known: {})",
+            config.model.name,
+            names.join(", ")
+        )
+    })?;
+    let gpu = find_gpu(&config.hardware.gpu).ok_or_else(|| {
+        let names: Vec<&str> = GPUS.iter().map(|g| g.name).collect();
+        format!(
+            "hardware.gpu: unknown GPU `{}` (known: {})",
+            config.hardware.gpu,
+            names.join(", ")
+        )
+    })?;
+    let tp = config.hardware.tp;
+    if tp == 0 || model.heads % tp != 0 {
+        return Err(format!(
+            "hardware.tp: must divide the model's {} attention heads, got {tp}",
+            model.heads
+        ));
+    }
+    let e = &config.engine;
+    if !(1..=1024).contains(&e.block_size) || !e.block_size.is_power_of_two() {
+        return Err(format!(
+            "engine.block_size: must be a power of two from 1 to 1024, got {}",
+            e.block_size
+        ));
+    }
+    if !(e.gpu_memory_utilization > 0.0 && e.gpu_memory_utilization <= 1.0) {
+        return Err(format!(
+            "engine.gpu_memory_utilization: must be in (0, 1], got {}",
+            e.gpu_memory_utilization
+        ));
+    }
+    if !(e.runtime_overhead_gib >= 0.0 && e.runtime_overhead_gib.is_finite()) {
+        return Err(format!(
+            "engine.runtime_overhead_gib: must be a non-negative number, got {}",
+            e.runtime_overhead_gib
+        ));
+    }
+    if e.num_gpu_blocks_override == Some(0) {
+        return Err("engine.num_gpu_blocks_override: must be at least 1".into());
+    }
+    config.cost.validate()?;
+    let max_model_len = e.max_model_len.unwrap_or(model.max_position);
+    if max_model_len == 0 {
+        return Err("engine.max_model_len: must be at least 1".into());
+    }
+    let max_num_batched_tokens = e.max_num_batched_tokens.unwrap_or(match e.scheduler {
+        SchedulerKind::Chunked => 2048,
+        _ => max_model_len.max(2048),
+    });
+    let kv_dtype = config.model.kv_dtype.unwrap_or(match config.model.dtype {
+        Dtype::Fp8 => Dtype::Bf16,
+        d => d,
+    });
+    let deployment = Deployment {
+        model: model.clone(),
+        gpu: gpu.clone(),
+        tp,
+        dtype: config.model.dtype,
+        kv_dtype,
+    };
+    let memory = memory_plan(
+        &deployment,
+        &MemoryInputs {
+            gpu_memory_utilization: e.gpu_memory_utilization,
+            block_size: e.block_size,
+            max_num_batched_tokens,
+            max_num_seqs: e.max_num_seqs,
+            max_model_len,
+            runtime_overhead_bytes: e.runtime_overhead_gib * 1024.0 * 1024.0 * 1024.0,
+            num_gpu_blocks_override: e.num_gpu_blocks_override,
+        },
+    )
+    .map_err(|f| f.to_string())?;
+    let scheduler = SchedulerConfig {
+        kind: e.scheduler,
+        max_num_seqs: e.max_num_seqs,
+        max_num_batched_tokens,
+        max_model_len,
+        pool_tokens: memory.pool_tokens,
+        eos_token: None,
+        want_block_tables: false,
+        keep_tokens: false,
+    };
+    scheduler.validate().map_err(|e| e.to_string())?;
+    Ok(Variant {
+        name: name.to_string(),
+        config,
+        deployment,
+        memory,
+        scheduler,
+    })
+}
