@@ -54,6 +54,21 @@ enum Command {
         /// Scenario TOML file.
         scenario: PathBuf,
     },
+    /// Time a scenario's variants (one after another, nothing written): simulated
+    /// requests per wall second, steps per second, peak memory.
+    Bench {
+        /// Scenario TOML file.
+        scenario: PathBuf,
+        /// Override the workload's request count.
+        #[arg(long)]
+        requests: Option<u64>,
+        /// Driver.
+        #[arg(long, value_enum, default_value_t = DriverKind::Actors)]
+        driver: DriverKind,
+        /// Run only this variant (repeatable).
+        #[arg(long = "variant")]
+        variants: Vec<String>,
+    },
     /// List the model catalog.
     Models,
     /// List the GPU catalog.
@@ -164,6 +179,36 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print_plan(&scn);
             println!();
             println!("ok: {} variant(s) fit", scn.variants.len());
+            Ok(())
+        }
+        Command::Bench {
+            scenario,
+            requests,
+            driver,
+            variants,
+        } => {
+            let scn = Scenario::load(&scenario, None)?;
+            let results = sim::run::bench_scenario(&scn, driver, &variants, requests)?;
+            println!(
+                "{:<14} {:>10} {:>10} {:>9} {:>14} {:>12} {:>12}",
+                "variant", "requests", "steps", "wall s", "requests/s", "steps/s", "sim s"
+            );
+            for r in &results {
+                println!(
+                    "{:<14} {:>10} {:>10} {:>9.3} {:>14.0} {:>12.0} {:>12.1}",
+                    r.variant,
+                    r.requests,
+                    r.steps,
+                    r.wall_s,
+                    r.requests as f64 / r.wall_s,
+                    r.steps as f64 / r.wall_s,
+                    r.simulated_s
+                );
+            }
+            match sim::run::peak_rss_bytes() {
+                Some(b) => println!("peak RSS {:.1} MiB ({driver:?} driver)", b as f64 / 1048576.0),
+                None => println!("peak RSS n/a ({driver:?} driver)"),
+            }
             Ok(())
         }
         Command::Models => {

@@ -177,6 +177,18 @@ pub fn run_variant(
     })?;
     if let Some(dir) = out_dir {
         analysis::write_summary_json(&dir.join("summary.json"), &summary)?;
+        // Wall-clock figures vary run to run, so they live apart from the byte-identical
+        // results.
+        let timing = serde_json::json!({
+            "driver": format!("{driver:?}").to_lowercase(),
+            "wall_time_s": summary.wall_time_s,
+            "simulated_requests_per_s": summary.sim_speed,
+            "steps": stats.steps,
+            "simulated_time_s": stats.end_time as f64 / 1e9,
+        });
+        let path = dir.join("timing.json");
+        let text = serde_json::to_string_pretty(&timing).unwrap_or_default();
+        std::fs::write(&path, text + "\n").map_err(io_err(&path))?;
     }
     let mut warnings = Vec::new();
     if stats.blocks_in_use_at_end > 0 {
@@ -245,4 +257,58 @@ pub fn run_scenario(scenario: &Scenario, opts: &RunOptions) -> Result<Vec<Varian
         analysis::write_comparison_csv(&dir.join("comparison.csv"), &summaries)?;
     }
     Ok(results)
+}
+
+/// One benchmark measurement of a variant.
+#[derive(Debug, Clone)]
+pub struct BenchResult {
+    /// Variant.
+    pub variant: String,
+    /// Requests simulated (completed + rejected).
+    pub requests: u64,
+    /// Steps simulated.
+    pub steps: u64,
+    /// Wall-clock seconds.
+    pub wall_s: f64,
+    /// Simulated seconds.
+    pub simulated_s: f64,
+}
+
+/// Runs each selected variant once, sequentially, writing nothing, and times it
+/// (`sim bench`); `requests` overrides the workload's `num_requests`.
+pub fn bench_scenario(
+    scenario: &Scenario,
+    driver: DriverKind,
+    only: &[String],
+    requests: Option<u64>,
+) -> Result<Vec<BenchResult>, SimError> {
+    let mut out = Vec::new();
+    for v in scenario
+        .variants
+        .iter()
+        .filter(|v| only.is_empty() || only.contains(&v.name))
+    {
+        let mut v = v.clone();
+        if requests.is_some() {
+            v.config.workload.num_requests = requests;
+        }
+        let bar = ProgressBar::hidden();
+        let r = run_variant(scenario, &v, driver, None, &bar, &|| {})?;
+        out.push(BenchResult {
+            variant: v.name.clone(),
+            requests: r.summary.completed + r.summary.num_rejected,
+            steps: r.stats.steps,
+            wall_s: r.summary.wall_time_s,
+            simulated_s: r.stats.end_time as f64 / 1e9,
+        });
+    }
+    Ok(out)
+}
+
+/// Peak resident memory of this process in bytes (Linux `VmHWM`), if known.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }

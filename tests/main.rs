@@ -1,1 +1,6 @@
+//! Integration tests of the `sim` package, one binary (they link once).
 
+mod cli;
+mod physics;
+mod properties;
+mod scenarios;

@@ -170,8 +170,8 @@ mod tests {
                 .unwrap_or_else(|| panic!("no row {label} in\n{t}"))
                 .to_owned()
         };
-        assert!(row("request throughput vs base").contains("1.500x"));
-        assert!(row("mean TTFT vs base").contains("0.500x"));
+        assert!(row("request throughput gain vs base").contains("1.500x"));
+        assert!(row("mean TTFT reduction vs base").contains("2.000x"));
         assert!(row("goodput (req/s)").contains('-'));
         assert!(row("mean KV usage").contains("45.7%"));
         for label in [

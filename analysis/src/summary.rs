@@ -184,9 +184,12 @@ pub struct Summary {
     pub kv_pool_blocks: u32,
     /// KV blocks still in use when the run ended (should be 0).
     pub leaked_blocks: u32,
-    /// Wall-clock time of the simulation (s).
+    /// Wall-clock time of the simulation (s). Not serialised: `summary.json` and
+    /// `comparison.csv` must be byte-identical for the same scenario and seed.
+    #[serde(skip_serializing, default)]
     pub wall_time_s: f64,
-    /// Simulated requests (completed and rejected) per wall-clock second.
+    /// Simulated requests (completed and rejected) per wall-clock second (not serialised).
+    #[serde(skip_serializing, default)]
     pub sim_speed: f64,
     /// Per-class metrics, in class-index order.
     pub classes: Vec<ClassSummary>,
@@ -278,7 +281,7 @@ impl Summary {
                 out.push((format!("{stat}_{metric}_ms"), f(value)));
             }
         }
-        let tail: [(&str, String); 10] = [
+        let tail: [(&str, String); 8] = [
             ("num_steps", self.num_steps.to_string()),
             ("num_preemptions", self.num_preemptions.to_string()),
             ("mean_batch_size", f(self.mean_batch_size)),
@@ -287,8 +290,6 @@ impl Summary {
             ("max_kv_usage", f(self.max_kv_usage)),
             ("kv_pool_blocks", self.kv_pool_blocks.to_string()),
             ("leaked_blocks", self.leaked_blocks.to_string()),
-            ("wall_time_s", f(self.wall_time_s)),
-            ("sim_speed", f(self.sim_speed)),
         ];
         out.extend(tail.into_iter().map(|(k, x)| (k.to_owned(), x)));
         out

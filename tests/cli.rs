@@ -1,0 +1,211 @@
+//! The `sim` binary on good and bad input: bad input gives one line naming the file and
+//! the key or line, exit code 2, and never a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn sim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sim"))
+        .args(args)
+        .output()
+        .expect("run the sim binary")
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write fixture");
+    p
+}
+
+const GOOD: &str = r#"
+name = "tiny"
+[model]
+name = "llama-3-8b"
+[hardware]
+gpu = "h100-sxm"
+[engine]
+scheduler = "chunked"
+[workload]
+num_requests = 50
+arrival = { process = "poisson", rate = 5.0 }
+[[workload.class]]
+name = "chat"
+prompt = { dist = "uniform", min = 10, max = 200 }
+output = { dist = "fixed", value = 20 }
+[[variant]]
+name = "static"
+engine.scheduler = "static"
+[[variant]]
+name = "chunked"
+"#;
+
+/// Runs `sim validate` on `text` and returns (exit code, stderr).
+fn validate(text: &str) -> (Option<i32>, String, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = write(dir.path(), "scenario.toml", text);
+    let out = sim(&["validate", p.to_str().expect("utf-8 path")]);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+fn assert_bad(text: &str, needles: &[&str]) {
+    let (code, err, _) = validate(text);
+    assert_eq!(code, Some(2), "stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("scenario.toml"), "names the file: {err}");
+    for n in needles {
+        assert!(err.contains(n), "`{n}` missing from: {err}");
+    }
+}
+
+#[test]
+fn validate_prints_the_memory_plan() {
+    let (code, err, out) = validate(GOOD);
+    assert_eq!(code, Some(0), "{err}");
+    for needle in [
+        "weights / GPU    16.06 GB",
+        "KV per token     131072 bytes",
+        "blocks x 16 tokens",
+        "max concurrency",
+        "variant `static`",
+        "variant `chunked`",
+    ] {
+        assert!(out.contains(needle), "`{needle}` missing:\n{out}");
+    }
+}
+
+#[test]
+fn malformed_toml_names_the_line() {
+    assert_bad(&GOOD.replace("num_requests = 50", "num_requests = = 50"), &["line 10", "extra `=`"]);
+}
+
+#[test]
+fn unknown_key_is_rejected() {
+    assert_bad(
+        &GOOD.replace("scheduler = \"chunked\"", "schedular = \"chunked\""),
+        &["unknown field `schedular`", "line"],
+    );
+    assert_bad(
+        &GOOD.replace("engine.scheduler = \"static\"", "engine.max_num_seq = 4"),
+        &["variant `static`", "max_num_seq"],
+    );
+}
+
+#[test]
+fn negative_rate_is_rejected() {
+    assert_bad(
+        &GOOD.replace("rate = 5.0", "rate = -5.0"),
+        &["workload.arrival.rate", "-5"],
+    );
+}
+
+#[test]
+fn model_that_does_not_fit_reports_the_numbers() {
+    assert_bad(
+        &GOOD.replace("llama-3-8b", "llama-2-70b").replace("[model]", "[model]\ndtype = \"fp16\""),
+        &["does not fit", "138.0 GB of weights", "77.0 GB usable", "h100-sxm"],
+    );
+}
+
+#[test]
+fn unknown_names_list_the_catalog() {
+    assert_bad(&GOOD.replace("h100-sxm", "tpu-v9"), &["hardware.gpu", "tpu-v9", "a100-80gb"]);
+    assert_bad(&GOOD.replace("llama-3-8b", "gpt-9"), &["model.name", "gpt-9", "llama-2-7b"]);
+}
+
+#[test]
+fn budget_too_small_without_chunking_is_rejected() {
+    assert_bad(
+        &GOOD.replace(
+            "engine.scheduler = \"static\"",
+            "engine.scheduler = \"static\"\nengine.max_num_batched_tokens = 512",
+        ),
+        &["variant `static`", "max_num_batched_tokens", "512", "8192"],
+    );
+}
+
+#[test]
+fn trace_with_a_bad_row_names_file_and_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(
+        dir.path(),
+        "trace.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,abc,109\n",
+    );
+    let text = GOOD
+        .replace(
+            "arrival = { process = \"poisson\", rate = 5.0 }",
+            "trace = { format = \"azure\", path = \"trace.csv\" }",
+        )
+        .replace("num_requests = 50\n", "")
+        .replace(
+            "[[workload.class]]\nname = \"chat\"\nprompt = { dist = \"uniform\", min = 10, max = 200 }\noutput = { dist = \"fixed\", value = 20 }\n",
+            "",
+        );
+    let p = write(dir.path(), "scenario.toml", &text);
+    let out_dir = dir.path().join("out");
+    let out = sim(&[
+        "run",
+        p.to_str().expect("utf-8"),
+        "--out",
+        out_dir.to_str().expect("utf-8"),
+        "--quiet",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("trace.csv:3"), "{err}");
+    assert!(err.contains("ContextTokens") && err.contains("abc"), "{err}");
+}
+
+#[test]
+fn missing_file_is_an_error_not_a_panic() {
+    let out = sim(&["run", "/nonexistent/scenario.toml", "--quiet"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/scenario.toml"), "{err}");
+}
+
+#[test]
+fn run_writes_the_outputs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = write(dir.path(), "scenario.toml", GOOD);
+    let out_dir = dir.path().join("out");
+    let out = sim(&[
+        "run",
+        p.to_str().expect("utf-8"),
+        "--out",
+        out_dir.to_str().expect("utf-8"),
+        "--quiet",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("mean TTFT (ms)") && stdout.contains("static"), "{stdout}");
+    for v in ["static", "chunked"] {
+        for f in ["requests.csv", "steps.csv", "summary.json", "plan.json", "timing.json"] {
+            assert!(out_dir.join(v).join(f).is_file(), "{v}/{f}");
+        }
+        let requests = std::fs::read_to_string(out_dir.join(v).join("requests.csv")).expect("csv");
+        assert_eq!(requests.lines().count(), 51, "header + 50 requests");
+    }
+    assert!(out_dir.join("comparison.csv").is_file());
+}
+
+#[test]
+fn catalogs_list() {
+    let models = sim(&["models"]);
+    assert_eq!(models.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&models.stdout);
+    for m in ["llama-2-70b", "llama-3-8b", "mistral-7b", "smollm2-135m"] {
+        assert!(text.contains(m), "{m}");
+    }
+    let gpus = sim(&["gpus"]);
+    let text = String::from_utf8_lossy(&gpus.stdout);
+    for g in ["a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "l40s"] {
+        assert!(text.contains(g), "{g}");
+    }
+}

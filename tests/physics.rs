@@ -1,0 +1,184 @@
+//! The cost model against the physics a user checks first, and against published
+//! measurements (`shared/data/calibration.csv`, rows cited by id).
+
+use sim::catalog::{find_gpu, find_model, Dtype};
+use sim::cost_model::{
+    kv_cache_bytes, memory_plan, CostModel, CostParams, Deployment, FitError, MemoryInputs,
+};
+
+fn deployment(model: &str, gpu: &str, tp: u32, dtype: Dtype) -> Deployment {
+    Deployment {
+        model: find_model(model).expect("catalog model").clone(),
+        gpu: find_gpu(gpu).expect("catalog gpu").clone(),
+        tp,
+        dtype,
+        kv_dtype: dtype,
+    }
+}
+
+fn inputs() -> MemoryInputs {
+    MemoryInputs {
+        gpu_memory_utilization: 0.9,
+        block_size: 16,
+        max_num_batched_tokens: 8192,
+        max_num_seqs: 256,
+        max_model_len: 4096,
+        runtime_overhead_bytes: 1024.0 * 1024.0 * 1024.0,
+        num_gpu_blocks_override: None,
+    }
+}
+
+/// Batch-1 decode step at context `ctx`.
+fn decode_step_s(m: &CostModel, ctx: u32) -> f64 {
+    m.step_cost(std::iter::empty(), std::iter::once(ctx), 1, 1).seconds
+}
+
+#[test]
+fn kv_cache_of_llama2_70b_shape_is_40_gib() {
+    // 2 x 80 layers x 8 KV heads x 128 x 4096 tokens x 32 sequences x 2 bytes.
+    let bytes = kv_cache_bytes(80, 8, 128, 4096, 32, 2.0);
+    assert_eq!(bytes, 42_949_672_960.0);
+    assert_eq!(bytes, 40.0 * 1024.0 * 1024.0 * 1024.0);
+    let d = deployment("llama-2-70b", "h100-sxm", 1, Dtype::Fp16);
+    assert_eq!(d.kv_bytes_per_token() * 4096.0 * 32.0, bytes);
+}
+
+#[test]
+fn llama2_70b_fp16_does_not_fit_one_80gb_gpu() {
+    let d = deployment("llama-2-70b", "h100-sxm", 1, Dtype::Fp16);
+    // ~138 GB of weights (68.98e9 parameters x 2 bytes).
+    assert!((d.weight_bytes_per_gpu() / 1e9 - 137.96).abs() < 0.1);
+    match memory_plan(&d, &inputs()) {
+        Err(e @ FitError::Weights { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("138.0 GB of weights"), "{msg}");
+            assert!(msg.contains("77.0 GB usable"), "{msg}");
+        }
+        other => panic!("expected a weights error, got {other:?}"),
+    }
+    // On 2 x A100-80GB with TP=2 each GPU holds half: 69 GB, which fits 0.9 x 85.9 GB.
+    let d2 = deployment("llama-2-70b", "a100-80gb", 2, Dtype::Fp16);
+    let plan = memory_plan(&d2, &inputs()).expect("fits with tp=2");
+    assert!((plan.weight_bytes / 1e9 - 68.98).abs() < 0.05);
+    // KV per token per GPU: 2 x 80 x (8 / 2) x 128 x 2 bytes.
+    assert_eq!(plan.kv_bytes_per_token, 163_840.0);
+    assert_eq!(
+        plan.num_blocks,
+        ((0.9 * 81920.0 * 1048576.0 - plan.weight_bytes - plan.activation_bytes - 1073741824.0)
+            / (163_840.0 * 16.0))
+            .floor() as u32
+    );
+}
+
+#[test]
+fn batch1_decode_of_70b_on_2xa100_is_weight_streaming() {
+    let params = CostParams::default();
+    let d = deployment("llama-2-70b", "a100-80gb", 2, Dtype::Fp16);
+    let per_gpu = d.weight_bytes_per_gpu();
+    let m = CostModel::new(d.clone(), params.clone());
+    let t = decode_step_s(&m, 128);
+    // Every decode step reads every weight once: 138 GB / (2 x 2.039 TB/s) / memory
+    // efficiency, plus two all-reduces per layer of one token's hidden state.
+    let streaming = per_gpu / (d.gpu.mem_bw * params.gemm_memory_eff);
+    let allreduces = 2.0 * 80.0 * m.allreduce_s(8192.0 * 2.0);
+    let expected = streaming + allreduces;
+    assert!(
+        (t - expected).abs() / expected < 0.10,
+        "predicted {t} s, expected ~{expected} s"
+    );
+    // The pure roofline bound: 138 GB over 4.08 TB/s of aggregate bandwidth, ~34 ms.
+    assert!(t > 137.96e9 / (2.0 * 2.039e12));
+    assert!((0.040..0.050).contains(&t), "{t}");
+}
+
+#[test]
+fn a_70b_token_at_2tbs_costs_about_70ms() {
+    // A hypothetical single 2 TB/s GPU large enough to hold 140 GB: the step is
+    // bandwidth-bound, ~70 ms divided by the memory efficiency.
+    let mut d = deployment("llama-2-70b", "h200", 1, Dtype::Fp16);
+    d.gpu.mem_bw = 2.0e12;
+    let p = CostParams {
+        gemm_memory_eff: 1.0,
+        ..CostParams::default()
+    };
+    let t = decode_step_s(&CostModel::new(d, p), 1);
+    assert!((0.069..0.075).contains(&t), "{t}");
+}
+
+/// Linear layers of one Llama-2-7B layer for `tokens` tokens, in ms.
+fn llama2_7b_linear_ms(gpu: &str, tokens: u32) -> f64 {
+    let d = deployment("llama-2-7b", gpu, 1, Dtype::Bf16);
+    let m = CostModel::new(d, CostParams::default());
+    let c = m.step_cost(std::iter::once((0, tokens)), std::iter::empty(), 0, 1);
+    c.linear_s / 32.0 * 1e3
+}
+
+#[test]
+fn linear_layers_match_vidur_profiles() {
+    // calibration.csv V27 (A100) and V28 (H100): Llama-2-7B layer linears (QKV + O +
+    // gate/up + down), 1 and 4096 tokens, measured by Vidur's profiler. A first roofline
+    // with constant efficiencies should land within 15%.
+    let cases = [
+        ("a100-80gb", 1, 0.266),
+        ("a100-80gb", 4096, 7.49),
+        ("h100-sxm", 1, 0.156),
+        ("h100-sxm", 4096, 2.205),
+    ];
+    for (gpu, tokens, measured) in cases {
+        let predicted = llama2_7b_linear_ms(gpu, tokens);
+        let err = (predicted - measured).abs() / measured;
+        assert!(
+            err < 0.15,
+            "{gpu}, {tokens} tokens: predicted {predicted:.3} ms, measured {measured} ms"
+        );
+    }
+}
+
+#[test]
+fn llama2_7b_batch1_decode_matches_gpt_fast() {
+    // calibration.csv V01: gpt-fast, Llama-2-7B bf16 on A100-80GB, batch 1: 104.9 tok/s.
+    let d = deployment("llama-2-7b", "a100-80gb", 1, Dtype::Bf16);
+    let m = CostModel::new(d, CostParams::default());
+    let tok_s = 1.0 / decode_step_s(&m, 100);
+    assert!(
+        (tok_s - 104.9).abs() / 104.9 < 0.15,
+        "predicted {tok_s:.1} tok/s"
+    );
+}
+
+#[test]
+fn prefill_is_compute_bound_and_decode_is_memory_bound() {
+    let d = deployment("llama-3-8b", "h100-sxm", 1, Dtype::Bf16);
+    let peak = d.gpu.flops_16;
+    let bw = d.gpu.mem_bw;
+    let m = CostModel::new(d, CostParams::default());
+    let prefill = m.step_cost(std::iter::once((0, 4096)), std::iter::empty(), 1, 1);
+    let decode = m.step_cost(std::iter::empty(), std::iter::once(512), 1, 1);
+    // Arithmetic intensity decides: the prefill step's FLOP time dominates its byte time,
+    // the decode step's byte time dominates its FLOP time.
+    assert!(prefill.flops / peak > prefill.bytes / bw);
+    assert!(decode.bytes / bw > decode.flops / peak);
+    // Batching decodes is nearly free while memory-bound: 64 sequences cost far less than
+    // 64 single steps.
+    let batch = m.step_cost(std::iter::empty(), std::iter::repeat_n(512, 64), 64, 64);
+    assert!(batch.seconds < 2.0 * decode.seconds, "{batch:?} vs {decode:?}");
+}
+
+#[test]
+fn tensor_parallel_all_reduce_grows_with_tokens() {
+    let d = deployment("llama-3-70b", "h100-sxm", 4, Dtype::Bf16);
+    let m = CostModel::new(d, CostParams::default());
+    let small = m.allreduce_s(8192.0 * 2.0);
+    let big = m.allreduce_s(8192.0 * 2.0 * 4096.0);
+    // Ring all-reduce: 2 (tp - 1) / tp x bytes / (link x efficiency) + latency.
+    let p = CostParams::default();
+    let expected_big = 1.5 * 8192.0 * 2.0 * 4096.0 / (450e9 * p.allreduce_eff)
+        + p.allreduce_latency_us * 1e-6;
+    assert!((big - expected_big).abs() < 1e-12);
+    assert!(small < 2.0 * p.allreduce_latency_us * 1e-6);
+    let single = CostModel::new(
+        deployment("llama-3-8b", "h100-sxm", 1, Dtype::Bf16),
+        CostParams::default(),
+    );
+    assert_eq!(single.allreduce_s(1e9), 0.0);
+}
