@@ -265,10 +265,12 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
     let tp = f64::from(d.tp);
     let t = f64::from(inp.max_num_batched_tokens);
     let qkv = f64::from((m.heads + 2 * m.kv_heads) * m.head_dim) / tp;
-    let per_token = 2.0 * f64::from(m.hidden) + qkv + f64::from(m.heads * m.head_dim) / tp
+    let per_token = 2.0 * f64::from(m.hidden)
+        + qkv
+        + f64::from(m.heads * m.head_dim) / tp
         + 3.0 * f64::from(m.intermediate) / tp;
-    let activations = t * per_token * 2.0
-        + f64::from(inp.max_num_seqs) * f64::from(m.vocab) / tp * 4.0;
+    let activations =
+        t * per_token * 2.0 + f64::from(inp.max_num_seqs) * f64::from(m.vocab) / tp * 4.0;
     let kv_per_token = d.kv_bytes_per_token();
     let block_bytes = kv_per_token * f64::from(inp.block_size);
     let left = usable - weights - activations - inp.runtime_overhead_bytes;
@@ -396,7 +398,8 @@ impl CostModel {
         for (cached, len) in prefill {
             let (c, l) = (f64::from(cached), f64::from(len));
             pf_flops += 4.0 * heads * hd * l * (c + l / 2.0);
-            pf_bytes += l * (2.0 * heads + 2.0 * kv_heads) * hd * act + c * 2.0 * kv_heads * hd * kvb;
+            pf_bytes +=
+                l * (2.0 * heads + 2.0 * kv_heads) * hd * act + c * 2.0 * kv_heads * hd * kvb;
             prefill_tokens += l;
         }
         // Decode attention: bandwidth-bound read of every context's K and V.

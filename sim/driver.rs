@@ -55,7 +55,11 @@ pub type Planned = engine::actors::PlannedStep;
 #[allow(async_fn_in_trait)]
 pub trait EngineHandle {
     /// A request arrives; returns its record if rejected on arrival.
-    async fn arrive(&mut self, req: Request, now: Nanos) -> Result<Option<RequestRecord>, DriverError>;
+    async fn arrive(
+        &mut self,
+        req: Request,
+        now: Nanos,
+    ) -> Result<Option<RequestRecord>, DriverError>;
     /// Plans a step; `None` when there is no work.
     async fn plan(&mut self, now: Nanos) -> Result<Option<Planned>, DriverError>;
     /// Executes a plan on the backend.
@@ -80,7 +84,11 @@ pub struct InlineEngine {
 
 impl InlineEngine {
     /// Assembles an inline engine.
-    pub fn new(scheduler: Scheduler, block_manager: BlockManager, backend: Box<dyn Backend>) -> Self {
+    pub fn new(
+        scheduler: Scheduler,
+        block_manager: BlockManager,
+        backend: Box<dyn Backend>,
+    ) -> Self {
         InlineEngine {
             scheduler,
             block_manager,
@@ -90,7 +98,11 @@ impl InlineEngine {
 }
 
 impl EngineHandle for InlineEngine {
-    async fn arrive(&mut self, req: Request, now: Nanos) -> Result<Option<RequestRecord>, DriverError> {
+    async fn arrive(
+        &mut self,
+        req: Request,
+        now: Nanos,
+    ) -> Result<Option<RequestRecord>, DriverError> {
         Ok(self.scheduler.add_request(req, now))
     }
 
@@ -128,7 +140,10 @@ impl EngineHandle for InlineEngine {
     }
 
     async fn pool_usage(&mut self) -> Result<(u32, u32), DriverError> {
-        Ok((self.block_manager.num_used(), self.block_manager.num_blocks()))
+        Ok((
+            self.block_manager.num_used(),
+            self.block_manager.num_blocks(),
+        ))
     }
 }
 
@@ -141,7 +156,11 @@ pub struct ActorEngine {
 
 impl ActorEngine {
     /// Starts the three actors on the current actix arbiter.
-    pub fn start(scheduler: Scheduler, block_manager: BlockManager, backend: Box<dyn Backend>) -> Self {
+    pub fn start(
+        scheduler: Scheduler,
+        block_manager: BlockManager,
+        backend: Box<dyn Backend>,
+    ) -> Self {
         let block_manager = BlockManagerActor::new(block_manager).start();
         let scheduler = SchedulerActor::new(scheduler, block_manager.clone()).start();
         let worker = WorkerActor::new(backend).start();
@@ -158,12 +177,20 @@ fn mailbox(e: MailboxError) -> DriverError {
 }
 
 impl EngineHandle for ActorEngine {
-    async fn arrive(&mut self, req: Request, now: Nanos) -> Result<Option<RequestRecord>, DriverError> {
+    async fn arrive(
+        &mut self,
+        req: Request,
+        now: Nanos,
+    ) -> Result<Option<RequestRecord>, DriverError> {
         self.scheduler.send(Arrive(req, now)).await.map_err(mailbox)
     }
 
     async fn plan(&mut self, now: Nanos) -> Result<Option<Planned>, DriverError> {
-        Ok(self.scheduler.send(PlanStep(now)).await.map_err(mailbox)??)
+        Ok(self
+            .scheduler
+            .send(PlanStep(now))
+            .await
+            .map_err(mailbox)??)
     }
 
     async fn execute(&mut self, plan: StepPlan) -> Result<(StepPlan, StepOutcome), DriverError> {
@@ -353,7 +380,10 @@ pub async fn run<E: EngineHandle>(
         })?;
         stats.steps += 1;
         busy = true;
-        clock.push(now + outcome.duration.max(1), Event::StepDone(plan, outcome));
+        clock.push(
+            now + outcome.duration.max(1),
+            Event::StepDone(plan, outcome),
+        );
     }
     let (used, pool) = engine.pool_usage().await?;
     stats.blocks_in_use_at_end = used;

@@ -40,8 +40,8 @@ pub enum SimError {
     Run {
         /// The variant.
         variant: String,
-        /// What failed.
-        source: driver::DriverError,
+        /// What failed (boxed: driver errors are large).
+        source: Box<driver::DriverError>,
     },
     /// Writing results failed.
     #[error(transparent)]

@@ -75,42 +75,63 @@ enum Command {
     Gpus,
 }
 
+/// Appends a formatted line to the output buffer (printed at the end, so a closed pipe
+/// such as `sim run ... | head` never makes printing panic).
+macro_rules! outln {
+    ($out:expr) => {
+        $out.push('\n')
+    };
+    ($out:expr, $($arg:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
 fn gb(bytes: f64) -> String {
     format!("{:.2} GB", bytes / 1e9)
 }
 
-fn print_plan(scenario: &Scenario) {
-    println!("scenario `{}` ({})", scenario.name, scenario.path.display());
+fn print_plan(out: &mut String, scenario: &Scenario) {
+    outln!(
+        out,
+        "scenario `{}` ({})",
+        scenario.name,
+        scenario.path.display()
+    );
     for v in &scenario.variants {
         let d = &v.deployment;
         let m = &v.memory;
-        println!();
-        println!("variant `{}`", v.name);
-        println!(
+        outln!(out);
+        outln!(out, "variant `{}`", v.name);
+        outln!(
+            out,
             "  model            {} ({:.2} B params), weights {}, KV cache {}",
             d.model.name,
             d.model.params() / 1e9,
             d.dtype.as_str(),
             d.kv_dtype.as_str()
         );
-        println!(
+        outln!(
+            out,
             "  hardware         {} x {} ({:.1} GB each), tp = {}",
             d.tp,
             d.gpu.name,
             d.gpu.mem_bytes / 1e9,
             d.tp
         );
-        println!(
+        outln!(
+            out,
             "  usable memory    {} ({} x gpu_memory_utilization {})",
             gb(m.gpu_mem_bytes * m.gpu_memory_utilization),
             gb(m.gpu_mem_bytes),
             m.gpu_memory_utilization
         );
-        println!("  weights / GPU    {}", gb(m.weight_bytes));
-        println!("  activations      {}", gb(m.activation_bytes));
-        println!("  runtime overhead {}", gb(m.runtime_overhead_bytes));
-        println!("  KV budget        {}", gb(m.kv_budget_bytes));
-        println!(
+        outln!(out, "  weights / GPU    {}", gb(m.weight_bytes));
+        outln!(out, "  activations      {}", gb(m.activation_bytes));
+        outln!(out, "  runtime overhead {}", gb(m.runtime_overhead_bytes));
+        outln!(out, "  KV budget        {}", gb(m.kv_budget_bytes));
+        outln!(
+            out,
             "  KV per token     {} bytes / GPU ({} layers x {} KV heads x {} head dim x 2 x {} B)",
             m.kv_bytes_per_token,
             d.model.layers,
@@ -118,16 +139,23 @@ fn print_plan(scenario: &Scenario) {
             d.model.head_dim,
             d.kv_dtype.bytes()
         );
-        println!(
+        outln!(
+            out,
             "  KV pool          {} blocks x {} tokens = {} tokens ({} bytes per block)",
-            m.num_blocks, m.block_size, m.pool_tokens, m.block_bytes
+            m.num_blocks,
+            m.block_size,
+            m.pool_tokens,
+            m.block_bytes
         );
-        println!(
+        outln!(
+            out,
             "  max concurrency  {:.2} sequences of max_model_len {}",
-            m.max_concurrency_at_max_len, m.max_model_len
+            m.max_concurrency_at_max_len,
+            m.max_model_len
         );
         let s = &v.scheduler;
-        println!(
+        outln!(
+            out,
             "  scheduler        {} (max_num_seqs {}, max_num_batched_tokens {})",
             s.kind.as_str(),
             s.max_num_seqs,
@@ -136,11 +164,11 @@ fn print_plan(scenario: &Scenario) {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
     match cli.command {
         Command::Run {
             scenario,
-            out,
+            out: out_dir,
             seed,
             backend,
             driver,
@@ -149,9 +177,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let BackendKind::Model = backend;
             let scn = Scenario::load(&scenario, seed)?;
-            let out = out.unwrap_or_else(|| PathBuf::from("results").join(&scn.name));
+            let out_dir = out_dir.unwrap_or_else(|| PathBuf::from("results").join(&scn.name));
             let opts = RunOptions {
-                out_dir: Some(out.clone()),
+                out_dir: Some(out_dir.clone()),
                 driver,
                 only: variants,
                 progress: !quiet,
@@ -159,26 +187,27 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let results = run_scenario(&scn, &opts)?;
             let summaries: Vec<_> = results.iter().map(|r| r.summary.clone()).collect();
-            println!(
+            outln!(
+                out,
                 "scenario `{}`: {} variants, seed {}, backend model",
                 scn.name,
                 summaries.len(),
                 scn.seed
             );
-            println!("{}", analysis::comparison_table(&summaries));
+            outln!(out, "{}", analysis::comparison_table(&summaries));
             for r in &results {
                 for w in &r.warnings {
-                    println!("warning: {w}");
+                    outln!(out, "warning: {w}");
                 }
             }
-            println!("results in {}", out.display());
+            outln!(out, "results in {}", out_dir.display());
             Ok(())
         }
         Command::Validate { scenario } => {
             let scn = Scenario::load(&scenario, None)?;
-            print_plan(&scn);
-            println!();
-            println!("ok: {} variant(s) fit", scn.variants.len());
+            print_plan(out, &scn);
+            outln!(out);
+            outln!(out, "ok: {} variant(s) fit", scn.variants.len());
             Ok(())
         }
         Command::Bench {
@@ -189,12 +218,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let scn = Scenario::load(&scenario, None)?;
             let results = sim::run::bench_scenario(&scn, driver, &variants, requests)?;
-            println!(
+            outln!(
+                out,
                 "{:<14} {:>10} {:>10} {:>9} {:>14} {:>12} {:>12}",
-                "variant", "requests", "steps", "wall s", "requests/s", "steps/s", "sim s"
+                "variant",
+                "requests",
+                "steps",
+                "wall s",
+                "requests/s",
+                "steps/s",
+                "sim s"
             );
             for r in &results {
-                println!(
+                outln!(
+                    out,
                     "{:<14} {:>10} {:>10} {:>9.3} {:>14.0} {:>12.0} {:>12.1}",
                     r.variant,
                     r.requests,
@@ -206,19 +243,32 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 );
             }
             match sim::run::peak_rss_bytes() {
-                Some(b) => println!("peak RSS {:.1} MiB ({driver:?} driver)", b as f64 / 1048576.0),
-                None => println!("peak RSS n/a ({driver:?} driver)"),
+                Some(b) => outln!(
+                    out,
+                    "peak RSS {:.1} MiB ({driver:?} driver)",
+                    b as f64 / 1048576.0
+                ),
+                None => outln!(out, "peak RSS n/a ({driver:?} driver)"),
             }
             Ok(())
         }
         Command::Models => {
-            println!(
+            outln!(
+                out,
                 "{:<14} {:>8} {:>6} {:>6} {:>9} {:>8} {:>10} {:>12}  hf id",
-                "name", "params", "layers", "hidden", "heads/kv", "context", "bf16 GB", "KV B/token"
+                "name",
+                "params",
+                "layers",
+                "hidden",
+                "heads/kv",
+                "context",
+                "bf16 GB",
+                "KV B/token"
             );
             for m in MODELS {
                 let kv = 2.0 * f64::from(m.layers * m.kv_heads * m.head_dim) * 2.0;
-                println!(
+                outln!(
+                    out,
                     "{:<14} {:>7.2}B {:>6} {:>6} {:>9} {:>8} {:>10.1} {:>12}  {}",
                     m.name,
                     m.params() / 1e9,
@@ -234,17 +284,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Gpus => {
-            println!(
+            outln!(
+                out,
                 "{:<15} {:>8} {:>11} {:>10} {:>9} {:>11}  name",
-                "key", "mem GB", "bf16 TF/s", "fp8 TF/s", "HBM TB/s", "link GB/s"
+                "key",
+                "mem GB",
+                "bf16 TF/s",
+                "fp8 TF/s",
+                "HBM TB/s",
+                "link GB/s"
             );
             for g in GPUS {
-                println!(
+                outln!(
+                    out,
                     "{:<15} {:>8.1} {:>11.1} {:>10} {:>9.3} {:>11.0}  {}",
                     g.name,
                     g.mem_bytes / 1e9,
                     g.flops_16 / 1e12,
-                    g.flops_fp8.map_or("-".to_string(), |f| format!("{:.1}", f / 1e12)),
+                    g.flops_fp8
+                        .map_or("-".to_string(), |f| format!("{:.1}", f / 1e12)),
                     g.mem_bw / 1e12,
                     g.link_bw / 1e9,
                     g.display
@@ -257,7 +315,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli) {
+    let mut out = String::new();
+    let result = run(cli, &mut out);
+    // A reader that went away (a closed pipe) is not an error of ours.
+    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes());
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line: the cause chain, skipping causes the outer message already quotes.

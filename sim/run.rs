@@ -116,11 +116,7 @@ pub fn run_variant(
     on_progress: &dyn Fn(),
 ) -> Result<VariantResult, SimError> {
     let started = Instant::now();
-    let mut workload = Workload::open(
-        &variant.config.workload,
-        &scenario.base_dir,
-        scenario.seed,
-    )?;
+    let mut workload = Workload::open(&variant.config.workload, &scenario.base_dir, scenario.seed)?;
     let classes = workload.class_names();
     let mut collector = RunCollector::new(variant.config.slo.clone(), classes);
     if let Some(dir) = out_dir {
@@ -138,7 +134,7 @@ pub fn run_variant(
     }
     let scheduler = Scheduler::new(variant.scheduler.clone()).map_err(|e| SimError::Run {
         variant: variant.name.clone(),
-        source: e.into(),
+        source: Box::new(e.into()),
     })?;
     let block_manager = BlockManager::new(variant.memory.num_blocks, variant.memory.block_size);
     let backend = Box::new(CostModelBackend::new(CostModel::new(
@@ -163,7 +159,7 @@ pub fn run_variant(
     )
     .map_err(|source| SimError::Run {
         variant: variant.name.clone(),
-        source,
+        source: Box::new(source),
     })?;
     progress.finish_and_clear();
     let wall = started.elapsed().as_secs_f64();
@@ -218,7 +214,10 @@ pub fn run_variant(
 }
 
 /// Runs every (selected) variant of a scenario and writes `comparison.csv`.
-pub fn run_scenario(scenario: &Scenario, opts: &RunOptions) -> Result<Vec<VariantResult>, SimError> {
+pub fn run_scenario(
+    scenario: &Scenario,
+    opts: &RunOptions,
+) -> Result<Vec<VariantResult>, SimError> {
     let selected: Vec<&Variant> = scenario
         .variants
         .iter()
@@ -236,15 +235,17 @@ pub fn run_scenario(scenario: &Scenario, opts: &RunOptions) -> Result<Vec<Varian
         }));
     }
     let progress = Progress::new(opts.progress);
-    let expected = Workload::open(&scenario.base.workload, &scenario.base_dir, scenario.seed)?
-        .expected_len();
+    let expected =
+        Workload::open(&scenario.base.workload, &scenario.base_dir, scenario.seed)?.expected_len();
     let bars: Vec<ProgressBar> = selected
         .iter()
         .map(|v| progress.bar(&v.name, expected))
         .collect();
     let job = |(v, bar): (&&Variant, &ProgressBar)| {
         let dir = opts.out_dir.as_ref().map(|d| d.join(&v.name));
-        run_variant(scenario, v, opts.driver, dir.as_deref(), bar, &|| progress.tick())
+        run_variant(scenario, v, opts.driver, dir.as_deref(), bar, &|| {
+            progress.tick()
+        })
     };
     let results: Vec<Result<VariantResult, SimError>> = if opts.parallel {
         selected.par_iter().zip(bars.par_iter()).map(job).collect()

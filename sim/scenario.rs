@@ -259,7 +259,12 @@ impl Scenario {
         for (i, over) in base.variant.iter().enumerate() {
             let vname = match over.get("name") {
                 Some(toml::Value::String(s)) if !s.trim().is_empty() => s.clone(),
-                _ => return Err(err(format!("variant #{}: needs a `name` (a non-empty string)", i + 1))),
+                _ => {
+                    return Err(err(format!(
+                        "variant #{}: needs a `name` (a non-empty string)",
+                        i + 1
+                    )))
+                }
             };
             let mut over = over.clone();
             over.remove("name");
@@ -273,15 +278,20 @@ impl Scenario {
             let mut merged = raw.clone();
             merged.remove("variant");
             merge(&mut merged, &over);
-            let cfg: ScenarioConfig = toml::Value::Table(merged).try_into().map_err(
-                |e: toml::de::Error| {
-                    err(format!("variant `{vname}`: {}", e.message().trim().replace('\n', " ")))
-                },
-            )?;
+            let cfg: ScenarioConfig =
+                toml::Value::Table(merged)
+                    .try_into()
+                    .map_err(|e: toml::de::Error| {
+                        err(format!(
+                            "variant `{vname}`: {}",
+                            e.message().trim().replace('\n', " ")
+                        ))
+                    })?;
             if variants.iter().any(|v: &Variant| v.name == vname) {
                 return Err(err(format!("variant `{vname}` is defined twice")));
             }
-            variants.push(resolve(&vname, cfg).map_err(|m| err(format!("variant `{vname}`: {m}")))?);
+            variants
+                .push(resolve(&vname, cfg).map_err(|m| err(format!("variant `{vname}`: {m}")))?);
         }
         Ok(Scenario {
             name,

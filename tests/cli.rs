@@ -80,7 +80,10 @@ fn validate_prints_the_memory_plan() {
 
 #[test]
 fn malformed_toml_names_the_line() {
-    assert_bad(&GOOD.replace("num_requests = 50", "num_requests = = 50"), &["line 10", "extra `=`"]);
+    assert_bad(
+        &GOOD.replace("num_requests = 50", "num_requests = = 50"),
+        &["line 10", "extra `=`"],
+    );
 }
 
 #[test]
@@ -106,15 +109,28 @@ fn negative_rate_is_rejected() {
 #[test]
 fn model_that_does_not_fit_reports_the_numbers() {
     assert_bad(
-        &GOOD.replace("llama-3-8b", "llama-2-70b").replace("[model]", "[model]\ndtype = \"fp16\""),
-        &["does not fit", "138.0 GB of weights", "77.0 GB usable", "h100-sxm"],
+        &GOOD
+            .replace("llama-3-8b", "llama-2-70b")
+            .replace("[model]", "[model]\ndtype = \"fp16\""),
+        &[
+            "does not fit",
+            "138.0 GB of weights",
+            "77.0 GB usable",
+            "h100-sxm",
+        ],
     );
 }
 
 #[test]
 fn unknown_names_list_the_catalog() {
-    assert_bad(&GOOD.replace("h100-sxm", "tpu-v9"), &["hardware.gpu", "tpu-v9", "a100-80gb"]);
-    assert_bad(&GOOD.replace("llama-3-8b", "gpt-9"), &["model.name", "gpt-9", "llama-2-7b"]);
+    assert_bad(
+        &GOOD.replace("h100-sxm", "tpu-v9"),
+        &["hardware.gpu", "tpu-v9", "a100-80gb"],
+    );
+    assert_bad(
+        &GOOD.replace("llama-3-8b", "gpt-9"),
+        &["model.name", "gpt-9", "llama-2-7b"],
+    );
 }
 
 #[test]
@@ -159,7 +175,10 @@ fn trace_with_a_bad_row_names_file_and_line() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(!err.contains("panicked"), "{err}");
     assert!(err.contains("trace.csv:3"), "{err}");
-    assert!(err.contains("ContextTokens") && err.contains("abc"), "{err}");
+    assert!(
+        err.contains("ContextTokens") && err.contains("abc"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -183,10 +202,24 @@ fn run_writes_the_outputs() {
         "--quiet",
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("mean TTFT (ms)") && stdout.contains("static"), "{stdout}");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("mean TTFT (ms)") && stdout.contains("static"),
+        "{stdout}"
+    );
     for v in ["static", "chunked"] {
-        for f in ["requests.csv", "steps.csv", "summary.json", "plan.json", "timing.json"] {
+        for f in [
+            "requests.csv",
+            "steps.csv",
+            "summary.json",
+            "plan.json",
+            "timing.json",
+        ] {
             assert!(out_dir.join(v).join(f).is_file(), "{v}/{f}");
         }
         let requests = std::fs::read_to_string(out_dir.join(v).join("requests.csv")).expect("csv");
@@ -205,7 +238,14 @@ fn catalogs_list() {
     }
     let gpus = sim(&["gpus"]);
     let text = String::from_utf8_lossy(&gpus.stdout);
-    for g in ["a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "l40s"] {
+    for g in [
+        "a100-40gb",
+        "a100-80gb",
+        "h100-sxm",
+        "h100-pcie",
+        "h200",
+        "l40s",
+    ] {
         assert!(text.contains(g), "{g}");
     }
 }

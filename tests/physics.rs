@@ -30,7 +30,8 @@ fn inputs() -> MemoryInputs {
 
 /// Batch-1 decode step at context `ctx`.
 fn decode_step_s(m: &CostModel, ctx: u32) -> f64 {
-    m.step_cost(std::iter::empty(), std::iter::once(ctx), 1, 1).seconds
+    m.step_cost(std::iter::empty(), std::iter::once(ctx), 1, 1)
+        .seconds
 }
 
 #[test]
@@ -161,7 +162,10 @@ fn prefill_is_compute_bound_and_decode_is_memory_bound() {
     // Batching decodes is nearly free while memory-bound: 64 sequences cost far less than
     // 64 single steps.
     let batch = m.step_cost(std::iter::empty(), std::iter::repeat_n(512, 64), 64, 64);
-    assert!(batch.seconds < 2.0 * decode.seconds, "{batch:?} vs {decode:?}");
+    assert!(
+        batch.seconds < 2.0 * decode.seconds,
+        "{batch:?} vs {decode:?}"
+    );
 }
 
 #[test]
@@ -172,8 +176,8 @@ fn tensor_parallel_all_reduce_grows_with_tokens() {
     let big = m.allreduce_s(8192.0 * 2.0 * 4096.0);
     // Ring all-reduce: 2 (tp - 1) / tp x bytes / (link x efficiency) + latency.
     let p = CostParams::default();
-    let expected_big = 1.5 * 8192.0 * 2.0 * 4096.0 / (450e9 * p.allreduce_eff)
-        + p.allreduce_latency_us * 1e-6;
+    let expected_big =
+        1.5 * 8192.0 * 2.0 * 4096.0 / (450e9 * p.allreduce_eff) + p.allreduce_latency_us * 1e-6;
     assert!((big - expected_big).abs() < 1e-12);
     assert!(small < 2.0 * p.allreduce_latency_us * 1e-6);
     let single = CostModel::new(

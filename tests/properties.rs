@@ -1,1 +1,1008 @@
-//! placeholder
+//! Property tests of the engine's invariants (DESIGN §3) for every scheduler kind.
+//!
+//! The cores (scheduler, block manager, a fake backend) are driven by a small discrete-event
+//! loop of our own that follows `sim::driver::run`'s event order: a min-heap on
+//! `(time, sequence number)`, arrivals pulled one at a time, one step in flight, and a step
+//! planned only after every event at the current instant was handled. After every step the
+//! harness checks invariants 1, 2, 4, 5, 6 and 8; at the end of a run 6, 7, 8 and 9; each
+//! case runs twice for 11. A last property runs the real driver with both handles
+//! (inline and actors) over the cost model and compares the CSV bytes they write.
+
+use std::cell::RefCell;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::fmt::Display;
+use std::io::Write;
+use std::rc::Rc;
+
+use analysis::{RunCollector, RunInfo};
+use engine::backend::{Backend, BackendError, SIM_TOKEN};
+use engine::block_manager::BlockManager;
+use engine::plan::{StepOutcome, StepPlan, WorkKind};
+use engine::record::{RequestRecord, StepRecord};
+use engine::request::{FinishReason, Nanos, Request, SeqId, SeqStatus};
+use engine::scheduler::{Scheduler, SchedulerConfig, SchedulerKind};
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+use sim::catalog::{find_gpu, find_model, Dtype};
+use sim::cost_model::{CostModel, CostModelBackend, CostParams, Deployment};
+use sim::driver::{run_to_end, DriverKind};
+use sim::workload::WorkloadError;
+
+// ---------------------------------------------------------------------------------------
+// Fixtures
+// ---------------------------------------------------------------------------------------
+
+/// Turns any error into a test failure.
+fn fail(e: impl Display) -> TestCaseError {
+    TestCaseError::fail(e.to_string())
+}
+
+/// Proptest settings: `cases` cases, no regression files written next to the sources.
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+/// A backend whose step time is derived from the plan: 1000 ns + 10 ns per token, and one
+/// sampled token per sampling sequence.
+struct FakeBackend;
+
+impl Backend for FakeBackend {
+    fn name(&self) -> &str {
+        "fake"
+    }
+
+    fn execute(&mut self, plan: &StepPlan) -> Result<StepOutcome, BackendError> {
+        let samples = plan.work.iter().filter(|w| w.sample).count();
+        Ok(StepOutcome {
+            duration: 1000 + 10 * u64::from(plan.num_batched_tokens()),
+            sampled: vec![SIM_TOKEN; samples],
+            mbu: 0.0,
+            mfu: 0.0,
+        })
+    }
+}
+
+/// Engine knobs of one run, before the scheduler kind is chosen.
+#[derive(Debug, Clone)]
+struct Knobs {
+    block_size: u32,
+    num_blocks: u32,
+    max_model_len: u32,
+    max_num_seqs: u32,
+    /// Token budget asked for; raised to what `SchedulerConfig::validate` needs for a kind.
+    budget: u32,
+    /// Ask for block tables in plans (and keep generated tokens).
+    want_tables: bool,
+}
+
+impl Knobs {
+    /// The scheduler configuration for `kind`, valid by construction.
+    fn config(&self, kind: SchedulerKind) -> SchedulerConfig {
+        let floor = if kind.chunks_prefill() {
+            self.max_num_seqs
+        } else {
+            self.max_num_seqs.max(self.max_model_len)
+        };
+        SchedulerConfig {
+            kind,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.budget.max(floor),
+            max_model_len: self.max_model_len,
+            pool_tokens: u64::from(self.num_blocks) * u64::from(self.block_size),
+            eos_token: None,
+            want_block_tables: self.want_tables,
+            keep_tokens: self.want_tables,
+        }
+    }
+}
+
+/// Builds requests (ids in arrival order) from `(gap, prompt_len, max_tokens)` triples.
+fn requests_from(spec: &[(Nanos, u32, u32)]) -> Vec<Request> {
+    let mut t = 0;
+    spec.iter()
+        .enumerate()
+        .map(|(i, &(gap, prompt_len, max_tokens))| {
+            t += gap;
+            Request {
+                id: i as SeqId,
+                arrival: t,
+                prompt_len,
+                prompt_tokens: Vec::new(),
+                max_tokens,
+                ignore_eos: true,
+                priority: 0,
+                class: 0,
+            }
+        })
+        .collect()
+}
+
+/// Arrival gaps: many ties at the same nanosecond, short gaps (comparable to a step) and
+/// a few long idle periods.
+fn gap() -> impl Strategy<Value = Nanos> {
+    prop_oneof![
+        3 => Just(0u64),
+        1 => Just(1000u64),
+        3 => 0u64..3_000,
+        1 => 0u64..200_000,
+    ]
+}
+
+/// A random workload for a model of `max_model_len` tokens; some requests are too long and
+/// must be rejected.
+fn workload(max_model_len: u32, max_requests: usize) -> impl Strategy<Value = Vec<Request>> {
+    let half = (max_model_len / 2).max(1);
+    let prompt = prop_oneof![4 => 1..=half, 1 => 1..=max_model_len];
+    let output = prop_oneof![3 => 1..=half, 2 => 1u32..=4, 1 => 1..=max_model_len];
+    prop::collection::vec((gap(), prompt, output), 1..=max_requests)
+        .prop_map(|spec| requests_from(&spec))
+}
+
+/// Random knobs: block sizes 1..=32 (powers of two), pools from "exactly one max-length
+/// sequence" (forcing preemption) to roomy, budgets from tiny (chunked) to several prompts.
+fn knobs() -> impl Strategy<Value = Knobs> {
+    (
+        0u32..=5,
+        4u32..=128,
+        1u32..=8,
+        prop_oneof![3 => Just(0u32), 2 => 0u32..=4, 1 => 0u32..=64],
+        any::<bool>(),
+        any::<bool>(),
+        0u32..=1024,
+    )
+        .prop_map(
+            |(bs_exp, max_model_len, max_num_seqs, extra_blocks, small_budget, want_tables, r)| {
+                let block_size = 1 << bs_exp;
+                // Small: 1..=max_model_len (chunked only; others are raised to the floor);
+                // large: max_model_len..=3 x max_model_len.
+                let budget = if small_budget {
+                    1 + r % max_model_len
+                } else {
+                    max_model_len + r % (2 * max_model_len + 1)
+                };
+                Knobs {
+                    block_size,
+                    num_blocks: max_model_len.div_ceil(block_size) + extra_blocks,
+                    max_model_len,
+                    max_num_seqs,
+                    budget,
+                    want_tables,
+                }
+            },
+        )
+}
+
+/// Knobs and a workload that fits them.
+fn case(max_requests: usize) -> impl Strategy<Value = (Knobs, Vec<Request>)> {
+    knobs().prop_flat_map(move |k| {
+        let len = k.max_model_len;
+        (Just(k), workload(len, max_requests))
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// The harness
+// ---------------------------------------------------------------------------------------
+
+/// One planned step as the harness saw it.
+#[derive(Debug, Clone, PartialEq)]
+struct StepTrace {
+    /// The plan (work, block tables when asked, preempted sequences).
+    plan: StepPlan,
+    /// Running set before planning, in admission order.
+    running_before: Vec<SeqId>,
+    /// Running set after planning.
+    running_after: Vec<SeqId>,
+    /// Budget in force.
+    budget: u32,
+}
+
+impl StepTrace {
+    /// Sequences that joined the running set in this step.
+    fn admitted(&self) -> Vec<SeqId> {
+        self.running_after
+            .iter()
+            .copied()
+            .filter(|s| !self.running_before.contains(s))
+            .collect()
+    }
+}
+
+/// Everything a run produced.
+#[derive(Debug, Clone, PartialEq)]
+struct Run {
+    /// Records in the order the requests ended.
+    records: Vec<RequestRecord>,
+    /// Every planned step (also empty ones), in order.
+    steps: Vec<StepTrace>,
+    /// The rows `sim::driver::run` would write to steps.csv (non-empty steps).
+    step_records: Vec<StepRecord>,
+    /// Preemptions over the run.
+    preemptions: u64,
+}
+
+/// Driver events. The derived order never decides: heap keys carry a unique sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Arrival(usize),
+    StepDone,
+}
+
+/// The harness: the cores plus the bookkeeping the checks need.
+struct Harness<'a> {
+    cfg: SchedulerConfig,
+    sched: Scheduler,
+    bm: BlockManager,
+    backend: FakeBackend,
+    requests: &'a [Request],
+    by_id: BTreeMap<SeqId, &'a Request>,
+    ended: BTreeSet<SeqId>,
+    preempted: BTreeMap<SeqId, u32>,
+    run: Run,
+}
+
+impl<'a> Harness<'a> {
+    fn new(
+        knobs: &Knobs,
+        kind: SchedulerKind,
+        requests: &'a [Request],
+    ) -> Result<Self, TestCaseError> {
+        let cfg = knobs.config(kind);
+        let sched = Scheduler::new(cfg.clone()).map_err(fail)?;
+        Ok(Harness {
+            cfg,
+            sched,
+            bm: BlockManager::new(knobs.num_blocks, knobs.block_size),
+            backend: FakeBackend,
+            requests,
+            by_id: requests.iter().map(|r| (r.id, r)).collect(),
+            ended: BTreeSet::new(),
+            preempted: BTreeMap::new(),
+            run: Run {
+                records: Vec::new(),
+                steps: Vec::new(),
+                step_records: Vec::new(),
+                preemptions: 0,
+            },
+        })
+    }
+
+    fn should_reject(&self, r: &Request) -> bool {
+        let total = u64::from(r.prompt_len) + u64::from(r.max_tokens);
+        r.prompt_len == 0
+            || total > u64::from(self.cfg.max_model_len)
+            || total > self.cfg.pool_tokens
+    }
+
+    /// The event loop of `sim::driver::run`, with checks. Fails on any violated invariant,
+    /// on a stall (work left, nothing scheduled, no event pending) and when the run takes
+    /// more steps than the liveness bound.
+    fn simulate(mut self) -> Result<Run, TestCaseError> {
+        let total_tokens: u64 = self
+            .requests
+            .iter()
+            .map(|r| u64::from(r.prompt_len) + u64::from(r.max_tokens))
+            .sum();
+        let max_steps = 10 * total_tokens + 1000;
+        let mut heap: BinaryHeap<Reverse<(Nanos, u64, Event)>> = BinaryHeap::new();
+        let mut next_seq = 0u64;
+        let mut push = |heap: &mut BinaryHeap<_>, t: Nanos, ev: Event| {
+            heap.push(Reverse((t, next_seq, ev)));
+            next_seq += 1;
+        };
+        if !self.requests.is_empty() {
+            push(&mut heap, self.requests[0].arrival, Event::Arrival(0));
+        }
+        let mut in_flight: Option<(StepPlan, StepOutcome)> = None;
+        let mut last_now = 0;
+        while let Some(Reverse((now, _, ev))) = heap.pop() {
+            prop_assert!(
+                now >= last_now,
+                "time ran back from {} to {}",
+                last_now,
+                now
+            );
+            last_now = now;
+            match ev {
+                Event::Arrival(i) => {
+                    let req = self.requests[i].clone();
+                    if let Some(rec) = self.sched.add_request(req, now) {
+                        self.on_end(rec)?;
+                    }
+                    if let Some(next) = self.requests.get(i + 1) {
+                        push(&mut heap, next.arrival.max(now), Event::Arrival(i + 1));
+                    }
+                }
+                Event::StepDone => {
+                    let Some((plan, outcome)) = in_flight.take() else {
+                        return Err(fail("StepDone without a step in flight"));
+                    };
+                    let result = self.sched.commit(&plan, &outcome, now).map_err(fail)?;
+                    self.bm.free_all(&result.to_free);
+                    let _gaps: Vec<Nanos> = self.sched.take_itl_gaps().collect();
+                    for rec in result.finished {
+                        self.on_end(rec)?;
+                    }
+                    self.check_after_commit()?;
+                }
+            }
+            let same_instant = heap.peek().is_some_and(|Reverse((t, _, _))| *t == now);
+            if in_flight.is_some() || same_instant || !self.sched.has_work() {
+                continue;
+            }
+            let running_before = self.sched.running().to_vec();
+            let req = self.sched.propose();
+            let resp = self.bm.reserve(&req);
+            let blocks_used = resp.blocks_used;
+            prop_assert_eq!(blocks_used, self.bm.num_used());
+            let plan = self.sched.apply(&req, resp, now);
+            self.check_after_apply(&plan)?;
+            self.run.steps.push(StepTrace {
+                plan: plan.clone(),
+                running_before,
+                running_after: self.sched.running().to_vec(),
+                budget: self.cfg.max_num_batched_tokens,
+            });
+            prop_assert!(
+                (self.run.steps.len() as u64) <= max_steps,
+                "liveness: {} steps without draining (bound {})",
+                self.run.steps.len(),
+                max_steps
+            );
+            if plan.is_empty() {
+                prop_assert!(
+                    !heap.is_empty(),
+                    "stalled at {} ns: {} waiting, {} running, nothing scheduled, no event pending",
+                    now,
+                    self.sched.num_waiting(),
+                    self.sched.num_running()
+                );
+                continue;
+            }
+            let outcome = self.backend.execute(&plan).map_err(fail)?;
+            self.record_step(&plan, &outcome, blocks_used);
+            push(&mut heap, now + outcome.duration.max(1), Event::StepDone);
+            in_flight = Some((plan, outcome));
+        }
+        self.check_end()?;
+        Ok(self.run)
+    }
+
+    /// The steps.csv row of a step, as `sim::driver::run` builds it.
+    fn record_step(&mut self, plan: &StepPlan, outcome: &StepOutcome, blocks_used: u32) {
+        let decode: u32 = plan
+            .work
+            .iter()
+            .filter(|w| w.kind == WorkKind::Decode)
+            .map(|w| w.len)
+            .sum();
+        let batched = plan.num_batched_tokens();
+        self.run.step_records.push(StepRecord {
+            step: plan.step,
+            start_ns: plan.start,
+            duration_ns: outcome.duration,
+            num_seqs: plan.work.len() as u32,
+            num_batched_tokens: batched,
+            num_prefill_tokens: batched - decode,
+            num_decode_tokens: decode,
+            num_waiting: self.sched.num_waiting() as u32,
+            num_running: self.sched.num_running() as u32,
+            num_preempted: plan.preempted.len() as u32,
+            kv_blocks_used: blocks_used,
+            kv_usage: f64::from(blocks_used) / f64::from(self.bm.num_blocks().max(1)),
+            mbu: outcome.mbu,
+            mfu: outcome.mfu,
+        });
+    }
+
+    /// Invariant 6 for one record: ends once, lengths and reason right, times ordered,
+    /// preemptions counted right.
+    fn on_end(&mut self, rec: RequestRecord) -> Result<(), TestCaseError> {
+        let id = rec.request_id;
+        prop_assert!(self.ended.insert(id), "request {} ended twice", id);
+        let Some(&req) = self.by_id.get(&id) else {
+            return Err(fail(format!("record for unknown request {id}")));
+        };
+        prop_assert!(
+            rec.output_len <= rec.max_tokens,
+            "request {}: output beyond max_tokens: {:?}",
+            id,
+            rec
+        );
+        prop_assert_eq!(rec.max_tokens, req.max_tokens);
+        prop_assert_eq!(rec.prompt_len, req.prompt_len);
+        prop_assert_eq!(rec.arrival_ns, req.arrival);
+        if self.should_reject(req) {
+            prop_assert!(
+                rec.finish_reason.is_rejection(),
+                "request {} should be rejected: {:?}",
+                id,
+                rec
+            );
+            prop_assert_eq!(rec.output_len, 0);
+            prop_assert!(rec.first_scheduled_ns.is_none() && rec.first_token_ns.is_none());
+        } else {
+            prop_assert_eq!(
+                rec.finish_reason,
+                FinishReason::Length,
+                "request {}: {:?}",
+                id,
+                rec
+            );
+            prop_assert_eq!(rec.output_len, rec.max_tokens, "request {}: {:?}", id, rec);
+            let (Some(sched), Some(first)) = (rec.first_scheduled_ns, rec.first_token_ns) else {
+                return Err(fail(format!(
+                    "request {id} finished without times: {rec:?}"
+                )));
+            };
+            prop_assert!(
+                rec.arrival_ns <= sched && sched <= first && first <= rec.finish_ns,
+                "request {}: times out of order: {:?}",
+                id,
+                rec
+            );
+        }
+        let counted = self.preempted.get(&id).copied().unwrap_or(0);
+        prop_assert_eq!(rec.num_preemptions, counted, "request {}: preemptions", id);
+        self.run.records.push(rec);
+        Ok(())
+    }
+
+    /// Invariants 1 and 2, and: block tables are held exactly by the running sequences
+    /// (recompute preemption frees everything), each covering its computed tokens (4).
+    fn check_pool(&self) -> Result<(), TestCaseError> {
+        self.bm.check_invariants().map_err(fail)?;
+        prop_assert!(self.bm.num_used() <= self.bm.num_blocks());
+        prop_assert_eq!(
+            self.bm.num_tables(),
+            self.sched.num_running(),
+            "tables held by non-running sequences (running {:?})",
+            self.sched.running()
+        );
+        let bs = self.bm.block_size();
+        for &id in self.sched.running() {
+            let Some(s) = self.sched.sequence(id) else {
+                return Err(fail(format!("running sequence {id} is not live")));
+            };
+            let table = self.bm.table(id);
+            prop_assert!(!table.is_empty(), "running sequence {} holds no blocks", id);
+            prop_assert!(
+                table.len() as u64 * u64::from(bs) >= u64::from(s.num_computed),
+                "seq {}: table of {} blocks x {} does not cover {} computed tokens",
+                id,
+                table.len(),
+                bs,
+                s.num_computed
+            );
+            prop_assert_eq!(s.status, SeqStatus::Running);
+            prop_assert_eq!(s.num_tokens, s.request.prompt_len + s.output_len);
+            prop_assert!(s.num_computed <= s.num_tokens);
+            prop_assert!(
+                s.output_len < s.request.max_tokens,
+                "seq {} should have finished",
+                id
+            );
+            if self.cfg.keep_tokens {
+                prop_assert_eq!(s.output_tokens.len() as u32, s.output_len);
+            }
+        }
+        prop_assert_eq!(self.sched.fcfs_violations(), 0, "FCFS violated");
+        Ok(())
+    }
+
+    /// Invariants after planning a step: 1, 2, 4 (tables cover the step's work), 5.
+    fn check_after_apply(&mut self, plan: &StepPlan) -> Result<(), TestCaseError> {
+        self.check_pool()?;
+        prop_assert!(
+            plan.num_batched_tokens() <= self.cfg.max_num_batched_tokens,
+            "step {}: {} tokens > budget {}",
+            plan.step,
+            plan.num_batched_tokens(),
+            self.cfg.max_num_batched_tokens
+        );
+        prop_assert!(
+            self.sched.num_running() <= self.cfg.max_num_seqs as usize,
+            "step {}: {} running > max_num_seqs {}",
+            plan.step,
+            self.sched.num_running(),
+            self.cfg.max_num_seqs
+        );
+        let bs = u64::from(self.bm.block_size());
+        let mut seen = BTreeSet::new();
+        for w in &plan.work {
+            prop_assert!(
+                seen.insert(w.seq),
+                "step {}: seq {} twice",
+                plan.step,
+                w.seq
+            );
+            prop_assert!(w.len >= 1, "step {}: empty work {:?}", plan.step, w);
+            prop_assert!(
+                self.sched.running().contains(&w.seq),
+                "step {}: {} not running",
+                plan.step,
+                w.seq
+            );
+            let Some(s) = self.sched.sequence(w.seq) else {
+                return Err(fail(format!("step {}: seq {} not live", plan.step, w.seq)));
+            };
+            prop_assert_eq!(w.start, s.num_computed);
+            prop_assert_eq!(
+                w.sample,
+                w.start + w.len == s.num_tokens,
+                "step {}: {:?}",
+                plan.step,
+                w
+            );
+            prop_assert!(w.start + w.len <= s.num_tokens);
+            if w.kind == WorkKind::Decode {
+                prop_assert_eq!(w.len, 1);
+            }
+            let table = self.bm.table(w.seq);
+            prop_assert!(
+                table.len() as u64 * bs >= u64::from(w.context_len()),
+                "step {}: seq {} table of {} blocks x {} does not cover [{}, {})",
+                plan.step,
+                w.seq,
+                table.len(),
+                bs,
+                w.start,
+                w.context_len()
+            );
+            if self.cfg.want_block_tables {
+                prop_assert_eq!(&w.block_table[..], table);
+            }
+        }
+        for &p in &plan.preempted {
+            *self.preempted.entry(p).or_default() += 1;
+            self.run.preemptions += 1;
+            prop_assert!(
+                !seen.contains(&p),
+                "step {}: preempted {} also runs",
+                plan.step,
+                p
+            );
+            prop_assert!(
+                self.bm.table(p).is_empty(),
+                "preempted {} still holds blocks",
+                p
+            );
+            let Some(s) = self.sched.sequence(p) else {
+                return Err(fail(format!("preempted seq {p} is not live")));
+            };
+            prop_assert_eq!(s.status, SeqStatus::Preempted);
+            prop_assert_eq!(s.num_computed, 0);
+        }
+        Ok(())
+    }
+
+    fn check_after_commit(&self) -> Result<(), TestCaseError> {
+        self.check_pool()
+    }
+
+    /// Invariants 6 (everybody ended once), 7 (no leak) and 8 (FCFS without preemption).
+    fn check_end(&self) -> Result<(), TestCaseError> {
+        prop_assert_eq!(
+            self.ended.len(),
+            self.requests.len(),
+            "not every request ended"
+        );
+        prop_assert!(!self.sched.has_work());
+        prop_assert_eq!(self.sched.num_live(), 0);
+        self.bm.check_invariants().map_err(fail)?;
+        prop_assert_eq!(self.bm.num_used(), 0, "blocks leaked");
+        prop_assert_eq!(self.bm.num_tables(), 0, "tables leaked");
+        prop_assert_eq!(self.sched.fcfs_violations(), 0);
+        if self.run.preemptions == 0 {
+            let mut admitted: Vec<&RequestRecord> = self
+                .run
+                .records
+                .iter()
+                .filter(|r| !r.finish_reason.is_rejection())
+                .collect();
+            admitted.sort_by_key(|r| (r.arrival_ns, r.request_id));
+            for pair in admitted.windows(2) {
+                prop_assert!(
+                    pair[0].first_scheduled_ns <= pair[1].first_scheduled_ns,
+                    "FCFS: request {} (arrived {}) first scheduled at {:?}, after request {} (arrived {}) at {:?}",
+                    pair[0].request_id,
+                    pair[0].arrival_ns,
+                    pair[0].first_scheduled_ns,
+                    pair[1].request_id,
+                    pair[1].arrival_ns,
+                    pair[1].first_scheduled_ns
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs one case through the harness.
+fn simulate(
+    knobs: &Knobs,
+    kind: SchedulerKind,
+    requests: &[Request],
+) -> Result<Run, TestCaseError> {
+    Harness::new(knobs, kind, requests)?.simulate()
+}
+
+// ---------------------------------------------------------------------------------------
+// Per-kind properties of a trace
+// ---------------------------------------------------------------------------------------
+
+/// Static batching: never preempts, never admits while a batch runs.
+fn check_static_trace(run: &Run) -> Result<(), TestCaseError> {
+    prop_assert_eq!(run.preemptions, 0, "static batching preempted");
+    for s in &run.steps {
+        prop_assert!(s.plan.preempted.is_empty());
+        let admitted = s.admitted();
+        prop_assert!(
+            admitted.is_empty() || s.running_before.is_empty(),
+            "step {}: static admitted {:?} while batch {:?} runs",
+            s.plan.step,
+            admitted,
+            s.running_before
+        );
+    }
+    Ok(())
+}
+
+/// Continuous batching (prefill first): a step is whole-prompt prefills of newly admitted
+/// sequences only, or decodes only.
+fn check_continuous_trace(run: &Run) -> Result<(), TestCaseError> {
+    for s in &run.steps {
+        let admitted = s.admitted();
+        let prefill = s
+            .plan
+            .work
+            .iter()
+            .all(|w| w.kind == WorkKind::Prefill && w.sample);
+        let decode = s.plan.work.iter().all(|w| w.kind == WorkKind::Decode);
+        prop_assert!(
+            prefill || decode,
+            "step {}: mixed continuous step {:?}",
+            s.plan.step,
+            s.plan.work
+        );
+        if !admitted.is_empty() {
+            prop_assert!(
+                s.plan.work.iter().all(|w| admitted.contains(&w.seq)),
+                "step {}: admission step also ran old sequences",
+                s.plan.step
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Chunked prefill: within budget; a partial prefill chunk means the budget was used up
+/// (in steps without preemption).
+fn check_chunked_trace(run: &Run) -> Result<(), TestCaseError> {
+    for s in &run.steps {
+        let tokens = s.plan.num_batched_tokens();
+        prop_assert!(tokens <= s.budget);
+        let partial = s.plan.work.iter().any(|w| !w.sample);
+        if partial && s.plan.preempted.is_empty() {
+            prop_assert_eq!(
+                tokens,
+                s.budget,
+                "step {}: partial chunk but budget not used up: {:?}",
+                s.plan.step,
+                s.plan.work
+            );
+        }
+    }
+    Ok(())
+}
+
+fn check_kind_trace(kind: SchedulerKind, run: &Run) -> Result<(), TestCaseError> {
+    match kind {
+        SchedulerKind::Static => check_static_trace(run),
+        SchedulerKind::Continuous => check_continuous_trace(run),
+        SchedulerKind::Chunked => check_chunked_trace(run),
+    }
+}
+
+/// Runs a case twice for `kind`: checks every invariant and that both runs are identical.
+fn check_case(
+    knobs: &Knobs,
+    kind: SchedulerKind,
+    requests: &[Request],
+) -> Result<Run, TestCaseError> {
+    let first = simulate(knobs, kind, requests)?;
+    let second = simulate(knobs, kind, requests)?;
+    prop_assert!(
+        first.records == second.records,
+        "{}: records differ between runs",
+        kind.as_str()
+    );
+    prop_assert!(
+        first.steps == second.steps,
+        "{}: steps differ between runs",
+        kind.as_str()
+    );
+    check_kind_trace(kind, &first)?;
+    Ok(first)
+}
+
+// ---------------------------------------------------------------------------------------
+// Real driver: inline vs actors
+// ---------------------------------------------------------------------------------------
+
+/// A writer whose bytes remain readable after the collector dropped it.
+#[derive(Clone, Default)]
+struct SharedBuf(Rc<RefCell<Vec<u8>>>);
+
+impl Write for SharedBuf {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.borrow_mut().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl SharedBuf {
+    fn bytes(&self) -> Vec<u8> {
+        self.0.borrow().clone()
+    }
+}
+
+/// SmolLM2-135M in bf16 on one H100 SXM.
+fn deployment() -> Deployment {
+    Deployment {
+        model: find_model("smollm2-135m")
+            .expect("catalog has smollm2-135m")
+            .clone(),
+        gpu: find_gpu("h100-sxm").expect("catalog has h100-sxm").clone(),
+        tp: 1,
+        dtype: Dtype::Bf16,
+        kv_dtype: Dtype::Bf16,
+    }
+}
+
+/// Runs the real driver; returns the bytes of requests.csv and steps.csv.
+fn drive(
+    driver: DriverKind,
+    knobs: &Knobs,
+    kind: SchedulerKind,
+    requests: &[Request],
+    backend: Box<dyn Backend>,
+) -> Result<(Vec<u8>, Vec<u8>), TestCaseError> {
+    let scheduler = Scheduler::new(knobs.config(kind)).map_err(fail)?;
+    let block_manager = BlockManager::new(knobs.num_blocks, knobs.block_size);
+    let (req_csv, step_csv) = (SharedBuf::default(), SharedBuf::default());
+    let mut sink = csv_collector(&req_csv, &step_csv);
+    let mut workload = requests.iter().cloned().map(Ok::<Request, WorkloadError>);
+    let stats = run_to_end(
+        driver,
+        scheduler,
+        block_manager,
+        backend,
+        &mut workload,
+        &mut sink,
+        &mut |_| {},
+    )
+    .map_err(fail)?;
+    prop_assert_eq!(stats.arrived, requests.len() as u64);
+    prop_assert_eq!(stats.ended, requests.len() as u64);
+    prop_assert_eq!(stats.blocks_in_use_at_end, 0);
+    sink.finish(RunInfo::default()).map_err(fail)?;
+    Ok((req_csv.bytes(), step_csv.bytes()))
+}
+
+/// A collector writing both CSVs into shared buffers.
+fn csv_collector(requests: &SharedBuf, steps: &SharedBuf) -> RunCollector {
+    RunCollector::new(Default::default(), vec!["c".into()])
+        .with_csv(Box::new(requests.clone()), Box::new(steps.clone()))
+}
+
+/// The CSV bytes of a harness run, written through the same collector.
+fn harness_csv(run: &Run) -> Result<(Vec<u8>, Vec<u8>), TestCaseError> {
+    let (req_csv, step_csv) = (SharedBuf::default(), SharedBuf::default());
+    let mut sink = csv_collector(&req_csv, &step_csv);
+    for r in &run.records {
+        sink.record_request(r).map_err(fail)?;
+    }
+    for s in &run.step_records {
+        sink.record_step(s).map_err(fail)?;
+    }
+    sink.finish(RunInfo::default()).map_err(fail)?;
+    Ok((req_csv.bytes(), step_csv.bytes()))
+}
+
+/// The cost model backend of the driver tests.
+fn cost_model_backend() -> Box<dyn Backend> {
+    Box::new(CostModelBackend::new(CostModel::new(
+        deployment(),
+        CostParams::default(),
+    )))
+}
+
+/// Asserts two CSV outputs are byte-identical, showing both when not.
+fn assert_same_csv(what: &str, a: &[u8], b: &[u8]) -> Result<(), TestCaseError> {
+    prop_assert!(
+        a == b,
+        "{} differs:\n{}\n---\n{}",
+        what,
+        String::from_utf8_lossy(a),
+        String::from_utf8_lossy(b)
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Properties
+// ---------------------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(config(1024))]
+
+    /// Invariants 1, 2, 4, 5, 6, 7, 8, 9 and 11 for every scheduler kind on random workloads,
+    /// block sizes, pools (down to one max-length sequence), seat and token limits.
+    #[test]
+    fn invariants_hold_for_every_scheduler((knobs, requests) in case(24)) {
+        for kind in SchedulerKind::ALL {
+            check_case(&knobs, kind, &requests)?;
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config(192))]
+
+    /// Static batching on tight pools (one to three max-length sequences): it never
+    /// preempts and nobody joins a running batch.
+    #[test]
+    fn static_never_preempts_nor_admits_mid_batch(
+        (knobs, requests) in case(16),
+        extra in 0u32..=2,
+    ) {
+        let knobs = Knobs {
+            num_blocks: knobs.max_model_len.div_ceil(knobs.block_size) * (1 + extra),
+            ..knobs
+        };
+        let run = check_case(&knobs, SchedulerKind::Static, &requests)?;
+        check_static_trace(&run)?;
+    }
+
+    /// Chunked prefill with a long decode running while long prompts arrive: steps mix the
+    /// decode with prefill chunks, and never exceed the budget.
+    #[test]
+    fn chunked_mixes_decodes_and_chunks_within_budget(
+        budget in 8u32..=64,
+        seats in 2u32..=8,
+        bs_exp in 0u32..=5,
+        first_prompt_frac in 1u32..=100,
+        later in prop::collection::vec((0u64..=8_000, 1u32..=100, 1u32..=100), 1..=5),
+    ) {
+        let max_model_len = 4 * budget;
+        // Request 0: short prompt, 2 x budget output tokens (decodes for >= 16 us).
+        let mut spec = vec![(0, 1 + first_prompt_frac * (budget / 2 - 1) / 100, 2 * budget)];
+        // Later requests: prompts longer than the budget, so they are chunked; the first
+        // arrives while request 0 decodes.
+        for (i, &(gap, p, o)) in later.iter().enumerate() {
+            let gap = if i == 0 { 2_000 + gap } else { gap };
+            spec.push((gap, budget + 1 + p * (budget - 1) / 100, 1 + o * (budget - 1) / 100));
+        }
+        let requests = requests_from(&spec);
+        let block_size = 1 << bs_exp;
+        let total: u32 = requests.iter().map(|r| r.prompt_len + r.max_tokens).sum();
+        let knobs = Knobs {
+            block_size,
+            num_blocks: total.max(max_model_len).div_ceil(block_size) + 1,
+            max_model_len,
+            max_num_seqs: seats.min(budget),
+            budget,
+            want_tables: false,
+        };
+        let run = check_case(&knobs, SchedulerKind::Chunked, &requests)?;
+        prop_assert_eq!(run.preemptions, 0, "pool holds every request: no preemption expected");
+        let mixed = run.steps.iter().any(|s| {
+            let decodes = s.plan.work.iter().any(|w| w.kind == WorkKind::Decode);
+            let chunk = s.plan.work.iter().any(|w| w.kind == WorkKind::Prefill && !w.sample);
+            decodes && chunk
+        });
+        prop_assert!(mixed, "no step mixed a decode with a prefill chunk");
+    }
+
+    /// A pool of exactly one max-length sequence, two requests of half a prompt each arriving
+    /// together, then more: continuous and chunked must preempt (the first decode needs a
+    /// block while the pool is full); static must not; all drain, nothing leaks.
+    #[test]
+    fn tiny_pool_forces_preemption_and_still_drains(
+        bs_exp in 0u32..=5,
+        k in 1u32..=3,
+        seats in 2u32..=8,
+        extra_budget in 0u32..=64,
+        more in prop::collection::vec((gap(), 0u32..=100, 0u32..=100), 0..=4),
+    ) {
+        let block_size = 1u32 << bs_exp;
+        let max_model_len = 4 * block_size * k;
+        let half = max_model_len / 2;
+        let mut spec = vec![(0, half, half), (0, half, half)];
+        for &(g, p, o) in &more {
+            spec.push((g, 1 + p * (half - 1) / 100, 1 + o * (half - 1) / 100));
+        }
+        let requests = requests_from(&spec);
+        let knobs = Knobs {
+            block_size,
+            num_blocks: max_model_len / block_size,
+            max_model_len,
+            max_num_seqs: seats,
+            budget: max_model_len.max(seats) + extra_budget,
+            want_tables: true,
+        };
+        for kind in SchedulerKind::ALL {
+            let run = check_case(&knobs, kind, &requests)?;
+            if kind == SchedulerKind::Static {
+                prop_assert_eq!(run.preemptions, 0);
+            } else {
+                prop_assert!(run.preemptions > 0, "{}: no preemption on a full pool", kind.as_str());
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config(64))]
+
+    /// The harness follows the real driver: `run_to_end` with the inline engine and the
+    /// same fake backend writes the very CSVs the harness' records give.
+    #[test]
+    fn harness_matches_inline_driver((knobs, requests) in case(14)) {
+        for kind in SchedulerKind::ALL {
+            let run = simulate(&knobs, kind, &requests)?;
+            let ours = harness_csv(&run)?;
+            let driver = drive(DriverKind::Inline, &knobs, kind, &requests, Box::new(FakeBackend))?;
+            assert_same_csv("requests.csv", &ours.0, &driver.0)?;
+            assert_same_csv("steps.csv", &ours.1, &driver.1)?;
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config(8))]
+
+    /// Invariant 11 across drivers: the inline and the actor driver write byte-identical
+    /// requests.csv and steps.csv over the cost model.
+    #[test]
+    fn inline_and_actor_drivers_write_identical_csv(
+        kind in prop::sample::select(SchedulerKind::ALL.to_vec()),
+        spec in prop::collection::vec((0u64..=2_000_000, 1u32..=256, 1u32..=64), 1..=10),
+        tie_every in 1usize..=3,
+        num_blocks in 32u32..=96,
+        max_num_seqs in 1u32..=8,
+        budget in 8u32..=1024,
+    ) {
+        // Every `tie_every`-th request arrives with the previous one.
+        let spec: Vec<(Nanos, u32, u32)> = spec
+            .iter()
+            .enumerate()
+            .map(|(i, &(g, p, o))| (if i % tie_every == 0 { 0 } else { g }, p, o))
+            .collect();
+        let requests = requests_from(&spec);
+        let knobs = Knobs {
+            block_size: 16,
+            num_blocks,
+            max_model_len: 512,
+            max_num_seqs,
+            budget,
+            want_tables: false,
+        };
+        let inline = drive(DriverKind::Inline, &knobs, kind, &requests, cost_model_backend())?;
+        let actors = drive(DriverKind::Actors, &knobs, kind, &requests, cost_model_backend())?;
+        let rows = inline.0.iter().filter(|&&b| b == b'\n').count();
+        prop_assert_eq!(rows, requests.len() + 1, "one requests.csv row per request plus header");
+        assert_same_csv("requests.csv", &inline.0, &actors.0)?;
+        assert_same_csv("steps.csv", &inline.1, &actors.1)?;
+    }
+}

@@ -81,7 +81,11 @@ fn same_scenario_and_seed_give_byte_identical_outputs() {
     // The inline driver calls the same cores without actors: identical results.
     run("tests/data/small.toml", DriverKind::Inline, Some(c.path()));
     let fa = read_all(a.path());
-    assert!(fa.len() >= 3 * 4 + 1, "{:?}", fa.iter().map(|f| &f.0).collect::<Vec<_>>());
+    assert!(
+        fa.len() > 3 * 4,
+        "{:?}",
+        fa.iter().map(|f| &f.0).collect::<Vec<_>>()
+    );
     assert_eq!(fa, read_all(b.path()));
     assert_eq!(fa, read_all(c.path()));
 }

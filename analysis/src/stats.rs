@@ -1,7 +1,5 @@
 //! Percentiles, medians and the six-number summary of a metric.
 
-use statrs::statistics::Statistics;
-
 /// The `p`-th percentile (0..=100) of `values`, with numpy's default linear interpolation
 /// (`numpy.percentile(values, p)`, method `"linear"`), which is what vLLM reports.
 ///
@@ -90,7 +88,7 @@ pub(crate) fn ratio(num: f64, den: f64) -> f64 {
 }
 
 /// Mean, median, standard deviation and the 90th, 95th and 99th percentiles of a metric,
-/// in milliseconds.
+/// in milliseconds (computed by [`crate::latency::LatencyAccumulator::stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct MetricStats {
     pub mean: f64,
@@ -101,13 +99,17 @@ pub(crate) struct MetricStats {
     pub p99: f64,
 }
 
+#[cfg(test)]
 impl MetricStats {
-    /// Statistics of `values_s` (seconds), reported in milliseconds as vLLM does
-    /// (`np.mean(values) * 1000` and so on). An empty set gives all zeros.
+    /// Exact statistics of `values_s` (seconds), reported in milliseconds as vLLM does
+    /// (`np.mean(values) * 1000` and so on); an empty set gives all zeros. The reference the
+    /// tests hold the collector's histogram-based statistics against.
     pub fn from_seconds(values_s: &[f64]) -> Self {
         if values_s.is_empty() {
             return MetricStats::default();
         }
+        use statrs::statistics::Statistics;
+
         let sorted = sorted_copy(values_s);
         MetricStats {
             mean: finite(Statistics::mean(values_s) * 1000.0),

@@ -11,6 +11,9 @@ use crate::slo::Slo;
 use crate::stats::MetricStats;
 
 /// Metrics of one request class (completed requests only, latencies in ms).
+///
+/// As in [`Summary`], means are exact and medians and 99th percentiles come from HDR
+/// histograms (relative error below 0.1 %).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ClassSummary {
     /// Class name.
@@ -19,23 +22,23 @@ pub struct ClassSummary {
     pub completed: u64,
     /// Rejected requests.
     pub rejected: u64,
-    /// Mean time to first token (ms).
+    /// Mean time to first token (ms, exact).
     pub mean_ttft_ms: f64,
-    /// Median time to first token (ms).
+    /// Median time to first token (ms; HDR histogram, < 0.1 % relative error).
     pub median_ttft_ms: f64,
-    /// 99th percentile of time to first token (ms).
+    /// 99th percentile of time to first token (ms; HDR histogram, < 0.1 % relative error).
     pub p99_ttft_ms: f64,
-    /// Mean time per output token (ms).
+    /// Mean time per output token (ms, exact).
     pub mean_tpot_ms: f64,
-    /// Median time per output token (ms).
+    /// Median time per output token (ms; HDR histogram, < 0.1 % relative error).
     pub median_tpot_ms: f64,
-    /// 99th percentile of time per output token (ms).
+    /// 99th percentile of time per output token (ms; HDR histogram, < 0.1 % relative error).
     pub p99_tpot_ms: f64,
-    /// Mean end-to-end latency (ms).
+    /// Mean end-to-end latency (ms, exact).
     pub mean_e2el_ms: f64,
-    /// Median end-to-end latency (ms).
+    /// Median end-to-end latency (ms; HDR histogram, < 0.1 % relative error).
     pub median_e2el_ms: f64,
-    /// 99th percentile of end-to-end latency (ms).
+    /// 99th percentile of end-to-end latency (ms; HDR histogram, < 0.1 % relative error).
     pub p99_e2el_ms: f64,
 }
 
@@ -73,6 +76,12 @@ impl ClassSummary {
 /// requests with at most one output token; ITL pools every gap between consecutive tokens.
 /// Empty sets give 0.
 ///
+/// Means and standard deviations (population, as `numpy.std`) are exact, computed from
+/// integer sums of nanoseconds. Medians and the 90th, 95th and 99th percentiles are
+/// interpolated between ranks as `numpy.percentile` does, with the values at those ranks
+/// taken from HDR histograms of nanoseconds with 3 significant digits: their relative
+/// error is below 0.1 %. TPOT values enter rounded to the nearest nanosecond.
+///
 /// `Summary::default()` is the summary of nothing: empty names and zeros.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct Summary {
@@ -103,69 +112,69 @@ pub struct Summary {
     /// The SLO goodput was measured against.
     pub slo: Slo,
 
-    /// Mean time to first token (ms).
+    /// Mean time to first token (ms, exact).
     pub mean_ttft_ms: f64,
-    /// Median time to first token (ms).
+    /// Median time to first token (ms; HDR histogram, < 0.1 % relative error).
     pub median_ttft_ms: f64,
-    /// Standard deviation of time to first token (ms).
+    /// Standard deviation of time to first token (ms, exact).
     pub std_ttft_ms: f64,
-    /// 90th percentile of time to first token (ms).
+    /// 90th percentile of time to first token (ms; HDR histogram, < 0.1 % relative error).
     pub p90_ttft_ms: f64,
-    /// 95th percentile of time to first token (ms).
+    /// 95th percentile of time to first token (ms; HDR histogram, < 0.1 % relative error).
     pub p95_ttft_ms: f64,
-    /// 99th percentile of time to first token (ms).
+    /// 99th percentile of time to first token (ms; HDR histogram, < 0.1 % relative error).
     pub p99_ttft_ms: f64,
 
-    /// Mean time per output token (ms).
+    /// Mean time per output token (ms, exact).
     pub mean_tpot_ms: f64,
-    /// Median time per output token (ms).
+    /// Median time per output token (ms; HDR histogram, < 0.1 % relative error).
     pub median_tpot_ms: f64,
-    /// Standard deviation of time per output token (ms).
+    /// Standard deviation of time per output token (ms, exact).
     pub std_tpot_ms: f64,
-    /// 90th percentile of time per output token (ms).
+    /// 90th percentile of time per output token (ms; HDR histogram, < 0.1 % relative error).
     pub p90_tpot_ms: f64,
-    /// 95th percentile of time per output token (ms).
+    /// 95th percentile of time per output token (ms; HDR histogram, < 0.1 % relative error).
     pub p95_tpot_ms: f64,
-    /// 99th percentile of time per output token (ms).
+    /// 99th percentile of time per output token (ms; HDR histogram, < 0.1 % relative error).
     pub p99_tpot_ms: f64,
 
-    /// Mean inter-token latency (ms).
+    /// Mean inter-token latency (ms, exact).
     pub mean_itl_ms: f64,
-    /// Median inter-token latency (ms).
+    /// Median inter-token latency (ms; HDR histogram, < 0.1 % relative error).
     pub median_itl_ms: f64,
-    /// Standard deviation of inter-token latency (ms).
+    /// Standard deviation of inter-token latency (ms, exact).
     pub std_itl_ms: f64,
-    /// 90th percentile of inter-token latency (ms).
+    /// 90th percentile of inter-token latency (ms; HDR histogram, < 0.1 % relative error).
     pub p90_itl_ms: f64,
-    /// 95th percentile of inter-token latency (ms).
+    /// 95th percentile of inter-token latency (ms; HDR histogram, < 0.1 % relative error).
     pub p95_itl_ms: f64,
-    /// 99th percentile of inter-token latency (ms).
+    /// 99th percentile of inter-token latency (ms; HDR histogram, < 0.1 % relative error).
     pub p99_itl_ms: f64,
 
-    /// Mean end-to-end latency (ms).
+    /// Mean end-to-end latency (ms, exact).
     pub mean_e2el_ms: f64,
-    /// Median end-to-end latency (ms).
+    /// Median end-to-end latency (ms; HDR histogram, < 0.1 % relative error).
     pub median_e2el_ms: f64,
-    /// Standard deviation of end-to-end latency (ms).
+    /// Standard deviation of end-to-end latency (ms, exact).
     pub std_e2el_ms: f64,
-    /// 90th percentile of end-to-end latency (ms).
+    /// 90th percentile of end-to-end latency (ms; HDR histogram, < 0.1 % relative error).
     pub p90_e2el_ms: f64,
-    /// 95th percentile of end-to-end latency (ms).
+    /// 95th percentile of end-to-end latency (ms; HDR histogram, < 0.1 % relative error).
     pub p95_e2el_ms: f64,
-    /// 99th percentile of end-to-end latency (ms).
+    /// 99th percentile of end-to-end latency (ms; HDR histogram, < 0.1 % relative error).
     pub p99_e2el_ms: f64,
 
-    /// Mean queueing delay, first scheduled minus arrival (ms).
+    /// Mean queueing delay, first scheduled minus arrival (ms, exact).
     pub mean_queue_ms: f64,
-    /// Median queueing delay (ms).
+    /// Median queueing delay (ms; HDR histogram, < 0.1 % relative error).
     pub median_queue_ms: f64,
-    /// Standard deviation of queueing delay (ms).
+    /// Standard deviation of queueing delay (ms, exact).
     pub std_queue_ms: f64,
-    /// 90th percentile of queueing delay (ms).
+    /// 90th percentile of queueing delay (ms; HDR histogram, < 0.1 % relative error).
     pub p90_queue_ms: f64,
-    /// 95th percentile of queueing delay (ms).
+    /// 95th percentile of queueing delay (ms; HDR histogram, < 0.1 % relative error).
     pub p95_queue_ms: f64,
-    /// 99th percentile of queueing delay (ms).
+    /// 99th percentile of queueing delay (ms; HDR histogram, < 0.1 % relative error).
     pub p99_queue_ms: f64,
 
     /// Engine steps.

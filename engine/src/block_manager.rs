@@ -213,41 +213,40 @@ impl BlockManager {
             .enumerate()
             .filter(|(_, e)| e.kind == EntryKind::Waiting);
 
-        let mut serve_running = |bm: &mut Self,
-                                 resp: &mut ReserveResponse,
-                                 preempted: &mut Vec<SeqId>| {
-            for (i, e) in running.clone() {
-                if is_preempted(preempted, e.seq) {
-                    continue;
-                }
-                loop {
-                    if bm.try_grow(e.seq, e.slots) {
-                        resp.granted.push(i);
-                        break;
+        let mut serve_running =
+            |bm: &mut Self, resp: &mut ReserveResponse, preempted: &mut Vec<SeqId>| {
+                for (i, e) in running.clone() {
+                    if is_preempted(preempted, e.seq) {
+                        continue;
                     }
-                    // Skip candidates already preempted this step.
-                    let victim = loop {
-                        match victims.next() {
-                            Some(v) if is_preempted(preempted, v) => continue,
-                            other => break other,
+                    loop {
+                        if bm.try_grow(e.seq, e.slots) {
+                            resp.granted.push(i);
+                            break;
                         }
-                    };
-                    let Some(v) = victim else {
-                        // No victim left: this entry cannot run; preempt it.
-                        bm.free(e.seq);
-                        preempted.push(e.seq);
-                        break;
-                    };
-                    bm.free(v);
-                    preempted.push(v);
-                    // A victim granted earlier in this step loses its grant.
-                    resp.granted.retain(|&g| req.entries[g].seq != v);
-                    if v == e.seq {
-                        break;
+                        // Skip candidates already preempted this step.
+                        let victim = loop {
+                            match victims.next() {
+                                Some(v) if is_preempted(preempted, v) => continue,
+                                other => break other,
+                            }
+                        };
+                        let Some(v) = victim else {
+                            // No victim left: this entry cannot run; preempt it.
+                            bm.free(e.seq);
+                            preempted.push(e.seq);
+                            break;
+                        };
+                        bm.free(v);
+                        preempted.push(v);
+                        // A victim granted earlier in this step loses its grant.
+                        resp.granted.retain(|&g| req.entries[g].seq != v);
+                        if v == e.seq {
+                            break;
+                        }
                     }
                 }
-            }
-        };
+            };
         let serve_waiting = |bm: &mut Self, resp: &mut ReserveResponse| {
             for (i, e) in waiting.clone() {
                 if !bm.try_grow(e.seq, e.slots) {
@@ -326,7 +325,9 @@ impl BlockManager {
         let mut seen = vec![false; self.ref_counts.len()];
         for &b in &self.free_queue {
             if self.ref_counts[b as usize] != 0 || seen[b as usize] {
-                return Err(format!("block {b} is in the free queue twice or while in use"));
+                return Err(format!(
+                    "block {b} is in the free queue twice or while in use"
+                ));
             }
             seen[b as usize] = true;
         }

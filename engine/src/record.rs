@@ -57,7 +57,8 @@ impl RequestRecord {
 
     /// Queueing delay (first scheduled - arrival) in seconds.
     pub fn queue_s(&self) -> Option<f64> {
-        self.first_scheduled_ns.map(|t| ns_to_s(t - self.arrival_ns))
+        self.first_scheduled_ns
+            .map(|t| ns_to_s(t - self.arrival_ns))
     }
 }
 

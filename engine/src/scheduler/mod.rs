@@ -22,7 +22,9 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
-use crate::block_manager::{EntryKind, ReserveEntry, ReserveOrder, ReserveRequest, ReserveResponse};
+use crate::block_manager::{
+    EntryKind, ReserveEntry, ReserveOrder, ReserveRequest, ReserveResponse,
+};
 use crate::error::EngineError;
 use crate::plan::{SeqWork, StepOutcome, StepPlan, WorkKind};
 use crate::record::RequestRecord;
@@ -108,7 +110,12 @@ pub struct SchedulerConfig {
 impl SchedulerConfig {
     /// Checks that the limits allow progress; the message names the offending key.
     pub fn validate(&self) -> Result<(), EngineError> {
-        let bad = |key: &str, msg: String| Err(EngineError::Config { key: key.into(), msg });
+        let bad = |key: &str, msg: String| {
+            Err(EngineError::Config {
+                key: key.into(),
+                msg,
+            })
+        };
         if self.max_num_seqs == 0 {
             return bad("engine.max_num_seqs", "must be at least 1".into());
         }
@@ -474,8 +481,10 @@ impl Scheduler {
         }
         if !result.to_free.is_empty() {
             let seqs = &self.seqs;
-            self.running
-                .retain(|id| seqs.get(id).is_some_and(|s| s.status != SeqStatus::Finished));
+            self.running.retain(|id| {
+                seqs.get(id)
+                    .is_some_and(|s| s.status != SeqStatus::Finished)
+            });
             for id in &result.to_free {
                 self.seqs.remove(id);
             }

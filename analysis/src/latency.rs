@@ -1,18 +1,22 @@
-//! Inter-token latencies: an HDR histogram plus exact sums, in constant memory.
+//! [`LatencyAccumulator`]: the statistics of a latency metric in constant memory, from an
+//! HDR histogram plus exact integer sums.
 
 use hdrhistogram::Histogram;
 
 use crate::stats::{finite, lerp, virtual_index, MetricStats};
 
-/// Significant decimal digits kept by the ITL histogram.
+/// Significant decimal digits kept by the histograms.
 const SIGFIG: u8 = 3;
 
-/// Pooled inter-token gaps (nanoseconds).
+/// The values of one latency metric (nanoseconds): TTFT, TPOT, E2EL, queueing delay or the
+/// pooled inter-token gaps, overall or of one class.
 ///
-/// Percentiles come from the histogram (relative error below 0.1 %), interpolated the way
-/// numpy interpolates; the mean and standard deviation come from exact integer sums of the
-/// gaps shifted by the first gap (so the variance suffers no cancellation).
-pub(crate) struct ItlAccumulator {
+/// Its memory does not grow with the number of values, only (logarithmically) with their
+/// range. Percentiles come from the histogram (3 significant digits: relative error below
+/// 0.1 %), interpolated between ranks the way numpy interpolates; the mean and standard
+/// deviation come from exact integer sums of the values shifted by the first value (so the
+/// variance suffers no cancellation).
+pub(crate) struct LatencyAccumulator {
     hist: Histogram<u64>,
     count: u64,
     shift: u64,
@@ -22,13 +26,13 @@ pub(crate) struct ItlAccumulator {
     sum_d: i128,
     /// Sum of `(gap - shift)^2`.
     sum_d2: u128,
-    /// An exact sum overflowed (needs more than ~10^20 gaps); fall back to the histogram.
+    /// An exact sum overflowed (needs more than ~10^20 values); fall back to the histogram.
     overflowed: bool,
 }
 
-impl std::fmt::Debug for ItlAccumulator {
+impl std::fmt::Debug for LatencyAccumulator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ItlAccumulator")
+        f.debug_struct("LatencyAccumulator")
             .field("count", &self.count)
             .field("min", &self.min)
             .field("max", &self.max)
@@ -36,13 +40,13 @@ impl std::fmt::Debug for ItlAccumulator {
     }
 }
 
-impl ItlAccumulator {
+impl LatencyAccumulator {
     /// An empty accumulator.
     pub fn new() -> Self {
         // An auto-resizing histogram with 3 significant digits is always a valid
         // configuration (sigfig must be at most 5), so this cannot fail.
         let hist = Histogram::new(SIGFIG).expect("3 significant digits is a valid configuration");
-        ItlAccumulator {
+        LatencyAccumulator {
             hist,
             count: 0,
             shift: 0,
@@ -54,39 +58,53 @@ impl ItlAccumulator {
         }
     }
 
-    /// Number of gaps recorded.
+    /// Number of values recorded.
     #[cfg(test)]
     pub fn count(&self) -> u64 {
         self.count
     }
 
-    /// Records gaps (nanoseconds).
-    pub fn record(&mut self, gaps_ns: &[u64]) {
-        for &g in gaps_ns {
-            if self.count == 0 {
-                self.shift = g;
-                self.min = g;
-                self.max = g;
+    /// Length of the histogram's array of counts: what its memory grows with.
+    #[cfg(test)]
+    pub fn histogram_slots(&self) -> usize {
+        self.hist.distinct_values()
+    }
+
+    /// Records one value (nanoseconds).
+    pub fn record(&mut self, ns: u64) {
+        if self.count == 0 {
+            self.shift = ns;
+            self.min = ns;
+            self.max = ns;
+        }
+        self.count += 1;
+        self.min = self.min.min(ns);
+        self.max = self.max.max(ns);
+        // The histogram grows as needed; only values beyond its reach (~146 years) fail,
+        // and those are clamped.
+        if self.hist.record(ns).is_err() {
+            self.hist.saturating_record(ns);
+        }
+        if self.overflowed {
+            return;
+        }
+        let d = i128::from(ns) - i128::from(self.shift);
+        let abs = d.unsigned_abs();
+        // |d| < 2^64, so |d|^2 < 2^128 fits.
+        let d2 = abs * abs;
+        match (self.sum_d.checked_add(d), self.sum_d2.checked_add(d2)) {
+            (Some(s1), Some(s2)) => {
+                self.sum_d = s1;
+                self.sum_d2 = s2;
             }
-            self.count += 1;
-            self.min = self.min.min(g);
-            self.max = self.max.max(g);
-            // The histogram grows as needed; only values beyond its reach (~146 years)
-            // fail, and those are clamped.
-            if self.hist.record(g).is_err() {
-                self.hist.saturating_record(g);
-            }
-            let d = i128::from(g) - i128::from(self.shift);
-            let abs = d.unsigned_abs();
-            // |d| < 2^64, so |d|^2 < 2^128 fits.
-            let d2 = abs * abs;
-            match (self.sum_d.checked_add(d), self.sum_d2.checked_add(d2)) {
-                (Some(s1), Some(s2)) => {
-                    self.sum_d = s1;
-                    self.sum_d2 = s2;
-                }
-                _ => self.overflowed = true,
-            }
+            _ => self.overflowed = true,
+        }
+    }
+
+    /// Records several values (nanoseconds).
+    pub fn record_all(&mut self, values_ns: &[u64]) {
+        for &v in values_ns {
+            self.record(v);
         }
     }
 
@@ -121,7 +139,7 @@ impl ItlAccumulator {
         var.sqrt()
     }
 
-    /// The gap of 0-based rank `k` (`k < count`) in sorted order, as the histogram knows it:
+    /// The value of 0-based rank `k` (`k < count`) in sorted order, as the histogram knows it:
     /// the middle of its bucket, clamped to the exact minimum and maximum.
     fn value_at_rank(&self, k: u64) -> f64 {
         let mut seen = 0u64;
@@ -192,10 +210,10 @@ mod tests {
     #[test]
     fn histogram_percentiles_within_a_tenth_of_a_percent() {
         let g = gaps(200_000);
-        let mut acc = ItlAccumulator::new();
+        let mut acc = LatencyAccumulator::new();
         // Record in uneven chunks, as requests report them.
         for chunk in g.chunks(37) {
-            acc.record(chunk);
+            acc.record_all(chunk);
         }
         assert_eq!(acc.count(), g.len() as u64);
         let exact: Vec<f64> = g.iter().map(|&x| x as f64 / 1e6).collect();
@@ -220,8 +238,8 @@ mod tests {
 
     #[test]
     fn small_sets_interpolate_like_numpy() {
-        let mut acc = ItlAccumulator::new();
-        acc.record(&[1_000_000, 3_000_000]);
+        let mut acc = LatencyAccumulator::new();
+        acc.record_all(&[1_000_000, 3_000_000]);
         let s = acc.stats();
         // np.median([1, 3]) == 2 ms; the histogram buckets are far narrower than 0.1 %.
         assert!((s.median - 2.0).abs() < 2e-3);
@@ -229,14 +247,14 @@ mod tests {
         assert!((s.std - 1.0).abs() < 1e-12);
 
         // Values below 2048 ns are stored exactly.
-        let mut acc = ItlAccumulator::new();
-        acc.record(&[100, 200, 300, 400]);
+        let mut acc = LatencyAccumulator::new();
+        acc.record_all(&[100, 200, 300, 400]);
         let s = acc.stats();
         assert!((s.p90 - 370.0 / 1e6).abs() < 1e-15);
     }
 
     #[test]
     fn empty_is_zero() {
-        assert_eq!(ItlAccumulator::new().stats(), MetricStats::default());
+        assert_eq!(LatencyAccumulator::new().stats(), MetricStats::default());
     }
 }
