@@ -180,9 +180,28 @@ pub struct ModelSpec {
     pub max_position: u32,
     /// Whether the LM head shares the embedding matrix.
     pub tied_embeddings: bool,
+    /// RoPE base frequency (`rope_theta`).
+    pub rope_theta: f32,
 }
 
 impl ModelSpec {
+    /// The shape the real runtimes need (Llama architecture, RMSNorm epsilon 1e-5).
+    pub fn llama_shape(&self) -> kernels::cuda::LlamaShape {
+        kernels::cuda::LlamaShape {
+            layers: self.layers,
+            hidden: self.hidden,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            intermediate: self.intermediate,
+            vocab: self.vocab,
+            rope_theta: self.rope_theta,
+            rms_eps: 1e-5,
+            tied_embeddings: self.tied_embeddings,
+            rope_interleaved: false,
+        }
+    }
+
     /// Parameters of one decoder layer's linear layers.
     pub fn layer_linear_params(&self) -> f64 {
         let h = f64::from(self.hidden);
@@ -220,6 +239,7 @@ pub const MODELS: &[ModelSpec] = &[
         intermediate: 11008,
         vocab: 32000,
         max_position: 4096,
+        rope_theta: 10000.0,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -233,6 +253,7 @@ pub const MODELS: &[ModelSpec] = &[
         intermediate: 13824,
         vocab: 32000,
         max_position: 4096,
+        rope_theta: 10000.0,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -246,6 +267,7 @@ pub const MODELS: &[ModelSpec] = &[
         intermediate: 28672,
         vocab: 32000,
         max_position: 4096,
+        rope_theta: 10000.0,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -259,6 +281,7 @@ pub const MODELS: &[ModelSpec] = &[
         intermediate: 14336,
         vocab: 128256,
         max_position: 8192,
+        rope_theta: 500000.0,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -272,6 +295,7 @@ pub const MODELS: &[ModelSpec] = &[
         intermediate: 28672,
         vocab: 128256,
         max_position: 8192,
+        rope_theta: 500000.0,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -285,6 +309,7 @@ pub const MODELS: &[ModelSpec] = &[
         intermediate: 14336,
         vocab: 32000,
         max_position: 32768,
+        rope_theta: 10000.0,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -298,6 +323,7 @@ pub const MODELS: &[ModelSpec] = &[
         intermediate: 1536,
         vocab: 49152,
         max_position: 8192,
+        rope_theta: 100000.0,
         tied_embeddings: true,
     },
 ];

@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use sim::catalog::{GPUS, MODELS};
 use sim::driver::DriverKind;
-use sim::run::{run_scenario, RunOptions};
+use sim::run::{run_scenario, BackendKind, RunOptions};
 use sim::scenario::Scenario;
 
 /// Actor-based discrete-event simulator of LLM inference serving.
@@ -15,13 +15,6 @@ use sim::scenario::Scenario;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-/// Execution backend of the worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum BackendKind {
-    /// The roofline cost model of the scenario's GPUs (no GPU needed).
-    Model,
 }
 
 #[derive(Subcommand)]
@@ -45,9 +38,30 @@ enum Command {
         /// Run only this variant (repeatable).
         #[arg(long = "variant")]
         variants: Vec<String>,
+        /// Override the workload's request count (e.g. to fit a GPU session).
+        #[arg(long)]
+        requests: Option<u64>,
         /// Hide the progress bar.
         #[arg(long)]
         quiet: bool,
+    },
+    /// Report the GPU, driver, compute capability, memory, and whether NVRTC and cuBLAS
+    /// load and the kernels compile.
+    Doctor,
+    /// Check the CUDA paged-attention kernel against a float64 reference on random inputs.
+    CudaCheck {
+        /// Seed of the random inputs.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Measure the GPU's ceilings and the CUDA runtime against them (synthetic weights).
+    CudaBench {
+        /// Catalog model whose shape is timed.
+        #[arg(long, default_value = "llama-3-8b")]
+        model: String,
+        /// KV block size.
+        #[arg(long, default_value_t = 16)]
+        block_size: u32,
     },
     /// Parse a scenario and print each variant's memory plan without running it.
     Validate {
@@ -173,9 +187,9 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             backend,
             driver,
             variants,
+            requests,
             quiet,
         } => {
-            let BackendKind::Model = backend;
             let scn = Scenario::load(&scenario, seed)?;
             let out_dir = out_dir.unwrap_or_else(|| PathBuf::from("results").join(&scn.name));
             let opts = RunOptions {
@@ -184,15 +198,18 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                 only: variants,
                 progress: !quiet,
                 parallel: true,
+                backend,
+                requests,
             };
             let results = run_scenario(&scn, &opts)?;
             let summaries: Vec<_> = results.iter().map(|r| r.summary.clone()).collect();
             outln!(
                 out,
-                "scenario `{}`: {} variants, seed {}, backend model",
+                "scenario `{}`: {} variants, seed {}, backend {:?}",
                 scn.name,
                 summaries.len(),
-                scn.seed
+                scn.seed,
+                backend
             );
             outln!(out, "{}", analysis::comparison_table(&summaries));
             for r in &results {
@@ -249,6 +266,88 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                     b as f64 / 1048576.0
                 ),
                 None => outln!(out, "peak RSS n/a ({driver:?} driver)"),
+            }
+            Ok(())
+        }
+        Command::Doctor => {
+            let info = kernels::cuda::probe()?;
+            outln!(out, "GPU                {}", info.name);
+            outln!(
+                out,
+                "compute capability {}.{} (NVRTC target {})",
+                info.compute_capability.0,
+                info.compute_capability.1,
+                kernels::cuda::arch_for(info.compute_capability)
+            );
+            outln!(
+                out,
+                "driver API         {}.{}",
+                info.driver_version / 1000,
+                info.driver_version % 1000 / 10
+            );
+            outln!(out, "multiprocessors    {}", info.sm_count);
+            outln!(
+                out,
+                "memory             {:.1} GiB total, {:.1} GiB free",
+                info.total_mem as f64 / 1073741824.0,
+                info.free_mem as f64 / 1073741824.0
+            );
+            outln!(out, "libraries          driver, NVRTC and cuBLAS loaded; kernels compiled");
+            Ok(())
+        }
+        Command::CudaCheck { seed } => {
+            let cases = kernels::cuda::check::attention_check(seed)?;
+            let mut failed = 0;
+            outln!(out, "{:<44} {:>6} {:>10} {:>6}  verdict", "case", "splits", "rel err", "bad");
+            for c in &cases {
+                // bf16 inputs and output: the output's rounding alone is ~2e-3 relative.
+                let ok = c.bad == 0 && c.rel_err < 1e-2;
+                failed += usize::from(!ok);
+                outln!(
+                    out,
+                    "{:<44} {:>6} {:>10.2e} {:>6}  {}",
+                    c.name,
+                    c.splits,
+                    c.rel_err,
+                    c.bad,
+                    if ok { "ok" } else { "FAIL" }
+                );
+            }
+            outln!(out, "{} passed, {} failed", cases.len() - failed, failed);
+            if failed > 0 {
+                anyhow::bail!("{failed} paged-attention cases failed the check");
+            }
+            Ok(())
+        }
+        Command::CudaBench { model, block_size } => {
+            let spec = sim::catalog::find_model(&model)
+                .ok_or_else(|| anyhow::anyhow!("--model: unknown model `{model}` (see `sim models`)"))?;
+            let shape = spec.llama_shape();
+            let ceil = kernels::cuda::check::ceilings()?;
+            outln!(
+                out,
+                "measured: HBM {:.0} GB/s (device copy, read + write), bf16 GEMM {:.0} TFLOP/s (8192^3)",
+                ceil.hbm_bw / 1e9,
+                ceil.gemm_flops / 1e12
+            );
+            let mut lines = Vec::new();
+            for (batch, ctx) in [(32u32, 4096u32), (32, 16384), (32, 32768), (128, 4096), (128, 8192)] {
+                lines.push(kernels::cuda::check::bench_decode_attention(
+                    &shape, batch, ctx, block_size, ceil.hbm_bw,
+                )?);
+            }
+            lines.extend(kernels::cuda::check::bench_steps(&shape, ceil, block_size)?);
+            outln!(out, "{:<58} {:>10} {:>10} {:>8}  floor", "measurement", "ms", "floor ms", "ratio");
+            for l in &lines {
+                outln!(
+                    out,
+                    "{:<58} {:>10.3} {:>10.3} {:>7.2}x  {}",
+                    l.name,
+                    l.ms,
+                    l.floor_ms,
+                    l.ms / l.floor_ms,
+                    l.floor
+                );
             }
             Ok(())
         }

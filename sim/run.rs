@@ -17,6 +17,15 @@ use crate::scenario::{Scenario, Variant};
 use crate::workload::Workload;
 use crate::SimError;
 
+/// Which backend executes the steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// The roofline cost model of the scenario's GPUs (no GPU needed).
+    Model,
+    /// Real kernels on the local NVIDIA GPU (synthetic weights of the scenario's model).
+    Cuda,
+}
+
 /// How to run.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -28,8 +37,12 @@ pub struct RunOptions {
     pub only: Vec<String>,
     /// Show a progress bar on runs longer than a second.
     pub progress: bool,
-    /// Run variants in parallel.
+    /// Run variants in parallel (the CUDA backend always runs them one by one).
     pub parallel: bool,
+    /// Backend.
+    pub backend: BackendKind,
+    /// Override the workload's request count.
+    pub requests: Option<u64>,
 }
 
 impl Default for RunOptions {
@@ -40,6 +53,8 @@ impl Default for RunOptions {
             only: Vec::new(),
             progress: false,
             parallel: true,
+            backend: BackendKind::Model,
+            requests: None,
         }
     }
 }
@@ -110,6 +125,7 @@ impl Progress {
 pub fn run_variant(
     scenario: &Scenario,
     variant: &Variant,
+    backend_kind: BackendKind,
     driver: DriverKind,
     out_dir: Option<&Path>,
     progress: &ProgressBar,
@@ -132,15 +148,28 @@ pub fn run_variant(
         let text = serde_json::to_string_pretty(&plan).unwrap_or_default();
         std::fs::write(&plan_path, text + "\n").map_err(io_err(&plan_path))?;
     }
-    let scheduler = Scheduler::new(variant.scheduler.clone()).map_err(|e| SimError::Run {
+    let run_err = |e: crate::driver::DriverError| SimError::Run {
         variant: variant.name.clone(),
-        source: Box::new(e.into()),
-    })?;
-    let block_manager = BlockManager::new(variant.memory.num_blocks, variant.memory.block_size);
-    let backend = Box::new(CostModelBackend::new(CostModel::new(
-        variant.deployment.clone(),
-        variant.config.cost.clone(),
-    )));
+        source: Box::new(e),
+    };
+    let mut sched_cfg = variant.scheduler.clone();
+    let mut num_blocks = variant.memory.num_blocks;
+    let backend: Box<dyn engine::backend::Backend> = match backend_kind {
+        BackendKind::Model => Box::new(CostModelBackend::new(CostModel::new(
+            variant.deployment.clone(),
+            variant.config.cost.clone(),
+        ))),
+        BackendKind::Cuda => {
+            let (rt, blocks) = cuda_runtime(variant, scenario.seed)?;
+            num_blocks = blocks;
+            sched_cfg.pool_tokens = u64::from(blocks) * u64::from(variant.memory.block_size);
+            sched_cfg.want_block_tables = true;
+            sched_cfg.keep_tokens = true;
+            Box::new(kernels::cuda::CudaBackend::new(rt))
+        }
+    };
+    let scheduler = Scheduler::new(sched_cfg).map_err(|e| run_err(e.into()))?;
+    let block_manager = BlockManager::new(num_blocks, variant.memory.block_size);
     let mut last = 0;
     let stats = run_to_end(
         driver,
@@ -157,16 +186,16 @@ pub fn run_variant(
             }
         },
     )
-    .map_err(|source| SimError::Run {
-        variant: variant.name.clone(),
-        source: Box::new(source),
-    })?;
+    .map_err(run_err)?;
     progress.finish_and_clear();
     let wall = started.elapsed().as_secs_f64();
     let summary = collector.finish(RunInfo {
         scenario: scenario.name.clone(),
         variant: variant.name.clone(),
-        backend: "model".into(),
+        backend: match backend_kind {
+            BackendKind::Model => "model".into(),
+            BackendKind::Cuda => "cuda".into(),
+        },
         kv_pool_blocks: stats.pool_blocks,
         kv_blocks_in_use_at_end: stats.blocks_in_use_at_end,
         wall_time_s: wall,
@@ -243,11 +272,23 @@ pub fn run_scenario(
         .collect();
     let job = |(v, bar): (&&Variant, &ProgressBar)| {
         let dir = opts.out_dir.as_ref().map(|d| d.join(&v.name));
-        run_variant(scenario, v, opts.driver, dir.as_deref(), bar, &|| {
-            progress.tick()
-        })
+        let mut v = (*v).clone();
+        if opts.requests.is_some() {
+            v.config.workload.num_requests = opts.requests;
+        }
+        run_variant(
+            scenario,
+            &v,
+            opts.backend,
+            opts.driver,
+            dir.as_deref(),
+            bar,
+            &|| progress.tick(),
+        )
     };
-    let results: Vec<Result<VariantResult, SimError>> = if opts.parallel {
+    // One GPU: real backends run the variants one after another.
+    let parallel = opts.parallel && opts.backend == BackendKind::Model;
+    let results: Vec<Result<VariantResult, SimError>> = if parallel {
         selected.par_iter().zip(bars.par_iter()).map(job).collect()
     } else {
         selected.iter().zip(bars.iter()).map(job).collect()
@@ -294,7 +335,7 @@ pub fn bench_scenario(
             v.config.workload.num_requests = requests;
         }
         let bar = ProgressBar::hidden();
-        let r = run_variant(scenario, &v, driver, None, &bar, &|| {})?;
+        let r = run_variant(scenario, &v, BackendKind::Model, driver, None, &bar, &|| {})?;
         out.push(BenchResult {
             variant: v.name.clone(),
             requests: r.summary.completed + r.summary.num_rejected,
@@ -312,4 +353,40 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// Builds the CUDA runtime of a variant (synthetic weights of its model) and the number of
+/// KV blocks it holds: the memory plan's pool, capped by what the GPU really has free after
+/// the weights, the activation peak and 1 GiB of headroom.
+fn cuda_runtime(
+    variant: &Variant,
+    seed: u64,
+) -> Result<(kernels::cuda::CudaRuntime, u32), SimError> {
+    let cuda_err = |e: kernels::cuda::CudaError| SimError::Run {
+        variant: variant.name.clone(),
+        source: Box::new(crate::driver::DriverError::Backend(
+            engine::backend::BackendError {
+                backend: "cuda".into(),
+                message: e.to_string(),
+            },
+        )),
+    };
+    if variant.deployment.tp != 1 {
+        return Err(cuda_err(kernels::cuda::CudaError::Config(format!(
+            "hardware.tp = {}: the CUDA backend runs on one GPU (tensor parallelism needs NCCL, not built yet)",
+            variant.deployment.tp
+        ))));
+    }
+    let shape = variant.deployment.model.llama_shape();
+    let info = kernels::cuda::probe().map_err(cuda_err)?;
+    let m = &variant.memory;
+    let free = info.free_mem as f64 * m.gpu_memory_utilization
+        - shape.weight_bytes() as f64
+        - m.activation_bytes
+        - 1024.0 * 1024.0 * 1024.0;
+    let fit = kernels::cuda::CudaRuntime::blocks_that_fit(&shape, m.block_size, free.max(0.0) as u64);
+    let blocks = m.num_blocks.min(fit);
+    let rt = kernels::cuda::CudaRuntime::synthetic(shape, seed, m.block_size, blocks)
+        .map_err(cuda_err)?;
+    Ok((rt, blocks))
 }

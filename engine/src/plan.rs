@@ -28,6 +28,9 @@ pub struct SeqWork {
     /// Block table after this step's reservation (filled only when the backend asks for
     /// it: real runtimes need it, the cost model does not).
     pub block_table: Vec<u32>,
+    /// Input token ids of positions `[start, start + len)` (filled only for real backends;
+    /// empty when the prompt carries no ids, e.g. synthetic workloads).
+    pub token_ids: Vec<u32>,
 }
 
 impl SeqWork {

@@ -136,6 +136,17 @@ impl Sequence {
         self.num_tokens - self.num_computed
     }
 
+    /// Token id at position `pos` (prompt, then generated tokens), when known.
+    pub fn token_at(&self, pos: u32) -> Option<u32> {
+        let p = pos as usize;
+        let prompt = self.request.prompt_len as usize;
+        if p < prompt {
+            self.request.prompt_tokens.get(p).copied()
+        } else {
+            self.output_tokens.get(p - prompt).copied()
+        }
+    }
+
     /// True when the next step of this sequence is a plain decode (one new token after
     /// the last generated one); false during prefill or a recompute after preemption.
     pub fn is_decode(&self) -> bool {

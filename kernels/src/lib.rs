@@ -1,11 +1,17 @@
 //! Real execution runtimes for the serving engine (DESIGN §7).
 //!
-//! This crate will hold the backends that really run a model behind the same
-//! [`engine::backend::Backend`] trait as the cost model: the GGUF reader and tokenizer, the
-//! Llama forward pass over the engine's paged KV cache on the CPU, and the CUDA kernels
-//! (cudarc, NVRTC, cuBLAS). Until those land, `sim` runs with the cost-model backend only
-//! (`--backend model`); the crate is part of the workspace so the dependency direction
-//! (`kernels` imports `engine`, never the reverse) is fixed from the start.
+//! Backends here run a model for real behind the same [`engine::backend::Backend`] trait as
+//! the cost model, so the scheduler, block manager and worker above them are one code path.
+//!
+//! - [`cuda`]: the CUDA runtime (cudarc with dynamic loading, kernels compiled at run time
+//!   with NVRTC, GEMMs through cuBLAS, CUDA-event timing), with synthetic weights for any
+//!   Llama-architecture shape. It builds on machines without CUDA; at run time a missing
+//!   driver is a clear error, never a panic.
+//!
+//! The CPU runtime, the GGUF reader and the tokenizer are still to come (issue 6); the CUDA
+//! runtime will load real weights through them.
 #![warn(missing_docs)]
+
+pub mod cuda;
 
 pub use engine::backend::Backend;

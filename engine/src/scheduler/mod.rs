@@ -393,6 +393,13 @@ impl Scheduler {
             } else {
                 WorkKind::Prefill
             };
+            let token_ids = if self.cfg.keep_tokens {
+                (s.num_computed..s.num_computed + tokens)
+                    .map_while(|p| s.token_at(p))
+                    .collect()
+            } else {
+                Vec::new()
+            };
             work.push(SeqWork {
                 seq: entry.seq,
                 kind,
@@ -400,6 +407,7 @@ impl Scheduler {
                 len: tokens,
                 sample: s.num_computed + tokens == s.num_tokens,
                 block_table: tables.next().unwrap_or_default(),
+                token_ids,
             });
         }
         let plan = StepPlan {

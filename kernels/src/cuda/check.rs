@@ -1,0 +1,637 @@
+//! Checks and measurements that need a GPU (`sim cuda-check`, `sim cuda-bench`).
+//!
+//! The attention check follows the method of the lent-GPU notes: fresh random inputs for
+//! every case, an output poisoned before the run (so an unwritten element shows), a float64
+//! reference on the host, and the relative error ‖out − ref‖ / ‖ref‖. The benchmarks report
+//! each time as a ratio to its floor: bytes over the measured HBM bandwidth, or FLOPs over
+//! the measured bf16 GEMM rate.
+
+use std::sync::Arc;
+
+use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use engine::plan::{SeqWork, StepPlan, WorkKind};
+use half::bf16;
+
+use super::meta::{attention_splits, q_tile_for_group, StepMeta};
+use super::{compile, open_device, CudaError, CudaRuntime, LlamaShape, ATTN_THREADS, K_TILE};
+
+/// SplitMix64: a small deterministic generator for test inputs.
+#[derive(Debug, Clone)]
+pub struct SplitMix(u64);
+
+impl SplitMix {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Self {
+        SplitMix(seed)
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / 16_777_216.0) * 2.0 - 1.0
+    }
+
+    /// Uniform integer in [lo, hi].
+    pub fn range(&mut self, lo: u32, hi: u32) -> u32 {
+        lo + (self.next_u64() % u64::from(hi - lo + 1)) as u32
+    }
+}
+
+/// One attention check case and its result.
+#[derive(Debug, Clone)]
+pub struct AttentionCase {
+    /// Description of the shapes.
+    pub name: String,
+    /// Relative error against the float64 reference.
+    pub rel_err: f64,
+    /// Output elements never written (still poisoned) or not finite.
+    pub bad: usize,
+    /// Flash-decoding splits used.
+    pub splits: u32,
+}
+
+/// A random paged-attention problem: sequences with contexts, the query chunk each computes
+/// (decode = 1 token), random block tables over a shuffled pool.
+struct Problem {
+    plan: StepPlan,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    block_size: u32,
+    num_blocks: u32,
+    q: Vec<bf16>,
+    k: Vec<bf16>,
+    v: Vec<bf16>,
+}
+
+fn random_problem(
+    rng: &mut SplitMix,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    block_size: u32,
+    seqs: &[(u32, u32)],
+) -> Problem {
+    // seqs: (context after the step, tokens computed in the step).
+    let blocks_needed: u32 = seqs.iter().map(|&(c, _)| c.div_ceil(block_size)).sum();
+    let num_blocks = blocks_needed + 3;
+    let mut pool: Vec<u32> = (0..num_blocks).collect();
+    for i in (1..pool.len()).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        pool.swap(i, j);
+    }
+    let mut next = 0usize;
+    let work = seqs
+        .iter()
+        .enumerate()
+        .map(|(i, &(ctx, len))| {
+            let n = ctx.div_ceil(block_size) as usize;
+            let table = pool[next..next + n].to_vec();
+            next += n;
+            SeqWork {
+                seq: i as u64,
+                kind: if len == 1 {
+                    WorkKind::Decode
+                } else {
+                    WorkKind::Prefill
+                },
+                start: ctx - len,
+                len,
+                sample: true,
+                block_table: table,
+                token_ids: Vec::new(),
+            }
+        })
+        .collect();
+    let tokens: u32 = seqs.iter().map(|&(_, l)| l).sum();
+    let gen = |rng: &mut SplitMix, n: usize| -> Vec<bf16> {
+        (0..n).map(|_| bf16::from_f32(rng.uniform())).collect()
+    };
+    let cache = (num_blocks * block_size * kv_heads * head_dim) as usize;
+    Problem {
+        plan: StepPlan {
+            work,
+            ..StepPlan::default()
+        },
+        heads,
+        kv_heads,
+        head_dim,
+        block_size,
+        num_blocks,
+        q: gen(rng, (tokens * heads * head_dim) as usize),
+        k: gen(rng, cache),
+        v: gen(rng, cache),
+    }
+}
+
+/// Float64 reference of causal paged attention for every token and head.
+fn reference(p: &Problem) -> Vec<f64> {
+    let (hq, hk, d, bs) = (
+        p.heads as usize,
+        p.kv_heads as usize,
+        p.head_dim as usize,
+        p.block_size as usize,
+    );
+    let group = hq / hk;
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut out = Vec::new();
+    for w in &p.plan.work {
+        for pos in w.start..w.start + w.len {
+            let t = out.len() / (hq * d);
+            for h in 0..hq {
+                let kh = h / group;
+                let q = &p.q[(t * hq + h) * d..][..d];
+                let key = |j: usize| {
+                    let blk = w.block_table[j / bs] as usize;
+                    ((blk * hk + kh) * bs + j % bs) * d
+                };
+                let n = pos as usize + 1;
+                let scores: Vec<f64> = (0..n)
+                    .map(|j| {
+                        let k = &p.k[key(j)..][..d];
+                        q.iter()
+                            .zip(k)
+                            .map(|(a, b)| f64::from(a.to_f32()) * f64::from(b.to_f32()))
+                            .sum::<f64>()
+                            * scale
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for dd in 0..d {
+                    let acc: f64 = (0..n)
+                        .map(|j| e[j] * f64::from(p.v[key(j) + dd].to_f32()))
+                        .sum();
+                    out.push(acc / z);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Runs `paged_attention` (and the split combine) once on the device.
+#[allow(clippy::too_many_arguments)]
+fn run_attention(
+    stream: &Arc<CudaStream>,
+    kernels: &super::Kernels,
+    p: &Problem,
+    meta: &StepMeta,
+    q: &CudaSlice<bf16>,
+    k: &CudaSlice<bf16>,
+    v: &CudaSlice<bf16>,
+    out: &mut CudaSlice<bf16>,
+    part_acc: &mut CudaSlice<f32>,
+    part_ml: &mut CudaSlice<f32>,
+    meta_dev: &CudaSlice<i32>,
+    splits: u32,
+) -> Result<(), CudaError> {
+    let l = meta.layout;
+    let tiles = meta_dev.slice(l.tile_data..l.tile_data + 4 * l.tiles);
+    let tables = meta_dev.slice(l.block_tables..l.block_tables + l.seqs * l.max_blocks);
+    let positions = meta_dev.slice(l.positions..l.positions + l.tokens);
+    let (heads, kv_heads, bs) = (p.heads as i32, p.kv_heads as i32, p.block_size as i32);
+    let max_blocks = l.max_blocks as i32;
+    let nsplit = splits as i32;
+    let scale = 1.0f32 / (p.head_dim as f32).sqrt();
+    let mut b = stream.launch_builder(kernels.get("paged_attention"));
+    b.arg(&mut *out)
+        .arg(&mut *part_acc)
+        .arg(&mut *part_ml)
+        .arg(q)
+        .arg(k)
+        .arg(v)
+        .arg(&tables)
+        .arg(&max_blocks)
+        .arg(&tiles)
+        .arg(&positions)
+        .arg(&heads)
+        .arg(&kv_heads)
+        .arg(&bs)
+        .arg(&nsplit)
+        .arg(&scale);
+    let cfg = LaunchConfig {
+        grid_dim: (l.tiles as u32, p.kv_heads, splits),
+        block_dim: (ATTN_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: buffers sized from the problem; metadata from StepMeta.
+    unsafe { b.launch(cfg) }?;
+    if splits > 1 {
+        let mut b = stream.launch_builder(kernels.get("attn_combine"));
+        b.arg(&mut *out)
+            .arg(&*part_acc)
+            .arg(&*part_ml)
+            .arg(&heads)
+            .arg(&nsplit);
+        let cfg = LaunchConfig {
+            grid_dim: (l.tokens as u32, p.heads, 1),
+            block_dim: (p.head_dim, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: partials for tokens x heads x splits were written.
+        unsafe { b.launch(cfg) }?;
+    }
+    Ok(())
+}
+
+struct DeviceProblem {
+    meta: StepMeta,
+    meta_dev: CudaSlice<i32>,
+    q: CudaSlice<bf16>,
+    k: CudaSlice<bf16>,
+    v: CudaSlice<bf16>,
+    out: CudaSlice<bf16>,
+    part_acc: CudaSlice<f32>,
+    part_ml: CudaSlice<f32>,
+}
+
+fn upload(stream: &Arc<CudaStream>, p: &Problem, max_splits: u32) -> Result<DeviceProblem, CudaError> {
+    let meta = StepMeta::build(
+        &p.plan,
+        p.block_size,
+        q_tile_for_group(p.heads / p.kv_heads),
+        1 << 20,
+    );
+    let rows = meta.layout.tokens * p.heads as usize * max_splits as usize;
+    Ok(DeviceProblem {
+        meta_dev: stream.clone_htod(&meta.data)?,
+        q: stream.clone_htod(&p.q)?,
+        k: stream.clone_htod(&p.k)?,
+        v: stream.clone_htod(&p.v)?,
+        out: stream.alloc_zeros::<bf16>(p.q.len())?,
+        part_acc: stream.alloc_zeros::<f32>((rows * p.head_dim as usize).max(1))?,
+        part_ml: stream.alloc_zeros::<f32>((2 * rows).max(1))?,
+        meta,
+    })
+}
+
+/// Checks the paged-attention kernel against a float64 reference on random problems: head
+/// sizes 64 and 128, GQA groups 1, 3, 4 and 8, block sizes 8 to 32, decodes and prefill
+/// chunks over cached context, with and without flash-decoding splits.
+pub fn attention_check(seed: u64) -> Result<Vec<AttentionCase>, CudaError> {
+    let ctx = open_device()?;
+    let stream = ctx.default_stream();
+    let mut rng = SplitMix::new(seed);
+    let mut cases = Vec::new();
+    // (heads, kv_heads, head_dim)
+    for (heads, kv_heads, head_dim) in [(9, 3, 64), (32, 8, 128), (8, 8, 128), (16, 2, 128), (8, 1, 64)] {
+        let kernels = compile(&ctx, head_dim, heads / kv_heads)?;
+        for block_size in [8u32, 16, 32] {
+            // A mix: decodes at varied contexts, a prefill from scratch, a chunk over cache.
+            let mut seqs = vec![
+                (rng.range(1, 40), 1),
+                (rng.range(200, 700), 1),
+                (rng.range(30, 90), rng.range(20, 30)),
+            ];
+            let c = rng.range(100, 300);
+            seqs.push((c, c));
+            seqs.push((rng.range(1, 3), 1));
+            let p = random_problem(&mut rng, heads, kv_heads, head_dim, block_size, &seqs);
+            let want = reference(&p);
+            for splits in [1u32, 4] {
+                let mut d = upload(&stream, &p, splits)?;
+                // Poison: a huge value an unwritten element keeps.
+                let poison = vec![bf16::from_f32(3.0e38); p.q.len()];
+                stream.memcpy_htod(&poison, &mut d.out)?;
+                run_attention(
+                    &stream,
+                    &kernels,
+                    &p,
+                    &d.meta,
+                    &d.q,
+                    &d.k,
+                    &d.v,
+                    &mut d.out,
+                    &mut d.part_acc,
+                    &mut d.part_ml,
+                    &d.meta_dev,
+                    splits,
+                )?;
+                stream.synchronize()?;
+                let got = stream.clone_dtoh(&d.out)?;
+                let mut num = 0.0f64;
+                let mut den = 0.0f64;
+                let mut bad = 0;
+                for (g, w) in got.iter().zip(&want) {
+                    let g = f64::from(g.to_f32());
+                    if !g.is_finite() || g.abs() > 1e30 {
+                        bad += 1;
+                        continue;
+                    }
+                    num += (g - w) * (g - w);
+                    den += w * w;
+                }
+                cases.push(AttentionCase {
+                    name: format!(
+                        "heads {heads}/{kv_heads} d{head_dim} block {block_size} (blocks {})",
+                        p.num_blocks
+                    ),
+                    rel_err: (num / den.max(1e-300)).sqrt(),
+                    bad,
+                    splits,
+                });
+            }
+        }
+    }
+    Ok(cases)
+}
+
+/// One benchmark line: measured time against its floor.
+#[derive(Debug, Clone)]
+pub struct BenchLine {
+    /// What was measured.
+    pub name: String,
+    /// Median time, ms.
+    pub ms: f64,
+    /// The floor, ms (bytes / measured bandwidth or FLOPs / measured GEMM rate).
+    pub floor_ms: f64,
+    /// How the floor was computed.
+    pub floor: String,
+}
+
+/// Median of `iters` timed runs of `f` on the stream (after `warmup` untimed runs).
+fn time_ms(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    warmup: usize,
+    iters: usize,
+    mut f: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let (a, b) = (ctx.new_event(flags)?, ctx.new_event(flags)?);
+    for _ in 0..warmup {
+        f()?;
+    }
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        a.record(stream)?;
+        f()?;
+        b.record(stream)?;
+        b.synchronize()?;
+        times.push(f64::from(a.elapsed_ms(&b)?));
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// Measured ceilings of the device.
+#[derive(Debug, Clone, Copy)]
+pub struct Ceilings {
+    /// Device-to-device copy bandwidth, bytes/s (read + written).
+    pub hbm_bw: f64,
+    /// bf16 GEMM rate (8192^3, cuBLAS), FLOP/s.
+    pub gemm_flops: f64,
+}
+
+/// Measures HBM bandwidth with a 2 GiB device-to-device copy and the bf16 GEMM rate with an
+/// 8192^3 cuBLAS product on random data.
+pub fn ceilings() -> Result<Ceilings, CudaError> {
+    let ctx = open_device()?;
+    let stream = ctx.default_stream();
+    let n = 1usize << 30; // bf16 elements: 2 GiB
+    let src = stream.alloc_zeros::<bf16>(n)?;
+    let mut dst = stream.alloc_zeros::<bf16>(n)?;
+    let copy_ms = time_ms(&ctx, &stream, 2, 10, || {
+        stream.memcpy_dtod(&src, &mut dst)?;
+        Ok(())
+    })?;
+    drop((src, dst));
+    let m = 8192usize;
+    let mut rng = SplitMix::new(7);
+    let host: Vec<bf16> = (0..m * m).map(|_| bf16::from_f32(rng.uniform())).collect();
+    let a = stream.clone_htod(&host)?;
+    let b = stream.clone_htod(&host)?;
+    let mut c = stream.alloc_zeros::<bf16>(m * m)?;
+    let blas = CudaBlas::new(stream.clone())?;
+    let cfg = GemmConfig {
+        transa: cublasOperation_t::CUBLAS_OP_N,
+        transb: cublasOperation_t::CUBLAS_OP_N,
+        m: m as i32,
+        n: m as i32,
+        k: m as i32,
+        alpha: bf16::ONE,
+        lda: m as i32,
+        ldb: m as i32,
+        beta: bf16::ZERO,
+        ldc: m as i32,
+    };
+    let gemm_ms = time_ms(&ctx, &stream, 3, 10, || {
+        // SAFETY: three m x m buffers.
+        unsafe { blas.gemm(cfg, &a, &b, &mut c) }?;
+        Ok(())
+    })?;
+    Ok(Ceilings {
+        hbm_bw: 2.0 * (n * 2) as f64 / (copy_ms * 1e-3),
+        gemm_flops: 2.0 * (m as f64).powi(3) / (gemm_ms * 1e-3),
+    })
+}
+
+/// Paged decode attention alone (one layer), `batch` sequences of `ctx` tokens.
+pub fn bench_decode_attention(
+    shape: &LlamaShape,
+    batch: u32,
+    ctx_len: u32,
+    block_size: u32,
+    hbm_bw: f64,
+) -> Result<BenchLine, CudaError> {
+    let ctx = open_device()?;
+    let stream = ctx.default_stream();
+    let kernels = compile(&ctx, shape.head_dim, shape.group())?;
+    let seqs: Vec<(u32, u32)> = (0..batch).map(|_| (ctx_len, 1)).collect();
+    // Random K/V on the device (host generation of GBs would dominate the call).
+    let blocks = batch * ctx_len.div_ceil(block_size);
+    let cache = (blocks * block_size * shape.kv_heads * shape.head_dim) as u64;
+    let work: Vec<SeqWork> = seqs
+        .iter()
+        .enumerate()
+        .map(|(i, &(c, _))| {
+            let n = c.div_ceil(block_size);
+            SeqWork {
+                seq: i as u64,
+                kind: WorkKind::Decode,
+                start: c - 1,
+                len: 1,
+                sample: true,
+                block_table: (i as u32 * n..(i as u32 + 1) * n).collect(),
+                token_ids: Vec::new(),
+            }
+        })
+        .collect();
+    let plan = StepPlan {
+        work,
+        ..StepPlan::default()
+    };
+    let meta = StepMeta::build(&plan, block_size, q_tile_for_group(shape.group()), 1 << 20);
+    let splits = attention_splits(
+        meta.layout.tiles,
+        shape.kv_heads,
+        ctx_len,
+        2 * ctx.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )? as u32,
+        4 * K_TILE,
+    );
+    let fill = |buf: &mut CudaSlice<bf16>, seed: u64| -> Result<(), CudaError> {
+        let n = buf.len() as u64;
+        let scale = 1.0f32;
+        let mut b = stream.launch_builder(kernels.get("fill_uniform_bf16"));
+        b.arg(buf).arg(&n).arg(&seed).arg(&scale);
+        // SAFETY: writes n elements.
+        unsafe { b.launch(super::grid_for(n, 256)) }?;
+        Ok(())
+    };
+    // SAFETY: filled right away.
+    let mut k = unsafe { stream.alloc::<bf16>(cache as usize) }?;
+    let mut v = unsafe { stream.alloc::<bf16>(cache as usize) }?;
+    let qn = (batch * shape.heads * shape.head_dim) as usize;
+    let mut q = unsafe { stream.alloc::<bf16>(qn) }?;
+    fill(&mut k, 1)?;
+    fill(&mut v, 2)?;
+    fill(&mut q, 3)?;
+    let p = Problem {
+        plan,
+        heads: shape.heads,
+        kv_heads: shape.kv_heads,
+        head_dim: shape.head_dim,
+        block_size,
+        num_blocks: blocks,
+        q: Vec::new(),
+        k: Vec::new(),
+        v: Vec::new(),
+    };
+    let meta_dev = stream.clone_htod(&meta.data)?;
+    let mut out = stream.alloc_zeros::<bf16>(qn)?;
+    let rows = batch as usize * shape.heads as usize * splits as usize;
+    let mut part_acc = stream.alloc_zeros::<f32>((rows * shape.head_dim as usize).max(1))?;
+    let mut part_ml = stream.alloc_zeros::<f32>((2 * rows).max(1))?;
+    let ms = time_ms(&ctx, &stream, 3, 20, || {
+        run_attention(
+            &stream,
+            &kernels,
+            &p,
+            &meta,
+            &q,
+            &k,
+            &v,
+            &mut out,
+            &mut part_acc,
+            &mut part_ml,
+            &meta_dev,
+            splits,
+        )
+    })?;
+    let bytes = 2.0 * cache as f64 * 2.0;
+    Ok(BenchLine {
+        name: format!(
+            "decode attention, 1 layer, batch {batch} x {ctx_len} ctx ({splits} splits)"
+        ),
+        ms,
+        floor_ms: bytes / hbm_bw * 1e3,
+        floor: format!("{:.2} GB of K+V / HBM bw", bytes / 1e9),
+    })
+}
+
+fn single_seq_plan(start: u32, len: u32, block_size: u32) -> StepPlan {
+    let n = (start + len).div_ceil(block_size);
+    StepPlan {
+        work: vec![SeqWork {
+            seq: 0,
+            kind: if len == 1 {
+                WorkKind::Decode
+            } else {
+                WorkKind::Prefill
+            },
+            start,
+            len,
+            sample: true,
+            block_table: (0..n).collect(),
+            token_ids: Vec::new(),
+        }],
+        ..StepPlan::default()
+    }
+}
+
+fn batch_decode_plan(batch: u32, ctx: u32, block_size: u32) -> StepPlan {
+    let n = ctx.div_ceil(block_size);
+    StepPlan {
+        work: (0..batch)
+            .map(|i| SeqWork {
+                seq: u64::from(i),
+                kind: WorkKind::Decode,
+                start: ctx - 1,
+                len: 1,
+                sample: true,
+                block_table: (i * n..(i + 1) * n).collect(),
+                token_ids: Vec::new(),
+            })
+            .collect(),
+        ..StepPlan::default()
+    }
+}
+
+/// Whole forward steps of a synthetic model: batch-1 decode (floor: weight bytes / HBM
+/// bandwidth), batch-64 decode, and a 2048-token prefill (floor: FLOPs / GEMM rate).
+pub fn bench_steps(
+    shape: &LlamaShape,
+    ceil: Ceilings,
+    block_size: u32,
+) -> Result<Vec<BenchLine>, CudaError> {
+    let blocks_needed = (64 * 1024u32).div_ceil(block_size) + 2048u32.div_ceil(block_size);
+    let mut rt = CudaRuntime::synthetic(shape.clone(), 1, block_size, blocks_needed)?;
+    let ctx = rt.ctx.clone();
+    let stream = rt.stream.clone();
+    let mut lines = Vec::new();
+    let weights = shape.weight_bytes() as f64;
+    let decode1 = single_seq_plan(511, 1, block_size);
+    let ms = time_ms(&ctx, &stream, 3, 20, || rt.forward(&decode1).map(|_| ()))?;
+    lines.push(BenchLine {
+        name: "decode step, batch 1, ctx 512".into(),
+        ms,
+        floor_ms: weights / ceil.hbm_bw * 1e3,
+        floor: format!("{:.2} GB of weights / HBM bw", weights / 1e9),
+    });
+    let decode64 = batch_decode_plan(64, 1024, block_size);
+    let kv = 64.0 * 1024.0 * shape.kv_bytes_per_token() as f64;
+    let ms = time_ms(&ctx, &stream, 3, 20, || rt.forward(&decode64).map(|_| ()))?;
+    lines.push(BenchLine {
+        name: "decode step, batch 64, ctx 1024".into(),
+        ms,
+        floor_ms: (weights + kv) / ceil.hbm_bw * 1e3,
+        floor: format!("{:.2} GB weights + KV / HBM bw", (weights + kv) / 1e9),
+    });
+    let t = 2048u32;
+    let prefill = single_seq_plan(0, t, block_size);
+    let ms = time_ms(&ctx, &stream, 2, 10, || rt.forward(&prefill).map(|_| ()))?;
+    let h = f64::from(shape.hidden);
+    let per_layer = h * f64::from(shape.qkv_dim())
+        + f64::from(shape.heads * shape.head_dim) * h
+        + 3.0 * h * f64::from(shape.intermediate);
+    // 2 FLOPs per weight per token, all layers (the LM head runs for one token only).
+    let linear = 2.0 * per_layer * f64::from(shape.layers);
+    let attn = 4.0
+        * f64::from(shape.heads * shape.head_dim)
+        * f64::from(t)
+        * f64::from(t)
+        / 2.0
+        * f64::from(shape.layers);
+    let flops = linear * f64::from(t) + attn;
+    lines.push(BenchLine {
+        name: format!("prefill step, {t} tokens"),
+        ms,
+        floor_ms: flops / ceil.gemm_flops * 1e3,
+        floor: format!("{:.1} TFLOP / GEMM rate", flops / 1e12),
+    });
+    Ok(lines)
+}

@@ -1,0 +1,368 @@
+// CUDA kernels of the Llama forward pass over the engine's paged KV cache.
+//
+// Compiled at run time with NVRTC for the device's architecture. The model shape enters as
+// macros (-DHEAD_DIM=.. -DGQA_GROUP=..), so the attention kernel's loops have constant trip
+// counts. Activations are bf16 with fp32 arithmetic; the KV cache is bf16 laid out as the
+// block manager's blocks: [num_blocks][kv_heads][block_size][HEAD_DIM] for K and for V of
+// each layer.
+
+#include <cuda_bf16.h>
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef GQA_GROUP
+#define GQA_GROUP 4
+#endif
+// Query tokens per attention tile and keys per shared-memory tile.
+#ifndef Q_TILE
+#define Q_TILE 8
+#endif
+#define K_TILE 32
+#define ATTN_THREADS 128
+#define ATTN_WARPS (ATTN_THREADS / 32)
+#define ROWS (Q_TILE * GQA_GROUP)
+// Row stride of the K tile in shared memory, in bf16: HEAD_DIM + 2 makes the stride an odd
+// number of 4-byte words, so 32 lanes reading 32 different keys hit 32 different banks.
+#define K_STRIDE (HEAD_DIM + 2)
+
+// -infinity (NVRTC has no <math.h> INFINITY).
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float bf(const __nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ __nv_bfloat16 to_bf(const float x) { return __float2bfloat16(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Deterministic pseudo-random bf16 weights in [-scale, scale] (synthetic-weight mode):
+// a 64-bit mix of (seed, index), so any shape is generated on the device without a host
+// copy and the same seed gives the same weights.
+extern "C" __global__ void fill_uniform_bf16(__nv_bfloat16* out, unsigned long long n,
+                                             unsigned long long seed, float scale) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (; i < n; i += stride) {
+        unsigned long long z = seed + i * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        float u = (float)(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+        out[i] = to_bf((2.0f * u - 1.0f) * scale);
+    }
+}
+
+// Fills a bf16 buffer with a constant (norm weights of synthetic models, poison values).
+extern "C" __global__ void fill_const_bf16(__nv_bfloat16* out, unsigned long long n, float v) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (; i < n; i += stride) out[i] = to_bf(v);
+}
+
+// out[t] = table[ids[t]] (rows of `hidden` elements).
+extern "C" __global__ void embed_gather(__nv_bfloat16* out, const __nv_bfloat16* table,
+                                        const int* ids, int hidden) {
+    const int t = blockIdx.x;
+    const __nv_bfloat16* row = table + (long long)ids[t] * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[(long long)t * hidden + i] = row[i];
+}
+
+// Block-wide sum for RMSNorm (blockDim.x a multiple of 32, at most 1024).
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    const int nwarps = blockDim.x >> 5;
+    v = (threadIdx.x < nwarps) ? part[threadIdx.x] : 0.0f;
+    if (warp == 0) v = warp_sum(v);
+    if (threadIdx.x == 0) part[0] = v;
+    __syncthreads();
+    const float r = part[0];
+    __syncthreads();
+    return r;
+}
+
+// residual += delta (if has_delta); out = RMSNorm(residual) * w. One block per token.
+extern "C" __global__ void add_rmsnorm(__nv_bfloat16* out, __nv_bfloat16* residual,
+                                       const __nv_bfloat16* delta, int has_delta,
+                                       const __nv_bfloat16* w, int hidden, float eps) {
+    const long long base = (long long)blockIdx.x * hidden;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        float x = bf(residual[base + i]);
+        if (has_delta) {
+            x += bf(delta[base + i]);
+            residual[base + i] = to_bf(x);
+        }
+        ss += x * x;
+    }
+    const float inv = rsqrtf(block_sum(ss) / (float)hidden + eps);
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+        out[base + i] = to_bf(bf(residual[base + i]) * inv * bf(w[i]));
+}
+
+// Applies RoPE to the Q and K heads of `qkv` ([T][(heads + 2 kv_heads) HEAD_DIM]), writes
+// the rotated Q to q_out ([T][heads][HEAD_DIM]) and K, V into the paged cache at each
+// token's slot (slot = block * block_size + offset). interleaved = 1: pairs (2i, 2i+1)
+// (GGUF); 0: pairs (i, i + HEAD_DIM/2) (Hugging Face rotate_half).
+// One block per token; threads cover (head, pair).
+extern "C" __global__ void rope_write_kv(const __nv_bfloat16* qkv, __nv_bfloat16* q_out,
+                                         __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
+                                         const int* positions, const int* slots, int heads,
+                                         int kv_heads, int block_size, float theta,
+                                         int interleaved) {
+    const int t = blockIdx.x;
+    const int half = HEAD_DIM / 2;
+    const long long row = (long long)t * (heads + 2 * kv_heads) * HEAD_DIM;
+    const float pos = (float)positions[t];
+    const int slot = slots[t];
+    const long long blk = slot / block_size, off = slot % block_size;
+    for (int idx = threadIdx.x; idx < (heads + kv_heads) * half; idx += blockDim.x) {
+        const int h = idx / half, i = idx % half;
+        const float freq = powf(theta, -2.0f * (float)i / (float)HEAD_DIM);
+        float s, c;
+        sincosf(pos * freq, &s, &c);
+        const int a = interleaved ? 2 * i : i;
+        const int b = interleaved ? 2 * i + 1 : i + half;
+        const __nv_bfloat16* src = qkv + row + (long long)h * HEAD_DIM;
+        const float x0 = bf(src[a]), x1 = bf(src[b]);
+        const float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
+        if (h < heads) {
+            __nv_bfloat16* dst = q_out + ((long long)t * heads + h) * HEAD_DIM;
+            dst[a] = to_bf(y0);
+            dst[b] = to_bf(y1);
+        } else {
+            const int kh = h - heads;
+            __nv_bfloat16* dst = k_cache + ((blk * kv_heads + kh) * block_size + off) * HEAD_DIM;
+            dst[a] = to_bf(y0);
+            dst[b] = to_bf(y1);
+        }
+    }
+    // V is copied unrotated.
+    for (int idx = threadIdx.x; idx < kv_heads * HEAD_DIM; idx += blockDim.x) {
+        const int kh = idx / HEAD_DIM, d = idx % HEAD_DIM;
+        v_cache[((blk * kv_heads + kh) * block_size + off) * HEAD_DIM + d] =
+            qkv[row + (long long)(heads + kv_heads + kh) * HEAD_DIM + d];
+    }
+}
+
+// out[t][i] = silu(gate_up[t][i]) * gate_up[t][inter + i].
+extern "C" __global__ void silu_mul(__nv_bfloat16* out, const __nv_bfloat16* gate_up,
+                                    long long tokens, int inter) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const long long n = tokens * inter;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (; i < n; i += stride) {
+        const long long t = i / inter, j = i % inter;
+        const float g = bf(gate_up[t * 2 * inter + j]);
+        const float u = bf(gate_up[t * 2 * inter + inter + j]);
+        out[i] = to_bf(g / (1.0f + __expf(-g)) * u);
+    }
+}
+
+// Paged attention over the block tables, for prefill chunks and decodes alike
+// (FlashAttention-style tiling with an online softmax, flash-decoding splits over the
+// context).
+//
+// A tile is up to Q_TILE consecutive query tokens of one sequence: tiles[4 * i] = (sequence
+// index, first token index in the step, number of tokens, unused). Token t sits at absolute
+// position positions[t] and attends causally to keys [0, positions[t]]. The block (tile,
+// kv head, split) loads K_TILE keys at a time of one KV head into shared memory, reading
+// each key once for all GQA_GROUP query heads of that KV head and all tile tokens, and
+// covers the split's share of the context. With one split it writes the normalised output;
+// with several it writes (acc, max, sum) partials that attn_combine merges.
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
+paged_attention(__nv_bfloat16* out, float* part_acc, float* part_ml,
+                const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
+                const __nv_bfloat16* v_cache, const int* block_tables, int max_blocks,
+                const int* tiles, const int* positions, int heads, int kv_heads,
+                int block_size, int num_splits, float scale) {
+    __shared__ float q_s[ROWS][HEAD_DIM];
+    __shared__ __nv_bfloat16 k_s[K_TILE][K_STRIDE];
+    __shared__ __nv_bfloat16 v_s[K_TILE][HEAD_DIM];
+    __shared__ float p_s[ROWS][K_TILE + 1];
+    __shared__ float row_scale[ROWS];
+
+    const int tile = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    const int seq = tiles[4 * tile], tok0 = tiles[4 * tile + 1], ntok = tiles[4 * tile + 2];
+    const int rows = ntok * GQA_GROUP;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int ctx = positions[tok0 + ntok - 1] + 1;  // keys needed by the last token
+    const int per_split = ((ctx + num_splits - 1) / num_splits + K_TILE - 1) / K_TILE * K_TILE;
+    const int k_begin = split * per_split;
+    const int k_end = min(ctx, k_begin + per_split);
+    const int* table = block_tables + (long long)seq * max_blocks;
+
+    // Query rows r = token * GQA_GROUP + g, pre-scaled by 1/sqrt(d).
+    for (int i = threadIdx.x; i < ROWS * HEAD_DIM; i += ATTN_THREADS) {
+        const int r = i / HEAD_DIM, d = i % HEAD_DIM;
+        float v = 0.0f;
+        if (r < rows) {
+            const int t = tok0 + r / GQA_GROUP, h = kvh * GQA_GROUP + r % GQA_GROUP;
+            v = bf(q[((long long)t * heads + h) * HEAD_DIM + d]) * scale;
+        }
+        q_s[r][d] = v;
+    }
+
+    // Each warp owns rows warp, warp + ATTN_WARPS, ...; lane covers dims lane + 32 j.
+    constexpr int RPW = (ROWS + ATTN_WARPS - 1) / ATTN_WARPS;
+    constexpr int DPL = HEAD_DIM / 32;
+    float acc[RPW][DPL];
+    float m_run[RPW], l_run[RPW];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        m_run[i] = NEG_INF;
+        l_run[i] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DPL; j++) acc[i][j] = 0.0f;
+    }
+    __syncthreads();
+
+    for (int kt = k_begin; kt < k_end; kt += K_TILE) {
+        // Load K and V of keys [kt, kt + K_TILE) through the block table, 4-byte words.
+        constexpr int WORDS = HEAD_DIM / 2;
+        for (int i = threadIdx.x; i < K_TILE * WORDS; i += ATTN_THREADS) {
+            const int k = i / WORDS, w = i % WORDS;
+            const int kpos = kt + k;
+            unsigned int kw = 0, vw = 0;
+            if (kpos < k_end) {
+                const long long blk = table[kpos / block_size];
+                const long long base =
+                    ((blk * kv_heads + kvh) * block_size + kpos % block_size) * HEAD_DIM;
+                kw = reinterpret_cast<const unsigned int*>(k_cache + base)[w];
+                vw = reinterpret_cast<const unsigned int*>(v_cache + base)[w];
+            }
+            reinterpret_cast<unsigned int*>(&k_s[k][0])[w] = kw;
+            reinterpret_cast<unsigned int*>(&v_s[k][0])[w] = vw;
+        }
+        __syncthreads();
+
+        // Scores: lane = key, warp's rows; causal and range masks.
+        const int kpos = kt + lane;
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            const int r = warp + i * ATTN_WARPS;
+            if (r >= rows) break;
+            const int qpos = positions[tok0 + r / GQA_GROUP];
+            float s = NEG_INF;
+            if (kpos < k_end && kpos <= qpos) {
+                s = 0.0f;
+#pragma unroll 16
+                for (int d = 0; d < HEAD_DIM; d += 2) {
+                    const float2 kk = __bfloat1622float2(
+                        *reinterpret_cast<const __nv_bfloat162*>(&k_s[lane][d]));
+                    s += q_s[r][d] * kk.x + q_s[r][d + 1] * kk.y;
+                }
+            }
+            const float m_new = fmaxf(m_run[i], warp_max(s));
+            // A row may see no valid key in this tile (its token precedes the tile).
+            const float p = (m_new == NEG_INF) ? 0.0f : __expf(s - m_new);
+            const float alpha = (m_run[i] == NEG_INF) ? 0.0f : __expf(m_run[i] - m_new);
+            l_run[i] = l_run[i] * alpha + warp_sum(p);
+            m_run[i] = m_new;
+            p_s[r][lane] = p;
+            if (lane == 0) row_scale[r] = alpha;
+        }
+        __syncwarp();
+
+        // acc = acc * alpha + P V over this tile (rows are warp-private).
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            const int r = warp + i * ATTN_WARPS;
+            if (r >= rows) break;
+            const float alpha = row_scale[r];
+#pragma unroll
+            for (int j = 0; j < DPL; j++) acc[i][j] *= alpha;
+            for (int k = 0; k < K_TILE; k++) {
+                const float p = p_s[r][k];
+#pragma unroll
+                for (int j = 0; j < DPL; j++) acc[i][j] += p * bf(v_s[k][lane + 32 * j]);
+            }
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        const int r = warp + i * ATTN_WARPS;
+        if (r >= rows) break;
+        const int t = tok0 + r / GQA_GROUP, h = kvh * GQA_GROUP + r % GQA_GROUP;
+        if (num_splits == 1) {
+            const float inv = l_run[i] > 0.0f ? 1.0f / l_run[i] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < DPL; j++)
+                out[((long long)t * heads + h) * HEAD_DIM + lane + 32 * j] = to_bf(acc[i][j] * inv);
+        } else {
+            const long long p = ((long long)t * heads + h) * num_splits + split;
+#pragma unroll
+            for (int j = 0; j < DPL; j++) part_acc[p * HEAD_DIM + lane + 32 * j] = acc[i][j];
+            if (lane == 0) {
+                part_ml[2 * p] = m_run[i];
+                part_ml[2 * p + 1] = l_run[i];
+            }
+        }
+    }
+}
+
+// Merges the splits of paged_attention: one block per (token, head), HEAD_DIM threads.
+extern "C" __global__ void attn_combine(__nv_bfloat16* out, const float* part_acc,
+                                        const float* part_ml, int heads, int num_splits) {
+    const long long th = (long long)blockIdx.x * heads + blockIdx.y;
+    float m = NEG_INF;
+    for (int s = 0; s < num_splits; s++) m = fmaxf(m, part_ml[2 * (th * num_splits + s)]);
+    float num = 0.0f, den = 0.0f;
+    for (int s = 0; s < num_splits; s++) {
+        const long long p = th * num_splits + s;
+        const float ms = part_ml[2 * p];
+        if (ms == NEG_INF) continue;
+        const float w = __expf(ms - m);
+        num += w * part_acc[p * HEAD_DIM + threadIdx.x];
+        den += w * part_ml[2 * p + 1];
+    }
+    out[th * HEAD_DIM + threadIdx.x] = to_bf(den > 0.0f ? num / den : 0.0f);
+}
+
+// out[i] = in[rows[i]] (rows of `hidden`): the last token of each sampling sequence.
+extern "C" __global__ void gather_rows(__nv_bfloat16* out, const __nv_bfloat16* in,
+                                       const int* rows, int hidden) {
+    const int i = blockIdx.x;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x)
+        out[(long long)i * hidden + j] = in[(long long)rows[i] * hidden + j];
+}
+
+// Greedy sampling: ids[i] = argmax_j logits[i][j] (lowest index on ties). One block per row.
+extern "C" __global__ void argmax_rows(int* ids, const __nv_bfloat16* logits, int vocab) {
+    __shared__ float best_v[32];
+    __shared__ int best_i[32];
+    const __nv_bfloat16* row = logits + (long long)blockIdx.x * vocab;
+    float bv = NEG_INF;
+    int bi = 0x7fffffff;
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+        const float v = bf(row[j]);
+        if (v > bv || (v == bv && j < bi)) { bv = v; bi = j; }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { best_v[warp] = bv; best_i[warp] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) { bv = best_v[w]; bi = best_i[w]; }
+        ids[blockIdx.x] = bi;
+    }
+}

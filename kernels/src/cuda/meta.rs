@@ -1,0 +1,237 @@
+//! Host-side step metadata for the CUDA kernels: token ids, positions, KV slots, attention
+//! tiles, block tables and sampling rows, packed into one `i32` buffer that is copied to the
+//! device once per step. Pure functions, tested without a GPU.
+
+use engine::plan::StepPlan;
+
+/// Offsets (in `i32`s) of each array inside the packed metadata buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MetaLayout {
+    /// Tokens in the step.
+    pub tokens: usize,
+    /// Attention tiles.
+    pub tiles: usize,
+    /// Sequences in the step.
+    pub seqs: usize,
+    /// Block-table width (longest table in the step).
+    pub max_blocks: usize,
+    /// Sampled rows.
+    pub samples: usize,
+    /// Offset of token ids.
+    pub ids: usize,
+    /// Offset of positions.
+    pub positions: usize,
+    /// Offset of KV slots.
+    pub slots: usize,
+    /// Offset of tiles (4 per tile).
+    pub tile_data: usize,
+    /// Offset of the block tables (`seqs x max_blocks`).
+    pub block_tables: usize,
+    /// Offset of the sampled rows.
+    pub sample_rows: usize,
+    /// Total length.
+    pub len: usize,
+}
+
+/// Step metadata, host side.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepMeta {
+    /// Where each array lives in `data`.
+    pub layout: MetaLayout,
+    /// The packed buffer.
+    pub data: Vec<i32>,
+}
+
+/// Token id used for position `pos` of a sequence whose prompt carries no token ids
+/// (synthetic workloads): a fixed hash, so runs are reproducible.
+pub fn synthetic_token(seq: u64, pos: u32, vocab: u32) -> u32 {
+    let mut z = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(pos);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) % u64::from(vocab.max(1))) as u32
+}
+
+impl StepMeta {
+    /// Builds the metadata of `plan` for a KV cache of `block_size`-token blocks, attention
+    /// tiles of up to `q_tile` tokens and a vocabulary of `vocab` ids.
+    pub fn build(plan: &StepPlan, block_size: u32, q_tile: u32, vocab: u32) -> StepMeta {
+        let tokens: usize = plan.work.iter().map(|w| w.len as usize).sum();
+        let seqs = plan.work.len();
+        let max_blocks = plan
+            .work
+            .iter()
+            .map(|w| w.block_table.len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let q_tile = q_tile.max(1);
+        let tiles: usize = plan
+            .work
+            .iter()
+            .map(|w| w.len.div_ceil(q_tile) as usize)
+            .sum();
+        let samples = plan.work.iter().filter(|w| w.sample).count();
+        let mut l = MetaLayout {
+            tokens,
+            tiles,
+            seqs,
+            max_blocks,
+            samples,
+            ..MetaLayout::default()
+        };
+        l.ids = 0;
+        l.positions = l.ids + tokens;
+        l.slots = l.positions + tokens;
+        l.tile_data = l.slots + tokens;
+        l.block_tables = l.tile_data + 4 * tiles;
+        l.sample_rows = l.block_tables + seqs * max_blocks;
+        l.len = l.sample_rows + samples;
+        let mut data = vec![0i32; l.len];
+        let (mut t, mut tile, mut sample) = (0usize, 0usize, 0usize);
+        for (s, w) in plan.work.iter().enumerate() {
+            let row = &mut data[l.block_tables + s * max_blocks..][..w.block_table.len()];
+            for (dst, &b) in row.iter_mut().zip(&w.block_table) {
+                *dst = b as i32;
+            }
+            let first = t;
+            for p in w.start..w.start + w.len {
+                let i = (p - w.start) as usize;
+                let id = w
+                    .token_ids
+                    .get(i)
+                    .copied()
+                    .unwrap_or_else(|| synthetic_token(w.seq, p, vocab));
+                data[l.ids + t] = (id % vocab.max(1)) as i32;
+                data[l.positions + t] = p as i32;
+                let block = w
+                    .block_table
+                    .get((p / block_size) as usize)
+                    .copied()
+                    .unwrap_or(0);
+                data[l.slots + t] = (block * block_size + p % block_size) as i32;
+                t += 1;
+            }
+            let mut tok = first;
+            while tok < t {
+                let n = (t - tok).min(q_tile as usize);
+                let at = l.tile_data + 4 * tile;
+                data[at] = s as i32;
+                data[at + 1] = tok as i32;
+                data[at + 2] = n as i32;
+                tile += 1;
+                tok += n;
+            }
+            if w.sample {
+                data[l.sample_rows + sample] = (t - 1) as i32;
+                sample += 1;
+            }
+        }
+        StepMeta { layout: l, data }
+    }
+
+    /// Longest context any token of the step attends to.
+    pub fn max_context(&self) -> u32 {
+        let l = &self.layout;
+        self.data[l.positions..l.positions + l.tokens]
+            .iter()
+            .map(|&p| p as u32 + 1)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Number of flash-decoding splits of the context: enough blocks to fill `target_blocks`
+/// (a few per multiprocessor), each split covering at least `min_keys` keys.
+pub fn attention_splits(
+    tiles: usize,
+    kv_heads: u32,
+    max_context: u32,
+    target_blocks: u32,
+    min_keys: u32,
+) -> u32 {
+    let blocks = (tiles as u64 * u64::from(kv_heads)).max(1);
+    if blocks >= u64::from(target_blocks) {
+        return 1;
+    }
+    let want = u64::from(target_blocks).div_ceil(blocks) as u32;
+    let most = max_context.div_ceil(min_keys.max(1)).max(1);
+    want.min(most).clamp(1, 64)
+}
+
+/// Query tokens per attention tile for a GQA group: the kernel's tile holds at most 32 query
+/// rows (tokens x heads per KV head).
+pub fn q_tile_for_group(group: u32) -> u32 {
+    (32 / group.max(1)).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::plan::{SeqWork, WorkKind};
+
+    fn work(seq: u64, start: u32, len: u32, sample: bool, table: Vec<u32>) -> SeqWork {
+        SeqWork {
+            seq,
+            kind: if len == 1 && start > 0 {
+                WorkKind::Decode
+            } else {
+                WorkKind::Prefill
+            },
+            start,
+            len,
+            sample,
+            block_table: table,
+            token_ids: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn packs_slots_tiles_and_samples() {
+        let plan = StepPlan {
+            work: vec![
+                work(7, 0, 10, true, vec![5, 9]), // prefill 10 tokens, block size 8
+                work(8, 20, 1, true, vec![1, 2, 3]), // decode at position 20
+                work(9, 16, 4, false, vec![4, 6, 0]), // a chunk [16, 20)
+            ],
+            ..StepPlan::default()
+        };
+        let m = StepMeta::build(&plan, 8, 4, 1000);
+        let l = m.layout;
+        assert_eq!((l.tokens, l.seqs, l.max_blocks, l.samples), (15, 3, 3, 2));
+        // Tiles of at most 4 tokens: 10 -> 4 + 4 + 2, 1, 4.
+        assert_eq!(l.tiles, 5);
+        let tiles: Vec<&[i32]> = m.data[l.tile_data..l.block_tables].chunks(4).collect();
+        assert_eq!(tiles[0][..3], [0, 0, 4]);
+        assert_eq!(tiles[2][..3], [0, 8, 2]);
+        assert_eq!(tiles[3][..3], [1, 10, 1]);
+        assert_eq!(tiles[4][..3], [2, 11, 4]);
+        // Position 9 of seq 7 is in its second block (9): slot 9 * 8 + 1.
+        assert_eq!(m.data[l.slots + 9], 73);
+        // The decode at position 20 is in block 3 (table index 2): slot 3 * 8 + 4.
+        assert_eq!(m.data[l.slots + 10], 28);
+        assert_eq!(m.data[l.positions + 10], 20);
+        // Sampled rows: the last token of seq 7 (row 9) and the decode (row 10).
+        assert_eq!(m.data[l.sample_rows..], [9, 10]);
+        // Block tables are padded to the widest.
+        assert_eq!(m.data[l.block_tables..l.block_tables + 3], [5, 9, 0]);
+        assert_eq!(m.max_context(), 21);
+        // Token ids are stable and within the vocabulary.
+        assert!(m.data[..15].iter().all(|&id| (0..1000).contains(&id)));
+        assert_eq!(m, StepMeta::build(&plan, 8, 4, 1000));
+    }
+
+    #[test]
+    fn splits_fill_the_gpu_only_when_needed() {
+        // Batch 1 decode, 8 KV heads, 32k context, 132 SMs x 2: split.
+        let s = attention_splits(1, 8, 32768, 264, 256);
+        assert_eq!(s, 33);
+        // A full prefill needs no split.
+        assert_eq!(attention_splits(256, 8, 2048, 264, 256), 1);
+        // Short contexts do not split below min_keys each.
+        assert_eq!(attention_splits(1, 8, 300, 264, 256), 2);
+        assert_eq!(attention_splits(1, 8, 0, 264, 256), 1);
+        assert_eq!(q_tile_for_group(4), 8);
+        assert_eq!(q_tile_for_group(8), 4);
+        assert_eq!(q_tile_for_group(64), 1);
+    }
+}

@@ -1,0 +1,849 @@
+//! The CUDA runtime: a Llama forward pass over the engine's paged KV cache on an NVIDIA GPU,
+//! through cudarc with dynamic loading (the build needs no CUDA toolkit).
+//!
+//! Kernels live in `kernels.cu` and are compiled at run time with NVRTC for the device's
+//! architecture, with the model's head size and GQA group as macros. GEMMs go through
+//! cuBLAS in bf16 with fp32 accumulation. The KV cache of each layer is two device arrays
+//! laid out as the block manager's blocks (`[block][kv_head][slot][head_dim]`), so the block
+//! tables in a [`StepPlan`] address it directly. Steps are timed with CUDA events.
+//!
+//! Weights are synthetic for now (random bf16 generated on the device for any catalog
+//! shape, so e.g. Llama-3-8B can be timed on an H100 without downloading weights); the GGUF
+//! loader of the CPU runtime will feed the same buffers.
+//!
+//! Without a GPU, [`probe`] and [`CudaRuntime::new`] return [`CudaError::NoDriver`] (or the
+//! library that is missing) instead of panicking: cudarc panics on first use of a library it
+//! cannot load, so every entry point checks the libraries first.
+
+pub mod check;
+pub mod meta;
+
+use std::sync::Arc;
+
+use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::CompileOptions;
+use engine::backend::{Backend, BackendError};
+use engine::plan::{StepOutcome, StepPlan};
+use half::bf16;
+
+use self::meta::{attention_splits, q_tile_for_group, StepMeta};
+
+/// The kernel sources, compiled at run time.
+pub const KERNELS_CU: &str = include_str!("kernels.cu");
+
+/// Names of the kernels in [`KERNELS_CU`].
+pub const KERNEL_NAMES: [&str; 10] = [
+    "fill_uniform_bf16",
+    "fill_const_bf16",
+    "embed_gather",
+    "add_rmsnorm",
+    "rope_write_kv",
+    "silu_mul",
+    "paged_attention",
+    "attn_combine",
+    "gather_rows",
+    "argmax_rows",
+];
+
+/// Threads per block of the attention kernel (must match `ATTN_THREADS` in the source).
+pub const ATTN_THREADS: u32 = 128;
+/// Keys per shared-memory tile of the attention kernel (`K_TILE`).
+pub const K_TILE: u32 = 32;
+
+/// Errors of the CUDA runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// The CUDA driver library is not on this machine.
+    #[error("no CUDA driver found (libcuda could not be loaded): --backend cuda needs an NVIDIA GPU and its driver")]
+    NoDriver,
+    /// A CUDA library other than the driver is missing.
+    #[error("CUDA library {0} could not be loaded (set LD_LIBRARY_PATH to the CUDA 13 libraries, e.g. /usr/local/cuda/lib64)")]
+    MissingLibrary(&'static str),
+    /// The driver reports no device.
+    #[error("no CUDA device found")]
+    NoDevice,
+    /// A driver call failed.
+    #[error("CUDA driver: {0}")]
+    Driver(String),
+    /// Run-time compilation failed.
+    #[error("NVRTC compilation of kernels.cu failed: {0}")]
+    Compile(String),
+    /// A cuBLAS call failed.
+    #[error("cuBLAS: {0}")]
+    Blas(String),
+    /// The model or the request does not fit or is not supported.
+    #[error("{0}")]
+    Config(String),
+}
+
+impl From<cudarc::driver::DriverError> for CudaError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        CudaError::Driver(format!("{e:?}"))
+    }
+}
+
+impl From<cudarc::cublas::result::CublasError> for CudaError {
+    fn from(e: cudarc::cublas::result::CublasError) -> Self {
+        CudaError::Blas(format!("{e:?}"))
+    }
+}
+
+/// Checks that the driver, NVRTC and cuBLAS libraries can be loaded, without touching them
+/// otherwise (cudarc panics on first use of a library it cannot find).
+pub fn libraries_present() -> Result<(), CudaError> {
+    // SAFETY: these only try to open the shared libraries.
+    unsafe {
+        if !cudarc::driver::sys::is_culib_present() {
+            return Err(CudaError::NoDriver);
+        }
+        if !cudarc::nvrtc::sys::is_culib_present() {
+            return Err(CudaError::MissingLibrary("NVRTC (libnvrtc)"));
+        }
+        if !cudarc::cublas::sys::is_culib_present() {
+            return Err(CudaError::MissingLibrary("cuBLAS (libcublas)"));
+        }
+    }
+    Ok(())
+}
+
+/// What `sim doctor` reports about the GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceInfo {
+    /// Device name.
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+    /// Total memory, bytes.
+    pub total_mem: usize,
+    /// Free memory, bytes.
+    pub free_mem: usize,
+    /// Multiprocessors.
+    pub sm_count: i32,
+    /// Driver API version (e.g. 13000).
+    pub driver_version: i32,
+}
+
+fn open_device() -> Result<Arc<CudaContext>, CudaError> {
+    libraries_present()?;
+    if CudaContext::device_count()? < 1 {
+        return Err(CudaError::NoDevice);
+    }
+    Ok(CudaContext::new(0)?)
+}
+
+/// Probes the first GPU: libraries, device properties, and a compile of the kernels.
+pub fn probe() -> Result<DeviceInfo, CudaError> {
+    let ctx = open_device()?;
+    let (free_mem, total_mem) = ctx.mem_get_info()?;
+    let sm_count = ctx.attribute(
+        cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )?;
+    let mut driver_version = 0;
+    // SAFETY: writes one int.
+    unsafe {
+        cudarc::driver::sys::cuDriverGetVersion(&mut driver_version);
+    }
+    let info = DeviceInfo {
+        name: ctx.name()?,
+        compute_capability: ctx.compute_capability()?,
+        total_mem,
+        free_mem,
+        sm_count,
+        driver_version,
+    };
+    compile(&ctx, 128, 4)?;
+    Ok(info)
+}
+
+/// The architecture string NVRTC compiles for, from the compute capability.
+pub fn arch_for(cc: (i32, i32)) -> &'static str {
+    match cc {
+        (9, 0) => "sm_90",
+        (8, 9) => "sm_89",
+        (8, 6) => "sm_86",
+        (8, 0) => "sm_80",
+        (10, 0) => "sm_100",
+        (12, 0) => "sm_120",
+        (major, _) if major >= 9 => "sm_90",
+        _ => "sm_80",
+    }
+}
+
+/// Compiler options of the kernels for a head size and GQA group.
+pub fn compile_options(arch: &'static str, head_dim: u32, group: u32) -> CompileOptions {
+    CompileOptions {
+        arch: Some(arch),
+        include_paths: cuda_include_paths(),
+        options: vec![
+            format!("-DHEAD_DIM={head_dim}"),
+            format!("-DGQA_GROUP={group}"),
+            format!("-DQ_TILE={}", q_tile_for_group(group)),
+            "-std=c++17".into(),
+        ],
+        ..CompileOptions::default()
+    }
+}
+
+/// Folders holding `cuda_bf16.h` (NVRTC needs the toolkit headers).
+fn cuda_include_paths() -> Vec<String> {
+    let mut paths = Vec::new();
+    if let Ok(home) = std::env::var("CUDA_HOME").or_else(|_| std::env::var("CUDA_PATH")) {
+        paths.push(format!("{home}/include"));
+    }
+    for p in ["/usr/local/cuda/include", "/usr/include"] {
+        paths.push(p.into());
+    }
+    paths
+        .into_iter()
+        .filter(|p| std::path::Path::new(p).join("cuda_bf16.h").exists())
+        .collect()
+}
+
+/// The compiled kernels.
+#[derive(Debug, Clone)]
+pub struct Kernels {
+    f: Vec<CudaFunction>,
+}
+
+impl Kernels {
+    fn get(&self, name: &str) -> &CudaFunction {
+        // Names come from KERNEL_NAMES, all loaded by `compile`.
+        let i = KERNEL_NAMES.iter().position(|n| *n == name).unwrap_or(0);
+        &self.f[i]
+    }
+}
+
+/// Compiles `kernels.cu` for the device and loads every kernel.
+pub fn compile(ctx: &Arc<CudaContext>, head_dim: u32, group: u32) -> Result<Kernels, CudaError> {
+    if !head_dim.is_multiple_of(32) || head_dim > 256 {
+        return Err(CudaError::Config(format!(
+            "head_dim {head_dim} is not supported by the attention kernel (a multiple of 32 up to 256)"
+        )));
+    }
+    let arch = arch_for(ctx.compute_capability()?);
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(
+        KERNELS_CU,
+        compile_options(arch, head_dim, group),
+    )
+    .map_err(|e| CudaError::Compile(format!("{e:?}")))?;
+    let module = ctx.load_module(ptx)?;
+    let f = KERNEL_NAMES
+        .iter()
+        .map(|n| module.load_function(n))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Kernels { f })
+}
+
+/// A Llama-architecture shape (what the forward pass needs to know of a model).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaShape {
+    /// Decoder layers.
+    pub layers: u32,
+    /// Hidden size.
+    pub hidden: u32,
+    /// Query heads.
+    pub heads: u32,
+    /// KV heads.
+    pub kv_heads: u32,
+    /// Head dimension.
+    pub head_dim: u32,
+    /// MLP intermediate size.
+    pub intermediate: u32,
+    /// Vocabulary.
+    pub vocab: u32,
+    /// RoPE base.
+    pub rope_theta: f32,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// LM head shares the embedding.
+    pub tied_embeddings: bool,
+    /// RoPE pairs (2i, 2i+1) as in GGUF, instead of (i, i + d/2).
+    pub rope_interleaved: bool,
+}
+
+impl LlamaShape {
+    /// Query heads per KV head.
+    pub fn group(&self) -> u32 {
+        self.heads / self.kv_heads.max(1)
+    }
+
+    /// Width of the fused QKV projection.
+    pub fn qkv_dim(&self) -> u32 {
+        (self.heads + 2 * self.kv_heads) * self.head_dim
+    }
+
+    /// Weight bytes in bf16.
+    pub fn weight_bytes(&self) -> u64 {
+        let h = u64::from(self.hidden);
+        let per_layer = h * u64::from(self.qkv_dim())
+            + u64::from(self.heads * self.head_dim) * h
+            + 3 * h * u64::from(self.intermediate)
+            + 2 * h;
+        let embed = u64::from(self.vocab) * h;
+        let head = if self.tied_embeddings { 0 } else { embed };
+        2 * (u64::from(self.layers) * per_layer + embed + head + h)
+    }
+
+    /// KV bytes per token (all layers, bf16).
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        2 * 2 * u64::from(self.layers) * u64::from(self.kv_heads) * u64::from(self.head_dim)
+    }
+
+    fn validate(&self) -> Result<(), CudaError> {
+        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(CudaError::Config(format!(
+                "heads ({}) must be a multiple of kv_heads ({})",
+                self.heads, self.kv_heads
+            )));
+        }
+        if self.group() > 32 {
+            return Err(CudaError::Config(format!(
+                "GQA group {} is larger than the attention kernel's 32 rows",
+                self.group()
+            )));
+        }
+        Ok(())
+    }
+}
+
+struct LayerWeights {
+    attn_norm: CudaSlice<bf16>,
+    wqkv: CudaSlice<bf16>,
+    wo: CudaSlice<bf16>,
+    mlp_norm: CudaSlice<bf16>,
+    w_gate_up: CudaSlice<bf16>,
+    w_down: CudaSlice<bf16>,
+}
+
+/// Activation buffers for up to `tokens` tokens and `samples` sampled rows.
+struct Activations {
+    tokens: usize,
+    samples: usize,
+    residual: CudaSlice<bf16>,
+    h: CudaSlice<bf16>,
+    qkv: CudaSlice<bf16>,
+    q: CudaSlice<bf16>,
+    attn: CudaSlice<bf16>,
+    delta: CudaSlice<bf16>,
+    gate_up: CudaSlice<bf16>,
+    act: CudaSlice<bf16>,
+    last: CudaSlice<bf16>,
+    logits: CudaSlice<bf16>,
+    ids: CudaSlice<i32>,
+}
+
+/// A model on the GPU with its paged KV cache.
+pub struct CudaRuntime {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    k: Kernels,
+    shape: LlamaShape,
+    sm_count: u32,
+    q_tile: u32,
+    embed: CudaSlice<bf16>,
+    lm_head: Option<CudaSlice<bf16>>,
+    final_norm: CudaSlice<bf16>,
+    layers: Vec<LayerWeights>,
+    k_cache: Vec<CudaSlice<bf16>>,
+    v_cache: Vec<CudaSlice<bf16>>,
+    num_blocks: u32,
+    block_size: u32,
+    act: Option<Activations>,
+    meta: CudaSlice<i32>,
+    part_acc: CudaSlice<f32>,
+    part_ml: CudaSlice<f32>,
+    start: CudaEvent,
+    end: CudaEvent,
+}
+
+fn grid_for(n: u64, threads: u32) -> LaunchConfig {
+    let blocks = n.div_ceil(u64::from(threads)).clamp(1, 65_535 * 16) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl CudaRuntime {
+    /// Loads a model of `shape` with synthetic weights (seeded), compiles the kernels, and
+    /// allocates a KV cache of `num_blocks` blocks of `block_size` tokens.
+    pub fn synthetic(
+        shape: LlamaShape,
+        seed: u64,
+        block_size: u32,
+        num_blocks: u32,
+    ) -> Result<CudaRuntime, CudaError> {
+        shape.validate()?;
+        let ctx = open_device()?;
+        // One stream, no cross-stream tracking needed.
+        // SAFETY: every buffer of this runtime is used on `stream` only.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let blas = CudaBlas::new(stream.clone())?;
+        let k = compile(&ctx, shape.head_dim, shape.group())?;
+        let sm_count = ctx.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )? as u32;
+        let (free, _) = ctx.mem_get_info()?;
+        let need = shape.weight_bytes()
+            + u64::from(num_blocks) * u64::from(block_size) * shape.kv_bytes_per_token();
+        if need > free as u64 {
+            return Err(CudaError::Config(format!(
+                "the model ({:.2} GB of weights) and its KV cache ({} blocks, {:.2} GB) need {:.2} GB but the GPU has {:.2} GB free",
+                shape.weight_bytes() as f64 / 1e9,
+                num_blocks,
+                (need - shape.weight_bytes()) as f64 / 1e9,
+                need as f64 / 1e9,
+                free as f64 / 1e9
+            )));
+        }
+        let h = shape.hidden as usize;
+        let alloc = |n: usize| -> Result<CudaSlice<bf16>, CudaError> {
+            // SAFETY: every weight buffer is filled right after allocation.
+            Ok(unsafe { stream.alloc::<bf16>(n.max(1)) }?)
+        };
+        let mut counter = 0u64;
+        let mut fill = |buf: &mut CudaSlice<bf16>, fan_in: usize| -> Result<(), CudaError> {
+            counter += 1;
+            let n = buf.len() as u64;
+            let s = seed.wrapping_mul(1_000_003).wrapping_add(counter << 40);
+            let scale = 1.0f32 / (fan_in.max(1) as f32).sqrt();
+            let mut b = stream.launch_builder(k.get("fill_uniform_bf16"));
+            b.arg(buf).arg(&n).arg(&s).arg(&scale);
+            // SAFETY: the kernel writes n elements of buf.
+            unsafe { b.launch(grid_for(n, 256)) }?;
+            Ok(())
+        };
+        let ones = |n: usize| -> Result<CudaSlice<bf16>, CudaError> {
+            let mut buf = alloc(n)?;
+            let n64 = n as u64;
+            let one = 1.0f32;
+            let mut b = stream.launch_builder(k.get("fill_const_bf16"));
+            b.arg(&mut buf).arg(&n64).arg(&one);
+            // SAFETY: writes n elements.
+            unsafe { b.launch(grid_for(n64, 256)) }?;
+            Ok(buf)
+        };
+        let vocab = shape.vocab as usize;
+        let mut embed = alloc(vocab * h)?;
+        fill(&mut embed, 1)?;
+        let lm_head = if shape.tied_embeddings {
+            None
+        } else {
+            let mut w = alloc(vocab * h)?;
+            fill(&mut w, h)?;
+            Some(w)
+        };
+        let qd = (shape.heads * shape.head_dim) as usize;
+        let inter = shape.intermediate as usize;
+        let mut layers = Vec::with_capacity(shape.layers as usize);
+        for _ in 0..shape.layers {
+            let mut wqkv = alloc(shape.qkv_dim() as usize * h)?;
+            fill(&mut wqkv, h)?;
+            let mut wo = alloc(h * qd)?;
+            fill(&mut wo, qd)?;
+            let mut w_gate_up = alloc(2 * inter * h)?;
+            fill(&mut w_gate_up, h)?;
+            let mut w_down = alloc(h * inter)?;
+            fill(&mut w_down, inter)?;
+            layers.push(LayerWeights {
+                attn_norm: ones(h)?,
+                wqkv,
+                wo,
+                mlp_norm: ones(h)?,
+                w_gate_up,
+                w_down,
+            });
+        }
+        let final_norm = ones(h)?;
+        let cache_len =
+            num_blocks as usize * block_size as usize * (shape.kv_heads * shape.head_dim) as usize;
+        let mut k_cache = Vec::with_capacity(shape.layers as usize);
+        let mut v_cache = Vec::with_capacity(shape.layers as usize);
+        for _ in 0..shape.layers {
+            k_cache.push(stream.alloc_zeros::<bf16>(cache_len.max(1))?);
+            v_cache.push(stream.alloc_zeros::<bf16>(cache_len.max(1))?);
+        }
+        let start = ctx.new_event(Some(
+            cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT,
+        ))?;
+        let end = ctx.new_event(Some(
+            cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT,
+        ))?;
+        let meta = stream.alloc_zeros::<i32>(1)?;
+        let part_acc = stream.alloc_zeros::<f32>(1)?;
+        let part_ml = stream.alloc_zeros::<f32>(1)?;
+        stream.synchronize()?;
+        Ok(CudaRuntime {
+            q_tile: q_tile_for_group(shape.group()),
+            ctx,
+            stream,
+            blas,
+            k,
+            shape,
+            sm_count,
+            embed,
+            lm_head,
+            final_norm,
+            layers,
+            k_cache,
+            v_cache,
+            num_blocks,
+            block_size,
+            act: None,
+            meta,
+            part_acc,
+            part_ml,
+            start,
+            end,
+        })
+    }
+
+    /// KV blocks that fit in `free_bytes` of device memory for this shape.
+    pub fn blocks_that_fit(shape: &LlamaShape, block_size: u32, free_bytes: u64) -> u32 {
+        let per_block = u64::from(block_size) * shape.kv_bytes_per_token();
+        (free_bytes / per_block.max(1)).min(u64::from(u32::MAX)) as u32
+    }
+
+    /// Free device memory in bytes right now.
+    pub fn free_memory(&self) -> Result<usize, CudaError> {
+        Ok(self.ctx.mem_get_info()?.0)
+    }
+
+    /// The model shape.
+    pub fn shape(&self) -> &LlamaShape {
+        &self.shape
+    }
+
+    /// Multiprocessors of the device.
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    /// KV blocks and block size.
+    pub fn kv_geometry(&self) -> (u32, u32) {
+        (self.num_blocks, self.block_size)
+    }
+
+    fn ensure_activations(&mut self, tokens: usize, samples: usize) -> Result<(), CudaError> {
+        if let Some(a) = &self.act {
+            if a.tokens >= tokens && a.samples >= samples {
+                return Ok(());
+            }
+        }
+        // Grow to the next power of two so that a run settles after a few steps.
+        let tokens = tokens.next_power_of_two().max(16);
+        let samples = samples.next_power_of_two().max(16);
+        let s = &self.shape;
+        let h = s.hidden as usize;
+        let z = |n: usize| self.stream.alloc_zeros::<bf16>(n.max(1));
+        self.act = None; // free the old buffers first
+        self.act = Some(Activations {
+            tokens,
+            samples,
+            residual: z(tokens * h)?,
+            h: z(tokens * h)?,
+            qkv: z(tokens * s.qkv_dim() as usize)?,
+            q: z(tokens * (s.heads * s.head_dim) as usize)?,
+            attn: z(tokens * (s.heads * s.head_dim) as usize)?,
+            delta: z(tokens * h)?,
+            gate_up: z(tokens * 2 * s.intermediate as usize)?,
+            act: z(tokens * s.intermediate as usize)?,
+            last: z(samples * h)?,
+            logits: z(samples * s.vocab as usize)?,
+            ids: self.stream.alloc_zeros::<i32>(samples)?,
+        });
+        Ok(())
+    }
+
+    /// `out[t x n] = x[t x k] * w[n x k]^T` (row-major, as PyTorch's Linear).
+    fn linear(
+        blas: &CudaBlas,
+        out: &mut CudaSlice<bf16>,
+        x: &CudaSlice<bf16>,
+        w: &CudaSlice<bf16>,
+        t: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let cfg = GemmConfig {
+            transa: cublasOperation_t::CUBLAS_OP_T,
+            transb: cublasOperation_t::CUBLAS_OP_N,
+            m: n as i32,
+            n: t as i32,
+            k: k as i32,
+            alpha: bf16::ONE,
+            lda: k as i32,
+            ldb: k as i32,
+            beta: bf16::ZERO,
+            ldc: n as i32,
+        };
+        // SAFETY: w holds n x k, x at least t x k, out at least t x n elements.
+        unsafe { blas.gemm(cfg, w, x, out) }?;
+        Ok(())
+    }
+
+    /// Runs one step of the forward pass; returns its duration (CUDA events, ns) and the
+    /// greedy token of each sampling sequence.
+    pub fn forward(&mut self, plan: &StepPlan) -> Result<(u64, Vec<u32>), CudaError> {
+        let meta = StepMeta::build(plan, self.block_size, self.q_tile, self.shape.vocab);
+        let l = meta.layout;
+        if l.tokens == 0 {
+            return Ok((0, Vec::new()));
+        }
+        for w in &plan.work {
+            if let Some(&b) = w.block_table.iter().find(|&&b| b >= self.num_blocks) {
+                return Err(CudaError::Config(format!(
+                    "block {b} of sequence {} is outside the KV cache ({} blocks)",
+                    w.seq, self.num_blocks
+                )));
+            }
+        }
+        self.ensure_activations(l.tokens, l.samples)?;
+        if self.meta.len() < l.len {
+            self.meta = self.stream.alloc_zeros::<i32>(l.len.next_power_of_two())?;
+        }
+        let s = self.shape.clone();
+        let splits = attention_splits(
+            l.tiles,
+            s.kv_heads,
+            meta.max_context(),
+            2 * self.sm_count,
+            4 * K_TILE,
+        );
+        if splits > 1 {
+            let rows = l.tokens * s.heads as usize * splits as usize;
+            if self.part_acc.len() < rows * s.head_dim as usize {
+                self.part_acc = self
+                    .stream
+                    .alloc_zeros::<f32>((rows * s.head_dim as usize).next_power_of_two())?;
+                self.part_ml = self.stream.alloc_zeros::<f32>((2 * rows).next_power_of_two())?;
+            }
+        }
+        let Some(a) = self.act.as_mut() else {
+            return Err(CudaError::Config("activation buffers missing".into()));
+        };
+        self.start.record(&self.stream)?;
+        self.stream.memcpy_htod(&meta.data, &mut self.meta)?;
+        let ids = self.meta.slice(l.ids..l.ids + l.tokens);
+        let positions = self.meta.slice(l.positions..l.positions + l.tokens);
+        let slots = self.meta.slice(l.slots..l.slots + l.tokens);
+        let tiles = self.meta.slice(l.tile_data..l.tile_data + 4 * l.tiles);
+        let tables = self
+            .meta
+            .slice(l.block_tables..l.block_tables + l.seqs * l.max_blocks);
+        let sample_rows = self.meta.slice(l.sample_rows..l.sample_rows + l.samples.max(1));
+
+        let t = l.tokens;
+        let (h, qd) = (s.hidden as usize, (s.heads * s.head_dim) as usize);
+        let inter = s.intermediate as usize;
+        let hidden = s.hidden as i32;
+        let tok_cfg = |threads: u32| LaunchConfig {
+            grid_dim: (t as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let st = &self.stream;
+        let kf = &self.k;
+        {
+            let mut b = st.launch_builder(kf.get("embed_gather"));
+            b.arg(&mut a.residual).arg(&self.embed).arg(&ids).arg(&hidden);
+            // SAFETY: t rows of `hidden`; ids < vocab.
+            unsafe { b.launch(tok_cfg(256)) }?;
+        }
+        let (heads, kv_heads, bs) = (s.heads as i32, s.kv_heads as i32, self.block_size as i32);
+        let (eps, theta) = (s.rms_eps, s.rope_theta);
+        let interleaved = i32::from(s.rope_interleaved);
+        let max_blocks = l.max_blocks as i32;
+        let nsplit = splits as i32;
+        let scale = 1.0f32 / (s.head_dim as f32).sqrt();
+        for (li, lw) in self.layers.iter().enumerate() {
+            // Layer 0 normalises the embeddings; later layers first add the MLP output.
+            let has_delta = i32::from(li > 0);
+            {
+                let mut b = st.launch_builder(kf.get("add_rmsnorm"));
+                b.arg(&mut a.h)
+                    .arg(&mut a.residual)
+                    .arg(&a.delta)
+                    .arg(&has_delta)
+                    .arg(&lw.attn_norm)
+                    .arg(&hidden)
+                    .arg(&eps);
+                // SAFETY: t rows of `hidden`.
+                unsafe { b.launch(tok_cfg(256)) }?;
+            }
+            Self::linear(&self.blas, &mut a.qkv, &a.h, &lw.wqkv, t, h, s.qkv_dim() as usize)?;
+            {
+                let mut b = st.launch_builder(kf.get("rope_write_kv"));
+                b.arg(&a.qkv)
+                    .arg(&mut a.q)
+                    .arg(&mut self.k_cache[li])
+                    .arg(&mut self.v_cache[li])
+                    .arg(&positions)
+                    .arg(&slots)
+                    .arg(&heads)
+                    .arg(&kv_heads)
+                    .arg(&bs)
+                    .arg(&theta)
+                    .arg(&interleaved);
+                // SAFETY: slots address blocks < num_blocks (checked above).
+                unsafe { b.launch(tok_cfg(128)) }?;
+            }
+            {
+                let mut b = st.launch_builder(kf.get("paged_attention"));
+                b.arg(&mut a.attn)
+                    .arg(&mut self.part_acc)
+                    .arg(&mut self.part_ml)
+                    .arg(&a.q)
+                    .arg(&self.k_cache[li])
+                    .arg(&self.v_cache[li])
+                    .arg(&tables)
+                    .arg(&max_blocks)
+                    .arg(&tiles)
+                    .arg(&positions)
+                    .arg(&heads)
+                    .arg(&kv_heads)
+                    .arg(&bs)
+                    .arg(&nsplit)
+                    .arg(&scale);
+                let cfg = LaunchConfig {
+                    grid_dim: (l.tiles as u32, s.kv_heads, splits),
+                    block_dim: (ATTN_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: tiles, tables and positions describe this step (StepMeta).
+                unsafe { b.launch(cfg) }?;
+            }
+            if splits > 1 {
+                let mut b = st.launch_builder(kf.get("attn_combine"));
+                b.arg(&mut a.attn)
+                    .arg(&self.part_acc)
+                    .arg(&self.part_ml)
+                    .arg(&heads)
+                    .arg(&nsplit);
+                let cfg = LaunchConfig {
+                    grid_dim: (t as u32, s.heads, 1),
+                    block_dim: (s.head_dim, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: partials of t x heads x splits rows were written above.
+                unsafe { b.launch(cfg) }?;
+            }
+            Self::linear(&self.blas, &mut a.delta, &a.attn, &lw.wo, t, qd, h)?;
+            {
+                let one = 1i32;
+                let mut b = st.launch_builder(kf.get("add_rmsnorm"));
+                b.arg(&mut a.h)
+                    .arg(&mut a.residual)
+                    .arg(&a.delta)
+                    .arg(&one)
+                    .arg(&lw.mlp_norm)
+                    .arg(&hidden)
+                    .arg(&eps);
+                // SAFETY: t rows of `hidden`.
+                unsafe { b.launch(tok_cfg(256)) }?;
+            }
+            Self::linear(&self.blas, &mut a.gate_up, &a.h, &lw.w_gate_up, t, h, 2 * inter)?;
+            {
+                let tl = t as i64;
+                let it = inter as i32;
+                let mut b = st.launch_builder(kf.get("silu_mul"));
+                b.arg(&mut a.act).arg(&a.gate_up).arg(&tl).arg(&it);
+                // SAFETY: t x inter outputs from t x 2 inter inputs.
+                unsafe { b.launch(grid_for((t * inter) as u64, 256)) }?;
+            }
+            Self::linear(&self.blas, &mut a.delta, &a.act, &lw.w_down, t, inter, h)?;
+        }
+        let mut sampled = Vec::new();
+        if l.samples > 0 {
+            {
+                let one = 1i32;
+                let mut b = st.launch_builder(kf.get("add_rmsnorm"));
+                b.arg(&mut a.h)
+                    .arg(&mut a.residual)
+                    .arg(&a.delta)
+                    .arg(&one)
+                    .arg(&self.final_norm)
+                    .arg(&hidden)
+                    .arg(&eps);
+                // SAFETY: t rows of `hidden`.
+                unsafe { b.launch(tok_cfg(256)) }?;
+            }
+            {
+                let mut b = st.launch_builder(kf.get("gather_rows"));
+                b.arg(&mut a.last).arg(&a.h).arg(&sample_rows).arg(&hidden);
+                let cfg = LaunchConfig {
+                    grid_dim: (l.samples as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: sample rows index tokens of this step.
+                unsafe { b.launch(cfg) }?;
+            }
+            let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+            Self::linear(&self.blas, &mut a.logits, &a.last, head, l.samples, h, s.vocab as usize)?;
+            {
+                let vocab = s.vocab as i32;
+                let mut b = st.launch_builder(kf.get("argmax_rows"));
+                b.arg(&mut a.ids).arg(&a.logits).arg(&vocab);
+                let cfg = LaunchConfig {
+                    grid_dim: (l.samples as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: samples rows of `vocab` logits.
+                unsafe { b.launch(cfg) }?;
+            }
+            let mut host = vec![0i32; a.ids.len()];
+            self.end.record(st)?;
+            st.memcpy_dtoh(&a.ids, &mut host)?;
+            sampled = host[..l.samples].iter().map(|&x| x.max(0) as u32).collect();
+        } else {
+            self.end.record(st)?;
+        }
+        st.synchronize()?;
+        let ms = self.start.elapsed_ms(&self.end)?;
+        Ok(((f64::from(ms) * 1e6).round().max(1.0) as u64, sampled))
+    }
+}
+
+/// The CUDA runtime as an engine backend.
+pub struct CudaBackend {
+    rt: CudaRuntime,
+}
+
+impl CudaBackend {
+    /// Wraps a runtime.
+    pub fn new(rt: CudaRuntime) -> Self {
+        CudaBackend { rt }
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &str {
+        "cuda"
+    }
+
+    fn needs_block_tables(&self) -> bool {
+        true
+    }
+
+    fn execute(&mut self, plan: &StepPlan) -> Result<StepOutcome, BackendError> {
+        let (duration, sampled) = self.rt.forward(plan).map_err(|e| BackendError {
+            backend: "cuda".into(),
+            message: e.to_string(),
+        })?;
+        Ok(StepOutcome {
+            duration,
+            sampled,
+            mbu: 0.0,
+            mfu: 0.0,
+        })
+    }
+}
