@@ -292,13 +292,23 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                 info.total_mem as f64 / 1073741824.0,
                 info.free_mem as f64 / 1073741824.0
             );
-            outln!(out, "libraries          driver, NVRTC and cuBLAS loaded; kernels compiled");
+            outln!(
+                out,
+                "libraries          driver, NVRTC and cuBLAS loaded; kernels compiled"
+            );
             Ok(())
         }
         Command::CudaCheck { seed } => {
             let cases = kernels::cuda::check::attention_check(seed)?;
             let mut failed = 0;
-            outln!(out, "{:<44} {:>6} {:>10} {:>6}  verdict", "case", "splits", "rel err", "bad");
+            outln!(
+                out,
+                "{:<44} {:>6} {:>10} {:>6}  verdict",
+                "case",
+                "splits",
+                "rel err",
+                "bad"
+            );
             for c in &cases {
                 // bf16 inputs and output: the output's rounding alone is ~2e-3 relative.
                 let ok = c.bad == 0 && c.rel_err < 1e-2;
@@ -320,8 +330,9 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             Ok(())
         }
         Command::CudaBench { model, block_size } => {
-            let spec = sim::catalog::find_model(&model)
-                .ok_or_else(|| anyhow::anyhow!("--model: unknown model `{model}` (see `sim models`)"))?;
+            let spec = sim::catalog::find_model(&model).ok_or_else(|| {
+                anyhow::anyhow!("--model: unknown model `{model}` (see `sim models`)")
+            })?;
             let shape = spec.llama_shape();
             let ceil = kernels::cuda::check::ceilings()?;
             outln!(
@@ -331,13 +342,30 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                 ceil.gemm_flops / 1e12
             );
             let mut lines = Vec::new();
-            for (batch, ctx) in [(32u32, 4096u32), (32, 16384), (32, 32768), (128, 4096), (128, 8192)] {
+            for (batch, ctx) in [
+                (32u32, 4096u32),
+                (32, 16384),
+                (32, 32768),
+                (128, 4096),
+                (128, 8192),
+            ] {
                 lines.push(kernels::cuda::check::bench_decode_attention(
-                    &shape, batch, ctx, block_size, ceil.hbm_bw,
+                    &shape,
+                    batch,
+                    ctx,
+                    block_size,
+                    ceil.hbm_bw,
                 )?);
             }
             lines.extend(kernels::cuda::check::bench_steps(&shape, ceil, block_size)?);
-            outln!(out, "{:<58} {:>10} {:>10} {:>8}  floor", "measurement", "ms", "floor ms", "ratio");
+            outln!(
+                out,
+                "{:<58} {:>10} {:>10} {:>8}  floor",
+                "measurement",
+                "ms",
+                "floor ms",
+                "ratio"
+            );
             for l in &lines {
                 outln!(
                     out,

@@ -384,7 +384,8 @@ fn cuda_runtime(
         - shape.weight_bytes() as f64
         - m.activation_bytes
         - 1024.0 * 1024.0 * 1024.0;
-    let fit = kernels::cuda::CudaRuntime::blocks_that_fit(&shape, m.block_size, free.max(0.0) as u64);
+    let fit =
+        kernels::cuda::CudaRuntime::blocks_that_fit(&shape, m.block_size, free.max(0.0) as u64);
     let blocks = m.num_blocks.min(fit);
     let rt = kernels::cuda::CudaRuntime::synthetic(shape, seed, m.block_size, blocks)
         .map_err(cuda_err)?;

@@ -257,7 +257,11 @@ struct DeviceProblem {
     part_ml: CudaSlice<f32>,
 }
 
-fn upload(stream: &Arc<CudaStream>, p: &Problem, max_splits: u32) -> Result<DeviceProblem, CudaError> {
+fn upload(
+    stream: &Arc<CudaStream>,
+    p: &Problem,
+    max_splits: u32,
+) -> Result<DeviceProblem, CudaError> {
     let meta = StepMeta::build(
         &p.plan,
         p.block_size,
@@ -286,7 +290,13 @@ pub fn attention_check(seed: u64) -> Result<Vec<AttentionCase>, CudaError> {
     let mut rng = SplitMix::new(seed);
     let mut cases = Vec::new();
     // (heads, kv_heads, head_dim)
-    for (heads, kv_heads, head_dim) in [(9, 3, 64), (32, 8, 128), (8, 8, 128), (16, 2, 128), (8, 1, 64)] {
+    for (heads, kv_heads, head_dim) in [
+        (9, 3, 64),
+        (32, 8, 128),
+        (8, 8, 128),
+        (16, 2, 128),
+        (8, 1, 64),
+    ] {
         let kernels = compile(&ctx, head_dim, heads / kv_heads)?;
         for block_size in [8u32, 16, 32] {
             // A mix: decodes at varied contexts, a prefill from scratch, a chunk over cache.
@@ -534,9 +544,7 @@ pub fn bench_decode_attention(
     })?;
     let bytes = 2.0 * cache as f64 * 2.0;
     Ok(BenchLine {
-        name: format!(
-            "decode attention, 1 layer, batch {batch} x {ctx_len} ctx ({splits} splits)"
-        ),
+        name: format!("decode attention, 1 layer, batch {batch} x {ctx_len} ctx ({splits} splits)"),
         ms,
         floor_ms: bytes / hbm_bw * 1e3,
         floor: format!("{:.2} GB of K+V / HBM bw", bytes / 1e9),
@@ -620,11 +628,7 @@ pub fn bench_steps(
         + 3.0 * h * f64::from(shape.intermediate);
     // 2 FLOPs per weight per token, all layers (the LM head runs for one token only).
     let linear = 2.0 * per_layer * f64::from(shape.layers);
-    let attn = 4.0
-        * f64::from(shape.heads * shape.head_dim)
-        * f64::from(t)
-        * f64::from(t)
-        / 2.0
+    let attn = 4.0 * f64::from(shape.heads * shape.head_dim) * f64::from(t) * f64::from(t) / 2.0
         * f64::from(shape.layers);
     let flops = linear * f64::from(t) + attn;
     lines.push(BenchLine {

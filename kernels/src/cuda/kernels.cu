@@ -189,8 +189,8 @@ paged_attention(__nv_bfloat16* out, float* part_acc, float* part_ml,
                 const int* tiles, const int* positions, int heads, int kv_heads,
                 int block_size, int num_splits, float scale) {
     __shared__ float q_s[ROWS][HEAD_DIM];
-    __shared__ __nv_bfloat16 k_s[K_TILE][K_STRIDE];
-    __shared__ __nv_bfloat16 v_s[K_TILE][HEAD_DIM];
+    __shared__ __align__(16) __nv_bfloat16 k_s[K_TILE][K_STRIDE];
+    __shared__ __align__(16) __nv_bfloat16 v_s[K_TILE][HEAD_DIM];
     __shared__ float p_s[ROWS][K_TILE + 1];
     __shared__ float row_scale[ROWS];
 
@@ -215,38 +215,63 @@ paged_attention(__nv_bfloat16* out, float* part_acc, float* part_ml,
         q_s[r][d] = v;
     }
 
-    // Each warp owns rows warp, warp + ATTN_WARPS, ...; lane covers dims lane + 32 j.
+    // K/V tiles move in 16-byte chunks: each thread owns CPT chunks of K and of V, loaded
+    // into registers one tile ahead (the next tile's loads overlap this tile's math).
+    constexpr int CHUNKS_PER_ROW = HEAD_DIM * 2 / 16;
+    constexpr int CPT = K_TILE * CHUNKS_PER_ROW / ATTN_THREADS;
+    uint4 kreg[CPT], vreg[CPT];
+    auto load_tile = [&](int kt) {
+#pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            const int idx = threadIdx.x + c * ATTN_THREADS;
+            const int k = idx / CHUNKS_PER_ROW, ch = idx % CHUNKS_PER_ROW;
+            const int kpos = kt + k;
+            uint4 kz = make_uint4(0, 0, 0, 0), vz = make_uint4(0, 0, 0, 0);
+            if (kpos < k_end) {
+                const long long blk = table[kpos / block_size];
+                const long long base =
+                    ((blk * kv_heads + kvh) * block_size + kpos % block_size) * HEAD_DIM;
+                kz = reinterpret_cast<const uint4*>(k_cache + base)[ch];
+                vz = reinterpret_cast<const uint4*>(v_cache + base)[ch];
+            }
+            kreg[c] = kz;
+            vreg[c] = vz;
+        }
+    };
+    auto store_tile = [&]() {
+#pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            const int idx = threadIdx.x + c * ATTN_THREADS;
+            const int k = idx / CHUNKS_PER_ROW, ch = idx % CHUNKS_PER_ROW;
+            unsigned int* kd = reinterpret_cast<unsigned int*>(&k_s[k][ch * 8]);
+            kd[0] = kreg[c].x;
+            kd[1] = kreg[c].y;
+            kd[2] = kreg[c].z;
+            kd[3] = kreg[c].w;
+            reinterpret_cast<uint4*>(&v_s[k][0])[ch] = vreg[c];
+        }
+    };
+
+    // Each warp owns rows warp, warp + ATTN_WARPS, ...; lane covers dimension pairs
+    // (64 j + 2 lane, 64 j + 2 lane + 1).
     constexpr int RPW = (ROWS + ATTN_WARPS - 1) / ATTN_WARPS;
-    constexpr int DPL = HEAD_DIM / 32;
-    float acc[RPW][DPL];
+    constexpr int PAIRS = HEAD_DIM / 64;
+    float acc[RPW][2 * PAIRS];
     float m_run[RPW], l_run[RPW];
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
         m_run[i] = NEG_INF;
         l_run[i] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < DPL; j++) acc[i][j] = 0.0f;
+        for (int j = 0; j < 2 * PAIRS; j++) acc[i][j] = 0.0f;
     }
+    if (k_begin < k_end) load_tile(k_begin);
     __syncthreads();
 
     for (int kt = k_begin; kt < k_end; kt += K_TILE) {
-        // Load K and V of keys [kt, kt + K_TILE) through the block table, 4-byte words.
-        constexpr int WORDS = HEAD_DIM / 2;
-        for (int i = threadIdx.x; i < K_TILE * WORDS; i += ATTN_THREADS) {
-            const int k = i / WORDS, w = i % WORDS;
-            const int kpos = kt + k;
-            unsigned int kw = 0, vw = 0;
-            if (kpos < k_end) {
-                const long long blk = table[kpos / block_size];
-                const long long base =
-                    ((blk * kv_heads + kvh) * block_size + kpos % block_size) * HEAD_DIM;
-                kw = reinterpret_cast<const unsigned int*>(k_cache + base)[w];
-                vw = reinterpret_cast<const unsigned int*>(v_cache + base)[w];
-            }
-            reinterpret_cast<unsigned int*>(&k_s[k][0])[w] = kw;
-            reinterpret_cast<unsigned int*>(&v_s[k][0])[w] = vw;
-        }
+        store_tile();
         __syncthreads();
+        if (kt + K_TILE < k_end) load_tile(kt + K_TILE);
 
         // Scores: lane = key, warp's rows; causal and range masks.
         const int kpos = kt + lane;
@@ -283,11 +308,17 @@ paged_attention(__nv_bfloat16* out, float* part_acc, float* part_ml,
             if (r >= rows) break;
             const float alpha = row_scale[r];
 #pragma unroll
-            for (int j = 0; j < DPL; j++) acc[i][j] *= alpha;
+            for (int j = 0; j < 2 * PAIRS; j++) acc[i][j] *= alpha;
+#pragma unroll 8
             for (int k = 0; k < K_TILE; k++) {
                 const float p = p_s[r][k];
 #pragma unroll
-                for (int j = 0; j < DPL; j++) acc[i][j] += p * bf(v_s[k][lane + 32 * j]);
+                for (int j = 0; j < PAIRS; j++) {
+                    const float2 vv = __bfloat1622float2(
+                        *reinterpret_cast<const __nv_bfloat162*>(&v_s[k][64 * j + 2 * lane]));
+                    acc[i][2 * j] += p * vv.x;
+                    acc[i][2 * j + 1] += p * vv.y;
+                }
             }
         }
         __syncthreads();
@@ -300,13 +331,18 @@ paged_attention(__nv_bfloat16* out, float* part_acc, float* part_ml,
         const int t = tok0 + r / GQA_GROUP, h = kvh * GQA_GROUP + r % GQA_GROUP;
         if (num_splits == 1) {
             const float inv = l_run[i] > 0.0f ? 1.0f / l_run[i] : 0.0f;
+            __nv_bfloat16* o = out + ((long long)t * heads + h) * HEAD_DIM;
 #pragma unroll
-            for (int j = 0; j < DPL; j++)
-                out[((long long)t * heads + h) * HEAD_DIM + lane + 32 * j] = to_bf(acc[i][j] * inv);
+            for (int j = 0; j < PAIRS; j++)
+                *reinterpret_cast<__nv_bfloat162*>(o + 64 * j + 2 * lane) =
+                    __floats2bfloat162_rn(acc[i][2 * j] * inv, acc[i][2 * j + 1] * inv);
         } else {
             const long long p = ((long long)t * heads + h) * num_splits + split;
 #pragma unroll
-            for (int j = 0; j < DPL; j++) part_acc[p * HEAD_DIM + lane + 32 * j] = acc[i][j];
+            for (int j = 0; j < PAIRS; j++) {
+                part_acc[p * HEAD_DIM + 64 * j + 2 * lane] = acc[i][2 * j];
+                part_acc[p * HEAD_DIM + 64 * j + 2 * lane + 1] = acc[i][2 * j + 1];
+            }
             if (lane == 0) {
                 part_ml[2 * p] = m_run[i];
                 part_ml[2 * p + 1] = l_run[i];

@@ -138,6 +138,9 @@ fn open_device() -> Result<Arc<CudaContext>, CudaError> {
 /// Probes the first GPU: libraries, device properties, and a compile of the kernels.
 pub fn probe() -> Result<DeviceInfo, CudaError> {
     let ctx = open_device()?;
+    // Buffers freed by an earlier runtime go back to the stream-ordered pool; a context
+    // synchronisation releases them to the device before we read the free memory.
+    ctx.synchronize()?;
     let (free_mem, total_mem) = ctx.mem_get_info()?;
     let sm_count = ctx.attribute(
         cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
@@ -219,17 +222,15 @@ impl Kernels {
 
 /// Compiles `kernels.cu` for the device and loads every kernel.
 pub fn compile(ctx: &Arc<CudaContext>, head_dim: u32, group: u32) -> Result<Kernels, CudaError> {
-    if !head_dim.is_multiple_of(32) || head_dim > 256 {
+    if !head_dim.is_multiple_of(64) || head_dim > 256 {
         return Err(CudaError::Config(format!(
-            "head_dim {head_dim} is not supported by the attention kernel (a multiple of 32 up to 256)"
+            "head_dim {head_dim} is not supported by the attention kernel (64, 128, 192 or 256)"
         )));
     }
     let arch = arch_for(ctx.compute_capability()?);
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(
-        KERNELS_CU,
-        compile_options(arch, head_dim, group),
-    )
-    .map_err(|e| CudaError::Compile(format!("{e:?}")))?;
+    let ptx =
+        cudarc::nvrtc::compile_ptx_with_opts(KERNELS_CU, compile_options(arch, head_dim, group))
+            .map_err(|e| CudaError::Compile(format!("{e:?}")))?;
     let module = ctx.load_module(ptx)?;
     let f = KERNEL_NAMES
         .iter()
@@ -470,12 +471,8 @@ impl CudaRuntime {
             k_cache.push(stream.alloc_zeros::<bf16>(cache_len.max(1))?);
             v_cache.push(stream.alloc_zeros::<bf16>(cache_len.max(1))?);
         }
-        let start = ctx.new_event(Some(
-            cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT,
-        ))?;
-        let end = ctx.new_event(Some(
-            cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT,
-        ))?;
+        let start = ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
         let meta = stream.alloc_zeros::<i32>(1)?;
         let part_acc = stream.alloc_zeros::<f32>(1)?;
         let part_ml = stream.alloc_zeros::<f32>(1)?;
@@ -623,7 +620,9 @@ impl CudaRuntime {
                 self.part_acc = self
                     .stream
                     .alloc_zeros::<f32>((rows * s.head_dim as usize).next_power_of_two())?;
-                self.part_ml = self.stream.alloc_zeros::<f32>((2 * rows).next_power_of_two())?;
+                self.part_ml = self
+                    .stream
+                    .alloc_zeros::<f32>((2 * rows).next_power_of_two())?;
             }
         }
         let Some(a) = self.act.as_mut() else {
@@ -638,7 +637,9 @@ impl CudaRuntime {
         let tables = self
             .meta
             .slice(l.block_tables..l.block_tables + l.seqs * l.max_blocks);
-        let sample_rows = self.meta.slice(l.sample_rows..l.sample_rows + l.samples.max(1));
+        let sample_rows = self
+            .meta
+            .slice(l.sample_rows..l.sample_rows + l.samples.max(1));
 
         let t = l.tokens;
         let (h, qd) = (s.hidden as usize, (s.heads * s.head_dim) as usize);
@@ -653,7 +654,10 @@ impl CudaRuntime {
         let kf = &self.k;
         {
             let mut b = st.launch_builder(kf.get("embed_gather"));
-            b.arg(&mut a.residual).arg(&self.embed).arg(&ids).arg(&hidden);
+            b.arg(&mut a.residual)
+                .arg(&self.embed)
+                .arg(&ids)
+                .arg(&hidden);
             // SAFETY: t rows of `hidden`; ids < vocab.
             unsafe { b.launch(tok_cfg(256)) }?;
         }
@@ -678,7 +682,15 @@ impl CudaRuntime {
                 // SAFETY: t rows of `hidden`.
                 unsafe { b.launch(tok_cfg(256)) }?;
             }
-            Self::linear(&self.blas, &mut a.qkv, &a.h, &lw.wqkv, t, h, s.qkv_dim() as usize)?;
+            Self::linear(
+                &self.blas,
+                &mut a.qkv,
+                &a.h,
+                &lw.wqkv,
+                t,
+                h,
+                s.qkv_dim() as usize,
+            )?;
             {
                 let mut b = st.launch_builder(kf.get("rope_write_kv"));
                 b.arg(&a.qkv)
@@ -749,7 +761,15 @@ impl CudaRuntime {
                 // SAFETY: t rows of `hidden`.
                 unsafe { b.launch(tok_cfg(256)) }?;
             }
-            Self::linear(&self.blas, &mut a.gate_up, &a.h, &lw.w_gate_up, t, h, 2 * inter)?;
+            Self::linear(
+                &self.blas,
+                &mut a.gate_up,
+                &a.h,
+                &lw.w_gate_up,
+                t,
+                h,
+                2 * inter,
+            )?;
             {
                 let tl = t as i64;
                 let it = inter as i32;
@@ -787,7 +807,15 @@ impl CudaRuntime {
                 unsafe { b.launch(cfg) }?;
             }
             let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-            Self::linear(&self.blas, &mut a.logits, &a.last, head, l.samples, h, s.vocab as usize)?;
+            Self::linear(
+                &self.blas,
+                &mut a.logits,
+                &a.last,
+                head,
+                l.samples,
+                h,
+                s.vocab as usize,
+            )?;
             {
                 let vocab = s.vocab as i32;
                 let mut b = st.launch_builder(kf.get("argmax_rows"));
