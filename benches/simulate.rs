@@ -8,7 +8,7 @@ use std::path::Path;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use indicatif::ProgressBar;
 use sim::driver::DriverKind;
-use sim::run::run_variant;
+use sim::run::{run_variant, BackendKind};
 use sim::scenario::Scenario;
 
 fn bench_scenario(c: &mut Criterion, path: &str, variant: &str, requests: Option<u64>) {
@@ -26,15 +26,26 @@ fn bench_scenario(c: &mut Criterion, path: &str, variant: &str, requests: Option
         v.config.workload.num_requests = requests;
     }
     let bar = ProgressBar::hidden();
-    let n = run_variant(&scn, &v, DriverKind::Inline, None, &bar, &|| {})
-        .map(|r| r.summary.completed + r.summary.num_rejected)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let n = run_variant(
+        &scn,
+        &v,
+        BackendKind::Model,
+        DriverKind::Inline,
+        None,
+        &bar,
+        &|| {},
+    )
+    .map(|r| r.summary.completed + r.summary.num_rejected)
+    .unwrap_or_else(|e| panic!("{e}"));
     let mut group = c.benchmark_group(format!("simulate/{}", scn.name));
     group.throughput(Throughput::Elements(n));
     group.sample_size(10);
     for driver in [DriverKind::Inline, DriverKind::Actors] {
         group.bench_function(format!("{variant}/{driver:?}"), |b| {
-            b.iter(|| run_variant(&scn, &v, driver, None, &bar, &|| {}).map(|r| r.stats.steps))
+            b.iter(|| {
+                run_variant(&scn, &v, BackendKind::Model, driver, None, &bar, &|| {})
+                    .map(|r| r.stats.steps)
+            })
         });
     }
     group.finish();
