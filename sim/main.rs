@@ -357,6 +357,12 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                     ceil.hbm_bw,
                 )?);
             }
+            lines.push(kernels::cuda::check::bench_prefill_attention(
+                &shape,
+                2048,
+                block_size,
+                ceil.gemm_flops,
+            )?);
             lines.extend(kernels::cuda::check::bench_steps(&shape, ceil, block_size)?);
             outln!(
                 out,

@@ -10,12 +10,12 @@ use std::sync::Arc;
 
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, PushKernelArg};
 use engine::plan::{SeqWork, StepPlan, WorkKind};
 use half::bf16;
 
 use super::meta::{attention_splits, q_tile_for_group, StepMeta};
-use super::{compile, open_device, CudaError, CudaRuntime, LlamaShape, ATTN_THREADS, K_TILE};
+use super::{compile, open_device, CudaError, CudaRuntime, LlamaShape, K_TILE};
 
 /// SplitMix64: a small deterministic generator for test inputs.
 #[derive(Debug, Clone)]
@@ -181,7 +181,7 @@ fn reference(p: &Problem) -> Vec<f64> {
     out
 }
 
-/// Runs `paged_attention` (and the split combine) once on the device.
+/// Runs the attention kernels once on the device.
 #[allow(clippy::too_many_arguments)]
 fn run_attention(
     stream: &Arc<CudaStream>,
@@ -197,53 +197,20 @@ fn run_attention(
     meta_dev: &CudaSlice<i32>,
     splits: u32,
 ) -> Result<(), CudaError> {
-    let l = meta.layout;
-    let tiles = meta_dev.slice(l.tile_data..l.tile_data + 4 * l.tiles);
-    let tables = meta_dev.slice(l.block_tables..l.block_tables + l.seqs * l.max_blocks);
-    let positions = meta_dev.slice(l.positions..l.positions + l.tokens);
-    let (heads, kv_heads, bs) = (p.heads as i32, p.kv_heads as i32, p.block_size as i32);
-    let max_blocks = l.max_blocks as i32;
-    let nsplit = splits as i32;
-    let scale = 1.0f32 / (p.head_dim as f32).sqrt();
-    let mut b = stream.launch_builder(kernels.get("paged_attention"));
-    b.arg(&mut *out)
-        .arg(&mut *part_acc)
-        .arg(&mut *part_ml)
-        .arg(q)
-        .arg(k)
-        .arg(v)
-        .arg(&tables)
-        .arg(&max_blocks)
-        .arg(&tiles)
-        .arg(&positions)
-        .arg(&heads)
-        .arg(&kv_heads)
-        .arg(&bs)
-        .arg(&nsplit)
-        .arg(&scale);
-    let cfg = LaunchConfig {
-        grid_dim: (l.tiles as u32, p.kv_heads, splits),
-        block_dim: (ATTN_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: buffers sized from the problem; metadata from StepMeta.
-    unsafe { b.launch(cfg) }?;
-    if splits > 1 {
-        let mut b = stream.launch_builder(kernels.get("attn_combine"));
-        b.arg(&mut *out)
-            .arg(&*part_acc)
-            .arg(&*part_ml)
-            .arg(&heads)
-            .arg(&nsplit);
-        let cfg = LaunchConfig {
-            grid_dim: (l.tokens as u32, p.heads, 1),
-            block_dim: (p.head_dim, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: partials for tokens x heads x splits were written.
-        unsafe { b.launch(cfg) }?;
-    }
-    Ok(())
+    super::launch_attention(
+        stream,
+        kernels,
+        &meta.layout,
+        meta_dev,
+        out,
+        part_acc,
+        part_ml,
+        q,
+        k,
+        v,
+        [p.heads, p.kv_heads, p.head_dim, p.block_size],
+        splits,
+    )
 }
 
 struct DeviceProblem {
@@ -268,7 +235,7 @@ fn upload(
         q_tile_for_group(p.heads / p.kv_heads),
         1 << 20,
     );
-    let rows = meta.layout.tokens * p.heads as usize * max_splits as usize;
+    let rows = meta.layout.tiles.max(1) * p.heads as usize * max_splits as usize;
     Ok(DeviceProblem {
         meta_dev: stream.clone_htod(&meta.data)?,
         q: stream.clone_htod(&p.q)?,
@@ -448,51 +415,37 @@ pub fn ceilings() -> Result<Ceilings, CudaError> {
     })
 }
 
-/// Paged decode attention alone (one layer), `batch` sequences of `ctx` tokens.
-pub fn bench_decode_attention(
+/// Times the attention kernels of one layer on `plan` (random K/V/Q generated on the device).
+fn bench_attention(
     shape: &LlamaShape,
-    batch: u32,
-    ctx_len: u32,
+    plan: StepPlan,
     block_size: u32,
-    hbm_bw: f64,
-) -> Result<BenchLine, CudaError> {
+) -> Result<(f64, u32, f64), CudaError> {
     let ctx = open_device()?;
     let stream = ctx.default_stream();
     let kernels = compile(&ctx, shape.head_dim, shape.group())?;
-    let seqs: Vec<(u32, u32)> = (0..batch).map(|_| (ctx_len, 1)).collect();
-    // Random K/V on the device (host generation of GBs would dominate the call).
-    let blocks = batch * ctx_len.div_ceil(block_size);
-    let cache = (blocks * block_size * shape.kv_heads * shape.head_dim) as u64;
-    let work: Vec<SeqWork> = seqs
+    let blocks = plan
+        .work
         .iter()
-        .enumerate()
-        .map(|(i, &(c, _))| {
-            let n = c.div_ceil(block_size);
-            SeqWork {
-                seq: i as u64,
-                kind: WorkKind::Decode,
-                start: c - 1,
-                len: 1,
-                sample: true,
-                block_table: (i as u32 * n..(i as u32 + 1) * n).collect(),
-                token_ids: Vec::new(),
-            }
-        })
-        .collect();
-    let plan = StepPlan {
-        work,
-        ..StepPlan::default()
-    };
+        .flat_map(|w| w.block_table.iter())
+        .max()
+        .map_or(1, |&b| b + 1);
+    let cache = (blocks * block_size * shape.kv_heads * shape.head_dim) as u64;
     let meta = StepMeta::build(&plan, block_size, q_tile_for_group(shape.group()), 1 << 20);
-    let splits = attention_splits(
-        meta.layout.tiles,
-        shape.kv_heads,
-        ctx_len,
-        2 * ctx.attribute(
-            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-        )? as u32,
-        4 * K_TILE,
-    );
+    let l = meta.layout;
+    let splits = if l.tiles == 0 {
+        1
+    } else {
+        attention_splits(
+            l.tiles,
+            shape.kv_heads,
+            meta.max_context(),
+            2 * ctx.attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )? as u32,
+            4 * K_TILE,
+        )
+    };
     let fill = |buf: &mut CudaSlice<bf16>, seed: u64| -> Result<(), CudaError> {
         let n = buf.len() as u64;
         let scale = 1.0f32;
@@ -502,10 +455,10 @@ pub fn bench_decode_attention(
         unsafe { b.launch(super::grid_for(n, 256)) }?;
         Ok(())
     };
-    // SAFETY: filled right away.
+    let qn = l.tokens * (shape.heads * shape.head_dim) as usize;
+    // SAFETY: each buffer is filled right away.
     let mut k = unsafe { stream.alloc::<bf16>(cache as usize) }?;
     let mut v = unsafe { stream.alloc::<bf16>(cache as usize) }?;
-    let qn = (batch * shape.heads * shape.head_dim) as usize;
     let mut q = unsafe { stream.alloc::<bf16>(qn) }?;
     fill(&mut k, 1)?;
     fill(&mut v, 2)?;
@@ -523,9 +476,9 @@ pub fn bench_decode_attention(
     };
     let meta_dev = stream.clone_htod(&meta.data)?;
     let mut out = stream.alloc_zeros::<bf16>(qn)?;
-    let rows = batch as usize * shape.heads as usize * splits as usize;
-    let mut part_acc = stream.alloc_zeros::<f32>((rows * shape.head_dim as usize).max(1))?;
-    let mut part_ml = stream.alloc_zeros::<f32>((2 * rows).max(1))?;
+    let rows = l.tiles.max(1) * shape.heads as usize * splits as usize;
+    let mut part_acc = stream.alloc_zeros::<f32>(rows * shape.head_dim as usize)?;
+    let mut part_ml = stream.alloc_zeros::<f32>(2 * rows)?;
     let ms = time_ms(&ctx, &stream, 3, 20, || {
         run_attention(
             &stream,
@@ -542,12 +495,46 @@ pub fn bench_decode_attention(
             splits,
         )
     })?;
-    let bytes = 2.0 * cache as f64 * 2.0;
+    Ok((ms, splits, cache as f64 * 2.0 * 2.0))
+}
+
+/// Paged decode attention alone (one layer), `batch` sequences of `ctx` tokens; floor: the
+/// K and V bytes over the measured bandwidth.
+pub fn bench_decode_attention(
+    shape: &LlamaShape,
+    batch: u32,
+    ctx_len: u32,
+    block_size: u32,
+    hbm_bw: f64,
+) -> Result<BenchLine, CudaError> {
+    let (ms, splits, bytes) =
+        bench_attention(shape, batch_decode_plan(batch, ctx_len, block_size), block_size)?;
     Ok(BenchLine {
-        name: format!("decode attention, 1 layer, batch {batch} x {ctx_len} ctx ({splits} splits)"),
+        name: format!(
+            "decode attention, 1 layer, batch {batch} x {ctx_len} ctx ({splits} splits)"
+        ),
         ms,
         floor_ms: bytes / hbm_bw * 1e3,
         floor: format!("{:.2} GB of K+V / HBM bw", bytes / 1e9),
+    })
+}
+
+/// Causal prefill attention alone (one layer) of one `tokens`-token prompt; floor: its
+/// FLOPs over the measured GEMM rate.
+pub fn bench_prefill_attention(
+    shape: &LlamaShape,
+    tokens: u32,
+    block_size: u32,
+    gemm_flops: f64,
+) -> Result<BenchLine, CudaError> {
+    let (ms, _, _) = bench_attention(shape, single_seq_plan(0, tokens, block_size), block_size)?;
+    let t = f64::from(tokens);
+    let flops = 4.0 * f64::from(shape.heads * shape.head_dim) * t * t / 2.0;
+    Ok(BenchLine {
+        name: format!("prefill attention, 1 layer, {tokens} tokens (causal)"),
+        ms,
+        floor_ms: flops / gemm_flops * 1e3,
+        floor: format!("{:.1} GFLOP / GEMM rate", flops / 1e9),
     })
 }
 

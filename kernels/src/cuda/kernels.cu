@@ -7,6 +7,7 @@
 // each layer.
 
 #include <cuda_bf16.h>
+#include <mma.h>
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -14,9 +15,10 @@
 #ifndef GQA_GROUP
 #define GQA_GROUP 4
 #endif
-// Query tokens per attention tile and keys per shared-memory tile.
+// Query tokens per paged_attention tile (the host sends it single-token tiles only) and
+// keys per shared-memory tile.
 #ifndef Q_TILE
-#define Q_TILE 8
+#define Q_TILE 1
 #endif
 #define K_TILE 32
 #define ATTN_THREADS 128
@@ -337,7 +339,8 @@ paged_attention(__nv_bfloat16* out, float* part_acc, float* part_ml,
                 *reinterpret_cast<__nv_bfloat162*>(o + 64 * j + 2 * lane) =
                     __floats2bfloat162_rn(acc[i][2 * j] * inv, acc[i][2 * j + 1] * inv);
         } else {
-            const long long p = ((long long)t * heads + h) * num_splits + split;
+            // Partials are indexed by tile (split launches hold single-token tiles only).
+            const long long p = ((long long)tile * heads + h) * num_splits + split;
 #pragma unroll
             for (int j = 0; j < PAIRS; j++) {
                 part_acc[p * HEAD_DIM + 64 * j + 2 * lane] = acc[i][2 * j];
@@ -351,9 +354,12 @@ paged_attention(__nv_bfloat16* out, float* part_acc, float* part_ml,
     }
 }
 
-// Merges the splits of paged_attention: one block per (token, head), HEAD_DIM threads.
+// Merges the splits of paged_attention: one block per (single-token tile, head), HEAD_DIM
+// threads.
 extern "C" __global__ void attn_combine(__nv_bfloat16* out, const float* part_acc,
-                                        const float* part_ml, int heads, int num_splits) {
+                                        const float* part_ml, const int* tiles, int heads,
+                                        int num_splits) {
+    const long long t = tiles[4 * blockIdx.x + 1];
     const long long th = (long long)blockIdx.x * heads + blockIdx.y;
     float m = NEG_INF;
     for (int s = 0; s < num_splits; s++) m = fmaxf(m, part_ml[2 * (th * num_splits + s)]);
@@ -366,7 +372,173 @@ extern "C" __global__ void attn_combine(__nv_bfloat16* out, const float* part_ac
         num += w * part_acc[p * HEAD_DIM + threadIdx.x];
         den += w * part_ml[2 * p + 1];
     }
-    out[th * HEAD_DIM + threadIdx.x] = to_bf(den > 0.0f ? num / den : 0.0f);
+    out[(t * heads + blockIdx.y) * HEAD_DIM + threadIdx.x] = to_bf(den > 0.0f ? num / den : 0.0f);
+}
+
+// Prefill attention on tensor cores (WMMA bf16, fp32 accumulation) for tiles of several
+// query tokens: the tile's PM = 64 query rows (tokens x GQA heads of one KV head) against K/V
+// tiles of 32 keys read through the block table, by 8 warps. Two passes over the keys: the
+// first finds each row's softmax max and sum, the second accumulates P V with the final
+// normalisation, so the accumulators never need rescaling. Causal per row. Shared memory is
+// dynamic (more than 48 KB): see prefill_smem_bytes on the host.
+#define PM 64
+#define PKT 32
+#define PLD (HEAD_DIM + 8)
+#define PSLD (PKT + 4)
+#define PPLD (PKT + 8)
+#define PWARPS 8
+extern "C" __global__ void __launch_bounds__(PWARPS * 32)
+prefill_attention(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
+                  const __nv_bfloat16* v_cache, const int* block_tables, int max_blocks,
+                  const int* tiles, const int* positions, int heads, int kv_heads,
+                  int block_size, float scale) {
+    using namespace nvcuda;
+    extern __shared__ __align__(128) unsigned char smem[];
+    __nv_bfloat16 (*q_s)[PLD] = reinterpret_cast<__nv_bfloat16 (*)[PLD]>(smem);
+    __nv_bfloat16 (*k_s)[PLD] = reinterpret_cast<__nv_bfloat16 (*)[PLD]>(smem + PM * PLD * 2);
+    __nv_bfloat16 (*v_s)[PLD] =
+        reinterpret_cast<__nv_bfloat16 (*)[PLD]>(smem + (PM + PKT) * PLD * 2);
+    unsigned char* rest = smem + (PM + 2 * PKT) * PLD * 2;
+    float (*s_s)[PSLD] = reinterpret_cast<float (*)[PSLD]>(rest);
+    rest += PM * PSLD * 4;
+    __nv_bfloat16 (*p_s)[PPLD] = reinterpret_cast<__nv_bfloat16 (*)[PPLD]>(rest);
+    rest += PM * PPLD * 2;
+    float* stage = reinterpret_cast<float*>(rest);  // 16 x 16 floats per warp
+    rest += PWARPS * 256 * 4;
+    float* m_s = reinterpret_cast<float*>(rest);
+    float* l_s = m_s + PM;
+
+    // Later tiles of a prompt attend to more keys: start them first so the causal
+    // imbalance does not leave a tail of long blocks.
+    const int tile = gridDim.x - 1 - blockIdx.x, kvh = blockIdx.y;
+    const int seq = tiles[4 * tile], tok0 = tiles[4 * tile + 1], ntok = tiles[4 * tile + 2];
+    const int rows = ntok * GQA_GROUP;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int ctx = positions[tok0 + ntok - 1] + 1;
+    const int* table = block_tables + (long long)seq * max_blocks;
+
+    for (int i = threadIdx.x; i < PM * HEAD_DIM; i += PWARPS * 32) {
+        const int r = i / HEAD_DIM, d = i % HEAD_DIM;
+        __nv_bfloat16 v = to_bf(0.0f);
+        if (r < rows) {
+            const int t = tok0 + r / GQA_GROUP, h = kvh * GQA_GROUP + r % GQA_GROUP;
+            v = q[((long long)t * heads + h) * HEAD_DIM + d];
+        }
+        q_s[r][d] = v;
+    }
+    if (threadIdx.x < PM) {
+        m_s[threadIdx.x] = NEG_INF;
+        l_s[threadIdx.x] = 0.0f;
+    }
+
+    constexpr int CHUNKS_PER_ROW = HEAD_DIM * 2 / 16;
+    auto load = [&](__nv_bfloat16 (*dst)[PLD], const __nv_bfloat16* cache, int kt) {
+        for (int idx = threadIdx.x; idx < PKT * CHUNKS_PER_ROW; idx += PWARPS * 32) {
+            const int k = idx / CHUNKS_PER_ROW, ch = idx % CHUNKS_PER_ROW;
+            const int kpos = kt + k;
+            uint4 z = make_uint4(0, 0, 0, 0);
+            if (kpos < ctx) {
+                const long long blk = table[kpos / block_size];
+                const long long base =
+                    ((blk * kv_heads + kvh) * block_size + kpos % block_size) * HEAD_DIM;
+                z = reinterpret_cast<const uint4*>(cache + base)[ch];
+            }
+            reinterpret_cast<uint4*>(&dst[k][0])[ch] = z;
+        }
+    };
+    // S = Q K^T for this key tile: warp w computes the 16x16 block (w / 2, w % 2).
+    auto scores = [&]() {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+        wmma::fill_fragment(c, 0.0f);
+        const int wm = warp >> 1, wn = warp & 1;
+#pragma unroll
+        for (int kk = 0; kk < HEAD_DIM; kk += 16) {
+            wmma::load_matrix_sync(a, &q_s[wm * 16][kk], PLD);
+            wmma::load_matrix_sync(b, &k_s[wn * 16][kk], PLD);
+            wmma::mma_sync(c, a, b, c);
+        }
+        wmma::store_matrix_sync(&s_s[wm * 16][wn * 16], c, PSLD, wmma::mem_row_major);
+    };
+    // Scaled, masked score of row r and key lane in the current tile (NEG_INF if masked).
+    auto masked = [&](int r, int kt) {
+        const int kpos = kt + lane;
+        if (r >= rows) return NEG_INF;
+        const int qpos = positions[tok0 + r / GQA_GROUP];
+        return (kpos < ctx && kpos <= qpos) ? s_s[r][lane] * scale : NEG_INF;
+    };
+    __syncthreads();
+
+    // Pass 1: softmax max and sum of every row.
+    for (int kt = 0; kt < ctx; kt += PKT) {
+        load(k_s, k_cache, kt);
+        __syncthreads();
+        scores();
+        __syncthreads();
+        for (int r = warp; r < PM; r += PWARPS) {
+            const float sc = masked(r, kt);
+            const float m_old = m_s[r];
+            const float m_new = fmaxf(m_old, warp_max(sc));
+            if (m_new != NEG_INF) {
+                const float sum = warp_sum(sc == NEG_INF ? 0.0f : __expf(sc - m_new));
+                if (lane == 0) {
+                    l_s[r] = l_s[r] * (m_old == NEG_INF ? 0.0f : __expf(m_old - m_new)) + sum;
+                    m_s[r] = m_new;
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // Pass 2: O = sum over key tiles of softmax(S) V, on tensor cores. Warp w owns the
+    // 16-row block w % 4 and half of the 16-column blocks.
+    constexpr int CB = HEAD_DIM / 32;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[CB];
+#pragma unroll
+    for (int j = 0; j < CB; j++) wmma::fill_fragment(o[j], 0.0f);
+    const int om = warp & 3, on = (warp >> 2) * CB;
+    for (int kt = 0; kt < ctx; kt += PKT) {
+        load(k_s, k_cache, kt);
+        load(v_s, v_cache, kt);
+        __syncthreads();
+        scores();
+        __syncthreads();
+        for (int r = warp; r < PM; r += PWARPS) {
+            const float sc = masked(r, kt);
+            const float p =
+                (sc == NEG_INF || l_s[r] == 0.0f) ? 0.0f : __expf(sc - m_s[r]) / l_s[r];
+            p_s[r][lane] = to_bf(p);
+        }
+        __syncthreads();
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
+#pragma unroll
+        for (int kk = 0; kk < PKT; kk += 16) {
+            wmma::load_matrix_sync(a, &p_s[om * 16][kk], PPLD);
+#pragma unroll
+            for (int j = 0; j < CB; j++) {
+                wmma::load_matrix_sync(b, &v_s[kk][(on + j) * 16], PLD);
+                wmma::mma_sync(o[j], a, b, o[j]);
+            }
+        }
+        __syncthreads();
+    }
+    // Each warp writes its fragments through its own 16 x 16 staging tile.
+    float* st = stage + warp * 256;
+#pragma unroll
+    for (int j = 0; j < CB; j++) {
+        wmma::store_matrix_sync(st, o[j], 16, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 256; e += 32) {
+            const int r = om * 16 + e / 16, d = (on + j) * 16 + e % 16;
+            if (r < rows) {
+                const int t = tok0 + r / GQA_GROUP, h = kvh * GQA_GROUP + r % GQA_GROUP;
+                out[((long long)t * heads + h) * HEAD_DIM + d] = to_bf(st[e]);
+            }
+        }
+        __syncwarp();
+    }
 }
 
 // out[i] = in[rows[i]] (rows of `hidden`): the last token of each sampling sequence.

@@ -9,8 +9,10 @@ use engine::plan::StepPlan;
 pub struct MetaLayout {
     /// Tokens in the step.
     pub tokens: usize,
-    /// Attention tiles.
+    /// Single-token attention tiles (decodes and 1-token chunks: `paged_attention`).
     pub tiles: usize,
+    /// Multi-token attention tiles (prefill chunks: `prefill_attention`).
+    pub ptiles: usize,
     /// Sequences in the step.
     pub seqs: usize,
     /// Block-table width (longest table in the step).
@@ -23,8 +25,10 @@ pub struct MetaLayout {
     pub positions: usize,
     /// Offset of KV slots.
     pub slots: usize,
-    /// Offset of tiles (4 per tile).
+    /// Offset of the single-token tiles (4 `i32` per tile).
     pub tile_data: usize,
+    /// Offset of the multi-token tiles (4 `i32` per tile).
+    pub ptile_data: usize,
     /// Offset of the block tables (`seqs x max_blocks`).
     pub block_tables: usize,
     /// Offset of the sampled rows.
@@ -65,15 +69,28 @@ impl StepMeta {
             .unwrap_or(0)
             .max(1);
         let q_tile = q_tile.max(1);
-        let tiles: usize = plan
+        let tile_counts = |w: &engine::plan::SeqWork| {
+            let full = w.len / q_tile;
+            let rest = w.len % q_tile;
+            // Single-token tiles: a 1-token chunk, or a 1-token remainder of a longer one.
+            let singles = usize::from(rest == 1) + usize::from(q_tile == 1) * full as usize;
+            let multis = if q_tile == 1 {
+                0
+            } else {
+                full as usize + usize::from(rest > 1)
+            };
+            (singles, multis)
+        };
+        let (tiles, ptiles) = plan
             .work
             .iter()
-            .map(|w| w.len.div_ceil(q_tile) as usize)
-            .sum();
+            .map(tile_counts)
+            .fold((0, 0), |(a, b), (x, y)| (a + x, b + y));
         let samples = plan.work.iter().filter(|w| w.sample).count();
         let mut l = MetaLayout {
             tokens,
             tiles,
+            ptiles,
             seqs,
             max_blocks,
             samples,
@@ -83,11 +100,12 @@ impl StepMeta {
         l.positions = l.ids + tokens;
         l.slots = l.positions + tokens;
         l.tile_data = l.slots + tokens;
-        l.block_tables = l.tile_data + 4 * tiles;
+        l.ptile_data = l.tile_data + 4 * tiles;
+        l.block_tables = l.ptile_data + 4 * ptiles;
         l.sample_rows = l.block_tables + seqs * max_blocks;
         l.len = l.sample_rows + samples;
         let mut data = vec![0i32; l.len];
-        let (mut t, mut tile, mut sample) = (0usize, 0usize, 0usize);
+        let (mut t, mut tile, mut ptile, mut sample) = (0usize, 0usize, 0usize, 0usize);
         for (s, w) in plan.work.iter().enumerate() {
             let row = &mut data[l.block_tables + s * max_blocks..][..w.block_table.len()];
             for (dst, &b) in row.iter_mut().zip(&w.block_table) {
@@ -114,11 +132,16 @@ impl StepMeta {
             let mut tok = first;
             while tok < t {
                 let n = (t - tok).min(q_tile as usize);
-                let at = l.tile_data + 4 * tile;
+                let at = if n == 1 {
+                    tile += 1;
+                    l.tile_data + 4 * (tile - 1)
+                } else {
+                    ptile += 1;
+                    l.ptile_data + 4 * (ptile - 1)
+                };
                 data[at] = s as i32;
                 data[at + 1] = tok as i32;
                 data[at + 2] = n as i32;
-                tile += 1;
                 tok += n;
             }
             if w.sample {
@@ -158,10 +181,18 @@ pub fn attention_splits(
     want.min(most).clamp(1, 64)
 }
 
-/// Query tokens per attention tile for a GQA group: the kernel's tile holds at most 32 query
-/// rows (tokens x heads per KV head).
+/// Query tokens per multi-token (prefill) attention tile for a GQA group: the tensor-core
+/// kernel's tile holds 64 query rows (tokens x query heads of one KV head).
 pub fn q_tile_for_group(group: u32) -> u32 {
-    (32 / group.max(1)).max(1)
+    (64 / group.max(1)).max(1)
+}
+
+/// Dynamic shared memory of `prefill_attention` for a head size (must match the layout in
+/// `kernels.cu`: Q, K and V tiles, scores, probabilities, per-warp staging, row max/sum).
+pub fn prefill_smem_bytes(head_dim: u32) -> u32 {
+    let (pm, pkt, warps) = (64, 32, 8);
+    let pld = head_dim + 8;
+    (pm + 2 * pkt) * pld * 2 + pm * (pkt + 4) * 4 + pm * (pkt + 8) * 2 + warps * 256 * 4 + 2 * pm * 4
 }
 
 #[cfg(test)]
@@ -198,13 +229,25 @@ mod tests {
         let m = StepMeta::build(&plan, 8, 4, 1000);
         let l = m.layout;
         assert_eq!((l.tokens, l.seqs, l.max_blocks, l.samples), (15, 3, 3, 2));
-        // Tiles of at most 4 tokens: 10 -> 4 + 4 + 2, 1, 4.
-        assert_eq!(l.tiles, 5);
-        let tiles: Vec<&[i32]> = m.data[l.tile_data..l.block_tables].chunks(4).collect();
-        assert_eq!(tiles[0][..3], [0, 0, 4]);
-        assert_eq!(tiles[2][..3], [0, 8, 2]);
-        assert_eq!(tiles[3][..3], [1, 10, 1]);
-        assert_eq!(tiles[4][..3], [2, 11, 4]);
+        // Tiles of at most 4 tokens: 10 -> 4 + 4 + 2 (multi-token), 1 (single), 4 (multi).
+        assert_eq!((l.tiles, l.ptiles), (1, 4));
+        let singles: Vec<&[i32]> = m.data[l.tile_data..l.ptile_data].chunks(4).collect();
+        let multis: Vec<&[i32]> = m.data[l.ptile_data..l.block_tables].chunks(4).collect();
+        assert_eq!(multis[0][..3], [0, 0, 4]);
+        assert_eq!(multis[2][..3], [0, 8, 2]);
+        assert_eq!(singles[0][..3], [1, 10, 1]);
+        assert_eq!(multis[3][..3], [2, 11, 4]);
+        // A 5-token chunk with tiles of 4 leaves a single-token remainder.
+        let odd = StepMeta::build(
+            &StepPlan {
+                work: vec![work(1, 0, 5, true, vec![0])],
+                ..StepPlan::default()
+            },
+            8,
+            4,
+            100,
+        );
+        assert_eq!((odd.layout.tiles, odd.layout.ptiles), (1, 1));
         // Position 9 of seq 7 is in its second block (9): slot 9 * 8 + 1.
         assert_eq!(m.data[l.slots + 9], 73);
         // The decode at position 20 is in block 3 (table index 2): slot 3 * 8 + 4.
@@ -230,8 +273,11 @@ mod tests {
         // Short contexts do not split below min_keys each.
         assert_eq!(attention_splits(1, 8, 300, 264, 256), 2);
         assert_eq!(attention_splits(1, 8, 0, 264, 256), 1);
-        assert_eq!(q_tile_for_group(4), 8);
-        assert_eq!(q_tile_for_group(8), 4);
+        assert_eq!(q_tile_for_group(4), 16);
+        assert_eq!(q_tile_for_group(8), 8);
         assert_eq!(q_tile_for_group(64), 1);
+        // Llama-3-8B's head size needs more than the 48 KB of static shared memory.
+        assert_eq!(prefill_smem_bytes(128), 57_856);
+        assert_eq!(prefill_smem_bytes(64), 41_472);
     }
 }

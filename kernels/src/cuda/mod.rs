@@ -36,7 +36,7 @@ use self::meta::{attention_splits, q_tile_for_group, StepMeta};
 pub const KERNELS_CU: &str = include_str!("kernels.cu");
 
 /// Names of the kernels in [`KERNELS_CU`].
-pub const KERNEL_NAMES: [&str; 10] = [
+pub const KERNEL_NAMES: [&str; 11] = [
     "fill_uniform_bf16",
     "fill_const_bf16",
     "embed_gather",
@@ -45,6 +45,7 @@ pub const KERNEL_NAMES: [&str; 10] = [
     "silu_mul",
     "paged_attention",
     "attn_combine",
+    "prefill_attention",
     "gather_rows",
     "argmax_rows",
 ];
@@ -184,7 +185,8 @@ pub fn compile_options(arch: &'static str, head_dim: u32, group: u32) -> Compile
         options: vec![
             format!("-DHEAD_DIM={head_dim}"),
             format!("-DGQA_GROUP={group}"),
-            format!("-DQ_TILE={}", q_tile_for_group(group)),
+            // Single-token tiles only reach paged_attention.
+            "-DQ_TILE=1".into(),
             "-std=c++17".into(),
         ],
         ..CompileOptions::default()
@@ -236,7 +238,19 @@ pub fn compile(ctx: &Arc<CudaContext>, head_dim: u32, group: u32) -> Result<Kern
         .iter()
         .map(|n| module.load_function(n))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Kernels { f })
+    let k = Kernels { f };
+    // prefill_attention uses more than the default 48 KB of dynamic shared memory.
+    let bytes = meta::prefill_smem_bytes(head_dim) as i32;
+    // SAFETY: sets an attribute of a loaded function.
+    unsafe {
+        cudarc::driver::sys::cuFuncSetAttribute(
+            k.get("prefill_attention").cu_function(),
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes,
+        )
+        .result()?;
+    }
+    Ok(k)
 }
 
 /// A Llama-architecture shape (what the forward pass needs to know of a model).
@@ -607,15 +621,19 @@ impl CudaRuntime {
             self.meta = self.stream.alloc_zeros::<i32>(l.len.next_power_of_two())?;
         }
         let s = self.shape.clone();
-        let splits = attention_splits(
-            l.tiles,
-            s.kv_heads,
-            meta.max_context(),
-            2 * self.sm_count,
-            4 * K_TILE,
-        );
+        let splits = if l.tiles == 0 {
+            1
+        } else {
+            attention_splits(
+                l.tiles,
+                s.kv_heads,
+                meta.max_context(),
+                2 * self.sm_count,
+                4 * K_TILE,
+            )
+        };
         if splits > 1 {
-            let rows = l.tokens * s.heads as usize * splits as usize;
+            let rows = l.tiles * s.heads as usize * splits as usize;
             if self.part_acc.len() < rows * s.head_dim as usize {
                 self.part_acc = self
                     .stream
@@ -633,10 +651,6 @@ impl CudaRuntime {
         let ids = self.meta.slice(l.ids..l.ids + l.tokens);
         let positions = self.meta.slice(l.positions..l.positions + l.tokens);
         let slots = self.meta.slice(l.slots..l.slots + l.tokens);
-        let tiles = self.meta.slice(l.tile_data..l.tile_data + 4 * l.tiles);
-        let tables = self
-            .meta
-            .slice(l.block_tables..l.block_tables + l.seqs * l.max_blocks);
         let sample_rows = self
             .meta
             .slice(l.sample_rows..l.sample_rows + l.samples.max(1));
@@ -664,9 +678,6 @@ impl CudaRuntime {
         let (heads, kv_heads, bs) = (s.heads as i32, s.kv_heads as i32, self.block_size as i32);
         let (eps, theta) = (s.rms_eps, s.rope_theta);
         let interleaved = i32::from(s.rope_interleaved);
-        let max_blocks = l.max_blocks as i32;
-        let nsplit = splits as i32;
-        let scale = 1.0f32 / (s.head_dim as f32).sqrt();
         for (li, lw) in self.layers.iter().enumerate() {
             // Layer 0 normalises the embeddings; later layers first add the MLP output.
             let has_delta = i32::from(li > 0);
@@ -707,46 +718,20 @@ impl CudaRuntime {
                 // SAFETY: slots address blocks < num_blocks (checked above).
                 unsafe { b.launch(tok_cfg(128)) }?;
             }
-            {
-                let mut b = st.launch_builder(kf.get("paged_attention"));
-                b.arg(&mut a.attn)
-                    .arg(&mut self.part_acc)
-                    .arg(&mut self.part_ml)
-                    .arg(&a.q)
-                    .arg(&self.k_cache[li])
-                    .arg(&self.v_cache[li])
-                    .arg(&tables)
-                    .arg(&max_blocks)
-                    .arg(&tiles)
-                    .arg(&positions)
-                    .arg(&heads)
-                    .arg(&kv_heads)
-                    .arg(&bs)
-                    .arg(&nsplit)
-                    .arg(&scale);
-                let cfg = LaunchConfig {
-                    grid_dim: (l.tiles as u32, s.kv_heads, splits),
-                    block_dim: (ATTN_THREADS, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: tiles, tables and positions describe this step (StepMeta).
-                unsafe { b.launch(cfg) }?;
-            }
-            if splits > 1 {
-                let mut b = st.launch_builder(kf.get("attn_combine"));
-                b.arg(&mut a.attn)
-                    .arg(&self.part_acc)
-                    .arg(&self.part_ml)
-                    .arg(&heads)
-                    .arg(&nsplit);
-                let cfg = LaunchConfig {
-                    grid_dim: (t as u32, s.heads, 1),
-                    block_dim: (s.head_dim, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: partials of t x heads x splits rows were written above.
-                unsafe { b.launch(cfg) }?;
-            }
+            launch_attention(
+                st,
+                kf,
+                &l,
+                &self.meta,
+                &mut a.attn,
+                &mut self.part_acc,
+                &mut self.part_ml,
+                &a.q,
+                &self.k_cache[li],
+                &self.v_cache[li],
+                [s.heads, s.kv_heads, s.head_dim, self.block_size],
+                splits,
+            )?;
             Self::linear(&self.blas, &mut a.delta, &a.attn, &lw.wo, t, qd, h)?;
             {
                 let one = 1i32;
@@ -839,6 +824,100 @@ impl CudaRuntime {
         let ms = self.start.elapsed_ms(&self.end)?;
         Ok(((f64::from(ms) * 1e6).round().max(1.0) as u64, sampled))
     }
+}
+
+/// Launches the attention of one layer for a step: `paged_attention` over the single-token
+/// tiles (with `splits` flash-decoding splits and their combine) and `prefill_attention`
+/// over the multi-token tiles. `dims` = (heads, kv_heads, head_dim, block_size).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_attention(
+    st: &CudaStream,
+    kf: &Kernels,
+    l: &meta::MetaLayout,
+    meta: &CudaSlice<i32>,
+    out: &mut CudaSlice<bf16>,
+    part_acc: &mut CudaSlice<f32>,
+    part_ml: &mut CudaSlice<f32>,
+    q: &CudaSlice<bf16>,
+    k_cache: &CudaSlice<bf16>,
+    v_cache: &CudaSlice<bf16>,
+    dims: [u32; 4],
+    splits: u32,
+) -> Result<(), CudaError> {
+    let [heads_u, kv_heads_u, head_dim, block_size] = dims;
+    let positions = meta.slice(l.positions..l.positions + l.tokens);
+    let tables = meta.slice(l.block_tables..l.block_tables + l.seqs * l.max_blocks);
+    let (heads, kv_heads, bs) = (heads_u as i32, kv_heads_u as i32, block_size as i32);
+    let max_blocks = l.max_blocks as i32;
+    let nsplit = splits as i32;
+    let scale = 1.0f32 / (head_dim as f32).sqrt();
+    if l.tiles > 0 {
+        let tiles = meta.slice(l.tile_data..l.tile_data + 4 * l.tiles);
+        let mut b = st.launch_builder(kf.get("paged_attention"));
+        b.arg(&mut *out)
+            .arg(&mut *part_acc)
+            .arg(&mut *part_ml)
+            .arg(q)
+            .arg(k_cache)
+            .arg(v_cache)
+            .arg(&tables)
+            .arg(&max_blocks)
+            .arg(&tiles)
+            .arg(&positions)
+            .arg(&heads)
+            .arg(&kv_heads)
+            .arg(&bs)
+            .arg(&nsplit)
+            .arg(&scale);
+        let cfg = LaunchConfig {
+            grid_dim: (l.tiles as u32, kv_heads_u, splits),
+            block_dim: (ATTN_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: tiles, tables and positions describe this step (StepMeta); the partial
+        // buffers hold tokens x heads x splits rows when splits > 1.
+        unsafe { b.launch(cfg) }?;
+        if splits > 1 {
+            let mut b = st.launch_builder(kf.get("attn_combine"));
+            b.arg(&mut *out)
+                .arg(&*part_acc)
+                .arg(&*part_ml)
+                .arg(&tiles)
+                .arg(&heads)
+                .arg(&nsplit);
+            let cfg = LaunchConfig {
+                grid_dim: (l.tiles as u32, heads_u, 1),
+                block_dim: (head_dim, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the partials of every single-token tile were written above.
+            unsafe { b.launch(cfg) }?;
+        }
+    }
+    if l.ptiles > 0 {
+        let ptiles = meta.slice(l.ptile_data..l.ptile_data + 4 * l.ptiles);
+        let mut b = st.launch_builder(kf.get("prefill_attention"));
+        b.arg(&mut *out)
+            .arg(q)
+            .arg(k_cache)
+            .arg(v_cache)
+            .arg(&tables)
+            .arg(&max_blocks)
+            .arg(&ptiles)
+            .arg(&positions)
+            .arg(&heads)
+            .arg(&kv_heads)
+            .arg(&bs)
+            .arg(&scale);
+        let cfg = LaunchConfig {
+            grid_dim: (l.ptiles as u32, kv_heads_u, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: meta::prefill_smem_bytes(head_dim),
+        };
+        // SAFETY: as above; each multi-token tile writes its own rows of `out`.
+        unsafe { b.launch(cfg) }?;
+    }
+    Ok(())
 }
 
 /// The CUDA runtime as an engine backend.
