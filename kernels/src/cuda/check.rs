@@ -440,7 +440,8 @@ fn bench_attention(
             l.tiles,
             shape.kv_heads,
             meta.max_context(),
-            2 * ctx.attribute(
+            super::DECODE_BLOCKS_PER_SM
+                * ctx.attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )? as u32,
             4 * K_TILE,
@@ -507,12 +508,13 @@ pub fn bench_decode_attention(
     block_size: u32,
     hbm_bw: f64,
 ) -> Result<BenchLine, CudaError> {
-    let (ms, splits, bytes) =
-        bench_attention(shape, batch_decode_plan(batch, ctx_len, block_size), block_size)?;
+    let (ms, splits, bytes) = bench_attention(
+        shape,
+        batch_decode_plan(batch, ctx_len, block_size),
+        block_size,
+    )?;
     Ok(BenchLine {
-        name: format!(
-            "decode attention, 1 layer, batch {batch} x {ctx_len} ctx ({splits} splits)"
-        ),
+        name: format!("decode attention, 1 layer, batch {batch} x {ctx_len} ctx ({splits} splits)"),
         ms,
         floor_ms: bytes / hbm_bw * 1e3,
         floor: format!("{:.2} GB of K+V / HBM bw", bytes / 1e9),

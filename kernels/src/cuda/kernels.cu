@@ -404,9 +404,6 @@ prefill_attention(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat1
     __nv_bfloat16 (*p_s)[PPLD] = reinterpret_cast<__nv_bfloat16 (*)[PPLD]>(rest);
     rest += PM * PPLD * 2;
     float* stage = reinterpret_cast<float*>(rest);  // 16 x 16 floats per warp
-    rest += PWARPS * 256 * 4;
-    float* m_s = reinterpret_cast<float*>(rest);
-    float* l_s = m_s + PM;
 
     // Later tiles of a prompt attend to more keys: start them first so the causal
     // imbalance does not leave a tail of long blocks.
@@ -426,24 +423,37 @@ prefill_attention(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat1
         }
         q_s[r][d] = v;
     }
-    if (threadIdx.x < PM) {
-        m_s[threadIdx.x] = NEG_INF;
-        l_s[threadIdx.x] = 0.0f;
-    }
-
+    // K/V tiles move in 16-byte chunks, fetched into registers one tile ahead so that the
+    // next tile's global loads overlap this tile's math (two dependent loads each: the
+    // block table, then the cache).
     constexpr int CHUNKS_PER_ROW = HEAD_DIM * 2 / 16;
-    auto load = [&](__nv_bfloat16 (*dst)[PLD], const __nv_bfloat16* cache, int kt) {
-        for (int idx = threadIdx.x; idx < PKT * CHUNKS_PER_ROW; idx += PWARPS * 32) {
+    constexpr int CPT = PKT * CHUNKS_PER_ROW / (PWARPS * 32);
+    uint4 kreg[CPT], vreg[CPT];
+    auto fetch = [&](int kt, bool with_v) {
+#pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            const int idx = threadIdx.x + c * PWARPS * 32;
             const int k = idx / CHUNKS_PER_ROW, ch = idx % CHUNKS_PER_ROW;
             const int kpos = kt + k;
-            uint4 z = make_uint4(0, 0, 0, 0);
+            uint4 kz = make_uint4(0, 0, 0, 0), vz = make_uint4(0, 0, 0, 0);
             if (kpos < ctx) {
                 const long long blk = table[kpos / block_size];
                 const long long base =
                     ((blk * kv_heads + kvh) * block_size + kpos % block_size) * HEAD_DIM;
-                z = reinterpret_cast<const uint4*>(cache + base)[ch];
+                kz = reinterpret_cast<const uint4*>(k_cache + base)[ch];
+                if (with_v) vz = reinterpret_cast<const uint4*>(v_cache + base)[ch];
             }
-            reinterpret_cast<uint4*>(&dst[k][0])[ch] = z;
+            kreg[c] = kz;
+            vreg[c] = vz;
+        }
+    };
+    auto put = [&](bool with_v) {
+#pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            const int idx = threadIdx.x + c * PWARPS * 32;
+            const int k = idx / CHUNKS_PER_ROW, ch = idx % CHUNKS_PER_ROW;
+            reinterpret_cast<uint4*>(&k_s[k][0])[ch] = kreg[c];
+            if (with_v) reinterpret_cast<uint4*>(&v_s[k][0])[ch] = vreg[c];
         }
     };
     // S = Q K^T for this key tile: warp w computes the 16x16 block (w / 2, w % 2).
@@ -461,35 +471,55 @@ prefill_attention(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat1
         }
         wmma::store_matrix_sync(&s_s[wm * 16][wn * 16], c, PSLD, wmma::mem_row_major);
     };
-    // Scaled, masked score of row r and key lane in the current tile (NEG_INF if masked).
-    auto masked = [&](int r, int kt) {
-        const int kpos = kt + lane;
-        if (r >= rows) return NEG_INF;
-        const int qpos = positions[tok0 + r / GQA_GROUP];
-        return (kpos < ctx && kpos <= qpos) ? s_s[r][lane] * scale : NEG_INF;
+    // Softmax bookkeeping: four threads per row (64 rows x 4 = 256 threads), each over 8 of
+    // the tile's 32 keys; the row's max and sum live in the registers of its four threads.
+    const int my_row = threadIdx.x >> 2, quarter = threadIdx.x & 3;
+    const bool row_ok = my_row < rows;
+    const int my_qpos = row_ok ? positions[tok0 + my_row / GQA_GROUP] : -1;
+    // Scaled, masked scores of this thread's 8 keys of the current tile.
+    auto my_scores = [&](int kt, float (&sv)[8]) {
+        const float4 a = *reinterpret_cast<const float4*>(&s_s[my_row][quarter * 8]);
+        const float4 b = *reinterpret_cast<const float4*>(&s_s[my_row][quarter * 8 + 4]);
+        const float raw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int kpos = kt + quarter * 8 + i;
+            sv[i] = (kpos < ctx && kpos <= my_qpos) ? raw[i] * scale : NEG_INF;
+        }
     };
+    float m_r = NEG_INF, l_r = 0.0f;
     __syncthreads();
 
     // Pass 1: softmax max and sum of every row.
+    fetch(0, false);
     for (int kt = 0; kt < ctx; kt += PKT) {
-        load(k_s, k_cache, kt);
+        put(false);
         __syncthreads();
+        if (kt + PKT < ctx) fetch(kt + PKT, false);
         scores();
         __syncthreads();
-        for (int r = warp; r < PM; r += PWARPS) {
-            const float sc = masked(r, kt);
-            const float m_old = m_s[r];
-            const float m_new = fmaxf(m_old, warp_max(sc));
-            if (m_new != NEG_INF) {
-                const float sum = warp_sum(sc == NEG_INF ? 0.0f : __expf(sc - m_new));
-                if (lane == 0) {
-                    l_s[r] = l_s[r] * (m_old == NEG_INF ? 0.0f : __expf(m_old - m_new)) + sum;
-                    m_s[r] = m_new;
-                }
-            }
+        float sv[8];
+        my_scores(kt, sv);
+        float mx = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < 8; i++) mx = fmaxf(mx, sv[i]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_r, mx);
+        float sum = 0.0f;
+        if (m_new != NEG_INF) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) sum += (sv[i] == NEG_INF) ? 0.0f : __expf(sv[i] - m_new);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (m_new != NEG_INF) {
+            l_r = l_r * (m_r == NEG_INF ? 0.0f : __expf(m_r - m_new)) + sum;
+            m_r = m_new;
         }
         __syncthreads();
     }
+    const float inv_l = l_r > 0.0f ? 1.0f / l_r : 0.0f;
 
     // Pass 2: O = sum over key tiles of softmax(S) V, on tensor cores. Warp w owns the
     // 16-row block w % 4 and half of the 16-column blocks.
@@ -498,17 +528,21 @@ prefill_attention(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat1
 #pragma unroll
     for (int j = 0; j < CB; j++) wmma::fill_fragment(o[j], 0.0f);
     const int om = warp & 3, on = (warp >> 2) * CB;
+    fetch(0, true);
     for (int kt = 0; kt < ctx; kt += PKT) {
-        load(k_s, k_cache, kt);
-        load(v_s, v_cache, kt);
+        put(true);
         __syncthreads();
+        if (kt + PKT < ctx) fetch(kt + PKT, true);
         scores();
         __syncthreads();
-        for (int r = warp; r < PM; r += PWARPS) {
-            const float sc = masked(r, kt);
-            const float p =
-                (sc == NEG_INF || l_s[r] == 0.0f) ? 0.0f : __expf(sc - m_s[r]) / l_s[r];
-            p_s[r][lane] = to_bf(p);
+        {
+            float sv[8];
+            my_scores(kt, sv);
+            __align__(16) __nv_bfloat16 pv[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                pv[i] = to_bf(sv[i] == NEG_INF ? 0.0f : __expf(sv[i] - m_r) * inv_l);
+            *reinterpret_cast<uint4*>(&p_s[my_row][quarter * 8]) = *reinterpret_cast<uint4*>(pv);
         }
         __syncthreads();
         wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;

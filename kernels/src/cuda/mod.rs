@@ -54,6 +54,9 @@ pub const KERNEL_NAMES: [&str; 11] = [
 pub const ATTN_THREADS: u32 = 128;
 /// Keys per shared-memory tile of the attention kernel (`K_TILE`).
 pub const K_TILE: u32 = 32;
+/// Blocks of `paged_attention` per multiprocessor that flash-decoding splits aim for: about
+/// four waves of the six blocks an SM holds, so that the last, partial wave costs little.
+pub const DECODE_BLOCKS_PER_SM: u32 = 24;
 
 /// Errors of the CUDA runtime.
 #[derive(Debug, thiserror::Error)]
@@ -628,7 +631,7 @@ impl CudaRuntime {
                 l.tiles,
                 s.kv_heads,
                 meta.max_context(),
-                2 * self.sm_count,
+                DECODE_BLOCKS_PER_SM * self.sm_count,
                 4 * K_TILE,
             )
         };
