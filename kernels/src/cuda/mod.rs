@@ -196,9 +196,13 @@ pub fn compile_options(arch: &'static str, head_dim: u32, group: u32) -> Compile
     }
 }
 
-/// Folders holding `cuda_bf16.h` (NVRTC needs the toolkit headers).
+/// Folders holding `cuda_bf16.h` and `mma.h` (NVRTC needs the toolkit headers):
+/// `SIM_CUDA_INCLUDE`, `$CUDA_HOME/include`, `/usr/local/cuda/include`.
 fn cuda_include_paths() -> Vec<String> {
     let mut paths = Vec::new();
+    if let Ok(dir) = std::env::var("SIM_CUDA_INCLUDE") {
+        paths.push(dir);
+    }
     if let Ok(home) = std::env::var("CUDA_HOME").or_else(|_| std::env::var("CUDA_PATH")) {
         paths.push(format!("{home}/include"));
     }
@@ -225,6 +229,25 @@ impl Kernels {
     }
 }
 
+/// Whether the NVRTC library can be loaded (it needs no GPU and no driver).
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to open the shared library.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Compiles `kernels.cu` to PTX with NVRTC for `arch` and a model's head size and GQA group.
+pub fn compile_ptx(
+    arch: &'static str,
+    head_dim: u32,
+    group: u32,
+) -> Result<cudarc::nvrtc::Ptx, CudaError> {
+    if !nvrtc_present() {
+        return Err(CudaError::MissingLibrary("NVRTC (libnvrtc)"));
+    }
+    cudarc::nvrtc::compile_ptx_with_opts(KERNELS_CU, compile_options(arch, head_dim, group))
+        .map_err(|e| CudaError::Compile(format!("{e:?}")))
+}
+
 /// Compiles `kernels.cu` for the device and loads every kernel.
 pub fn compile(ctx: &Arc<CudaContext>, head_dim: u32, group: u32) -> Result<Kernels, CudaError> {
     if !head_dim.is_multiple_of(64) || head_dim > 256 {
@@ -232,10 +255,7 @@ pub fn compile(ctx: &Arc<CudaContext>, head_dim: u32, group: u32) -> Result<Kern
             "head_dim {head_dim} is not supported by the attention kernel (64, 128, 192 or 256)"
         )));
     }
-    let arch = arch_for(ctx.compute_capability()?);
-    let ptx =
-        cudarc::nvrtc::compile_ptx_with_opts(KERNELS_CU, compile_options(arch, head_dim, group))
-            .map_err(|e| CudaError::Compile(format!("{e:?}")))?;
+    let ptx = compile_ptx(arch_for(ctx.compute_capability()?), head_dim, group)?;
     let module = ctx.load_module(ptx)?;
     let f = KERNEL_NAMES
         .iter()
@@ -955,5 +975,97 @@ impl Backend for CudaBackend {
             mbu: 0.0,
             mfu: 0.0,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Shapes of the catalog: (head_dim, GQA group).
+    const SHAPES: [(u32, u32); 5] = [(128, 4), (128, 1), (128, 8), (64, 3), (64, 8)];
+
+    #[test]
+    fn launch_configurations_fit_the_devices() {
+        for (head_dim, group) in SHAPES {
+            // Dynamic shared memory of the prefill kernel: under the opt-in limit of A100
+            // (163 KB) and H100 (227 KB), and its 64-row tile holds whole tokens.
+            assert!(meta::prefill_smem_bytes(head_dim) <= 163 * 1024);
+            let q_tile = q_tile_for_group(group);
+            assert!(q_tile * group <= 64 && q_tile >= 1);
+            // The decode kernel's static shared memory (Q rows in fp32, K/V tiles, P):
+            // under the 48 KB static limit for every GQA group the kernel accepts.
+            let rows = group;
+            let static_smem = rows * head_dim * 4
+                + K_TILE * (head_dim + 2) * 2
+                + K_TILE * head_dim * 2
+                + rows * (K_TILE + 1) * 4
+                + rows * 4;
+            assert!(
+                static_smem <= 48 * 1024,
+                "{head_dim}/{group}: {static_smem}"
+            );
+            assert_eq!(head_dim % 64, 0);
+        }
+        assert_eq!(arch_for((9, 0)), "sm_90");
+        assert_eq!(arch_for((8, 0)), "sm_80");
+        assert_eq!(arch_for((8, 9)), "sm_89");
+    }
+
+    #[test]
+    fn shapes_are_validated() {
+        let mut s = LlamaShape {
+            layers: 1,
+            hidden: 64,
+            heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            intermediate: 128,
+            vocab: 100,
+            rope_theta: 1e4,
+            rms_eps: 1e-5,
+            tied_embeddings: true,
+            rope_interleaved: true,
+        };
+        assert!(s.validate().is_ok());
+        assert_eq!(s.qkv_dim(), 15 * 64);
+        s.kv_heads = 4;
+        assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn no_driver_is_an_error_not_a_panic() {
+        // On machines without a GPU (CI) every entry point answers with an error.
+        if libraries_present().is_err() {
+            assert!(probe().is_err());
+            assert!(attention_check_needs_device());
+        }
+    }
+
+    fn attention_check_needs_device() -> bool {
+        check::attention_check(1).is_err()
+    }
+
+    /// Compiles every kernel with NVRTC for sm_80 and sm_90 and each catalog head size and
+    /// GQA group. Needs only the NVRTC library and the CUDA headers, no GPU: `.ci/run`
+    /// fetches them from PyPI and runs this test.
+    #[test]
+    #[ignore = "needs libnvrtc and the CUDA headers (SIM_CUDA_INCLUDE); .ci/run provides them"]
+    fn kernels_compile_with_nvrtc() {
+        assert!(nvrtc_present(), "libnvrtc not found on LD_LIBRARY_PATH");
+        for arch in ["sm_80", "sm_90"] {
+            for (head_dim, group) in SHAPES {
+                let ptx = match compile_ptx(arch, head_dim, group) {
+                    Ok(p) => p.to_src(),
+                    Err(e) => panic!("{arch} d{head_dim} g{group}: {e}"),
+                };
+                for name in KERNEL_NAMES {
+                    assert!(
+                        ptx.contains(&format!(".entry {name}(")),
+                        "{arch} d{head_dim} g{group}: no entry {name}"
+                    );
+                }
+            }
+        }
     }
 }
