@@ -54,6 +54,16 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Run a llama.cpp oracle file's prompts through the CUDA runtime with a real GGUF
+    /// model and compare the greedy tokens and top logits.
+    CudaOracle {
+        /// The GGUF model (SmolLM2-135M-Instruct Q4_1 for the shipped oracle).
+        #[arg(long)]
+        model: PathBuf,
+        /// The oracle JSON.
+        #[arg(long, default_value = "tests/data/oracle/smollm2_q4_1_llamacpp.json")]
+        oracle: PathBuf,
+    },
     /// Measure the GPU's ceilings and the CUDA runtime against them (synthetic weights).
     CudaBench {
         /// Catalog model whose shape is timed.
@@ -327,6 +337,38 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             if failed > 0 {
                 anyhow::bail!("{failed} paged-attention cases failed the check");
             }
+            Ok(())
+        }
+        Command::CudaOracle { model, oracle } => {
+            let gguf = kernels::gguf::Gguf::open(&model)?;
+            let cases = kernels::cuda::check::oracle_check(&gguf, &oracle)?;
+            outln!(
+                out,
+                "{:<42} {:>9} {:>10} {:>13}",
+                "prompt",
+                "matched",
+                "margin@div",
+                "max |dlogit|"
+            );
+            let (mut full, mut total) = (0, 0);
+            for c in &cases {
+                total += 1;
+                full += usize::from(c.matched == c.generated);
+                outln!(
+                    out,
+                    "{:<42} {:>4}/{:<4} {:>10} {:>13.3}",
+                    c.prompt,
+                    c.matched,
+                    c.generated,
+                    c.margin_at_divergence
+                        .map_or("-".to_string(), |m| format!("{m:.3}")),
+                    c.max_logit_err
+                );
+            }
+            outln!(
+                out,
+                "{full} of {total} prompts reproduce llama.cpp's greedy tokens in full"
+            );
             Ok(())
         }
         Command::CudaBench { model, block_size } => {

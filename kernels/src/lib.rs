@@ -13,5 +13,6 @@
 #![warn(missing_docs)]
 
 pub mod cuda;
+pub mod gguf;
 
 pub use engine::backend::Backend;

@@ -6,6 +6,7 @@
 //! each time as a ratio to its floor: bytes over the measured HBM bandwidth, or FLOPs over
 //! the measured bf16 GEMM rate.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::cublas::sys::cublasOperation_t;
@@ -16,6 +17,7 @@ use half::bf16;
 
 use super::meta::{attention_splits, q_tile_for_group, StepMeta};
 use super::{compile, open_device, CudaError, CudaRuntime, LlamaShape, K_TILE};
+use crate::gguf::Gguf;
 
 /// SplitMix64: a small deterministic generator for test inputs.
 #[derive(Debug, Clone)]
@@ -627,4 +629,154 @@ pub fn bench_steps(
         floor: format!("{:.1} TFLOP / GEMM rate", flops / 1e12),
     });
     Ok(lines)
+}
+
+/// One oracle prompt run through the CUDA runtime with the real model.
+#[derive(Debug, Clone)]
+pub struct OracleCase {
+    /// The prompt (shortened for display).
+    pub prompt: String,
+    /// Greedy tokens generated.
+    pub generated: usize,
+    /// Leading tokens equal to llama.cpp's.
+    pub matched: usize,
+    /// Logit margin (top-1 minus top-2, ours) at the first differing position.
+    pub margin_at_divergence: Option<f32>,
+    /// Largest |our logit - llama.cpp's| over the oracle's top-8 ids at the first four
+    /// generated positions (compared only while the tokens agree).
+    pub max_logit_err: f32,
+}
+
+/// Runs every case of a llama.cpp oracle file (`shared/oracle/*.json`: `prompt_ids`,
+/// `greedy_ids`, `top_logits`) through the CUDA runtime with the model's real weights: one
+/// prefill step of the prompt, then greedy decode steps, each through the paged KV cache.
+pub fn oracle_check(gguf: &Gguf, oracle: &Path) -> Result<Vec<OracleCase>, CudaError> {
+    let text = std::fs::read_to_string(oracle)
+        .map_err(|e| CudaError::Config(format!("{}: {e}", oracle.display())))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| CudaError::Config(format!("{}: {e}", oracle.display())))?;
+    let cases = json
+        .get("cases")
+        .and_then(|c| c.as_array())
+        .ok_or_else(|| CudaError::Config(format!("{}: no `cases` array", oracle.display())))?;
+    let ids = |v: &serde_json::Value, key: &str| -> Vec<u32> {
+        v.get(key)
+            .and_then(|a| a.as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_u64())
+                    .map(|x| x as u32)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let block_size = 16u32;
+    let blocks = 256u32; // 4096 tokens
+    let mut rt = CudaRuntime::from_gguf(gguf, block_size, blocks)?;
+    rt.keep_logits(true);
+    let vocab = rt.shape().vocab as usize;
+    let mut out = Vec::new();
+    for case in cases {
+        let prompt_ids = ids(case, "prompt_ids");
+        let want = ids(case, "greedy_ids");
+        if prompt_ids.is_empty() || prompt_ids.len() + want.len() > (blocks * block_size) as usize {
+            continue;
+        }
+        // Oracle top logits per generated position index (0 = after the prompt).
+        let p0 = prompt_ids.len() as u64 - 1;
+        let tops: Vec<(u64, Vec<u32>, Vec<f32>)> = case
+            .get("top_logits")
+            .and_then(|t| t.as_array())
+            .map(|a| {
+                a.iter()
+                    .map(|t| {
+                        let pos = t.get("position").and_then(|p| p.as_u64()).unwrap_or(0);
+                        let ids = ids(t, "top_ids");
+                        let vals = t
+                            .get("top_logits")
+                            .and_then(|v| v.as_array())
+                            .map(|v| {
+                                v.iter()
+                                    .filter_map(|x| x.as_f64())
+                                    .map(|x| x as f32)
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        (pos, ids, vals)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut tokens = prompt_ids.clone();
+        let mut generated = Vec::new();
+        let mut margin_at_divergence = None;
+        let mut max_logit_err = 0.0f32;
+        for step in 0..want.len() {
+            let (start, len) = if step == 0 {
+                (0, prompt_ids.len() as u32)
+            } else {
+                (tokens.len() as u32 - 1, 1)
+            };
+            let ctx = start + len;
+            let plan = StepPlan {
+                work: vec![SeqWork {
+                    seq: 0,
+                    kind: if step == 0 {
+                        WorkKind::Prefill
+                    } else {
+                        WorkKind::Decode
+                    },
+                    start,
+                    len,
+                    sample: true,
+                    block_table: (0..ctx.div_ceil(block_size)).collect(),
+                    token_ids: tokens[start as usize..ctx as usize].to_vec(),
+                }],
+                ..StepPlan::default()
+            };
+            let (_, sampled) = rt.forward(&plan)?;
+            let tok = sampled.first().copied().unwrap_or(0);
+            let logits = rt.last_logits();
+            let agree_so_far = generated.iter().zip(&want).all(|(a, b)| a == b);
+            if agree_so_far {
+                if let Some((_, top_ids, top_vals)) =
+                    tops.iter().find(|(pos, _, _)| *pos == p0 + step as u64)
+                {
+                    for (id, v) in top_ids.iter().zip(top_vals) {
+                        if let Some(ours) = logits.get(*id as usize) {
+                            max_logit_err = max_logit_err.max((ours - v).abs());
+                        }
+                    }
+                }
+                if tok != want[step] && margin_at_divergence.is_none() {
+                    let mut sorted: Vec<f32> = logits[..vocab.min(logits.len())].to_vec();
+                    sorted.sort_by(|a, b| b.total_cmp(a));
+                    margin_at_divergence = Some(sorted[0] - sorted.get(1).copied().unwrap_or(0.0));
+                }
+            }
+            generated.push(tok);
+            tokens.push(tok);
+        }
+        let matched = generated
+            .iter()
+            .zip(&want)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let prompt = case
+            .get("prompt")
+            .and_then(|p| p.as_str())
+            .unwrap_or("")
+            .chars()
+            .take(40)
+            .collect::<String>()
+            .replace('\n', "\\n");
+        out.push(OracleCase {
+            prompt,
+            generated: generated.len(),
+            matched,
+            margin_at_divergence,
+            max_logit_err,
+        });
+    }
+    Ok(out)
 }

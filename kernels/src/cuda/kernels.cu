@@ -70,12 +70,13 @@ extern "C" __global__ void fill_const_bf16(__nv_bfloat16* out, unsigned long lon
     for (; i < n; i += stride) out[i] = to_bf(v);
 }
 
-// out[t] = table[ids[t]] (rows of `hidden` elements).
-extern "C" __global__ void embed_gather(__nv_bfloat16* out, const __nv_bfloat16* table,
+// out[t] = table[ids[t]] (rows of `hidden` elements), into the fp32 residual stream.
+extern "C" __global__ void embed_gather(float* out, const __nv_bfloat16* table,
                                         const int* ids, int hidden) {
     const int t = blockIdx.x;
     const __nv_bfloat16* row = table + (long long)ids[t] * hidden;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[(long long)t * hidden + i] = row[i];
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+        out[(long long)t * hidden + i] = bf(row[i]);
 }
 
 // Block-wide sum for RMSNorm (blockDim.x a multiple of 32, at most 1024).
@@ -95,23 +96,24 @@ __device__ float block_sum(float v) {
     return r;
 }
 
-// residual += delta (if has_delta); out = RMSNorm(residual) * w. One block per token.
-extern "C" __global__ void add_rmsnorm(__nv_bfloat16* out, __nv_bfloat16* residual,
+// residual += delta (if has_delta); out = RMSNorm(residual) * w. The residual stream is
+// fp32; the normalised output feeds bf16 GEMMs. One block per token.
+extern "C" __global__ void add_rmsnorm(__nv_bfloat16* out, float* residual,
                                        const __nv_bfloat16* delta, int has_delta,
                                        const __nv_bfloat16* w, int hidden, float eps) {
     const long long base = (long long)blockIdx.x * hidden;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-        float x = bf(residual[base + i]);
+        float x = residual[base + i];
         if (has_delta) {
             x += bf(delta[base + i]);
-            residual[base + i] = to_bf(x);
+            residual[base + i] = x;
         }
         ss += x * x;
     }
     const float inv = rsqrtf(block_sum(ss) / (float)hidden + eps);
     for (int i = threadIdx.x; i < hidden; i += blockDim.x)
-        out[base + i] = to_bf(bf(residual[base + i]) * inv * bf(w[i]));
+        out[base + i] = to_bf(residual[base + i] * inv * bf(w[i]));
 }
 
 // Applies RoPE to the Q and K heads of `qkv` ([T][(heads + 2 kv_heads) HEAD_DIM]), writes
@@ -584,14 +586,14 @@ extern "C" __global__ void gather_rows(__nv_bfloat16* out, const __nv_bfloat16* 
 }
 
 // Greedy sampling: ids[i] = argmax_j logits[i][j] (lowest index on ties). One block per row.
-extern "C" __global__ void argmax_rows(int* ids, const __nv_bfloat16* logits, int vocab) {
+extern "C" __global__ void argmax_rows(int* ids, const float* logits, int vocab) {
     __shared__ float best_v[32];
     __shared__ int best_i[32];
-    const __nv_bfloat16* row = logits + (long long)blockIdx.x * vocab;
+    const float* row = logits + (long long)blockIdx.x * vocab;
     float bv = NEG_INF;
     int bi = 0x7fffffff;
     for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
-        const float v = bf(row[j]);
+        const float v = row[j];
         if (v > bv || (v == bv && j < bi)) { bv = v; bi = j; }
     }
     for (int o = 16; o > 0; o >>= 1) {

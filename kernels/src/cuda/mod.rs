@@ -31,6 +31,7 @@ use engine::plan::{StepOutcome, StepPlan};
 use half::bf16;
 
 use self::meta::{attention_splits, q_tile_for_group, StepMeta};
+use crate::gguf::Gguf;
 
 /// The kernel sources, compiled at run time.
 pub const KERNELS_CU: &str = include_str!("kernels.cu");
@@ -348,6 +349,54 @@ impl LlamaShape {
     }
 }
 
+/// Where the weights come from.
+#[derive(Clone, Copy)]
+enum Weights<'a> {
+    /// Random (seeded) on the device.
+    Synthetic(u64),
+    /// A GGUF file.
+    Gguf(&'a Gguf),
+}
+
+/// The Llama shape described by a GGUF file's metadata (`llama.*` keys).
+pub fn gguf_shape(g: &Gguf) -> Result<LlamaShape, CudaError> {
+    let e = |e: crate::gguf::GgufError| CudaError::Config(e.to_string());
+    let arch = g
+        .metadata
+        .get("general.architecture")
+        .and_then(crate::gguf::Value::as_str)
+        .unwrap_or("");
+    if arch != "llama" {
+        return Err(CudaError::Config(format!(
+            "{}: general.architecture is `{arch}`, only `llama` is supported",
+            g.path().display()
+        )));
+    }
+    let hidden = g.meta_u32("llama.embedding_length").map_err(e)?;
+    let heads = g.meta_u32("llama.attention.head_count").map_err(e)?;
+    let vocab = match g.meta_u32("llama.vocab_size") {
+        Ok(v) => v,
+        Err(_) => g.tensor("token_embd.weight").map_err(e)?.dims[1] as u32,
+    };
+    Ok(LlamaShape {
+        layers: g.meta_u32("llama.block_count").map_err(e)?,
+        hidden,
+        heads,
+        kv_heads: g.meta_u32("llama.attention.head_count_kv").unwrap_or(heads),
+        head_dim: hidden / heads.max(1),
+        intermediate: g.meta_u32("llama.feed_forward_length").map_err(e)?,
+        vocab,
+        rope_theta: g.meta_f64("llama.rope.freq_base").unwrap_or(10000.0) as f32,
+        rms_eps: g
+            .meta_f64("llama.attention.layer_norm_rms_epsilon")
+            .unwrap_or(1e-5) as f32,
+        // SmolLM2 has no output.weight: the embedding doubles as the LM head.
+        tied_embeddings: !g.tensors.contains_key("output.weight"),
+        // GGUF Llama Q/K weights are permuted for interleaved RoPE pairs.
+        rope_interleaved: true,
+    })
+}
+
 struct LayerWeights {
     attn_norm: CudaSlice<bf16>,
     wqkv: CudaSlice<bf16>,
@@ -361,7 +410,9 @@ struct LayerWeights {
 struct Activations {
     tokens: usize,
     samples: usize,
-    residual: CudaSlice<bf16>,
+    /// The residual stream in fp32 (as llama.cpp keeps it): bf16 here flips near-tied
+    /// greedy choices.
+    residual: CudaSlice<f32>,
     h: CudaSlice<bf16>,
     qkv: CudaSlice<bf16>,
     q: CudaSlice<bf16>,
@@ -370,7 +421,7 @@ struct Activations {
     gate_up: CudaSlice<bf16>,
     act: CudaSlice<bf16>,
     last: CudaSlice<bf16>,
-    logits: CudaSlice<bf16>,
+    logits: CudaSlice<f32>,
     ids: CudaSlice<i32>,
 }
 
@@ -397,6 +448,8 @@ pub struct CudaRuntime {
     part_ml: CudaSlice<f32>,
     start: CudaEvent,
     end: CudaEvent,
+    keep_logits: bool,
+    logits: Vec<f32>,
 }
 
 fn grid_for(n: u64, threads: u32) -> LaunchConfig {
@@ -409,11 +462,32 @@ fn grid_for(n: u64, threads: u32) -> LaunchConfig {
 }
 
 impl CudaRuntime {
-    /// Loads a model of `shape` with synthetic weights (seeded), compiles the kernels, and
-    /// allocates a KV cache of `num_blocks` blocks of `block_size` tokens.
+    /// Loads a model of `shape` with synthetic weights (seeded, uniform in +-1/sqrt(fan-in),
+    /// generated on the device), compiles the kernels, and allocates a KV cache of
+    /// `num_blocks` blocks of `block_size` tokens.
     pub fn synthetic(
         shape: LlamaShape,
         seed: u64,
+        block_size: u32,
+        num_blocks: u32,
+    ) -> Result<CudaRuntime, CudaError> {
+        Self::build(shape, Weights::Synthetic(seed), block_size, num_blocks)
+    }
+
+    /// Loads a Llama-architecture GGUF model (weights dequantized to bf16 on the host and
+    /// uploaded) with a KV cache of `num_blocks` blocks of `block_size` tokens.
+    pub fn from_gguf(
+        gguf: &Gguf,
+        block_size: u32,
+        num_blocks: u32,
+    ) -> Result<CudaRuntime, CudaError> {
+        let shape = gguf_shape(gguf)?;
+        Self::build(shape, Weights::Gguf(gguf), block_size, num_blocks)
+    }
+
+    fn build(
+        shape: LlamaShape,
+        weights: Weights<'_>,
         block_size: u32,
         num_blocks: u32,
     ) -> Result<CudaRuntime, CudaError> {
@@ -450,6 +524,10 @@ impl CudaRuntime {
         let mut fill = |buf: &mut CudaSlice<bf16>, fan_in: usize| -> Result<(), CudaError> {
             counter += 1;
             let n = buf.len() as u64;
+            let seed = match weights {
+                Weights::Synthetic(seed) => seed,
+                Weights::Gguf(_) => 0,
+            };
             let s = seed.wrapping_mul(1_000_003).wrapping_add(counter << 40);
             let scale = 1.0f32 / (fan_in.max(1) as f32).sqrt();
             let mut b = stream.launch_builder(k.get("fill_uniform_bf16"));
@@ -469,37 +547,96 @@ impl CudaRuntime {
             Ok(buf)
         };
         let vocab = shape.vocab as usize;
-        let mut embed = alloc(vocab * h)?;
-        fill(&mut embed, 1)?;
+        let qd = (shape.heads * shape.head_dim) as usize;
+        let inter = shape.intermediate as usize;
+        // Uploads host f32 values as bf16.
+        let upload = |v: Vec<f32>| -> Result<CudaSlice<bf16>, CudaError> {
+            let host: Vec<bf16> = v.into_iter().map(bf16::from_f32).collect();
+            Ok(stream.clone_htod(&host)?)
+        };
+        // A weight: random, or the concatenation (rows) of GGUF tensors checked against
+        // their expected [in, out] extents.
+        let mut weight =
+            |names: &[(String, u64)], fan_in: usize| -> Result<CudaSlice<bf16>, CudaError> {
+                let rows: u64 = names.iter().map(|(_, r)| r).sum();
+                match weights {
+                    Weights::Synthetic(_) => {
+                        let mut w = alloc(rows as usize * fan_in)?;
+                        fill(&mut w, fan_in)?;
+                        Ok(w)
+                    }
+                    Weights::Gguf(g) => {
+                        let mut all = Vec::with_capacity(rows as usize * fan_in);
+                        for (name, r) in names {
+                            let t = g
+                                .tensor(name)
+                                .map_err(|e| CudaError::Config(e.to_string()))?;
+                            let want = if *r == 1 {
+                                vec![fan_in as u64]
+                            } else {
+                                vec![fan_in as u64, *r]
+                            };
+                            if t.dims != want {
+                                return Err(CudaError::Config(format!(
+                                    "{}: tensor `{name}` has extents {:?}, expected {want:?}",
+                                    g.path().display(),
+                                    t.dims
+                                )));
+                            }
+                            all.extend(
+                                g.dequantize(name)
+                                    .map_err(|e| CudaError::Config(e.to_string()))?,
+                            );
+                        }
+                        upload(all)
+                    }
+                }
+            };
+        let (vocab_u, h_u) = (vocab as u64, h as u64);
+        let embed = weight(&[("token_embd.weight".into(), vocab_u)], h)?;
         let lm_head = if shape.tied_embeddings {
             None
         } else {
-            let mut w = alloc(vocab * h)?;
-            fill(&mut w, h)?;
-            Some(w)
+            Some(weight(&[("output.weight".into(), vocab_u)], h)?)
         };
-        let qd = (shape.heads * shape.head_dim) as usize;
-        let inter = shape.intermediate as usize;
+        let kvd = u64::from(shape.kv_heads * shape.head_dim);
         let mut layers = Vec::with_capacity(shape.layers as usize);
-        for _ in 0..shape.layers {
-            let mut wqkv = alloc(shape.qkv_dim() as usize * h)?;
-            fill(&mut wqkv, h)?;
-            let mut wo = alloc(h * qd)?;
-            fill(&mut wo, qd)?;
-            let mut w_gate_up = alloc(2 * inter * h)?;
-            fill(&mut w_gate_up, h)?;
-            let mut w_down = alloc(h * inter)?;
-            fill(&mut w_down, inter)?;
+        for l in 0..shape.layers {
+            let n = |t: &str| format!("blk.{l}.{t}.weight");
+            let wqkv = weight(
+                &[
+                    (n("attn_q"), qd as u64),
+                    (n("attn_k"), kvd),
+                    (n("attn_v"), kvd),
+                ],
+                h,
+            )?;
+            let wo = weight(&[(n("attn_output"), h_u)], qd)?;
+            let w_gate_up = weight(
+                &[(n("ffn_gate"), inter as u64), (n("ffn_up"), inter as u64)],
+                h,
+            )?;
+            let w_down = weight(&[(n("ffn_down"), h_u)], inter)?;
+            let (attn_norm, mlp_norm) = match weights {
+                Weights::Synthetic(_) => (ones(h)?, ones(h)?),
+                Weights::Gguf(_) => (
+                    weight(&[(n("attn_norm"), 1)], h)?,
+                    weight(&[(n("ffn_norm"), 1)], h)?,
+                ),
+            };
             layers.push(LayerWeights {
-                attn_norm: ones(h)?,
+                attn_norm,
                 wqkv,
                 wo,
-                mlp_norm: ones(h)?,
+                mlp_norm,
                 w_gate_up,
                 w_down,
             });
         }
-        let final_norm = ones(h)?;
+        let final_norm = match weights {
+            Weights::Synthetic(_) => ones(h)?,
+            Weights::Gguf(_) => weight(&[("output_norm.weight".into(), 1)], h)?,
+        };
         let cache_len =
             num_blocks as usize * block_size as usize * (shape.kv_heads * shape.head_dim) as usize;
         let mut k_cache = Vec::with_capacity(shape.layers as usize);
@@ -536,6 +673,8 @@ impl CudaRuntime {
             part_ml,
             start,
             end,
+            keep_logits: false,
+            logits: Vec::new(),
         })
     }
 
@@ -543,6 +682,16 @@ impl CudaRuntime {
     pub fn blocks_that_fit(shape: &LlamaShape, block_size: u32, free_bytes: u64) -> u32 {
         let per_block = u64::from(block_size) * shape.kv_bytes_per_token();
         (free_bytes / per_block.max(1)).min(u64::from(u32::MAX)) as u32
+    }
+
+    /// Keep the logits of the sampled rows of each step (for correctness checks).
+    pub fn keep_logits(&mut self, on: bool) {
+        self.keep_logits = on;
+    }
+
+    /// Logits of the last step's sampled rows (`samples x vocab`), when kept.
+    pub fn last_logits(&self) -> &[f32] {
+        &self.logits
     }
 
     /// Free device memory in bytes right now.
@@ -581,7 +730,7 @@ impl CudaRuntime {
         self.act = Some(Activations {
             tokens,
             samples,
-            residual: z(tokens * h)?,
+            residual: self.stream.alloc_zeros::<f32>(tokens * h)?,
             h: z(tokens * h)?,
             qkv: z(tokens * s.qkv_dim() as usize)?,
             q: z(tokens * (s.heads * s.head_dim) as usize)?,
@@ -590,7 +739,7 @@ impl CudaRuntime {
             gate_up: z(tokens * 2 * s.intermediate as usize)?,
             act: z(tokens * s.intermediate as usize)?,
             last: z(samples * h)?,
-            logits: z(samples * s.vocab as usize)?,
+            logits: self.stream.alloc_zeros::<f32>(samples * s.vocab as usize)?,
             ids: self.stream.alloc_zeros::<i32>(samples)?,
         });
         Ok(())
@@ -620,6 +769,53 @@ impl CudaRuntime {
         };
         // SAFETY: w holds n x k, x at least t x k, out at least t x n elements.
         unsafe { blas.gemm(cfg, w, x, out) }?;
+        Ok(())
+    }
+
+    /// `out[t x n] = x[t x k] * w[n x k]^T` with fp32 output (the logits: bf16 logits would
+    /// round values near 20 to steps of 0.125 and tie greedy choices).
+    #[allow(clippy::too_many_arguments)]
+    fn linear_f32_out(
+        blas: &CudaBlas,
+        st: &CudaStream,
+        out: &mut CudaSlice<f32>,
+        x: &CudaSlice<bf16>,
+        w: &CudaSlice<bf16>,
+        t: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType_t};
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (wp, _gw) = w.device_ptr(st);
+        let (xp, _gx) = x.device_ptr(st);
+        let (op, _go) = out.device_ptr_mut(st);
+        // SAFETY: w holds n x k, x at least t x k, out at least t x n elements; alpha and
+        // beta are host f32 as CUBLAS_COMPUTE_32F expects.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                t as i32,
+                k as i32,
+                (&alpha) as *const f32 as *const _,
+                wp as *const _,
+                cudaDataType_t::CUDA_R_16BF,
+                k as i32,
+                xp as *const _,
+                cudaDataType_t::CUDA_R_16BF,
+                k as i32,
+                (&beta) as *const f32 as *const _,
+                op as *mut _,
+                cudaDataType_t::CUDA_R_32F,
+                n as i32,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }?;
         Ok(())
     }
 
@@ -815,8 +1011,9 @@ impl CudaRuntime {
                 unsafe { b.launch(cfg) }?;
             }
             let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-            Self::linear(
+            Self::linear_f32_out(
                 &self.blas,
+                st,
                 &mut a.logits,
                 &a.last,
                 head,
@@ -839,6 +1036,11 @@ impl CudaRuntime {
             let mut host = vec![0i32; a.ids.len()];
             self.end.record(st)?;
             st.memcpy_dtoh(&a.ids, &mut host)?;
+            if self.keep_logits {
+                let n = l.samples * s.vocab as usize;
+                let all = st.clone_dtoh(&a.logits)?;
+                self.logits = all[..n].to_vec();
+            }
             sampled = host[..l.samples].iter().map(|&x| x.max(0) as u32).collect();
         } else {
             self.end.record(st)?;
