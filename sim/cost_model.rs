@@ -203,6 +203,18 @@ pub enum FitError {
         /// Utilisation.
         util: f64,
     },
+    /// `num_gpu_blocks_override` asks for more blocks than the memory holds.
+    #[error("engine.num_gpu_blocks_override = {blocks} blocks, but only {fit} blocks of {block_bytes} bytes fit in the {left_gb:.2} GB left for the KV cache")]
+    OverrideTooLarge {
+        /// Blocks asked for.
+        blocks: u32,
+        /// Blocks that fit.
+        fit: u64,
+        /// Bytes per block.
+        block_bytes: f64,
+        /// Memory left for the KV cache, GB.
+        left_gb: f64,
+    },
     /// No room for a single KV block after weights, activations and overhead.
     #[error("no memory left for the KV cache: {usable_gb:.2} GB usable - {weights_gb:.2} GB weights - {act_gb:.2} GB activations - {overhead_gb:.2} GB runtime overhead = {left_gb:.2} GB, less than one block ({block_bytes} bytes)")]
     NoKvRoom {
@@ -280,6 +292,14 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
         0.0
     };
     let num_blocks = match inp.num_gpu_blocks_override {
+        Some(n) if f64::from(n) > computed_blocks => {
+            return Err(FitError::OverrideTooLarge {
+                blocks: n,
+                fit: computed_blocks as u64,
+                block_bytes,
+                left_gb: left / gb,
+            })
+        }
         Some(n) => n,
         None => {
             if computed_blocks < 1.0 {

@@ -355,21 +355,16 @@ pub async fn run<E: EngineHandle>(
             continue;
         }
         let (plan, outcome) = engine.execute(planned.plan).await?;
-        let decode_tokens: u32 = plan
-            .work
-            .iter()
-            .filter(|w| w.kind == engine::plan::WorkKind::Decode)
-            .map(|w| w.len)
-            .sum();
         let batched = plan.num_batched_tokens();
+        let prefill_tokens = plan.num_prefill_tokens();
         sink.record_step(&StepRecord {
             step: plan.step,
             start_ns: now,
             duration_ns: outcome.duration,
             num_seqs: plan.work.len() as u32,
             num_batched_tokens: batched,
-            num_prefill_tokens: batched - decode_tokens,
-            num_decode_tokens: decode_tokens,
+            num_prefill_tokens: prefill_tokens,
+            num_decode_tokens: batched - prefill_tokens,
             num_waiting: planned.num_waiting,
             num_running: planned.num_running,
             num_preempted: plan.preempted.len() as u32,
@@ -380,10 +375,16 @@ pub async fn run<E: EngineHandle>(
         })?;
         stats.steps += 1;
         busy = true;
-        clock.push(
-            now + outcome.duration.max(1),
-            Event::StepDone(plan, outcome),
-        );
+        let done = now.checked_add(outcome.duration.max(1)).ok_or_else(|| {
+            DriverError::Backend(engine::backend::BackendError {
+                backend: "clock".into(),
+                message: format!(
+                    "step {} of {} ns at t = {now} ns overflows the simulated clock",
+                    plan.step, outcome.duration
+                ),
+            })
+        })?;
+        clock.push(done, Event::StepDone(plan, outcome));
     }
     let (used, pool) = engine.pool_usage().await?;
     stats.blocks_in_use_at_end = used;

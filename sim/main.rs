@@ -200,6 +200,9 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             requests,
             quiet,
         } => {
+            if requests == Some(0) {
+                anyhow::bail!("--requests: must be at least 1");
+            }
             let scn = Scenario::load(&scenario, seed)?;
             let out_dir = out_dir.unwrap_or_else(|| PathBuf::from("results").join(&scn.name));
             let opts = RunOptions {
@@ -211,7 +214,11 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                 backend,
                 requests,
             };
-            let results = run_scenario(&scn, &opts)?;
+            let results = run_scenario(&scn, &opts).map_err(|e| match e {
+                // Scenario errors already name the file.
+                sim::SimError::Scenario(_) => anyhow::Error::from(e),
+                other => anyhow::anyhow!("{}: {other}", scenario.display()),
+            })?;
             let summaries: Vec<_> = results.iter().map(|r| r.summary.clone()).collect();
             outln!(
                 out,
@@ -232,6 +239,8 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
         }
         Command::Validate { scenario } => {
             let scn = Scenario::load(&scenario, None)?;
+            // Open the workload too: trace and length files must exist and have their columns.
+            sim::workload::Workload::open(&scn.base.workload, &scn.base_dir, scn.seed)?;
             print_plan(out, &scn);
             outln!(out);
             outln!(out, "ok: {} variant(s) fit", scn.variants.len());

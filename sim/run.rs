@@ -17,6 +17,9 @@ use crate::scenario::{Scenario, Variant};
 use crate::workload::Workload;
 use crate::SimError;
 
+/// A request preempted this many times or more is reported as a preemption storm.
+pub const PREEMPTION_STORM: u32 = 5;
+
 /// Which backend executes the steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendKind {
@@ -163,11 +166,12 @@ pub fn run_variant(
             let (rt, blocks) = cuda_runtime(variant, scenario.seed)?;
             num_blocks = blocks;
             sched_cfg.pool_tokens = u64::from(blocks) * u64::from(variant.memory.block_size);
-            sched_cfg.want_block_tables = true;
-            sched_cfg.keep_tokens = true;
             Box::new(kernels::cuda::CudaBackend::new(rt))
         }
     };
+    // Real runtimes read and write KV through the block tables and consume token ids.
+    sched_cfg.want_block_tables = backend.needs_block_tables();
+    sched_cfg.keep_tokens = backend.needs_block_tables();
     let scheduler = Scheduler::new(sched_cfg).map_err(|e| run_err(e.into()))?;
     let block_manager = BlockManager::new(num_blocks, variant.memory.block_size);
     let mut last = 0;
@@ -226,6 +230,19 @@ pub fn run_variant(
         warnings.push(format!(
             "{}: {} requests rejected (prompt + output longer than max_model_len {} or the KV pool)",
             variant.name, summary.num_rejected, variant.scheduler.max_model_len
+        ));
+    }
+    if summary.max_request_preemptions >= PREEMPTION_STORM {
+        warnings.push(format!(
+            "{}: preemption storm: a request was preempted {} times ({} preemptions in all); the KV pool is too small for this load (raise gpu_memory_utilization, lower max_num_seqs, or add GPUs)",
+            variant.name, summary.max_request_preemptions, summary.num_preemptions
+        ));
+    }
+    if workload.clamped_prompts() > 0 {
+        warnings.push(format!(
+            "{}: {} trace rows had an empty prompt and were given 1 token",
+            variant.name,
+            workload.clamped_prompts()
         ));
     }
     if workload.clamped_outputs() > 0 {

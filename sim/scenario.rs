@@ -278,15 +278,16 @@ impl Scenario {
             let mut merged = raw.clone();
             merged.remove("variant");
             merge(&mut merged, &over);
-            let cfg: ScenarioConfig =
-                toml::Value::Table(merged)
-                    .try_into()
-                    .map_err(|e: toml::de::Error| {
-                        err(format!(
-                            "variant `{vname}`: {}",
-                            e.message().trim().replace('\n', " ")
-                        ))
-                    })?;
+            let cfg: ScenarioConfig = serde_path_to_error::deserialize(toml::Value::Table(merged))
+                .map_err(|e| {
+                    let path = e.path().to_string();
+                    let msg = e.into_inner().message().trim().replace('\n', " ");
+                    if path.is_empty() || path == "." {
+                        err(format!("variant `{vname}`: {msg}"))
+                    } else {
+                        err(format!("variant `{vname}`: {path}: {msg}"))
+                    }
+                })?;
             if variants.iter().any(|v: &Variant| v.name == vname) {
                 return Err(err(format!("variant `{vname}` is defined twice")));
             }

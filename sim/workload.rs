@@ -21,6 +21,10 @@ use std::path::{Path, PathBuf};
 
 use chrono::NaiveDateTime;
 use engine::request::{Request, NANOS_PER_SEC};
+
+/// Latest arrival time accepted, in seconds (1e9 s, about 31 years): simulated time is kept
+/// in `u64` nanoseconds, and a horizon far below `u64::MAX` leaves room for the run itself.
+pub const MAX_ARRIVAL_S: f64 = 1e9;
 use rand::distr::weighted::WeightedIndex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -1228,11 +1232,25 @@ impl Workload {
                 }
             },
         };
+        if arrival_s.is_nan() || arrival_s > MAX_ARRIVAL_S {
+            let key = match self.source {
+                Source::Synthetic(_) => "workload.arrival.rate",
+                Source::Trace(_) => "workload.trace",
+            };
+            return Err(WorkloadError::Config {
+                key: key.into(),
+                message: format!(
+                    "request {} would arrive at {arrival_s:.3e} s, beyond the simulator's horizon of {MAX_ARRIVAL_S:.0e} s (about 31 years): the rate is too small or the timestamps too far apart",
+                    self.next_id
+                ),
+            });
+        }
         let id = self.next_id;
         self.next_id += 1;
         Ok(Some(Request {
             id,
-            // Saturating float-to-int conversion; rounding keeps the order non-decreasing.
+            // Within the horizon the conversion is exact to the nanosecond; rounding keeps
+            // the order non-decreasing.
             arrival: (arrival_s * NANOS_PER_SEC).round() as u64,
             prompt_len,
             prompt_tokens: Vec::new(),

@@ -249,3 +249,46 @@ fn catalogs_list() {
         assert!(text.contains(g), "{g}");
     }
 }
+
+#[test]
+fn readme_scenario_example_is_valid() {
+    // The README's scenario block must parse and validate as written.
+    let readme = std::fs::read_to_string("README.md").expect("README.md");
+    let start = readme.find("```toml\n").expect("a ```toml block") + "```toml\n".len();
+    let len = readme[start..].find("```").expect("end of the block");
+    let (code, err, out) = validate(&readme[start..start + len]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("variant `static`") && out.contains("variant `chunked`"),
+        "{out}"
+    );
+}
+
+#[test]
+fn horizon_and_override_errors_name_the_file() {
+    let huge = GOOD.replace(
+        "[hardware]",
+        "[engine]\nnum_gpu_blocks_override = 4000000000\n[hardware]",
+    );
+    let huge = huge.replace("[engine]\nscheduler = \"chunked\"\n", "");
+    assert_bad(&huge, &["num_gpu_blocks_override", "4000000000", "fit"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = write(
+        dir.path(),
+        "scenario.toml",
+        &GOOD.replace("rate = 5.0", "rate = 1e-300"),
+    );
+    let out = sim(&[
+        "run",
+        p.to_str().expect("utf-8"),
+        "--quiet",
+        "--out",
+        dir.path().join("o").to_str().expect("utf-8"),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("scenario.toml") && err.contains("workload.arrival.rate"),
+        "{err}"
+    );
+}

@@ -30,8 +30,10 @@ fn mixed_continuous_and_chunked_beat_static() {
     for name in ["continuous", "chunked"] {
         let s = get(name);
         assert_eq!(s.completed, st.completed);
+        // Same max_num_seqs everywhere; at 20 req/s static saturates (~13.8 req/s) while
+        // iteration-level scheduling keeps up with the offered load (~18.7 req/s).
         assert!(
-            s.request_throughput > 1.5 * st.request_throughput,
+            s.request_throughput > 1.25 * st.request_throughput,
             "{name}: {} vs static {}",
             s.request_throughput,
             st.request_throughput
@@ -47,6 +49,8 @@ fn mixed_continuous_and_chunked_beat_static() {
     // Chunked prefill keeps decodes flowing while prompts are processed: its worst
     // inter-token gaps are shorter than prefill-first continuous batching's.
     assert!(get("chunked").p99_itl_ms < get("continuous").p99_itl_ms);
+    // ... and meets the TTFT/TPOT SLO for more requests.
+    assert!(get("chunked").request_goodput > get("continuous").request_goodput);
 }
 
 fn read_all(dir: &Path) -> Vec<(String, Vec<u8>)> {

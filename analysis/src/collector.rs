@@ -85,6 +85,7 @@ pub struct RunCollector {
 
     num_steps: u64,
     num_preemptions: u64,
+    max_request_preemptions: u32,
     sum_seqs: u64,
     sum_batched_tokens: u64,
     sum_kv_usage: f64,
@@ -130,6 +131,7 @@ impl RunCollector {
             good: 0,
             num_steps: 0,
             num_preemptions: 0,
+            max_request_preemptions: 0,
             sum_seqs: 0,
             sum_batched_tokens: 0,
             sum_kv_usage: 0.0,
@@ -191,6 +193,7 @@ impl RunCollector {
         if let Some(sink) = self.requests_csv.as_mut() {
             sink.request_row(r, &class_name(&self.class_names, r.class))?;
         }
+        self.max_request_preemptions = self.max_request_preemptions.max(r.num_preemptions);
 
         self.first_arrival_ns = Some(
             self.first_arrival_ns
@@ -352,6 +355,7 @@ impl RunCollector {
 
             num_steps: self.num_steps,
             num_preemptions: self.num_preemptions,
+            max_request_preemptions: self.max_request_preemptions,
             mean_batch_size: ratio(self.sum_seqs as f64, steps),
             mean_batched_tokens: ratio(self.sum_batched_tokens as f64, steps),
             mean_kv_usage: ratio(self.sum_kv_usage, steps),

@@ -181,6 +181,8 @@ pub struct Summary {
     pub num_steps: u64,
     /// Preemptions (sum of the steps' `num_preempted`).
     pub num_preemptions: u64,
+    /// Most preemptions of any single request (a preemption storm shows here).
+    pub max_request_preemptions: u32,
     /// Mean sequences per step.
     pub mean_batch_size: f64,
     /// Mean batched tokens per step.
@@ -290,9 +292,13 @@ impl Summary {
                 out.push((format!("{stat}_{metric}_ms"), f(value)));
             }
         }
-        let tail: [(&str, String); 8] = [
+        let tail: [(&str, String); 9] = [
             ("num_steps", self.num_steps.to_string()),
             ("num_preemptions", self.num_preemptions.to_string()),
+            (
+                "max_request_preemptions",
+                self.max_request_preemptions.to_string(),
+            ),
             ("mean_batch_size", f(self.mean_batch_size)),
             ("mean_batched_tokens", f(self.mean_batched_tokens)),
             ("mean_kv_usage", f(self.mean_kv_usage)),

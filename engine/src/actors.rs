@@ -184,18 +184,6 @@ impl Handler<CommitStep> for SchedulerActor {
     }
 }
 
-/// Asks whether the scheduler holds work: `(waiting, running)`.
-#[derive(Message)]
-#[rtype(result = "(usize, usize)")]
-pub struct QueueDepth;
-
-impl Handler<QueueDepth> for SchedulerActor {
-    type Result = MessageResult<QueueDepth>;
-    fn handle(&mut self, _: QueueDepth, _: &mut Context<Self>) -> Self::Result {
-        MessageResult((self.core.num_waiting(), self.core.num_running()))
-    }
-}
-
 /// Runs steps on a backend.
 pub struct WorkerActor {
     backend: Box<dyn Backend>,

@@ -47,7 +47,8 @@ pub enum SeqStatus {
     Preempted,
     /// Ended normally.
     Finished,
-    /// Refused without running.
+    /// Refused without running. Requests refused on arrival never become live sequences:
+    /// their record carries this outcome as its `finish_reason`.
     Rejected,
 }
 

@@ -530,7 +530,7 @@ mod tests {
             b.extend(off.to_le_bytes());
             off += bytes.div_ceil(32) * 32;
         }
-        while b.len() % 32 != 0 {
+        while !b.len().is_multiple_of(32) {
             b.push(0);
         }
         for x in [1.0f32, -2.0, 0.5, 3.25] {
