@@ -134,6 +134,7 @@ impl EngineHandle for InlineEngine {
         now: Nanos,
     ) -> Result<(CommitResult, Vec<Nanos>), DriverError> {
         let result = self.scheduler.commit(&plan, &outcome, now)?;
+        self.block_manager.cache_blocks(&result.cache);
         self.block_manager.free_all(&result.to_free);
         let gaps = self.scheduler.take_itl_gaps().collect();
         Ok((result, gaps))

@@ -173,7 +173,12 @@ pub fn run_variant(
     sched_cfg.want_block_tables = backend.needs_block_tables();
     sched_cfg.keep_tokens = backend.needs_block_tables();
     let scheduler = Scheduler::new(sched_cfg).map_err(|e| run_err(e.into()))?;
-    let block_manager = BlockManager::new(num_blocks, variant.memory.block_size);
+    let e = &variant.config.engine;
+    let block_manager = if e.enable_prefix_caching {
+        BlockManager::with_prefix_caching(num_blocks, e.block_size, e.eviction_policy.policy())
+    } else {
+        BlockManager::new(num_blocks, e.block_size)
+    };
     let mut last = 0;
     let stats = run_to_end(
         driver,

@@ -24,6 +24,7 @@
 use std::path::{Path, PathBuf};
 
 use analysis::Slo;
+use engine::eviction::EvictionKind;
 use engine::scheduler::{SchedulerConfig, SchedulerKind};
 use serde::{Deserialize, Serialize};
 
@@ -103,6 +104,21 @@ pub struct EngineConfig {
     /// Use exactly this many KV blocks (like vLLM's `num_gpu_blocks_override`).
     #[serde(default)]
     pub num_gpu_blocks_override: Option<u32>,
+    /// Prefix caching (vLLM V1's default: on). Only requests carrying token ids (e.g. the
+    /// Mooncake trace) can hit.
+    #[serde(default = "yes")]
+    pub enable_prefix_caching: bool,
+    /// Which cached block is evicted first: `lru` (vLLM), `fifo`, `lfu`.
+    #[serde(default = "default_eviction")]
+    pub eviction_policy: EvictionKind,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_eviction() -> EvictionKind {
+    EvictionKind::Lru
 }
 
 fn default_scheduler() -> SchedulerKind {
@@ -132,6 +148,8 @@ impl Default for EngineConfig {
             gpu_memory_utilization: default_util(),
             runtime_overhead_gib: default_overhead(),
             num_gpu_blocks_override: None,
+            enable_prefix_caching: true,
+            eviction_policy: EvictionKind::Lru,
         }
     }
 }
@@ -394,6 +412,8 @@ fn resolve(name: &str, config: ScenarioConfig) -> Result<Variant, String> {
         eos_token: None,
         want_block_tables: false,
         keep_tokens: false,
+        block_size: e.block_size,
+        prefix_caching: e.enable_prefix_caching,
     };
     scheduler.validate().map_err(|e| e.to_string())?;
     Ok(Variant {

@@ -117,6 +117,10 @@ pub enum TraceFormat {
     /// Vidur-style trace: `arrived_at,num_prefill_tokens,num_decode_tokens` (more
     /// columns allowed); `arrived_at` is the arrival in seconds from time 0.
     Vidur,
+    /// Mooncake trace (JSON lines): `timestamp` (ms), `input_length`, `output_length`,
+    /// `hash_ids` (ids of 512-token prompt blocks; equal ids mean equal content). Prompts get
+    /// token ids generated from their hash ids, so shared prefixes really share tokens.
+    Mooncake,
 }
 
 impl TraceFormat {
@@ -125,6 +129,7 @@ impl TraceFormat {
         match self {
             TraceFormat::Azure => ["TIMESTAMP", "ContextTokens", "GeneratedTokens"],
             TraceFormat::Vidur => ["arrived_at", "num_prefill_tokens", "num_decode_tokens"],
+            TraceFormat::Mooncake => ["timestamp", "input_length", "output_length"],
         }
     }
 }
@@ -971,6 +976,10 @@ impl TraceReader {
                     None => delta.num_milliseconds() as f64 / 1e3,
                 }
             }
+            // Mooncake traces are JSON lines, read by MooncakeReader.
+            TraceFormat::Mooncake => {
+                return Err(bad(c_time, time_text, "not a CSV trace format".into()))
+            }
             TraceFormat::Vidur => {
                 let secs = match time_text.parse::<f64>() {
                     Ok(v) if v.is_finite() && v >= 0.0 => v,
@@ -1032,6 +1041,142 @@ fn count_rows(path: &Path) -> Result<u64, WorkloadError> {
 enum Source {
     Synthetic(Box<Synthetic>),
     Trace(Box<TraceReader>),
+    Mooncake(Box<MooncakeReader>),
+}
+
+/// Tokens per Mooncake hash id.
+pub const MOONCAKE_BLOCK_TOKENS: usize = 512;
+
+/// Token id `i` of the Mooncake block with hash id `h`: a fixed hash into a 32,000-token
+/// vocabulary, so equal hash ids give equal token sequences.
+pub fn mooncake_token(h: u64, i: usize) -> u32 {
+    let mut z = h
+        .wrapping_mul(MOONCAKE_BLOCK_TOKENS as u64)
+        .wrapping_add(i as u64)
+        .wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) % 32_000) as u32
+}
+
+/// (arrival s, prompt length, output length, prompt token ids).
+type MooncakeRequest = (f64, u32, u32, Vec<u32>);
+
+#[derive(Deserialize)]
+struct MooncakeRow {
+    timestamp: f64,
+    input_length: u64,
+    output_length: u64,
+    hash_ids: Vec<u64>,
+}
+
+/// A Mooncake JSON-lines trace, streamed line by line.
+#[derive(Debug)]
+struct MooncakeReader {
+    path: PathBuf,
+    lines: std::io::Lines<std::io::BufReader<File>>,
+    line: u64,
+    time_scale: f64,
+    prev_ms: f64,
+    clamped_outputs: u64,
+    clamped_prompts: u64,
+}
+
+impl MooncakeReader {
+    fn open(cfg: &TraceConfig, base_dir: &Path) -> Result<Self, WorkloadError> {
+        use std::io::BufRead;
+        let path = base_dir.join(&cfg.path);
+        let file = File::open(&path).map_err(|source| WorkloadError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(MooncakeReader {
+            path,
+            lines: std::io::BufReader::new(file).lines(),
+            line: 0,
+            time_scale: cfg.time_scale,
+            prev_ms: 0.0,
+            clamped_outputs: 0,
+            clamped_prompts: 0,
+        })
+    }
+
+    /// Next request: (arrival s, prompt length, output length, prompt token ids).
+    fn next_row(&mut self) -> Result<Option<MooncakeRequest>, WorkloadError> {
+        loop {
+            let Some(line) = self.lines.next() else {
+                return Ok(None);
+            };
+            self.line += 1;
+            let line = line.map_err(|source| WorkloadError::Io {
+                path: self.path.clone(),
+                source,
+            })?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let bad = |column: &str, text: &str, message: String| WorkloadError::BadValue {
+                path: self.path.clone(),
+                line: self.line,
+                column: column.into(),
+                text: text.chars().take(80).collect(),
+                message,
+            };
+            let row: MooncakeRow = serde_json::from_str(&line)
+                .map_err(|e| bad("json", &line, format!("not a Mooncake trace row: {e}")))?;
+            if !(row.timestamp.is_finite() && row.timestamp >= self.prev_ms) {
+                return Err(bad(
+                    "timestamp",
+                    &row.timestamp.to_string(),
+                    format!(
+                        "must be a finite time not before the previous row ({} ms)",
+                        self.prev_ms
+                    ),
+                ));
+            }
+            self.prev_ms = row.timestamp;
+            let to_u32 = |v: u64, col: &str| {
+                u32::try_from(v).map_err(|_| bad(col, &v.to_string(), "too large".into()))
+            };
+            let mut prompt = to_u32(row.input_length, "input_length")?;
+            let mut output = to_u32(row.output_length, "output_length")?;
+            let capacity = row.hash_ids.len() * MOONCAKE_BLOCK_TOKENS;
+            if prompt as usize > capacity {
+                return Err(bad(
+                    "hash_ids",
+                    &format!("{} ids", row.hash_ids.len()),
+                    format!(
+                        "{} blocks of {MOONCAKE_BLOCK_TOKENS} tokens cannot hold input_length {prompt}",
+                        row.hash_ids.len()
+                    ),
+                ));
+            }
+            if prompt == 0 {
+                prompt = 1;
+                self.clamped_prompts += 1;
+            }
+            if output == 0 {
+                output = 1;
+                self.clamped_outputs += 1;
+            }
+            let tokens = (0..prompt as usize)
+                .map(|i| {
+                    let h = row
+                        .hash_ids
+                        .get(i / MOONCAKE_BLOCK_TOKENS)
+                        .copied()
+                        .unwrap_or(0);
+                    mooncake_token(h, i % MOONCAKE_BLOCK_TOKENS)
+                })
+                .collect();
+            return Ok(Some((
+                row.timestamp / 1000.0 * self.time_scale,
+                prompt,
+                output,
+                tokens,
+            )));
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1064,6 +1209,21 @@ impl Workload {
     ) -> Result<Workload, WorkloadError> {
         cfg.validate()?;
         let (source, class_names, expected_len) = match (&cfg.trace, &cfg.arrival) {
+            (Some(trace), _) if trace.format == TraceFormat::Mooncake => {
+                let reader = MooncakeReader::open(trace, base_dir)?;
+                let expected = std::fs::read(&reader.path)
+                    .ok()
+                    .map(|b| b.iter().filter(|&&c| c == b'\n').count() as u64);
+                let expected = match (expected, cfg.num_requests) {
+                    (Some(r), Some(n)) => Some(r.min(n)),
+                    (r, n) => r.or(n),
+                };
+                (
+                    Source::Mooncake(Box::new(reader)),
+                    vec![TRACE_CLASS_NAME.to_string()],
+                    expected,
+                )
+            }
             (Some(trace), _) => {
                 let reader = TraceReader::open(trace, base_dir)?;
                 let size = std::fs::metadata(&reader.path)
@@ -1184,6 +1344,7 @@ impl Workload {
     pub fn clamped_outputs(&self) -> u64 {
         match &self.source {
             Source::Trace(t) => t.clamped_outputs,
+            Source::Mooncake(t) => t.clamped_outputs,
             Source::Synthetic(_) => 0,
         }
     }
@@ -1193,6 +1354,7 @@ impl Workload {
     pub fn clamped_prompts(&self) -> u64 {
         match &self.source {
             Source::Trace(t) => t.clamped_prompts,
+            Source::Mooncake(t) => t.clamped_prompts,
             Source::Synthetic(_) => 0,
         }
     }
@@ -1201,6 +1363,7 @@ impl Workload {
         if self.num_requests.is_some_and(|n| self.next_id >= n) {
             return Ok(None);
         }
+        let mut prompt_tokens = Vec::new();
         let (arrival_s, prompt_len, max_tokens, class) = match &mut self.source {
             Source::Synthetic(s) => {
                 let gap = match &s.gaps {
@@ -1231,11 +1394,21 @@ impl Workload {
                     (row.arrival_s, row.prompt_len, row.max_tokens, 0)
                 }
             },
+            Source::Mooncake(r) => match r.next_row()? {
+                None => return Ok(None),
+                Some((t, p, o, tokens)) => {
+                    if self.duration_s.is_some_and(|d| t > d) {
+                        return Ok(None);
+                    }
+                    prompt_tokens = tokens;
+                    (t, p, o, 0)
+                }
+            },
         };
         if arrival_s.is_nan() || arrival_s > MAX_ARRIVAL_S {
             let key = match self.source {
                 Source::Synthetic(_) => "workload.arrival.rate",
-                Source::Trace(_) => "workload.trace",
+                Source::Trace(_) | Source::Mooncake(_) => "workload.trace",
             };
             return Err(WorkloadError::Config {
                 key: key.into(),
@@ -1253,7 +1426,7 @@ impl Workload {
             // the order non-decreasing.
             arrival: (arrival_s * NANOS_PER_SEC).round() as u64,
             prompt_len,
-            prompt_tokens: Vec::new(),
+            prompt_tokens,
             max_tokens,
             ignore_eos: true,
             priority: 0,

@@ -2,5 +2,6 @@
 
 mod cli;
 mod physics;
+mod prefix;
 mod properties;
 mod scenarios;

@@ -97,6 +97,8 @@ impl Knobs {
             eos_token: None,
             want_block_tables: self.want_tables,
             keep_tokens: self.want_tables,
+            block_size: self.block_size,
+            prefix_caching: false,
         }
     }
 }

@@ -78,6 +78,7 @@ pub struct RunCollector {
     completed: u64,
     num_rejected: u64,
     total_input_tokens: u64,
+    total_cached_tokens: u64,
     total_output_tokens: u64,
     first_arrival_ns: Option<u64>,
     last_finish_ns: Option<u64>,
@@ -125,6 +126,7 @@ impl RunCollector {
             completed: 0,
             num_rejected: 0,
             total_input_tokens: 0,
+            total_cached_tokens: 0,
             total_output_tokens: 0,
             first_arrival_ns: None,
             last_finish_ns: None,
@@ -219,6 +221,7 @@ impl RunCollector {
         self.completed += 1;
         class.completed += 1;
         self.total_input_tokens += u64::from(r.prompt_len);
+        self.total_cached_tokens += u64::from(r.cached_tokens);
         self.total_output_tokens += u64::from(r.output_len);
         if self.slo.is_met(r) {
             self.good += 1;
@@ -307,6 +310,10 @@ impl RunCollector {
             completed,
             num_rejected: self.num_rejected,
             total_input_tokens: self.total_input_tokens,
+            prefix_cache_hit_rate: ratio(
+                self.total_cached_tokens as f64,
+                self.total_input_tokens as f64,
+            ),
             total_output_tokens: self.total_output_tokens,
             duration,
             request_throughput: ratio(completed as f64, duration),

@@ -23,7 +23,7 @@ pub fn comparison_table(summaries: &[Summary]) -> String {
     table.set_header(header);
 
     type Getter = fn(&Summary) -> String;
-    let rows: [(&str, Getter); 23] = [
+    let rows: [(&str, Getter); 24] = [
         ("completed", |s| s.completed.to_string()),
         ("rejected", |s| s.num_rejected.to_string()),
         ("request throughput (req/s)", |s| {
@@ -55,6 +55,9 @@ pub fn comparison_table(summaries: &[Summary]) -> String {
             format!("{:.2}", s.mean_queue_ms)
         }),
         ("preemptions", |s| s.num_preemptions.to_string()),
+        ("prefix cache hit rate", |s| {
+            format!("{:.1}%", s.prefix_cache_hit_rate * 100.0)
+        }),
         ("mean KV usage", |s| {
             format!("{:.1}%", s.mean_kv_usage * 100.0)
         }),
@@ -222,7 +225,7 @@ mod tests {
             &header[..4],
             ["scenario", "variant", "backend", "completed"]
         );
-        assert!(lines[1].starts_with("sc,a,sim,10,0,0,0,0.000000,1.000000,"));
+        assert!(lines[1].starts_with("sc,a,sim,10,0,0,0.000000,0,0.000000,1.000000,"));
         let goodput_col = header
             .iter()
             .position(|h| *h == "request_goodput")

@@ -97,6 +97,9 @@ pub struct Summary {
     pub num_rejected: u64,
     /// Prompt tokens of completed requests.
     pub total_input_tokens: u64,
+    /// Prefix-cache hit rate in tokens: prompt tokens served from the cache / prompt tokens
+    /// (completed requests, first admission).
+    pub prefix_cache_hit_rate: f64,
     /// Output tokens of completed requests.
     pub total_output_tokens: u64,
     /// Makespan (s): last finish minus first arrival, over all requests including rejected.
@@ -218,6 +221,7 @@ impl Summary {
             ("completed", self.completed.to_string()),
             ("num_rejected", self.num_rejected.to_string()),
             ("total_input_tokens", self.total_input_tokens.to_string()),
+            ("prefix_cache_hit_rate", f(self.prefix_cache_hit_rate)),
             ("total_output_tokens", self.total_output_tokens.to_string()),
             ("duration", f(self.duration)),
             ("request_throughput", f(self.request_throughput)),

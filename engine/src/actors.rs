@@ -44,16 +44,22 @@ impl Handler<Reserve> for BlockManagerActor {
     }
 }
 
-/// Free the blocks of finished sequences (scheduler -> block manager, once per step).
-/// Answers the number of blocks still in use.
+/// Cache newly full blocks, then free the blocks of finished sequences (scheduler -> block
+/// manager, once per step). Answers the number of blocks still in use.
 #[derive(Message)]
 #[rtype(result = "u32")]
-pub struct Release(pub Vec<u64>);
+pub struct Release {
+    /// Blocks to register in the prefix cache.
+    pub cache: Vec<crate::block_manager::CacheBlocks>,
+    /// Sequences to free.
+    pub free: Vec<u64>,
+}
 
 impl Handler<Release> for BlockManagerActor {
     type Result = u32;
     fn handle(&mut self, msg: Release, _: &mut Context<Self>) -> u32 {
-        self.core.free_all(&msg.0);
+        self.core.cache_blocks(&msg.cache);
+        self.core.free_all(&msg.free);
         self.core.num_used()
     }
 }
@@ -171,11 +177,14 @@ impl Handler<CommitStep> for SchedulerActor {
         let bm = self.block_manager.clone();
         AtomicResponse::new(Box::pin(
             async move {
-                let result = committed?;
-                if !result.to_free.is_empty() {
-                    bm.send(Release(result.to_free.clone()))
-                        .await
-                        .map_err(|e| EngineError::Mailbox(e.to_string()))?;
+                let mut result = committed?;
+                if !result.to_free.is_empty() || !result.cache.is_empty() {
+                    bm.send(Release {
+                        cache: std::mem::take(&mut result.cache),
+                        free: result.to_free.clone(),
+                    })
+                    .await
+                    .map_err(|e| EngineError::Mailbox(e.to_string()))?;
                 }
                 Ok((result, gaps))
             }

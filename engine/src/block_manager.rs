@@ -13,9 +13,11 @@
 //! [`ReserveResponse`].
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
+use crate::eviction::EvictionPolicy;
 use crate::request::SeqId;
 
 /// Where a reservation comes from, which decides whether it may preempt.
@@ -38,6 +40,14 @@ pub struct ReserveEntry {
     /// Token slots the block table must cover after this step (computed tokens plus this
     /// step's tokens, or more for a worst-case reservation).
     pub slots: u32,
+    /// Tokens the step computes for this sequence (before any prefix-cache hit).
+    pub tokens: u32,
+    /// Tokens known for the sequence; a prefix-cache hit never covers the last one (it is
+    /// recomputed to produce logits).
+    pub total: u32,
+    /// Chained hashes of the sequence's full prompt blocks, for a prefix-cache lookup when a
+    /// sequence without blocks is admitted (`None`: no lookup).
+    pub hashes: Option<Arc<[u64]>>,
 }
 
 /// In which order the block manager considers running and waiting entries.
@@ -74,8 +84,24 @@ pub struct ReserveResponse {
     pub preempted: Vec<SeqId>,
     /// Block tables of the granted entries (same order as `granted`) when asked for.
     pub tables: Vec<Vec<u32>>,
+    /// Prefix-cache hit tokens of each granted entry (same order as `granted`): the
+    /// sequence's computed tokens start there.
+    pub hits: Vec<u32>,
     /// Blocks in use after the reservation.
     pub blocks_used: u32,
+    /// Cached blocks evicted to make room during this reservation.
+    pub evicted: u32,
+}
+
+/// Newly full blocks of a sequence whose content hashes can now be cached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheBlocks {
+    /// Sequence.
+    pub seq: SeqId,
+    /// Index in the block table of the first block to cache.
+    pub first: u32,
+    /// Their chained hashes.
+    pub hashes: Vec<u64>,
 }
 
 /// Counts of the block states (DESIGN §3 invariant 1).
@@ -90,17 +116,31 @@ pub struct BlockCounts {
 }
 
 /// The paged block pool and the block tables.
-#[derive(Debug, Clone)]
+///
+/// Free blocks are of two kinds: uncached ones (no content worth keeping) in a FIFO queue,
+/// used first, and cached ones (a full block whose hash is in the prefix cache) held by the
+/// eviction policy until a new block is needed and none is uncached (lazy eviction: a hit
+/// takes a cached block back while it is still there).
+#[derive(Debug)]
 pub struct BlockManager {
     block_size: u32,
     ref_counts: Vec<u32>,
     free_queue: VecDeque<u32>,
     tables: FxHashMap<SeqId, Vec<u32>>,
     used: u32,
+    /// Content hash of each block that holds a cached full block.
+    hashes: Vec<Option<u64>>,
+    /// Prefix cache: hash -> block.
+    cached: FxHashMap<u64, u32>,
+    /// Eviction policy; `None` disables prefix caching.
+    policy: Option<Box<dyn EvictionPolicy>>,
+    tick: u64,
+    free_order: u64,
+    evictions: u64,
 }
 
 impl BlockManager {
-    /// A pool of `num_blocks` blocks of `block_size` tokens.
+    /// A pool of `num_blocks` blocks of `block_size` tokens, without prefix caching.
     pub fn new(num_blocks: u32, block_size: u32) -> Self {
         assert!(block_size > 0, "block_size must be positive");
         BlockManager {
@@ -109,6 +149,98 @@ impl BlockManager {
             free_queue: (0..num_blocks).collect(),
             tables: FxHashMap::default(),
             used: 0,
+            hashes: vec![None; num_blocks as usize],
+            cached: FxHashMap::default(),
+            policy: None,
+            tick: 0,
+            free_order: 0,
+            evictions: 0,
+        }
+    }
+
+    /// A pool with prefix caching evicting by `policy`.
+    pub fn with_prefix_caching(
+        num_blocks: u32,
+        block_size: u32,
+        policy: Box<dyn EvictionPolicy>,
+    ) -> Self {
+        let mut bm = Self::new(num_blocks, block_size);
+        bm.policy = Some(policy);
+        bm
+    }
+
+    /// Whether prefix caching is on.
+    pub fn prefix_caching(&self) -> bool {
+        self.policy.is_some()
+    }
+
+    /// Cached blocks evicted so far.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    /// Cached blocks currently free (evictable).
+    fn num_evictable(&self) -> u32 {
+        self.policy.as_ref().map_or(0, |p| p.len() as u32)
+    }
+
+    /// Takes a free block: an uncached one first, else the policy's victim (its hash leaves
+    /// the cache).
+    fn take_block(&mut self) -> Option<u32> {
+        let b = match self.free_queue.pop_front() {
+            Some(b) => b,
+            None => {
+                let b = self.policy.as_mut()?.pop_victim()?;
+                if let Some(h) = self.hashes[b as usize].take() {
+                    self.cached.remove(&h);
+                }
+                self.evictions += 1;
+                b
+            }
+        };
+        self.ref_counts[b as usize] = 1;
+        self.used += 1;
+        Some(b)
+    }
+
+    /// Number of leading `hashes` present in the prefix cache, and how many of those blocks
+    /// are currently free (taking them back uses up free blocks).
+    fn lookup(&self, hashes: &[u64]) -> (u32, u32) {
+        let (mut n, mut free) = (0, 0);
+        for h in hashes {
+            match self.cached.get(h) {
+                Some(&b) => {
+                    n += 1;
+                    if self.ref_counts[b as usize] == 0 {
+                        free += 1;
+                    }
+                }
+                None => break,
+            }
+        }
+        (n, free)
+    }
+
+    /// Registers newly full blocks of sequences in the prefix cache (a hash already cached
+    /// by another block leaves this one uncached: the first copy wins).
+    pub fn cache_blocks(&mut self, blocks: &[CacheBlocks]) {
+        let Some(policy) = self.policy.as_mut() else {
+            return;
+        };
+        for c in blocks {
+            let Some(table) = self.tables.get(&c.seq) else {
+                continue;
+            };
+            for (i, &h) in c.hashes.iter().enumerate() {
+                let Some(&b) = table.get(c.first as usize + i) else {
+                    break;
+                };
+                if self.hashes[b as usize].is_none() && !self.cached.contains_key(&h) {
+                    self.hashes[b as usize] = Some(h);
+                    self.cached.insert(h, b);
+                    policy.on_cached(b, self.tick);
+                }
+            }
         }
     }
 
@@ -122,9 +254,9 @@ impl BlockManager {
         self.ref_counts.len() as u32
     }
 
-    /// Free blocks.
+    /// Free blocks (uncached and evictable cached ones).
     pub fn num_free(&self) -> u32 {
-        self.free_queue.len() as u32
+        self.free_queue.len() as u32 + self.num_evictable()
     }
 
     /// Blocks in use.
@@ -159,17 +291,53 @@ impl BlockManager {
         if need > self.num_free() {
             return false;
         }
-        let table = self.tables.entry(seq).or_default();
+        let mut new = Vec::with_capacity(need as usize);
         for _ in 0..need {
-            // The queue holds at least `need` blocks: checked above.
-            let Some(b) = self.free_queue.pop_front() else {
+            // At least `need` blocks are free: checked above.
+            let Some(b) = self.take_block() else {
                 break;
             };
-            self.ref_counts[b as usize] = 1;
+            new.push(b);
+        }
+        self.tables.entry(seq).or_default().extend(new);
+        true
+    }
+
+    /// Admits a sequence without blocks through the prefix cache: takes back the cached
+    /// blocks of its leading `hashes` and grows the table to `slots(hit_tokens)`. Returns the
+    /// hit tokens, or `None` (and no change) if the blocks do not fit.
+    fn admit_with_prefix(
+        &mut self,
+        seq: SeqId,
+        hashes: &[u64],
+        slots: impl Fn(u32) -> u32,
+    ) -> Option<u32> {
+        let (hits, hits_free) = self.lookup(hashes);
+        let want = self.blocks_for(slots(hits * self.block_size)).max(hits);
+        if want - hits > self.num_free() - hits_free {
+            return None;
+        }
+        let mut table = Vec::with_capacity(want as usize);
+        for h in &hashes[..hits as usize] {
+            let b = self.cached[h];
+            let rc = &mut self.ref_counts[b as usize];
+            if *rc == 0 {
+                if let Some(p) = self.policy.as_mut() {
+                    p.on_unevictable(b);
+                }
+                self.used += 1;
+            }
+            *rc += 1;
+            if let Some(p) = self.policy.as_mut() {
+                p.on_hit(b, self.tick);
+            }
             table.push(b);
         }
-        self.used += need;
-        true
+        for _ in hits..want {
+            table.push(self.take_block()?);
+        }
+        self.tables.insert(seq, table);
+        Some(hits * self.block_size)
     }
 
     /// Releases every block of `seq`, tail first (so that at equal recency the deepest
@@ -180,8 +348,15 @@ impl BlockManager {
                 let rc = &mut self.ref_counts[b as usize];
                 *rc -= 1;
                 if *rc == 0 {
-                    self.free_queue.push_back(b);
                     self.used -= 1;
+                    // A cached block stays cached (lazy eviction) as an eviction candidate.
+                    match (&mut self.policy, self.hashes[b as usize]) {
+                        (Some(p), Some(_)) => {
+                            p.on_evictable(b, self.tick, self.free_order);
+                            self.free_order += 1;
+                        }
+                        _ => self.free_queue.push_back(b),
+                    }
                 }
             }
         }
@@ -197,6 +372,8 @@ impl BlockManager {
     /// Serves one step's reservation: grants entries in order, preempting victims when a
     /// running entry does not fit (recompute: the victim's blocks are freed).
     pub fn reserve(&mut self, req: &ReserveRequest) -> ReserveResponse {
+        self.tick += 1;
+        let evictions_before = self.evictions;
         let mut resp = ReserveResponse::default();
         let mut victims = req.victims.iter().copied().peekable();
         let mut preempted: Vec<SeqId> = Vec::new();
@@ -222,6 +399,7 @@ impl BlockManager {
                     loop {
                         if bm.try_grow(e.seq, e.slots) {
                             resp.granted.push(i);
+                            resp.hits.push(0);
                             break;
                         }
                         // Skip candidates already preempted this step.
@@ -240,7 +418,15 @@ impl BlockManager {
                         bm.free(v);
                         preempted.push(v);
                         // A victim granted earlier in this step loses its grant.
-                        resp.granted.retain(|&g| req.entries[g].seq != v);
+                        let keep: Vec<bool> = resp
+                            .granted
+                            .iter()
+                            .map(|&g| req.entries[g].seq != v)
+                            .collect();
+                        let mut k = keep.iter();
+                        resp.hits.retain(|_| *k.next().unwrap_or(&true));
+                        let mut k = keep.iter();
+                        resp.granted.retain(|_| *k.next().unwrap_or(&true));
                         if v == e.seq {
                             break;
                         }
@@ -249,10 +435,29 @@ impl BlockManager {
             };
         let serve_waiting = |bm: &mut Self, resp: &mut ReserveResponse| {
             for (i, e) in waiting.clone() {
-                if !bm.try_grow(e.seq, e.slots) {
-                    break;
+                let cacheable = bm.policy.is_some() && !bm.tables.contains_key(&e.seq);
+                match &e.hashes {
+                    Some(hashes) if cacheable => {
+                        // A full hit still recomputes the last token.
+                        let usable = (e.total.saturating_sub(1) / bm.block_size) as usize;
+                        let hashes = &hashes[..hashes.len().min(usable)];
+                        let (tokens, total, slots) = (e.tokens, e.total, e.slots);
+                        let Some(hit) = bm.admit_with_prefix(e.seq, hashes, |hit| {
+                            slots.max(hit + tokens.min(total - hit))
+                        }) else {
+                            break;
+                        };
+                        resp.granted.push(i);
+                        resp.hits.push(hit);
+                    }
+                    _ => {
+                        if !bm.try_grow(e.seq, e.slots) {
+                            break;
+                        }
+                        resp.granted.push(i);
+                        resp.hits.push(0);
+                    }
                 }
-                resp.granted.push(i);
             }
         };
 
@@ -270,7 +475,17 @@ impl BlockManager {
                 }
             }
         }
-        resp.granted.sort_unstable();
+        // Entry order (waiting entries may have been served first).
+        let mut order: Vec<(usize, u32)> = resp
+            .granted
+            .iter()
+            .copied()
+            .zip(resp.hits.iter().copied())
+            .collect();
+        order.sort_unstable();
+        resp.granted = order.iter().map(|&(g, _)| g).collect();
+        resp.hits = order.iter().map(|&(_, h)| h).collect();
+        resp.evicted = (self.evictions - evictions_before) as u32;
         if req.want_tables {
             resp.tables = resp
                 .granted
@@ -286,8 +501,8 @@ impl BlockManager {
     /// Block state counts.
     pub fn counts(&self) -> BlockCounts {
         BlockCounts {
-            free_uncached: self.num_free(),
-            free_cached: 0,
+            free_uncached: self.free_queue.len() as u32,
+            free_cached: self.num_evictable(),
             in_use: self.used,
         }
     }
@@ -329,7 +544,28 @@ impl BlockManager {
                     "block {b} is in the free queue twice or while in use"
                 ));
             }
+            if self.hashes[b as usize].is_some() {
+                return Err(format!(
+                    "block {b} is in the uncached free queue with a hash"
+                ));
+            }
             seen[b as usize] = true;
+        }
+        // Invariant 3: the cache maps each hash to one block holding exactly that hash.
+        for (h, &b) in &self.cached {
+            if self.hashes[b as usize] != Some(*h) {
+                return Err(format!(
+                    "cache entry {h:#x} points at block {b} holding {:?}",
+                    self.hashes[b as usize]
+                ));
+            }
+        }
+        let hashed = self.hashes.iter().filter(|h| h.is_some()).count();
+        if hashed != self.cached.len() {
+            return Err(format!(
+                "{hashed} blocks hold hashes but the cache has {} entries",
+                self.cached.len()
+            ));
         }
         Ok(())
     }
@@ -340,7 +576,14 @@ mod tests {
     use super::*;
 
     fn entry(seq: SeqId, kind: EntryKind, slots: u32) -> ReserveEntry {
-        ReserveEntry { seq, kind, slots }
+        ReserveEntry {
+            seq,
+            kind,
+            slots,
+            tokens: slots,
+            total: slots,
+            hashes: None,
+        }
     }
 
     #[test]
@@ -414,5 +657,83 @@ mod tests {
         });
         assert_eq!(r.granted, vec![1]);
         assert!(r.preempted.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod prefix_tests {
+    use super::*;
+    use crate::eviction::Lru;
+    use crate::prefix::block_hashes;
+
+    fn waiting(seq: SeqId, tokens: &[u32], new: u32) -> ReserveEntry {
+        ReserveEntry {
+            seq,
+            kind: EntryKind::Waiting,
+            slots: new,
+            tokens: new,
+            total: tokens.len() as u32,
+            hashes: Some(block_hashes(tokens, 4).into()),
+        }
+    }
+
+    fn admit(bm: &mut BlockManager, e: ReserveEntry) -> ReserveResponse {
+        bm.reserve(&ReserveRequest {
+            entries: vec![e],
+            victims: vec![],
+            order: ReserveOrder::RunningFirst,
+            want_tables: true,
+        })
+    }
+
+    /// Computes a whole prompt for `seq` and registers its full blocks.
+    fn compute(bm: &mut BlockManager, seq: SeqId, tokens: &[u32]) {
+        let hashes = block_hashes(tokens, 4);
+        bm.cache_blocks(&[CacheBlocks {
+            seq,
+            first: 0,
+            hashes,
+        }]);
+    }
+
+    #[test]
+    fn hits_share_blocks_and_recompute_the_last_token() {
+        let mut bm = BlockManager::with_prefix_caching(16, 4, Box::<Lru>::default());
+        let prompt: Vec<u32> = (0..12).collect(); // 3 full blocks
+        let r = admit(&mut bm, waiting(1, &prompt, 12));
+        assert_eq!(r.hits, vec![0]);
+        compute(&mut bm, 1, &prompt);
+        bm.check_invariants().unwrap();
+        // Same prompt: a full hit would cover 12 tokens, but the last token is recomputed,
+        // so only the first 2 blocks (8 tokens) hit.
+        let r = admit(&mut bm, waiting(2, &prompt, 12));
+        assert_eq!(r.hits, vec![8]);
+        assert_eq!(bm.table(2)[..2], bm.table(1)[..2]);
+        assert_eq!(bm.counts().in_use, 4); // 3 + 1 new block for the recomputed tail
+        bm.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn freed_blocks_stay_cached_until_evicted() {
+        let mut bm = BlockManager::with_prefix_caching(4, 4, Box::<Lru>::default());
+        let a: Vec<u32> = (0..9).collect(); // 2 full blocks + 1 token
+        admit(&mut bm, waiting(1, &a, 9));
+        compute(&mut bm, 1, &a);
+        bm.free(1);
+        let c = bm.counts();
+        assert_eq!((c.free_uncached, c.free_cached, c.in_use), (2, 2, 0));
+        // A preempted or new request with the same prefix re-hits what is still cached.
+        let r = admit(&mut bm, waiting(2, &a, 9));
+        assert_eq!(r.hits, vec![8]);
+        bm.free(2);
+        // A different 4-block prompt needs every block: the cached ones are evicted.
+        let b: Vec<u32> = (100..116).collect();
+        let r = admit(&mut bm, waiting(3, &b, 16));
+        assert_eq!(r.hits, vec![0]);
+        assert_eq!(r.evicted, 2);
+        bm.free(3);
+        let r = admit(&mut bm, waiting(4, &a, 9));
+        assert_eq!(r.hits, vec![0], "evicted blocks must not hit");
+        bm.check_invariants().unwrap();
     }
 }

@@ -20,7 +20,7 @@
 //! let cfg = SchedulerConfig {
 //!     kind: SchedulerKind::Chunked, max_num_seqs: 8, max_num_batched_tokens: 64,
 //!     max_model_len: 256, pool_tokens: 1024, eos_token: None,
-//!     want_block_tables: false, keep_tokens: false,
+//!     want_block_tables: false, keep_tokens: false, block_size: 16, prefix_caching: false,
 //! };
 //! let mut sched = Scheduler::new(cfg).unwrap();
 //! let mut bm = BlockManager::new(64, 16);
@@ -37,7 +37,9 @@ pub mod actors;
 pub mod backend;
 pub mod block_manager;
 pub mod error;
+pub mod eviction;
 pub mod plan;
+pub mod prefix;
 pub mod record;
 pub mod request;
 pub mod scheduler;

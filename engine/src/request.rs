@@ -111,6 +111,13 @@ pub struct Sequence {
     pub num_preemptions: u32,
     /// Admission counter value when last admitted (orders the running set, newest last).
     pub admitted_seq: u64,
+    /// Chained hashes of the prompt's full blocks (prefix caching, when the prompt carries
+    /// token ids).
+    pub block_hashes: Option<std::sync::Arc<[u64]>>,
+    /// Leading blocks of the table already registered in the prefix cache.
+    pub hashed_blocks: u32,
+    /// Prompt tokens served from the prefix cache at first admission.
+    pub cached_tokens: u32,
 }
 
 impl Sequence {
@@ -129,6 +136,9 @@ impl Sequence {
             last_token: None,
             num_preemptions: 0,
             admitted_seq: 0,
+            block_hashes: None,
+            hashed_blocks: 0,
+            cached_tokens: 0,
         }
     }
 

@@ -23,7 +23,7 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::block_manager::{
-    EntryKind, ReserveEntry, ReserveOrder, ReserveRequest, ReserveResponse,
+    CacheBlocks, EntryKind, ReserveEntry, ReserveOrder, ReserveRequest, ReserveResponse,
 };
 use crate::error::EngineError;
 use crate::plan::{SeqWork, StepOutcome, StepPlan, WorkKind};
@@ -96,6 +96,8 @@ pub struct SchedulerConfig {
     pub max_num_batched_tokens: u32,
     /// Longest sequence (prompt + output) accepted.
     pub max_model_len: u32,
+    /// Tokens per KV block (prefix-cache hashes cover full blocks).
+    pub block_size: u32,
     /// Token slots in the whole KV pool (blocks x block size): a request that cannot fit
     /// alone is rejected on arrival.
     pub pool_tokens: u64,
@@ -105,6 +107,9 @@ pub struct SchedulerConfig {
     pub want_block_tables: bool,
     /// Keep generated token ids on the sequences (real backends).
     pub keep_tokens: bool,
+    /// Look up and register full prompt blocks in the block manager's prefix cache (only
+    /// requests that carry token ids can hit).
+    pub prefix_caching: bool,
 }
 
 impl SchedulerConfig {
@@ -183,7 +188,14 @@ pub struct Proposal {
 impl Proposal {
     /// Adds an entry computing `tokens` tokens with a block table covering `slots`.
     pub fn push(&mut self, seq: SeqId, kind: EntryKind, tokens: u32, slots: u32) {
-        self.entries.push(ReserveEntry { seq, kind, slots });
+        self.entries.push(ReserveEntry {
+            seq,
+            kind,
+            slots,
+            tokens,
+            total: 0,
+            hashes: None,
+        });
         self.tokens.push(tokens);
     }
 }
@@ -199,6 +211,8 @@ pub trait SchedulePolicy {
 /// What committing a step produced.
 #[derive(Debug, Clone, Default)]
 pub struct CommitResult {
+    /// Newly full prompt blocks to register in the prefix cache (before freeing).
+    pub cache: Vec<CacheBlocks>,
     /// Records of the requests that finished in this step.
     pub finished: Vec<RequestRecord>,
     /// Sequences whose blocks must be freed.
@@ -268,7 +282,15 @@ impl Scheduler {
             });
         }
         let id = req.id;
-        self.seqs.insert(id, Sequence::new(req));
+        let mut seq = Sequence::new(req);
+        if self.cfg.prefix_caching && !seq.request.prompt_tokens.is_empty() {
+            let hashes =
+                crate::prefix::block_hashes(&seq.request.prompt_tokens, self.cfg.block_size);
+            if !hashes.is_empty() {
+                seq.block_hashes = Some(hashes.into());
+            }
+        }
+        self.seqs.insert(id, seq);
         self.waiting.push_back(id);
         None
     }
@@ -321,7 +343,16 @@ impl Scheduler {
             waiting: &self.waiting,
             running: &self.running,
         };
-        let p = self.policy.propose(&q, &self.cfg);
+        let mut p = self.policy.propose(&q, &self.cfg);
+        // Sequences admitted without blocks may hit the prefix cache.
+        for e in &mut p.entries {
+            if let Some(s) = self.seqs.get(&e.seq) {
+                e.total = s.num_tokens;
+                if e.kind == EntryKind::Waiting && s.num_computed == 0 {
+                    e.hashes = s.block_hashes.clone();
+                }
+            }
+        }
         self.pending_tokens = p.tokens;
         ReserveRequest {
             entries: p.entries,
@@ -345,6 +376,7 @@ impl Scheduler {
                 if let Some(s) = self.seqs.get_mut(&v) {
                     s.status = SeqStatus::Preempted;
                     s.num_computed = 0;
+                    s.hashed_blocks = 0;
                     s.num_preemptions += 1;
                 }
                 self.waiting.push_front(v);
@@ -356,9 +388,10 @@ impl Scheduler {
         }
         let mut tables = std::mem::take(&mut resp.tables).into_iter();
         let mut work = Vec::with_capacity(resp.granted.len());
-        for &g in &resp.granted {
+        for (k, &g) in resp.granted.iter().enumerate() {
             let entry = &req.entries[g];
-            let tokens = self.pending_tokens[g];
+            let mut tokens = self.pending_tokens[g];
+            let hit = resp.hits.get(k).copied().unwrap_or(0);
             if entry.kind == EntryKind::Waiting {
                 // Granted waiting entries are a prefix of the queue (FCFS, no skipping).
                 debug_assert_eq!(self.waiting.front(), Some(&entry.seq));
@@ -368,6 +401,15 @@ impl Scheduler {
             let Some(s) = self.seqs.get_mut(&entry.seq) else {
                 continue;
             };
+            if hit > 0 {
+                // Prefix-cache hit: those tokens are already in the KV cache.
+                s.num_computed = hit;
+                s.hashed_blocks = hit / self.cfg.block_size;
+                tokens = tokens.min(s.num_tokens - hit);
+                if s.first_scheduled.is_none() {
+                    s.cached_tokens = hit;
+                }
+            }
             if entry.kind == EntryKind::Waiting {
                 s.status = SeqStatus::Running;
                 s.admitted_seq = self.admissions;
@@ -447,6 +489,18 @@ impl Scheduler {
                 )));
             };
             s.num_computed += w.len;
+            // Newly full prompt blocks join the prefix cache (before any free below).
+            if let Some(hashes) = &s.block_hashes {
+                let full = (s.num_computed / self.cfg.block_size).min(hashes.len() as u32);
+                if full > s.hashed_blocks {
+                    result.cache.push(CacheBlocks {
+                        seq: w.seq,
+                        first: s.hashed_blocks,
+                        hashes: hashes[s.hashed_blocks as usize..full as usize].to_vec(),
+                    });
+                    s.hashed_blocks = full;
+                }
+            }
             if !w.sample {
                 continue;
             }
@@ -480,7 +534,7 @@ impl Scheduler {
                     prompt_len: s.request.prompt_len,
                     output_len: s.output_len,
                     max_tokens: s.request.max_tokens,
-                    cached_tokens: 0,
+                    cached_tokens: s.cached_tokens,
                     num_preemptions: s.num_preemptions,
                     finish_reason: reason,
                 });

@@ -1,0 +1,225 @@
+//! Eviction policies of the prefix cache: which free-but-cached block gives up its content
+//! when a new block is needed (DESIGN §5). A policy is one small type implementing
+//! [`EvictionPolicy`]; the block manager tells it when blocks are cached, hit, become
+//! evictable (ref count 0) or are taken back, and asks it for victims.
+
+use std::collections::BTreeSet;
+
+/// A prefix-cache eviction policy.
+pub trait EvictionPolicy: Send + std::fmt::Debug {
+    /// Scenario name.
+    fn name(&self) -> &'static str;
+    /// `block` received a content hash at `tick` (step number).
+    fn on_cached(&mut self, block: u32, tick: u64);
+    /// `block` was hit by a new sequence at `tick`.
+    fn on_hit(&mut self, block: u32, tick: u64);
+    /// `block`'s ref count dropped to 0 at `tick`: it becomes an eviction candidate. `order`
+    /// grows with every freed block (a table is freed tail first, so at equal `tick` the
+    /// deepest block has the smallest order and goes first: vLLM's tie-break).
+    fn on_evictable(&mut self, block: u32, tick: u64, order: u64);
+    /// An evictable block was taken back by a hit.
+    fn on_unevictable(&mut self, block: u32);
+    /// Removes and returns the next victim.
+    fn pop_victim(&mut self) -> Option<u32>;
+    /// Candidates held.
+    fn len(&self) -> usize;
+    /// True when no block can be evicted.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Candidates ordered by a per-policy key, removable by block.
+#[derive(Debug, Default, Clone)]
+struct Candidates {
+    set: BTreeSet<(u64, u64, u64, u32)>,
+    key: Vec<Option<(u64, u64, u64)>>,
+}
+
+impl Candidates {
+    fn insert(&mut self, block: u32, key: (u64, u64, u64)) {
+        let b = block as usize;
+        if self.key.len() <= b {
+            self.key.resize(b + 1, None);
+        }
+        if let Some(old) = self.key[b].take() {
+            self.set.remove(&(old.0, old.1, old.2, block));
+        }
+        self.key[b] = Some(key);
+        self.set.insert((key.0, key.1, key.2, block));
+    }
+
+    fn remove(&mut self, block: u32) {
+        if let Some(k) = self.key.get_mut(block as usize).and_then(Option::take) {
+            self.set.remove(&(k.0, k.1, k.2, block));
+        }
+    }
+
+    fn pop(&mut self) -> Option<u32> {
+        let first = self.set.pop_first()?;
+        self.key[first.3 as usize] = None;
+        Some(first.3)
+    }
+}
+
+fn grow(v: &mut Vec<u64>, b: u32) -> &mut u64 {
+    let b = b as usize;
+    if v.len() <= b {
+        v.resize(b + 1, 0);
+    }
+    &mut v[b]
+}
+
+/// Least recently used (vLLM): the block freed longest ago goes first.
+#[derive(Debug, Default, Clone)]
+pub struct Lru {
+    c: Candidates,
+}
+
+impl EvictionPolicy for Lru {
+    fn name(&self) -> &'static str {
+        "lru"
+    }
+    fn on_cached(&mut self, _: u32, _: u64) {}
+    fn on_hit(&mut self, _: u32, _: u64) {}
+    fn on_evictable(&mut self, block: u32, tick: u64, order: u64) {
+        self.c.insert(block, (tick, order, 0));
+    }
+    fn on_unevictable(&mut self, block: u32) {
+        self.c.remove(block);
+    }
+    fn pop_victim(&mut self) -> Option<u32> {
+        self.c.pop()
+    }
+    fn len(&self) -> usize {
+        self.c.set.len()
+    }
+}
+
+/// First in, first out: the block cached earliest goes first, however often it was hit.
+#[derive(Debug, Default, Clone)]
+pub struct Fifo {
+    c: Candidates,
+    cached_at: Vec<u64>,
+}
+
+impl EvictionPolicy for Fifo {
+    fn name(&self) -> &'static str {
+        "fifo"
+    }
+    fn on_cached(&mut self, block: u32, tick: u64) {
+        *grow(&mut self.cached_at, block) = tick;
+    }
+    fn on_hit(&mut self, _: u32, _: u64) {}
+    fn on_evictable(&mut self, block: u32, _: u64, order: u64) {
+        let at = *grow(&mut self.cached_at, block);
+        self.c.insert(block, (at, order, 0));
+    }
+    fn on_unevictable(&mut self, block: u32) {
+        self.c.remove(block);
+    }
+    fn pop_victim(&mut self) -> Option<u32> {
+        self.c.pop()
+    }
+    fn len(&self) -> usize {
+        self.c.set.len()
+    }
+}
+
+/// Least frequently used: the block with the fewest hits goes first (ties: least recently
+/// freed).
+#[derive(Debug, Default, Clone)]
+pub struct Lfu {
+    c: Candidates,
+    hits: Vec<u64>,
+}
+
+impl EvictionPolicy for Lfu {
+    fn name(&self) -> &'static str {
+        "lfu"
+    }
+    fn on_cached(&mut self, block: u32, _: u64) {
+        *grow(&mut self.hits, block) = 0;
+    }
+    fn on_hit(&mut self, block: u32, _: u64) {
+        *grow(&mut self.hits, block) += 1;
+    }
+    fn on_evictable(&mut self, block: u32, tick: u64, order: u64) {
+        let h = *grow(&mut self.hits, block);
+        self.c.insert(block, (h, tick, order));
+    }
+    fn on_unevictable(&mut self, block: u32) {
+        self.c.remove(block);
+    }
+    fn pop_victim(&mut self) -> Option<u32> {
+        self.c.pop()
+    }
+    fn len(&self) -> usize {
+        self.c.set.len()
+    }
+}
+
+/// Eviction policies by scenario name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EvictionKind {
+    /// [`Lru`].
+    Lru,
+    /// [`Fifo`].
+    Fifo,
+    /// [`Lfu`].
+    Lfu,
+}
+
+impl EvictionKind {
+    /// A fresh policy of this kind.
+    pub fn policy(self) -> Box<dyn EvictionPolicy> {
+        match self {
+            EvictionKind::Lru => Box::<Lru>::default(),
+            EvictionKind::Fifo => Box::<Fifo>::default(),
+            EvictionKind::Lfu => Box::<Lfu>::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orders() {
+        // Blocks 1, 2, 3 cached at ticks 0, 1, 2; 3 hit twice, 2 once; freed at 5, 4, 4.
+        let mut lru = Lru::default();
+        let mut fifo = Fifo::default();
+        let mut lfu = Lfu::default();
+        let policies: [&mut dyn EvictionPolicy; 3] = [&mut lru, &mut fifo, &mut lfu];
+        let mut victims = Vec::new();
+        for p in policies {
+            for (b, t) in [(1, 0), (2, 1), (3, 2)] {
+                p.on_cached(b, t);
+            }
+            p.on_hit(3, 3);
+            p.on_hit(3, 3);
+            p.on_hit(2, 3);
+            p.on_evictable(1, 5, 10);
+            p.on_evictable(3, 4, 11);
+            p.on_evictable(2, 4, 12);
+            let order: Vec<u32> = std::iter::from_fn(|| p.pop_victim()).collect();
+            victims.push(order);
+        }
+        assert_eq!(victims[0], vec![3, 2, 1]); // LRU: freed at 4 (tail first: 3), then 5
+        assert_eq!(victims[1], vec![1, 2, 3]); // FIFO: cached first goes first
+        assert_eq!(victims[2], vec![1, 2, 3]); // LFU: 0 hits, 1 hit, 2 hits
+    }
+
+    #[test]
+    fn taken_back_blocks_are_not_victims() {
+        let mut p = Lru::default();
+        p.on_evictable(7, 1, 1);
+        p.on_evictable(8, 1, 2);
+        p.on_unevictable(7);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p.pop_victim(), Some(8));
+        assert_eq!(p.pop_victim(), None);
+    }
+}
