@@ -110,7 +110,7 @@ impl EngineHandle for InlineEngine {
         if !self.scheduler.has_work() {
             return Ok(None);
         }
-        let req = self.scheduler.propose();
+        let req = self.scheduler.propose(now);
         let resp = self.block_manager.reserve(&req);
         let blocks_used = resp.blocks_used;
         let plan = self.scheduler.apply(&req, resp, now);

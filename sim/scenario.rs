@@ -25,7 +25,9 @@ use std::path::{Path, PathBuf};
 
 use analysis::Slo;
 use engine::eviction::EvictionKind;
-use engine::scheduler::{SchedulerConfig, SchedulerKind};
+use engine::scheduler::{
+    AdmissionPolicy, QueuePolicy, SchedulerConfig, SchedulerKind, VictimPolicy,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::{find_gpu, find_model, Dtype, GPUS, MODELS};
@@ -111,6 +113,25 @@ pub struct EngineConfig {
     /// Which cached block is evicted first: `lru` (vLLM), `fifo`, `lfu`.
     #[serde(default = "default_eviction")]
     pub eviction_policy: EvictionKind,
+    /// Waiting-queue order: `fcfs`, `priority`, `sjf`, `sjf-oracle`.
+    #[serde(default)]
+    pub queue_policy: QueuePolicy,
+    /// Aging period of the SJF policies, seconds (a request's key halves per period).
+    #[serde(default = "default_aging")]
+    pub queue_aging_s: f64,
+    /// KV reserved at admission: `optimistic` (vLLM), `full-prompt`, `worst-case` (TGI).
+    #[serde(default)]
+    pub admission: AdmissionPolicy,
+    /// Preemption victim: `newest` (vLLM), `lowest-priority`, `fewest-computed` (SGLang).
+    #[serde(default)]
+    pub preemption_victim: VictimPolicy,
+    /// Fraction of KV blocks kept free when admitting (vLLM V0's watermark, e.g. 0.01).
+    #[serde(default)]
+    pub watermark: f64,
+}
+
+fn default_aging() -> f64 {
+    10.0
 }
 
 fn yes() -> bool {
@@ -150,6 +171,11 @@ impl Default for EngineConfig {
             num_gpu_blocks_override: None,
             enable_prefix_caching: true,
             eviction_policy: EvictionKind::Lru,
+            queue_policy: QueuePolicy::Fcfs,
+            queue_aging_s: default_aging(),
+            admission: AdmissionPolicy::Optimistic,
+            preemption_victim: VictimPolicy::Newest,
+            watermark: 0.0,
         }
     }
 }
@@ -367,6 +393,18 @@ fn resolve(name: &str, config: ScenarioConfig) -> Result<Variant, String> {
             e.runtime_overhead_gib
         ));
     }
+    if !(0.0..0.5).contains(&e.watermark) {
+        return Err(format!(
+            "engine.watermark: must be a fraction in [0, 0.5), got {}",
+            e.watermark
+        ));
+    }
+    if !(e.queue_aging_s > 0.0 && e.queue_aging_s.is_finite()) {
+        return Err(format!(
+            "engine.queue_aging_s: must be a positive number of seconds, got {}",
+            e.queue_aging_s
+        ));
+    }
     if e.num_gpu_blocks_override == Some(0) {
         return Err("engine.num_gpu_blocks_override: must be at least 1".into());
     }
@@ -414,6 +452,11 @@ fn resolve(name: &str, config: ScenarioConfig) -> Result<Variant, String> {
         keep_tokens: false,
         block_size: e.block_size,
         prefix_caching: e.enable_prefix_caching,
+        queue: e.queue_policy,
+        queue_aging_ns: (e.queue_aging_s * 1e9) as u64,
+        admission: e.admission,
+        victim: e.preemption_victim,
+        watermark_blocks: (e.watermark * f64::from(memory.num_blocks)).ceil() as u32,
     };
     scheduler.validate().map_err(|e| e.to_string())?;
     Ok(Variant {

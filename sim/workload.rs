@@ -159,6 +159,10 @@ pub struct ClassConfig {
     /// Joint prompt and output lengths, sampled as whole CSV rows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lengths: Option<JointLengths>,
+    /// Scheduling priority of the class's requests (lower is served first by the `priority`
+    /// queue policy; default 0).
+    #[serde(default)]
+    pub priority: i32,
 }
 
 /// Distribution of a token length (`{ dist = "...", ... }`).
@@ -1191,6 +1195,7 @@ impl MooncakeReader {
 pub struct Workload {
     source: Source,
     class_names: Vec<String>,
+    class_priorities: Vec<i32>,
     num_requests: Option<u64>,
     duration_s: Option<f64>,
     expected_len: Option<u64>,
@@ -1261,6 +1266,7 @@ impl Workload {
         };
         Ok(Workload {
             source,
+            class_priorities: cfg.classes.iter().map(|c| c.priority).collect(),
             class_names,
             num_requests: cfg.num_requests,
             duration_s: cfg.duration_s,
@@ -1429,7 +1435,11 @@ impl Workload {
             prompt_tokens,
             max_tokens,
             ignore_eos: true,
-            priority: 0,
+            priority: self
+                .class_priorities
+                .get(usize::from(class))
+                .copied()
+                .unwrap_or(0),
             class,
         }))
     }
@@ -1488,6 +1498,7 @@ mod tests {
             prompt: Some(LengthDist::Fixed { value: 10 }),
             output: Some(LengthDist::Fixed { value: 20 }),
             lengths: None,
+            priority: 0,
         }
     }
 
@@ -1846,6 +1857,7 @@ mod tests {
                     }),
                     output: Some(LengthDist::Uniform { min: 1, max: 500 }),
                     lengths: None,
+                    priority: 0,
                 },
                 ClassConfig {
                     name: "code".into(),
@@ -1858,6 +1870,7 @@ mod tests {
                     }),
                     output: Some(LengthDist::Fixed { value: 64 }),
                     lengths: None,
+                    priority: 0,
                 },
             ],
         )
@@ -2160,6 +2173,7 @@ mod tests {
                     }),
                     output: Some(LengthDist::Fixed { value: 5 }),
                     lengths: None,
+                    priority: 0,
                 },
                 ClassConfig {
                     name: "joint".into(),
@@ -2171,6 +2185,7 @@ mod tests {
                         prompt_column: "p".into(),
                         output_column: "o".into(),
                     }),
+                    priority: 0,
                 },
             ],
         );
@@ -2233,6 +2248,7 @@ mod tests {
                     prompt_column: "num_prefill_tokens".into(),
                     output_column: "num_decode_tokens".into(),
                 }),
+                priority: 0,
             }],
         );
         let reqs = collect(&cfg, Path::new("."), 1);

@@ -9,13 +9,19 @@ use engine::eviction::EvictionKind;
 use engine::plan::StepOutcome;
 use engine::record::RequestRecord;
 use engine::request::Request;
-use engine::scheduler::{Scheduler, SchedulerConfig, SchedulerKind};
+use engine::scheduler::{
+    AdmissionPolicy, QueuePolicy, Scheduler, SchedulerConfig, SchedulerKind, VictimPolicy,
+};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
 struct Case {
     kind: SchedulerKind,
     eviction: EvictionKind,
+    queue: QueuePolicy,
+    admission: AdmissionPolicy,
+    victim: VictimPolicy,
+    watermark: u32,
     block_size: u32,
     blocks: u32,
     /// (arrival gap ns, prefix group, prompt length, output length)
@@ -39,15 +45,47 @@ fn case() -> impl Strategy<Value = Case> {
         prop::sample::select(vec![1u32, 2, 4, 8, 16]),
         1u32..4,
         prop::collection::vec((0u64..3000, 0u8..3, 1u32..64, 1u32..32), 1..24),
+        (
+            prop::sample::select(vec![
+                QueuePolicy::Fcfs,
+                QueuePolicy::Priority,
+                QueuePolicy::Sjf,
+                QueuePolicy::SjfOracle,
+            ]),
+            prop::sample::select(vec![
+                AdmissionPolicy::Optimistic,
+                AdmissionPolicy::FullPrompt,
+                AdmissionPolicy::WorstCase,
+            ]),
+            prop::sample::select(vec![
+                VictimPolicy::Newest,
+                VictimPolicy::LowestPriority,
+                VictimPolicy::FewestComputed,
+            ]),
+            0u32..3,
+        ),
     )
-        .prop_map(|(kind, eviction, block_size, mult, requests)| Case {
-            kind,
-            eviction,
-            block_size,
-            // From one max-length sequence (forces preemption) to a few.
-            blocks: MAX_LEN.div_ceil(block_size) * mult,
-            requests,
-        })
+        .prop_map(
+            |(
+                kind,
+                eviction,
+                block_size,
+                mult,
+                requests,
+                (queue, admission, victim, watermark),
+            )| Case {
+                kind,
+                eviction,
+                queue,
+                admission,
+                victim,
+                watermark,
+                block_size,
+                // From one max-length sequence (forces preemption) to a few.
+                blocks: MAX_LEN.div_ceil(block_size) * mult,
+                requests,
+            },
+        )
 }
 
 /// Prompt tokens: a 40-token prefix shared by the group, then request-specific tokens.
@@ -79,6 +117,11 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
         keep_tokens: false,
         block_size: c.block_size,
         prefix_caching: true,
+        queue: c.queue,
+        queue_aging_ns: 50_000,
+        admission: c.admission,
+        victim: c.victim,
+        watermark_blocks: c.watermark,
     };
     let mut sched = Scheduler::new(cfg).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let mut bm = BlockManager::with_prefix_caching(c.blocks, c.block_size, c.eviction.policy());
@@ -98,7 +141,7 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
                 prompt_tokens: tokens(group, i as u64, p),
                 max_tokens: o,
                 ignore_eos: true,
-                priority: 0,
+                priority: i32::from(group),
                 class: 0,
             }
         })
@@ -119,7 +162,7 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
             }
             continue;
         }
-        let req = sched.propose();
+        let req = sched.propose(now);
         let resp = bm.reserve(&req);
         for (k, &g) in resp.granted.iter().enumerate() {
             let hit = resp.hits[k];
@@ -159,7 +202,14 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
         if !r.finish_reason.is_rejection() {
             prop_assert_eq!(r.output_len, r.max_tokens);
             prop_assert!(r.cached_tokens < r.prompt_len.max(1));
+            // Worst-case admission (and static batching) reserve everything up front.
+            if c.admission == AdmissionPolicy::WorstCase || c.kind == SchedulerKind::Static {
+                prop_assert_eq!(r.num_preemptions, 0);
+            }
         }
+    }
+    if c.queue == QueuePolicy::Fcfs {
+        prop_assert_eq!(sched.fcfs_violations(), 0);
     }
     Ok(records)
 }
@@ -183,6 +233,10 @@ fn shared_prefixes_hit() {
     let c = Case {
         kind: SchedulerKind::Chunked,
         eviction: EvictionKind::Lru,
+        queue: QueuePolicy::Fcfs,
+        admission: AdmissionPolicy::Optimistic,
+        victim: VictimPolicy::Newest,
+        watermark: 0,
         block_size: 8,
         blocks: 64,
         requests: vec![

@@ -21,7 +21,9 @@ use engine::block_manager::BlockManager;
 use engine::plan::{StepOutcome, StepPlan, WorkKind};
 use engine::record::{RequestRecord, StepRecord};
 use engine::request::{FinishReason, Nanos, Request, SeqId, SeqStatus};
-use engine::scheduler::{Scheduler, SchedulerConfig, SchedulerKind};
+use engine::scheduler::{
+    AdmissionPolicy, QueuePolicy, Scheduler, SchedulerConfig, SchedulerKind, VictimPolicy,
+};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use sim::catalog::{find_gpu, find_model, Dtype};
@@ -99,6 +101,11 @@ impl Knobs {
             keep_tokens: self.want_tables,
             block_size: self.block_size,
             prefix_caching: false,
+            queue: QueuePolicy::Fcfs,
+            queue_aging_ns: 10_000_000_000,
+            admission: AdmissionPolicy::Optimistic,
+            victim: VictimPolicy::Newest,
+            watermark_blocks: 0,
         }
     }
 }
@@ -338,7 +345,7 @@ impl<'a> Harness<'a> {
                 continue;
             }
             let running_before = self.sched.running().to_vec();
-            let req = self.sched.propose();
+            let req = self.sched.propose(now);
             let resp = self.bm.reserve(&req);
             let blocks_used = resp.blocks_used;
             prop_assert_eq!(blocks_used, self.bm.num_used());

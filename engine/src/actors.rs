@@ -132,7 +132,7 @@ impl Handler<PlanStep> for SchedulerActor {
         if !self.core.has_work() {
             return AtomicResponse::new(Box::pin(fut::ready(Ok(None))));
         }
-        let req = self.core.propose();
+        let req = self.core.propose(msg.0);
         let bm = self.block_manager.clone();
         let now = msg.0;
         AtomicResponse::new(Box::pin(

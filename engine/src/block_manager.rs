@@ -73,6 +73,9 @@ pub struct ReserveRequest {
     pub order: ReserveOrder,
     /// Whether the response should carry block tables (for real backends).
     pub want_tables: bool,
+    /// Blocks that must stay free after admitting a waiting entry (vLLM V0's watermark;
+    /// running sequences may use them).
+    pub watermark_blocks: u32,
 }
 
 /// The block manager's answer.
@@ -433,8 +436,16 @@ impl BlockManager {
                     }
                 }
             };
+        let watermark = req.watermark_blocks;
         let serve_waiting = |bm: &mut Self, resp: &mut ReserveResponse| {
             for (i, e) in waiting.clone() {
+                // Admission keeps `watermark` blocks free (rough: before prefix hits), unless
+                // nothing holds blocks: then nothing would ever free them (liveness).
+                let have = bm.tables.get(&e.seq).map_or(0, |t| t.len() as u32);
+                let need = bm.blocks_for(e.slots).saturating_sub(have);
+                if watermark > 0 && bm.used > 0 && need + watermark > bm.num_free() {
+                    break;
+                }
                 let cacheable = bm.policy.is_some() && !bm.tables.contains_key(&e.seq);
                 match &e.hashes {
                     Some(hashes) if cacheable => {
@@ -594,6 +605,7 @@ mod tests {
             victims: vec![],
             order: ReserveOrder::RunningFirst,
             want_tables: true,
+            watermark_blocks: 0,
         };
         let r = bm.reserve(&req);
         assert_eq!(r.granted, vec![0]);
@@ -616,6 +628,7 @@ mod tests {
                 victims: vec![],
                 order: ReserveOrder::RunningFirst,
                 want_tables: false,
+                watermark_blocks: 0,
             });
             assert_eq!(r.granted, vec![0]);
         }
@@ -629,6 +642,7 @@ mod tests {
             victims: vec![2, 1],
             order: ReserveOrder::RunningFirst,
             want_tables: false,
+            watermark_blocks: 0,
         });
         assert_eq!(r.granted, vec![0]);
         assert_eq!(r.preempted, vec![2]);
@@ -645,6 +659,7 @@ mod tests {
             victims: vec![],
             order: ReserveOrder::RunningFirst,
             want_tables: false,
+            watermark_blocks: 0,
         });
         let r = bm.reserve(&ReserveRequest {
             entries: vec![
@@ -654,6 +669,7 @@ mod tests {
             victims: vec![1],
             order: ReserveOrder::WaitingFirstExclusive,
             want_tables: false,
+            watermark_blocks: 0,
         });
         assert_eq!(r.granted, vec![1]);
         assert!(r.preempted.is_empty());
@@ -683,6 +699,7 @@ mod prefix_tests {
             victims: vec![],
             order: ReserveOrder::RunningFirst,
             want_tables: true,
+            watermark_blocks: 0,
         })
     }
 

@@ -15,6 +15,7 @@
 
 mod chunked;
 mod continuous;
+pub mod policy;
 mod static_batch;
 
 use std::collections::VecDeque;
@@ -32,6 +33,7 @@ use crate::request::{FinishReason, Nanos, Request, SeqId, SeqStatus, Sequence};
 
 pub use chunked::Chunked;
 pub use continuous::Continuous;
+pub use policy::{AdmissionPolicy, QueuePolicy, VictimPolicy};
 pub use static_batch::StaticBatch;
 
 /// Which scheduling policy runs.
@@ -110,6 +112,17 @@ pub struct SchedulerConfig {
     /// Look up and register full prompt blocks in the block manager's prefix cache (only
     /// requests that carry token ids can hit).
     pub prefix_caching: bool,
+    /// Order of the waiting queue.
+    pub queue: QueuePolicy,
+    /// Aging period of the SJF queue policies (ns): a waiting request's key halves each
+    /// period.
+    pub queue_aging_ns: u64,
+    /// KV slots reserved at admission.
+    pub admission: AdmissionPolicy,
+    /// Preemption victim order.
+    pub victim: VictimPolicy,
+    /// Blocks kept free when admitting new requests (vLLM V0's watermark).
+    pub watermark_blocks: u32,
 }
 
 impl SchedulerConfig {
@@ -337,26 +350,49 @@ impl Scheduler {
     }
 
     /// Step 1: the policy's reservation request for the block manager.
-    pub fn propose(&mut self) -> ReserveRequest {
+    pub fn propose(&mut self, now: Nanos) -> ReserveRequest {
+        // Queue order: FCFS keeps arrival order (preempted requests in front); the others
+        // sort by their key at this instant (aging moves keys with time).
+        let (policy, aging) = (self.cfg.queue, self.cfg.queue_aging_ns);
+        if policy != QueuePolicy::Fcfs && self.waiting.len() > 1 {
+            let seqs = &self.seqs;
+            self.waiting
+                .make_contiguous()
+                .sort_by_key(|id| policy.key(&seqs[id], now, aging));
+        }
         let q = Queues {
             seqs: &self.seqs,
             waiting: &self.waiting,
             running: &self.running,
         };
         let mut p = self.policy.propose(&q, &self.cfg);
-        // Sequences admitted without blocks may hit the prefix cache.
+        // Admission reserve, and prefix-cache lookups for sequences admitted without blocks.
+        let static_batch = self.cfg.kind == SchedulerKind::Static;
         for e in &mut p.entries {
             if let Some(s) = self.seqs.get(&e.seq) {
                 e.total = s.num_tokens;
-                if e.kind == EntryKind::Waiting && s.num_computed == 0 {
-                    e.hashes = s.block_hashes.clone();
+                if e.kind == EntryKind::Waiting {
+                    if !static_batch {
+                        e.slots = e.slots.max(self.cfg.admission.slots(s, e.tokens));
+                    }
+                    if s.num_computed == 0 {
+                        e.hashes = s.block_hashes.clone();
+                    }
                 }
             }
         }
         self.pending_tokens = p.tokens;
+        let mut victims = self.running.clone();
+        if self.cfg.victim == VictimPolicy::Newest {
+            victims.reverse();
+        } else {
+            let (seqs, victim) = (&self.seqs, self.cfg.victim);
+            victims.sort_by_key(|id| victim.key(&seqs[id]));
+        }
         ReserveRequest {
+            watermark_blocks: self.cfg.watermark_blocks,
             entries: p.entries,
-            victims: self.running.iter().rev().copied().collect(),
+            victims,
             order: p.order.unwrap_or(ReserveOrder::RunningFirst),
             want_tables: self.cfg.want_block_tables,
         }
@@ -417,12 +453,14 @@ impl Scheduler {
                 if s.first_scheduled.is_none() {
                     s.first_scheduled = Some(now);
                     let key = (s.request.arrival, s.request.id);
-                    if let Some(last) = self.last_admitted_arrival {
-                        if key < last {
-                            self.fcfs_violations += 1;
+                    if self.cfg.queue == QueuePolicy::Fcfs {
+                        if let Some(last) = self.last_admitted_arrival {
+                            if key < last {
+                                self.fcfs_violations += 1;
+                            }
                         }
+                        self.last_admitted_arrival = Some(key);
                     }
-                    self.last_admitted_arrival = Some(key);
                 }
             }
             if tokens == 0 {

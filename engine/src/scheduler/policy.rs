@@ -1,0 +1,93 @@
+//! The small policy families the schedulers share (DESIGN §5): queue order, admission
+//! reserve and preemption victim, each chosen by name per variant.
+
+use serde::{Deserialize, Serialize};
+
+use crate::request::{Nanos, Sequence};
+
+/// Order of the waiting queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueuePolicy {
+    /// First come, first served; preempted requests go back to the front (vLLM).
+    #[default]
+    Fcfs,
+    /// Lower `priority` value first, ties by arrival (vLLM's priority scheduling).
+    Priority,
+    /// Shortest prompt first, with aging: the key halves every `queue_aging_s` of waiting,
+    /// so nothing starves.
+    Sjf,
+    /// Shortest true output first (an oracle: the simulator knows each request's output
+    /// length), with the same aging.
+    SjfOracle,
+}
+
+impl QueuePolicy {
+    /// Sort key of a waiting sequence at time `now` (smaller is served first; ties by
+    /// arrival then id). `None` for FCFS, whose queue order is kept as is.
+    pub fn key(self, s: &Sequence, now: Nanos, aging_ns: u64) -> Option<(i64, Nanos, u64)> {
+        let aged = |len: u32| {
+            let periods = now.saturating_sub(s.request.arrival) / aging_ns.max(1);
+            i64::from(len) >> periods.min(32)
+        };
+        let primary = match self {
+            QueuePolicy::Fcfs => return None,
+            QueuePolicy::Priority => i64::from(s.request.priority),
+            QueuePolicy::Sjf => aged(s.request.prompt_len),
+            QueuePolicy::SjfOracle => aged(s.request.max_tokens),
+        };
+        Some((primary, s.request.arrival, s.request.id))
+    }
+}
+
+/// How many KV slots a request must get before it is admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum AdmissionPolicy {
+    /// Only what the first step computes (vLLM): admits the most, preempts under pressure.
+    #[default]
+    Optimistic,
+    /// The whole prompt must fit at admission, even when it is prefilled in chunks.
+    FullPrompt,
+    /// Prompt + max_tokens are reserved at admission (TGI): never preempts.
+    WorstCase,
+}
+
+impl AdmissionPolicy {
+    /// Slots to reserve for a waiting sequence that computes `tokens` tokens this step.
+    pub fn slots(self, s: &Sequence, tokens: u32) -> u32 {
+        let first_step = s.num_computed + tokens;
+        match self {
+            AdmissionPolicy::Optimistic => first_step,
+            AdmissionPolicy::FullPrompt => first_step.max(s.num_tokens),
+            AdmissionPolicy::WorstCase => {
+                first_step.max(s.request.prompt_len + s.request.max_tokens)
+            }
+        }
+    }
+}
+
+/// Which running sequence is preempted first when blocks run out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum VictimPolicy {
+    /// The newest admitted (vLLM FCFS).
+    #[default]
+    Newest,
+    /// The largest `priority` value (lowest priority) first, ties newest first.
+    LowestPriority,
+    /// The fewest computed tokens first (least work lost: SGLang), ties newest first.
+    FewestComputed,
+}
+
+impl VictimPolicy {
+    /// Sort key of a running sequence as a victim (smaller is preempted first).
+    pub fn key(self, s: &Sequence) -> (i64, u64) {
+        let newest = u64::MAX - s.admitted_seq;
+        match self {
+            VictimPolicy::Newest => (0, newest),
+            VictimPolicy::LowestPriority => (-i64::from(s.request.priority), newest),
+            VictimPolicy::FewestComputed => (i64::from(s.num_computed), newest),
+        }
+    }
+}
