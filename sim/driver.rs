@@ -71,8 +71,8 @@ pub trait EngineHandle {
         outcome: StepOutcome,
         now: Nanos,
     ) -> Result<(CommitResult, Vec<Nanos>), DriverError>;
-    /// `(blocks in use, pool blocks)`.
-    async fn pool_usage(&mut self) -> Result<(u32, u32), DriverError>;
+    /// `(blocks in use, pool blocks, prefix-cache evictions so far)`.
+    async fn pool_usage(&mut self) -> Result<(u32, u32, u64), DriverError>;
 }
 
 /// Calls the cores directly.
@@ -140,10 +140,11 @@ impl EngineHandle for InlineEngine {
         Ok((result, gaps))
     }
 
-    async fn pool_usage(&mut self) -> Result<(u32, u32), DriverError> {
+    async fn pool_usage(&mut self) -> Result<(u32, u32, u64), DriverError> {
         Ok((
             self.block_manager.num_used(),
             self.block_manager.num_blocks(),
+            self.block_manager.evictions(),
         ))
     }
 }
@@ -211,7 +212,7 @@ impl EngineHandle for ActorEngine {
             .map_err(mailbox)??)
     }
 
-    async fn pool_usage(&mut self) -> Result<(u32, u32), DriverError> {
+    async fn pool_usage(&mut self) -> Result<(u32, u32, u64), DriverError> {
         self.block_manager.send(PoolUsage).await.map_err(mailbox)
     }
 }
@@ -285,6 +286,8 @@ pub struct RunStats {
     pub blocks_in_use_at_end: u32,
     /// Blocks in the pool.
     pub pool_blocks: u32,
+    /// Prefix-cache evictions.
+    pub evictions: u64,
 }
 
 /// Runs a workload through an engine until every request has ended, feeding records to
@@ -310,7 +313,7 @@ pub async fn run<E: EngineHandle>(
         Ok(())
     };
     pull(&mut clock, &mut stats)?;
-    let (_, pool_blocks) = engine.pool_usage().await?;
+    let (_, pool_blocks, _) = engine.pool_usage().await?;
 
     while let Some(ev) = clock.pop() {
         let now = ev.time;
@@ -387,9 +390,10 @@ pub async fn run<E: EngineHandle>(
         })?;
         clock.push(done, Event::StepDone(plan, outcome));
     }
-    let (used, pool) = engine.pool_usage().await?;
+    let (used, pool, evictions) = engine.pool_usage().await?;
     stats.blocks_in_use_at_end = used;
     stats.pool_blocks = pool;
+    stats.evictions = evictions;
     Ok(stats)
 }
 

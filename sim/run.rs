@@ -207,6 +207,7 @@ pub fn run_variant(
         },
         kv_pool_blocks: stats.pool_blocks,
         kv_blocks_in_use_at_end: stats.blocks_in_use_at_end,
+        evictions: stats.evictions,
         wall_time_s: wall,
     })?;
     if let Some(dir) = out_dir {

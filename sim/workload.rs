@@ -163,6 +163,37 @@ pub struct ClassConfig {
     /// queue policy; default 0).
     #[serde(default)]
     pub priority: i32,
+    /// A system prompt shared by the class's requests: each request draws one of `groups`
+    /// prefixes of `tokens` tokens and puts it before its own prompt (whose length the
+    /// `prompt` distribution gives), so the prefix cache sees real sharing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_prefix: Option<SharedPrefix>,
+}
+
+/// `shared_prefix = { tokens = 1000, groups = 4 }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedPrefix {
+    /// Tokens of each shared prefix.
+    pub tokens: u32,
+    /// Distinct prefixes (requests pick one uniformly).
+    #[serde(default = "one_group")]
+    pub groups: u32,
+}
+
+fn one_group() -> u32 {
+    1
+}
+
+/// Token `j` of a synthetic prompt part: a fixed hash of (`a`, `b`, `j`) into a 32,000-token
+/// vocabulary, so equal parts share tokens without storing any.
+pub fn synthetic_token(a: u64, b: u64, j: u32) -> u32 {
+    (splitmix64(
+        splitmix64(a ^ 0x5EED)
+            .wrapping_add(b)
+            .wrapping_mul(0x1_0000_0001)
+            ^ u64::from(j),
+    ) % 32_000) as u32
 }
 
 /// Distribution of a token length (`{ dist = "...", ... }`).
@@ -877,6 +908,8 @@ enum Gaps {
 /// A synthetic workload's state.
 #[derive(Debug, Clone)]
 struct Synthetic {
+    /// Per class: its shared prefix and the stream choosing the group.
+    prefixes: Vec<Option<(SharedPrefix, ChaCha8Rng)>>,
     gaps: Gaps,
     /// Time of the last arrival, in seconds.
     t: f64,
@@ -1321,6 +1354,15 @@ impl Workload {
             });
         }
         Ok(Synthetic {
+            prefixes: cfg
+                .classes
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    c.shared_prefix
+                        .map(|p| (p, stream(seed, 0x2_0000 + i as u64)))
+                })
+                .collect(),
             gaps,
             t: 0.0,
             arrival_rng: stream(seed, PURPOSE_ARRIVALS),
@@ -1387,7 +1429,16 @@ impl Workload {
                 } else {
                     s.class_index.sample(&mut s.class_rng)
                 };
-                let (p, o) = s.classes[class].sample();
+                let (mut p, o) = s.classes[class].sample();
+                if let Some((prefix, rng)) = s.prefixes.get_mut(class).and_then(Option::as_mut) {
+                    let group = rng.random_range(0..prefix.groups.max(1));
+                    let id = self.next_id;
+                    prompt_tokens = (0..prefix.tokens)
+                        .map(|j| synthetic_token(class as u64, u64::from(group), j))
+                        .chain((0..p).map(|j| synthetic_token(u64::MAX - id, 0, j)))
+                        .collect();
+                    p = p.saturating_add(prefix.tokens);
+                }
                 // validate() caps the class count at u16::MAX + 1.
                 (t, p, o, u16::try_from(class).unwrap_or(u16::MAX))
             }
@@ -1499,6 +1550,7 @@ mod tests {
             output: Some(LengthDist::Fixed { value: 20 }),
             lengths: None,
             priority: 0,
+            shared_prefix: None,
         }
     }
 
@@ -1858,6 +1910,7 @@ mod tests {
                     output: Some(LengthDist::Uniform { min: 1, max: 500 }),
                     lengths: None,
                     priority: 0,
+                    shared_prefix: None,
                 },
                 ClassConfig {
                     name: "code".into(),
@@ -1871,6 +1924,7 @@ mod tests {
                     output: Some(LengthDist::Fixed { value: 64 }),
                     lengths: None,
                     priority: 0,
+                    shared_prefix: None,
                 },
             ],
         )
@@ -2174,6 +2228,7 @@ mod tests {
                     output: Some(LengthDist::Fixed { value: 5 }),
                     lengths: None,
                     priority: 0,
+                    shared_prefix: None,
                 },
                 ClassConfig {
                     name: "joint".into(),
@@ -2186,6 +2241,7 @@ mod tests {
                         output_column: "o".into(),
                     }),
                     priority: 0,
+                    shared_prefix: None,
                 },
             ],
         );
@@ -2249,6 +2305,7 @@ mod tests {
                     output_column: "num_decode_tokens".into(),
                 }),
                 priority: 0,
+                shared_prefix: None,
             }],
         );
         let reqs = collect(&cfg, Path::new("."), 1);

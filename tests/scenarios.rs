@@ -110,3 +110,18 @@ fn azure_conv_trace_replays() {
     assert_eq!(s.completed + s.num_rejected, 19_366);
     assert_eq!(s.leaked_blocks, 0);
 }
+
+#[test]
+fn shared_system_prompts_hit_the_prefix_cache() {
+    let results = run("tests/data/shared_prefix.toml", DriverKind::Inline, None);
+    let (cache, none) = (&results[0].summary, &results[1].summary);
+    // Each prompt is a 2,000-token shared prefix plus 50-300 own tokens: after the first
+    // request of each of the 4 groups, the prefix (minus its last partial block) hits.
+    assert!(
+        cache.prefix_cache_hit_rate > 0.85,
+        "{}",
+        cache.prefix_cache_hit_rate
+    );
+    assert_eq!(none.prefix_cache_hit_rate, 0.0);
+    assert!(cache.mean_ttft_ms * 3.0 < none.mean_ttft_ms);
+}

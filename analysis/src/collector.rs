@@ -27,6 +27,8 @@ pub struct RunInfo {
     pub kv_pool_blocks: u32,
     /// KV blocks still in use when the run ended (reported as `leaked_blocks`).
     pub kv_blocks_in_use_at_end: u32,
+    /// Cached KV blocks evicted from the prefix cache during the run.
+    pub evictions: u64,
     /// Wall-clock time the simulation took (s).
     pub wall_time_s: f64,
 }
@@ -369,6 +371,7 @@ impl RunCollector {
             max_kv_usage: finite(self.max_kv_usage),
             kv_pool_blocks: info.kv_pool_blocks,
             leaked_blocks: info.kv_blocks_in_use_at_end,
+            num_evictions: info.evictions,
             wall_time_s: finite(info.wall_time_s),
             sim_speed: if info.wall_time_s > 0.0 {
                 ratio(total_requests as f64, info.wall_time_s)
@@ -632,6 +635,7 @@ mod tests {
             backend: "sim".into(),
             kv_pool_blocks: 40,
             kv_blocks_in_use_at_end: 0,
+            evictions: 0,
             wall_time_s: 0.5,
         }
     }

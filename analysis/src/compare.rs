@@ -23,7 +23,7 @@ pub fn comparison_table(summaries: &[Summary]) -> String {
     table.set_header(header);
 
     type Getter = fn(&Summary) -> String;
-    let rows: [(&str, Getter); 24] = [
+    let rows: [(&str, Getter); 25] = [
         ("completed", |s| s.completed.to_string()),
         ("rejected", |s| s.num_rejected.to_string()),
         ("request throughput (req/s)", |s| {
@@ -58,6 +58,7 @@ pub fn comparison_table(summaries: &[Summary]) -> String {
         ("prefix cache hit rate", |s| {
             format!("{:.1}%", s.prefix_cache_hit_rate * 100.0)
         }),
+        ("evicted blocks", |s| s.num_evictions.to_string()),
         ("mean KV usage", |s| {
             format!("{:.1}%", s.mean_kv_usage * 100.0)
         }),

@@ -198,6 +198,8 @@ pub struct Summary {
     pub kv_pool_blocks: u32,
     /// KV blocks still in use when the run ended (should be 0).
     pub leaked_blocks: u32,
+    /// Cached KV blocks evicted from the prefix cache.
+    pub num_evictions: u64,
     /// Wall-clock time of the simulation (s). Not serialised: `summary.json` and
     /// `comparison.csv` must be byte-identical for the same scenario and seed.
     #[serde(skip_serializing, default)]
@@ -296,7 +298,7 @@ impl Summary {
                 out.push((format!("{stat}_{metric}_ms"), f(value)));
             }
         }
-        let tail: [(&str, String); 9] = [
+        let tail: [(&str, String); 10] = [
             ("num_steps", self.num_steps.to_string()),
             ("num_preemptions", self.num_preemptions.to_string()),
             (
@@ -309,6 +311,7 @@ impl Summary {
             ("max_kv_usage", f(self.max_kv_usage)),
             ("kv_pool_blocks", self.kv_pool_blocks.to_string()),
             ("leaked_blocks", self.leaked_blocks.to_string()),
+            ("num_evictions", self.num_evictions.to_string()),
         ];
         out.extend(tail.into_iter().map(|(k, x)| (k.to_owned(), x)));
         out

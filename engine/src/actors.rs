@@ -64,15 +64,19 @@ impl Handler<Release> for BlockManagerActor {
     }
 }
 
-/// Asks for `(blocks in use, pool size)`.
+/// Asks for `(blocks in use, pool size, evictions so far)`.
 #[derive(Message)]
-#[rtype(result = "(u32, u32)")]
+#[rtype(result = "(u32, u32, u64)")]
 pub struct PoolUsage;
 
 impl Handler<PoolUsage> for BlockManagerActor {
     type Result = MessageResult<PoolUsage>;
     fn handle(&mut self, _: PoolUsage, _: &mut Context<Self>) -> Self::Result {
-        MessageResult((self.core.num_used(), self.core.num_blocks()))
+        MessageResult((
+            self.core.num_used(),
+            self.core.num_blocks(),
+            self.core.evictions(),
+        ))
     }
 }
 
