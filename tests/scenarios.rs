@@ -125,3 +125,24 @@ fn shared_system_prompts_hit_the_prefix_cache() {
     assert_eq!(none.prefix_cache_hit_rate, 0.0);
     assert!(cache.mean_ttft_ms * 3.0 < none.mean_ttft_ms);
 }
+
+#[test]
+fn worst_case_admission_never_preempts_and_optimistic_does() {
+    let results = run("scenarios/preemption.toml", DriverKind::Inline, None);
+    let get = |name: &str| {
+        &results
+            .iter()
+            .find(|r| r.summary.variant == name)
+            .unwrap_or_else(|| panic!("variant {name}"))
+            .summary
+    };
+    assert_eq!(get("worst-case").num_preemptions, 0);
+    assert_eq!(get("worst-case").max_request_preemptions, 0);
+    assert!(get("optimistic").num_preemptions > 0);
+    // The watermark keeps room for running sequences: fewer preemptions than without.
+    assert!(get("watermark").num_preemptions < get("optimistic").num_preemptions);
+    for r in &results {
+        assert_eq!(r.summary.completed, 800);
+        assert_eq!(r.summary.leaked_blocks, 0);
+    }
+}
