@@ -40,7 +40,8 @@ fn case() -> impl Strategy<Value = Case> {
         prop_oneof![
             Just(EvictionKind::Lru),
             Just(EvictionKind::Fifo),
-            Just(EvictionKind::Lfu)
+            Just(EvictionKind::Lfu),
+            Just(EvictionKind::Slru)
         ],
         prop::sample::select(vec![1u32, 2, 4, 8, 16]),
         1u32..4,

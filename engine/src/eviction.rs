@@ -159,6 +159,40 @@ impl EvictionPolicy for Lfu {
     }
 }
 
+/// Segmented LRU: blocks never hit since they were cached (the probationary segment) are
+/// evicted before blocks that were reused (the protected segment), each segment in LRU
+/// order. (No cap on the protected segment: a reused block outranks every unused one.)
+#[derive(Debug, Default, Clone)]
+pub struct Slru {
+    c: Candidates,
+    reused: Vec<u64>,
+}
+
+impl EvictionPolicy for Slru {
+    fn name(&self) -> &'static str {
+        "slru"
+    }
+    fn on_cached(&mut self, block: u32, _: u64) {
+        *grow(&mut self.reused, block) = 0;
+    }
+    fn on_hit(&mut self, block: u32, _: u64) {
+        *grow(&mut self.reused, block) = 1;
+    }
+    fn on_evictable(&mut self, block: u32, tick: u64, order: u64) {
+        let segment = *grow(&mut self.reused, block);
+        self.c.insert(block, (segment, tick, order));
+    }
+    fn on_unevictable(&mut self, block: u32) {
+        self.c.remove(block);
+    }
+    fn pop_victim(&mut self) -> Option<u32> {
+        self.c.pop()
+    }
+    fn len(&self) -> usize {
+        self.c.set.len()
+    }
+}
+
 /// Eviction policies by scenario name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -169,6 +203,8 @@ pub enum EvictionKind {
     Fifo,
     /// [`Lfu`].
     Lfu,
+    /// [`Slru`].
+    Slru,
 }
 
 impl EvictionKind {
@@ -178,6 +214,7 @@ impl EvictionKind {
             EvictionKind::Lru => Box::<Lru>::default(),
             EvictionKind::Fifo => Box::<Fifo>::default(),
             EvictionKind::Lfu => Box::<Lfu>::default(),
+            EvictionKind::Slru => Box::<Slru>::default(),
         }
     }
 }
@@ -192,7 +229,8 @@ mod tests {
         let mut lru = Lru::default();
         let mut fifo = Fifo::default();
         let mut lfu = Lfu::default();
-        let policies: [&mut dyn EvictionPolicy; 3] = [&mut lru, &mut fifo, &mut lfu];
+        let mut slru = Slru::default();
+        let policies: [&mut dyn EvictionPolicy; 4] = [&mut lru, &mut fifo, &mut lfu, &mut slru];
         let mut victims = Vec::new();
         for p in policies {
             for (b, t) in [(1, 0), (2, 1), (3, 2)] {
@@ -210,6 +248,7 @@ mod tests {
         assert_eq!(victims[0], vec![3, 2, 1]); // LRU: freed at 4 (tail first: 3), then 5
         assert_eq!(victims[1], vec![1, 2, 3]); // FIFO: cached first goes first
         assert_eq!(victims[2], vec![1, 2, 3]); // LFU: 0 hits, 1 hit, 2 hits
+        assert_eq!(victims[3], vec![1, 3, 2]); // SLRU: never reused first, then LRU
     }
 
     #[test]
