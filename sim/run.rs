@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use analysis::{RunCollector, RunInfo, Summary};
 use engine::block_manager::BlockManager;
+use engine::eviction::EvictionKind;
 use engine::scheduler::Scheduler;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
@@ -175,7 +176,11 @@ pub fn run_variant(
     let scheduler = Scheduler::new(sched_cfg).map_err(|e| run_err(e.into()))?;
     let e = &variant.config.engine;
     let block_manager = if e.enable_prefix_caching {
-        BlockManager::with_prefix_caching(num_blocks, e.block_size, e.eviction_policy.policy())
+        let policy = match e.eviction_policy {
+            EvictionKind::Belady => belady_oracle(scenario, variant)?,
+            other => other.policy(),
+        };
+        BlockManager::with_prefix_caching(num_blocks, e.block_size, policy)
     } else {
         BlockManager::new(num_blocks, e.block_size)
     };
@@ -376,6 +381,28 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// Belady's oracle for a variant: every request the engine will admit with its prompt
+/// block hashes, from a second pass over the (deterministic) workload.
+fn belady_oracle(
+    scenario: &Scenario,
+    variant: &Variant,
+) -> Result<Box<dyn engine::eviction::EvictionPolicy>, SimError> {
+    let workload = Workload::open(&variant.config.workload, &scenario.base_dir, scenario.seed)?;
+    let s = &variant.scheduler;
+    let mut requests = Vec::new();
+    for req in workload {
+        let req = req?;
+        let total = u64::from(req.prompt_len) + u64::from(req.max_tokens);
+        // Requests rejected on arrival never look anything up.
+        if total > u64::from(s.max_model_len) || total > s.pool_tokens {
+            continue;
+        }
+        let hashes = engine::prefix::block_hashes(&req.prompt_tokens, s.block_size);
+        requests.push((req.id, req.arrival, hashes));
+    }
+    Ok(Box::new(engine::eviction::Belady::from_requests(requests)))
 }
 
 /// Builds the CUDA runtime of a variant (synthetic weights of its model) and the number of

@@ -110,7 +110,8 @@ pub struct EngineConfig {
     /// Mooncake trace) can hit.
     #[serde(default = "yes")]
     pub enable_prefix_caching: bool,
-    /// Which cached block is evicted first: `lru` (vLLM), `fifo`, `lfu`, `slru`.
+    /// Which cached block is evicted first: `lru` (vLLM), `fifo`, `lfu`, `slru`, or
+    /// `belady` (offline optimum, from the workload's future).
     #[serde(default = "default_eviction")]
     pub eviction_policy: EvictionKind,
     /// Waiting-queue order: `fcfs`, `priority`, `sjf`, `sjf-oracle`.

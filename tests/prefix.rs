@@ -41,7 +41,8 @@ fn case() -> impl Strategy<Value = Case> {
             Just(EvictionKind::Lru),
             Just(EvictionKind::Fifo),
             Just(EvictionKind::Lfu),
-            Just(EvictionKind::Slru)
+            Just(EvictionKind::Slru),
+            Just(EvictionKind::Belady)
         ],
         prop::sample::select(vec![1u32, 2, 4, 8, 16]),
         1u32..4,

@@ -146,3 +146,26 @@ fn worst_case_admission_never_preempts_and_optimistic_does() {
         assert_eq!(r.summary.leaked_blocks, 0);
     }
 }
+
+#[test]
+fn belady_hits_at_least_as_much_as_every_online_policy() {
+    let results = run("tests/data/belady.toml", DriverKind::Inline, None);
+    for size in ["large", "small"] {
+        let rate = |p: &str| {
+            results
+                .iter()
+                .find(|r| r.summary.variant == format!("{p}-{size}"))
+                .unwrap_or_else(|| panic!("{p}-{size}"))
+                .summary
+                .prefix_cache_hit_rate
+        };
+        let belady = rate("belady");
+        for online in ["lru", "fifo", "lfu", "slru"] {
+            assert!(
+                belady >= rate(online),
+                "{size}: belady {belady} < {online} {}",
+                rate(online)
+            );
+        }
+    }
+}

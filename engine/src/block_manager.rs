@@ -241,7 +241,7 @@ impl BlockManager {
                 if self.hashes[b as usize].is_none() && !self.cached.contains_key(&h) {
                     self.hashes[b as usize] = Some(h);
                     self.cached.insert(h, b);
-                    policy.on_cached(b, self.tick);
+                    policy.on_cached(b, h, self.tick);
                 }
             }
         }
@@ -376,6 +376,7 @@ impl BlockManager {
     /// running entry does not fit (recompute: the victim's blocks are freed).
     pub fn reserve(&mut self, req: &ReserveRequest) -> ReserveResponse {
         self.tick += 1;
+
         let evictions_before = self.evictions;
         let mut resp = ReserveResponse::default();
         let mut victims = req.victims.iter().copied().peekable();
@@ -416,10 +417,16 @@ impl BlockManager {
                             // No victim left: this entry cannot run; preempt it.
                             bm.free(e.seq);
                             preempted.push(e.seq);
+                            if let Some(p) = bm.policy.as_mut() {
+                                p.on_preempted(e.seq);
+                            }
                             break;
                         };
                         bm.free(v);
                         preempted.push(v);
+                        if let Some(p) = bm.policy.as_mut() {
+                            p.on_preempted(v);
+                        }
                         // A victim granted earlier in this step loses its grant.
                         let keep: Vec<bool> = resp
                             .granted
@@ -460,6 +467,9 @@ impl BlockManager {
                         };
                         resp.granted.push(i);
                         resp.hits.push(hit);
+                        if let Some(p) = bm.policy.as_mut() {
+                            p.on_admitted(e.seq);
+                        }
                     }
                     _ => {
                         if !bm.try_grow(e.seq, e.slots) {
@@ -467,6 +477,9 @@ impl BlockManager {
                         }
                         resp.granted.push(i);
                         resp.hits.push(0);
+                        if let Some(p) = bm.policy.as_mut() {
+                            p.on_admitted(e.seq);
+                        }
                     }
                 }
             }

@@ -9,8 +9,12 @@ use std::collections::BTreeSet;
 pub trait EvictionPolicy: Send + std::fmt::Debug {
     /// Scenario name.
     fn name(&self) -> &'static str;
-    /// `block` received a content hash at `tick` (step number).
-    fn on_cached(&mut self, block: u32, tick: u64);
+    /// `block` received content hash `hash` at `tick` (step number).
+    fn on_cached(&mut self, block: u32, hash: u64, tick: u64);
+    /// Request `seq` was admitted (it has made its prefix-cache lookup).
+    fn on_admitted(&mut self, _seq: u64) {}
+    /// Request `seq` was preempted (it will look its prefix up again).
+    fn on_preempted(&mut self, _seq: u64) {}
     /// `block` was hit by a new sequence at `tick`.
     fn on_hit(&mut self, block: u32, tick: u64);
     /// `block`'s ref count dropped to 0 at `tick`: it becomes an eviction candidate. `order`
@@ -80,7 +84,7 @@ impl EvictionPolicy for Lru {
     fn name(&self) -> &'static str {
         "lru"
     }
-    fn on_cached(&mut self, _: u32, _: u64) {}
+    fn on_cached(&mut self, _: u32, _: u64, _: u64) {}
     fn on_hit(&mut self, _: u32, _: u64) {}
     fn on_evictable(&mut self, block: u32, tick: u64, order: u64) {
         self.c.insert(block, (tick, order, 0));
@@ -107,7 +111,7 @@ impl EvictionPolicy for Fifo {
     fn name(&self) -> &'static str {
         "fifo"
     }
-    fn on_cached(&mut self, block: u32, tick: u64) {
+    fn on_cached(&mut self, block: u32, _: u64, tick: u64) {
         *grow(&mut self.cached_at, block) = tick;
     }
     fn on_hit(&mut self, _: u32, _: u64) {}
@@ -138,7 +142,7 @@ impl EvictionPolicy for Lfu {
     fn name(&self) -> &'static str {
         "lfu"
     }
-    fn on_cached(&mut self, block: u32, _: u64) {
+    fn on_cached(&mut self, block: u32, _: u64, _: u64) {
         *grow(&mut self.hits, block) = 0;
     }
     fn on_hit(&mut self, block: u32, _: u64) {
@@ -172,7 +176,7 @@ impl EvictionPolicy for Slru {
     fn name(&self) -> &'static str {
         "slru"
     }
-    fn on_cached(&mut self, block: u32, _: u64) {
+    fn on_cached(&mut self, block: u32, _: u64, _: u64) {
         *grow(&mut self.reused, block) = 0;
     }
     fn on_hit(&mut self, block: u32, _: u64) {
@@ -193,6 +197,128 @@ impl EvictionPolicy for Slru {
     }
 }
 
+/// Belady's offline rule: evicts the cached block whose next use lies farthest in the
+/// future (never used again first). A block is used when a request whose prompt contains it
+/// is admitted (its prefix-cache lookup); the oracle knows every request's prompt blocks
+/// from the workload ([`Belady::from_requests`]), drops a request from the pending users of
+/// its blocks when it is admitted and puts it back when it is preempted, and orders pending
+/// users by arrival (the order FCFS admits them). The research upper bound for online
+/// policies, not a deployable one.
+#[derive(Debug, Default, Clone)]
+pub struct Belady {
+    /// Pending users of each hash: (arrival, request id).
+    users: rustc_hash::FxHashMap<u64, BTreeSet<(u64, u64)>>,
+    /// Each request's arrival and prompt block hashes.
+    requests: rustc_hash::FxHashMap<u64, (u64, Vec<u64>)>,
+    /// Evictable candidate holding each hash.
+    candidate: rustc_hash::FxHashMap<u64, u32>,
+    hash_of: Vec<u64>,
+    /// (next use, order, block); the largest next use is evicted first.
+    set: BTreeSet<(u64, u64, u32)>,
+    key: Vec<Option<(u64, u64)>>,
+}
+
+impl Belady {
+    /// An oracle from every request the engine will admit: (id, arrival, prompt block
+    /// hashes).
+    pub fn from_requests(requests: impl IntoIterator<Item = (u64, u64, Vec<u64>)>) -> Self {
+        let mut b = Belady::default();
+        for (id, arrival, hashes) in requests {
+            for &h in &hashes {
+                b.users.entry(h).or_default().insert((arrival, id));
+            }
+            b.requests.insert(id, (arrival, hashes));
+        }
+        b
+    }
+
+    /// Arrival of the first pending user of `block`'s content (`u64::MAX`: none).
+    fn next_use(&self, block: u32) -> u64 {
+        let h = self.hash_of.get(block as usize).copied().unwrap_or(0);
+        self.users
+            .get(&h)
+            .and_then(|u| u.first())
+            .map_or(u64::MAX, |&(arrival, _)| arrival)
+    }
+
+    fn insert(&mut self, block: u32, order: u64) {
+        let next = self.next_use(block);
+        let b = block as usize;
+        if self.key.len() <= b {
+            self.key.resize(b + 1, None);
+        }
+        self.key[b] = Some((next, order));
+        self.set.insert((next, order, block));
+    }
+
+    fn remove(&mut self, block: u32) -> Option<u64> {
+        let (n, o) = self.key.get_mut(block as usize).and_then(Option::take)?;
+        self.set.remove(&(n, o, block));
+        Some(o)
+    }
+
+    /// Re-keys the candidate holding `hash`, if any, after its users changed.
+    fn rekey(&mut self, hash: u64) {
+        if let Some(&b) = self.candidate.get(&hash) {
+            if let Some(order) = self.remove(b) {
+                self.insert(b, order);
+            }
+        }
+    }
+
+    fn update_users(&mut self, seq: u64, add: bool) {
+        let Some((arrival, hashes)) = self.requests.get(&seq).cloned() else {
+            return;
+        };
+        for h in hashes {
+            if let Some(u) = self.users.get_mut(&h) {
+                if add {
+                    u.insert((arrival, seq));
+                } else {
+                    u.remove(&(arrival, seq));
+                }
+            }
+            self.rekey(h);
+        }
+    }
+}
+
+impl EvictionPolicy for Belady {
+    fn name(&self) -> &'static str {
+        "belady"
+    }
+    fn on_cached(&mut self, block: u32, hash: u64, _: u64) {
+        *grow(&mut self.hash_of, block) = hash;
+    }
+    fn on_hit(&mut self, _: u32, _: u64) {}
+    fn on_evictable(&mut self, block: u32, _: u64, order: u64) {
+        let h = self.hash_of.get(block as usize).copied().unwrap_or(0);
+        self.candidate.insert(h, block);
+        self.insert(block, order);
+    }
+    fn on_unevictable(&mut self, block: u32) {
+        let h = self.hash_of.get(block as usize).copied().unwrap_or(0);
+        self.candidate.remove(&h);
+        self.remove(block);
+    }
+    fn on_admitted(&mut self, seq: u64) {
+        self.update_users(seq, false);
+    }
+    fn on_preempted(&mut self, seq: u64) {
+        self.update_users(seq, true);
+    }
+    fn pop_victim(&mut self) -> Option<u32> {
+        let (_, _, block) = self.set.pop_last()?;
+        self.key[block as usize] = None;
+        let h = self.hash_of.get(block as usize).copied().unwrap_or(0);
+        self.candidate.remove(&h);
+        Some(block)
+    }
+    fn len(&self) -> usize {
+        self.set.len()
+    }
+}
+
 /// Eviction policies by scenario name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -205,6 +331,8 @@ pub enum EvictionKind {
     Lfu,
     /// [`Slru`].
     Slru,
+    /// [`Belady`] (needs the workload's future; the simulator builds it).
+    Belady,
 }
 
 impl EvictionKind {
@@ -215,6 +343,9 @@ impl EvictionKind {
             EvictionKind::Fifo => Box::<Fifo>::default(),
             EvictionKind::Lfu => Box::<Lfu>::default(),
             EvictionKind::Slru => Box::<Slru>::default(),
+            // Without the future every block looks unused: the runner builds the real
+            // oracle with `Belady::from_future`.
+            EvictionKind::Belady => Box::<Belady>::default(),
         }
     }
 }
@@ -234,7 +365,7 @@ mod tests {
         let mut victims = Vec::new();
         for p in policies {
             for (b, t) in [(1, 0), (2, 1), (3, 2)] {
-                p.on_cached(b, t);
+                p.on_cached(b, u64::from(b), t);
             }
             p.on_hit(3, 3);
             p.on_hit(3, 3);
@@ -260,5 +391,36 @@ mod tests {
         assert_eq!(p.len(), 1);
         assert_eq!(p.pop_victim(), Some(8));
         assert_eq!(p.pop_victim(), None);
+    }
+}
+
+#[cfg(test)]
+mod belady_tests {
+    use super::*;
+
+    #[test]
+    fn evicts_the_farthest_next_use() {
+        // Requests 1 (t=5) and 2 (t=50) use hash 10; request 3 (t=100) uses 30; nobody 20.
+        let mut p = Belady::from_requests(vec![
+            (1, 5, vec![10]),
+            (2, 50, vec![10]),
+            (3, 100, vec![30]),
+        ]);
+        for (b, h) in [(1, 10), (2, 20), (3, 30)] {
+            p.on_cached(b, h, 0);
+        }
+        p.on_admitted(1);
+        for (b, o) in [(1, 0), (2, 1), (3, 2)] {
+            p.on_evictable(b, 0, o);
+        }
+        assert_eq!(p.pop_victim(), Some(2)); // never used again
+        assert_eq!(p.pop_victim(), Some(3)); // next use t = 100 (block 1: t = 50)
+        p.on_evictable(3, 0, 3);
+        p.on_admitted(2); // block 1 now has no pending user
+        assert_eq!(p.pop_victim(), Some(1));
+        p.on_preempted(2); // ... until request 2 is preempted
+        p.on_evictable(1, 0, 4);
+        assert_eq!(p.pop_victim(), Some(3));
+        assert_eq!(p.pop_victim(), Some(1));
     }
 }
