@@ -16,16 +16,19 @@ fn run(path: &str, driver: DriverKind, out: Option<&Path>) -> Vec<VariantResult>
     run_scenario(&scn, &opts).expect("scenario runs")
 }
 
+/// The summary of variant `name`.
+fn summary<'a>(results: &'a [VariantResult], name: &str) -> &'a analysis::Summary {
+    &results
+        .iter()
+        .find(|r| r.summary.variant == name)
+        .unwrap_or_else(|| panic!("variant {name}"))
+        .summary
+}
+
 #[test]
 fn mixed_continuous_and_chunked_beat_static() {
     let results = run("scenarios/mixed.toml", DriverKind::Inline, None);
-    let get = |name: &str| {
-        &results
-            .iter()
-            .find(|r| r.summary.variant == name)
-            .unwrap_or_else(|| panic!("variant {name}"))
-            .summary
-    };
+    let get = |name: &str| summary(&results, name);
     let st = get("static");
     for name in ["continuous", "chunked"] {
         let s = get(name);
@@ -129,13 +132,7 @@ fn shared_system_prompts_hit_the_prefix_cache() {
 #[test]
 fn worst_case_admission_never_preempts_and_optimistic_does() {
     let results = run("scenarios/preemption.toml", DriverKind::Inline, None);
-    let get = |name: &str| {
-        &results
-            .iter()
-            .find(|r| r.summary.variant == name)
-            .unwrap_or_else(|| panic!("variant {name}"))
-            .summary
-    };
+    let get = |name: &str| summary(&results, name);
     assert_eq!(get("worst-case").num_preemptions, 0);
     assert_eq!(get("worst-case").max_request_preemptions, 0);
     assert!(get("optimistic").num_preemptions > 0);
@@ -151,14 +148,7 @@ fn worst_case_admission_never_preempts_and_optimistic_does() {
 fn belady_hits_at_least_as_much_as_every_online_policy() {
     let results = run("tests/data/belady.toml", DriverKind::Inline, None);
     for size in ["large", "small"] {
-        let rate = |p: &str| {
-            results
-                .iter()
-                .find(|r| r.summary.variant == format!("{p}-{size}"))
-                .unwrap_or_else(|| panic!("{p}-{size}"))
-                .summary
-                .prefix_cache_hit_rate
-        };
+        let rate = |p: &str| summary(&results, &format!("{p}-{size}")).prefix_cache_hit_rate;
         let belady = rate("belady");
         for online in ["lru", "fifo", "lfu", "slru"] {
             assert!(

@@ -66,6 +66,21 @@ impl Candidates {
     }
 }
 
+/// The three methods every `Candidates`-based policy shares.
+macro_rules! candidate_methods {
+    () => {
+        fn on_unevictable(&mut self, block: u32) {
+            self.c.remove(block);
+        }
+        fn pop_victim(&mut self) -> Option<u32> {
+            self.c.pop()
+        }
+        fn len(&self) -> usize {
+            self.c.set.len()
+        }
+    };
+}
+
 fn grow(v: &mut Vec<u64>, b: u32) -> &mut u64 {
     let b = b as usize;
     if v.len() <= b {
@@ -89,15 +104,7 @@ impl EvictionPolicy for Lru {
     fn on_evictable(&mut self, block: u32, tick: u64, order: u64) {
         self.c.insert(block, (tick, order, 0));
     }
-    fn on_unevictable(&mut self, block: u32) {
-        self.c.remove(block);
-    }
-    fn pop_victim(&mut self) -> Option<u32> {
-        self.c.pop()
-    }
-    fn len(&self) -> usize {
-        self.c.set.len()
-    }
+    candidate_methods!();
 }
 
 /// First in, first out: the block cached earliest goes first, however often it was hit.
@@ -119,15 +126,7 @@ impl EvictionPolicy for Fifo {
         let at = *grow(&mut self.cached_at, block);
         self.c.insert(block, (at, order, 0));
     }
-    fn on_unevictable(&mut self, block: u32) {
-        self.c.remove(block);
-    }
-    fn pop_victim(&mut self) -> Option<u32> {
-        self.c.pop()
-    }
-    fn len(&self) -> usize {
-        self.c.set.len()
-    }
+    candidate_methods!();
 }
 
 /// Least frequently used: the block with the fewest hits goes first (ties: least recently
@@ -152,15 +151,7 @@ impl EvictionPolicy for Lfu {
         let h = *grow(&mut self.hits, block);
         self.c.insert(block, (h, tick, order));
     }
-    fn on_unevictable(&mut self, block: u32) {
-        self.c.remove(block);
-    }
-    fn pop_victim(&mut self) -> Option<u32> {
-        self.c.pop()
-    }
-    fn len(&self) -> usize {
-        self.c.set.len()
-    }
+    candidate_methods!();
 }
 
 /// Segmented LRU: blocks never hit since they were cached (the probationary segment) are
@@ -186,15 +177,7 @@ impl EvictionPolicy for Slru {
         let segment = *grow(&mut self.reused, block);
         self.c.insert(block, (segment, tick, order));
     }
-    fn on_unevictable(&mut self, block: u32) {
-        self.c.remove(block);
-    }
-    fn pop_victim(&mut self) -> Option<u32> {
-        self.c.pop()
-    }
-    fn len(&self) -> usize {
-        self.c.set.len()
-    }
+    candidate_methods!();
 }
 
 /// Belady's offline rule: evicts the cached block whose next use lies farthest in the

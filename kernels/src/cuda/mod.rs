@@ -899,19 +899,7 @@ impl CudaRuntime {
         let interleaved = i32::from(s.rope_interleaved);
         for (li, lw) in self.layers.iter().enumerate() {
             // Layer 0 normalises the embeddings; later layers first add the MLP output.
-            let has_delta = i32::from(li > 0);
-            {
-                let mut b = st.launch_builder(kf.get("add_rmsnorm"));
-                b.arg(&mut a.h)
-                    .arg(&mut a.residual)
-                    .arg(&a.delta)
-                    .arg(&has_delta)
-                    .arg(&lw.attn_norm)
-                    .arg(&hidden)
-                    .arg(&eps);
-                // SAFETY: t rows of `hidden`.
-                unsafe { b.launch(tok_cfg(256)) }?;
-            }
+            add_rmsnorm(st, kf, a, li > 0, &lw.attn_norm, t, hidden, eps)?;
             Self::linear(
                 &self.blas,
                 &mut a.qkv,
@@ -952,19 +940,7 @@ impl CudaRuntime {
                 splits,
             )?;
             Self::linear(&self.blas, &mut a.delta, &a.attn, &lw.wo, t, qd, h)?;
-            {
-                let one = 1i32;
-                let mut b = st.launch_builder(kf.get("add_rmsnorm"));
-                b.arg(&mut a.h)
-                    .arg(&mut a.residual)
-                    .arg(&a.delta)
-                    .arg(&one)
-                    .arg(&lw.mlp_norm)
-                    .arg(&hidden)
-                    .arg(&eps);
-                // SAFETY: t rows of `hidden`.
-                unsafe { b.launch(tok_cfg(256)) }?;
-            }
+            add_rmsnorm(st, kf, a, true, &lw.mlp_norm, t, hidden, eps)?;
             Self::linear(
                 &self.blas,
                 &mut a.gate_up,
@@ -986,19 +962,7 @@ impl CudaRuntime {
         }
         let mut sampled = Vec::new();
         if l.samples > 0 {
-            {
-                let one = 1i32;
-                let mut b = st.launch_builder(kf.get("add_rmsnorm"));
-                b.arg(&mut a.h)
-                    .arg(&mut a.residual)
-                    .arg(&a.delta)
-                    .arg(&one)
-                    .arg(&self.final_norm)
-                    .arg(&hidden)
-                    .arg(&eps);
-                // SAFETY: t rows of `hidden`.
-                unsafe { b.launch(tok_cfg(256)) }?;
-            }
+            add_rmsnorm(st, kf, a, true, &self.final_norm, t, hidden, eps)?;
             {
                 let mut b = st.launch_builder(kf.get("gather_rows"));
                 b.arg(&mut a.last).arg(&a.h).arg(&sample_rows).arg(&hidden);
@@ -1049,6 +1013,37 @@ impl CudaRuntime {
         let ms = self.start.elapsed_ms(&self.end)?;
         Ok(((f64::from(ms) * 1e6).round().max(1.0) as u64, sampled))
     }
+}
+
+/// `residual += delta` (when `add`), then `h = RMSNorm(residual) x w`, over `tokens` rows.
+#[allow(clippy::too_many_arguments)]
+fn add_rmsnorm(
+    st: &CudaStream,
+    kf: &Kernels,
+    a: &mut Activations,
+    add: bool,
+    w: &CudaSlice<bf16>,
+    tokens: usize,
+    hidden: i32,
+    eps: f32,
+) -> Result<(), CudaError> {
+    let add = i32::from(add);
+    let mut b = st.launch_builder(kf.get("add_rmsnorm"));
+    b.arg(&mut a.h)
+        .arg(&mut a.residual)
+        .arg(&a.delta)
+        .arg(&add)
+        .arg(w)
+        .arg(&hidden)
+        .arg(&eps);
+    let cfg = LaunchConfig {
+        grid_dim: (tokens as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: `tokens` rows of `hidden` in every buffer (activations sized for the step).
+    unsafe { b.launch(cfg) }?;
+    Ok(())
 }
 
 /// Launches the attention of one layer for a step: `paged_attention` over the single-token
