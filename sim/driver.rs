@@ -73,6 +73,8 @@ pub trait EngineHandle {
     ) -> Result<(CommitResult, Vec<Nanos>), DriverError>;
     /// `(blocks in use, pool blocks, prefix-cache evictions so far)`.
     async fn pool_usage(&mut self) -> Result<(u32, u32, u64), DriverError>;
+    /// Tokens per KV block.
+    async fn block_size(&mut self) -> Result<u32, DriverError>;
 }
 
 /// Calls the cores directly.
@@ -119,6 +121,7 @@ impl EngineHandle for InlineEngine {
             blocks_used,
             num_waiting: self.scheduler.num_waiting() as u32,
             num_running: self.scheduler.num_running() as u32,
+            kv_tokens: self.scheduler.kv_tokens(),
         }))
     }
 
@@ -140,6 +143,10 @@ impl EngineHandle for InlineEngine {
         Ok((result, gaps))
     }
 
+    async fn block_size(&mut self) -> Result<u32, DriverError> {
+        Ok(self.block_manager.block_size())
+    }
+
     async fn pool_usage(&mut self) -> Result<(u32, u32, u64), DriverError> {
         Ok((
             self.block_manager.num_used(),
@@ -151,6 +158,7 @@ impl EngineHandle for InlineEngine {
 
 /// Talks to the actors, one message per step and actor.
 pub struct ActorEngine {
+    block_size: Option<u32>,
     scheduler: Addr<SchedulerActor>,
     block_manager: Addr<BlockManagerActor>,
     worker: Addr<WorkerActor>,
@@ -163,10 +171,12 @@ impl ActorEngine {
         block_manager: BlockManager,
         backend: Box<dyn Backend>,
     ) -> Self {
+        let block_size = Some(block_manager.block_size());
         let block_manager = BlockManagerActor::new(block_manager).start();
         let scheduler = SchedulerActor::new(scheduler, block_manager.clone()).start();
         let worker = WorkerActor::new(backend).start();
         ActorEngine {
+            block_size,
             scheduler,
             block_manager,
             worker,
@@ -214,6 +224,11 @@ impl EngineHandle for ActorEngine {
 
     async fn pool_usage(&mut self) -> Result<(u32, u32, u64), DriverError> {
         self.block_manager.send(PoolUsage).await.map_err(mailbox)
+    }
+
+    async fn block_size(&mut self) -> Result<u32, DriverError> {
+        self.block_size
+            .ok_or_else(|| DriverError::Engine(EngineError::Mailbox("block size unknown".into())))
     }
 }
 
@@ -314,6 +329,7 @@ pub async fn run<E: EngineHandle>(
     };
     pull(&mut clock, &mut stats)?;
     let (_, pool_blocks, _) = engine.pool_usage().await?;
+    let block_size = engine.block_size().await?;
 
     while let Some(ev) = clock.pop() {
         let now = ev.time;
@@ -376,6 +392,8 @@ pub async fn run<E: EngineHandle>(
             kv_usage: f64::from(planned.blocks_used) / f64::from(pool_blocks.max(1)),
             mbu: outcome.mbu,
             mfu: outcome.mfu,
+            kv_tokens: planned.kv_tokens,
+            kv_slots: u64::from(planned.blocks_used) * u64::from(block_size),
         })?;
         stats.steps += 1;
         busy = true;

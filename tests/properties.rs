@@ -406,6 +406,8 @@ impl<'a> Harness<'a> {
             kv_usage: f64::from(blocks_used) / f64::from(self.bm.num_blocks().max(1)),
             mbu: outcome.mbu,
             mfu: outcome.mfu,
+            kv_tokens: self.sched.kv_tokens(),
+            kv_slots: u64::from(blocks_used) * u64::from(self.bm.block_size()),
         });
     }
 

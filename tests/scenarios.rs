@@ -138,6 +138,16 @@ fn worst_case_admission_never_preempts_and_optimistic_does() {
     assert!(get("optimistic").num_preemptions > 0);
     // The watermark keeps room for running sequences: fewer preemptions than without.
     assert!(get("watermark").num_preemptions < get("optimistic").num_preemptions);
+    // PagedAttention's gain, measured: reserving max_model_len per request wastes most of
+    // the cache and halves the throughput.
+    let contiguous = get("max-model-len");
+    assert!(
+        contiguous.kv_fragmentation > 0.5,
+        "{}",
+        contiguous.kv_fragmentation
+    );
+    assert!(get("optimistic").kv_fragmentation < 0.05);
+    assert!(get("optimistic").request_throughput > 2.0 * contiguous.request_throughput);
     for r in &results {
         assert_eq!(r.summary.completed, 800);
         assert_eq!(r.summary.leaked_blocks, 0);

@@ -92,6 +92,8 @@ pub struct RunCollector {
     sum_seqs: u64,
     sum_batched_tokens: u64,
     sum_kv_usage: f64,
+    sum_kv_tokens: u64,
+    sum_kv_slots: u64,
     max_kv_usage: f64,
 
     ttft: LatencyAccumulator,
@@ -139,6 +141,8 @@ impl RunCollector {
             sum_seqs: 0,
             sum_batched_tokens: 0,
             sum_kv_usage: 0.0,
+            sum_kv_tokens: 0,
+            sum_kv_slots: 0,
             max_kv_usage: 0.0,
             ttft: LatencyAccumulator::new(),
             tpot: LatencyAccumulator::new(),
@@ -272,6 +276,8 @@ impl RunCollector {
         self.sum_seqs += u64::from(s.num_seqs);
         self.sum_batched_tokens += u64::from(s.num_batched_tokens);
         self.sum_kv_usage += s.kv_usage;
+        self.sum_kv_tokens += s.kv_tokens;
+        self.sum_kv_slots += s.kv_slots;
         self.max_kv_usage = self.max_kv_usage.max(s.kv_usage);
         Ok(())
     }
@@ -368,6 +374,11 @@ impl RunCollector {
             mean_batch_size: ratio(self.sum_seqs as f64, steps),
             mean_batched_tokens: ratio(self.sum_batched_tokens as f64, steps),
             mean_kv_usage: ratio(self.sum_kv_usage, steps),
+            kv_fragmentation: if self.sum_kv_slots == 0 {
+                0.0
+            } else {
+                (1.0 - self.sum_kv_tokens as f64 / self.sum_kv_slots as f64).max(0.0)
+            },
             max_kv_usage: finite(self.max_kv_usage),
             kv_pool_blocks: info.kv_pool_blocks,
             leaked_blocks: info.kv_blocks_in_use_at_end,
@@ -608,6 +619,8 @@ mod tests {
                 kv_usage: 0.25,
                 mbu: 0.1,
                 mfu: 0.05,
+                kv_tokens: 120,
+                kv_slots: 160,
             },
             StepRecord {
                 step: 1,
@@ -624,6 +637,8 @@ mod tests {
                 kv_usage: 0.5,
                 mbu: 0.123_456_789,
                 mfu: 0.0,
+                kv_tokens: 300,
+                kv_slots: 320,
             },
         ]
     }
@@ -973,15 +988,15 @@ mod tests {
             lines[0],
             "step,start_s,duration_ms,num_seqs,num_batched_tokens,num_prefill_tokens,\
              num_decode_tokens,num_waiting,num_running,num_preempted,kv_blocks_used,\
-             kv_usage,mbu,mfu"
+             kv_usage,mbu,mfu,kv_tokens,kv_slots"
         );
         assert_eq!(
             lines[1],
-            "0,0.000000000,1.500000,2,300,200,100,0,2,1,10,0.250000,0.100000,0.050000"
+            "0,0.000000000,1.500000,2,300,200,100,0,2,1,10,0.250000,0.100000,0.050000,120,160"
         );
         assert_eq!(
             lines[2],
-            "1,0.001500000,20.000001,4,4,0,4,3,4,2,20,0.500000,0.123457,0.000000"
+            "1,0.001500000,20.000001,4,4,0,4,3,4,2,20,0.500000,0.123457,0.000000,300,320"
         );
     }
 

@@ -23,7 +23,7 @@ pub fn comparison_table(summaries: &[Summary]) -> String {
     table.set_header(header);
 
     type Getter = fn(&Summary) -> String;
-    let rows: [(&str, Getter); 25] = [
+    let rows: [(&str, Getter); 26] = [
         ("completed", |s| s.completed.to_string()),
         ("rejected", |s| s.num_rejected.to_string()),
         ("request throughput (req/s)", |s| {
@@ -61,6 +61,9 @@ pub fn comparison_table(summaries: &[Summary]) -> String {
         ("evicted blocks", |s| s.num_evictions.to_string()),
         ("mean KV usage", |s| {
             format!("{:.1}%", s.mean_kv_usage * 100.0)
+        }),
+        ("KV fragmentation", |s| {
+            format!("{:.1}%", s.kv_fragmentation * 100.0)
         }),
         ("max KV usage", |s| {
             format!("{:.1}%", s.max_kv_usage * 100.0)

@@ -29,7 +29,7 @@ pub const REQUESTS_CSV_HEADER: [&str; 16] = [
 ];
 
 /// Columns of `steps.csv`, in order.
-pub const STEPS_CSV_HEADER: [&str; 14] = [
+pub const STEPS_CSV_HEADER: [&str; 16] = [
     "step",
     "start_s",
     "duration_ms",
@@ -44,6 +44,8 @@ pub const STEPS_CSV_HEADER: [&str; 14] = [
     "kv_usage",
     "mbu",
     "mfu",
+    "kv_tokens",
+    "kv_slots",
 ];
 
 /// A CSV output being streamed: the writer, its (logical) path for error messages, and
@@ -157,6 +159,8 @@ impl CsvSink {
         self.field(|b| push_fixed6(b, s.kv_usage))?;
         self.field(|b| push_fixed6(b, s.mbu))?;
         self.field(|b| push_fixed6(b, s.mfu))?;
+        self.field(|b| push_display(b, s.kv_tokens))?;
+        self.field(|b| push_display(b, s.kv_slots))?;
         self.end_row()
     }
 

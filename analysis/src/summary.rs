@@ -192,6 +192,9 @@ pub struct Summary {
     pub mean_batched_tokens: f64,
     /// Mean KV usage over steps (fraction of the pool).
     pub mean_kv_usage: f64,
+    /// Reserved but unused KV: 1 - tokens held / slots of the blocks in use, over all
+    /// steps (0 when blocks are shared by the prefix cache and hold more than that).
+    pub kv_fragmentation: f64,
     /// Maximum KV usage over steps (fraction of the pool).
     pub max_kv_usage: f64,
     /// KV pool size in blocks.
@@ -298,7 +301,7 @@ impl Summary {
                 out.push((format!("{stat}_{metric}_ms"), f(value)));
             }
         }
-        let tail: [(&str, String); 10] = [
+        let tail: [(&str, String); 11] = [
             ("num_steps", self.num_steps.to_string()),
             ("num_preemptions", self.num_preemptions.to_string()),
             (
@@ -308,6 +311,7 @@ impl Summary {
             ("mean_batch_size", f(self.mean_batch_size)),
             ("mean_batched_tokens", f(self.mean_batched_tokens)),
             ("mean_kv_usage", f(self.mean_kv_usage)),
+            ("kv_fragmentation", f(self.kv_fragmentation)),
             ("max_kv_usage", f(self.max_kv_usage)),
             ("kv_pool_blocks", self.kv_pool_blocks.to_string()),
             ("leaked_blocks", self.leaked_blocks.to_string()),

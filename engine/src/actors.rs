@@ -123,6 +123,8 @@ pub struct PlannedStep {
     pub num_waiting: u32,
     /// Running sequences after planning.
     pub num_running: u32,
+    /// Tokens the running sequences hold after the step.
+    pub kv_tokens: u64,
 }
 
 /// Plan the next step at the given time (clock -> scheduler). `None` when there is no work.
@@ -154,6 +156,7 @@ impl Handler<PlanStep> for SchedulerActor {
                     blocks_used,
                     num_waiting: act.core.num_waiting() as u32,
                     num_running: act.core.num_running() as u32,
+                    kv_tokens: act.core.kv_tokens(),
                 }))
             }),
         ))

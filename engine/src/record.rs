@@ -93,6 +93,11 @@ pub struct StepRecord {
     pub mbu: f64,
     /// Model FLOPs utilisation of the step (cost model), 0 when unknown.
     pub mfu: f64,
+    /// Tokens the running sequences hold in the KV cache after this step.
+    pub kv_tokens: u64,
+    /// Token slots of the blocks in use (`kv_blocks_used x block_size`): the gap to
+    /// `kv_tokens` is reserved but unused KV (fragmentation).
+    pub kv_slots: u64,
 }
 
 /// Converts nanoseconds to seconds.

@@ -245,6 +245,7 @@ pub struct Scheduler {
     itl_gaps: Vec<Nanos>,
     last_admitted_arrival: Option<(Nanos, SeqId)>,
     fcfs_violations: u64,
+    kv_tokens: u64,
 }
 
 impl Scheduler {
@@ -263,6 +264,7 @@ impl Scheduler {
             itl_gaps: Vec::new(),
             last_admitted_arrival: None,
             fcfs_violations: 0,
+            kv_tokens: 0,
         })
     }
 
@@ -344,6 +346,11 @@ impl Scheduler {
         self.fcfs_violations
     }
 
+    /// Tokens the running sequences hold in the KV cache after the last planned step.
+    pub fn kv_tokens(&self) -> u64 {
+        self.kv_tokens
+    }
+
     /// Inter-token gaps recorded by the last commits; the caller drains them.
     pub fn take_itl_gaps(&mut self) -> std::vec::Drain<'_, Nanos> {
         self.itl_gaps.drain(..)
@@ -373,7 +380,11 @@ impl Scheduler {
                 e.total = s.num_tokens;
                 if e.kind == EntryKind::Waiting {
                     if !static_batch {
-                        e.slots = e.slots.max(self.cfg.admission.slots(s, e.tokens));
+                        let reserve = self
+                            .cfg
+                            .admission
+                            .slots(s, e.tokens, self.cfg.max_model_len);
+                        e.slots = e.slots.max(reserve);
                     }
                     if s.num_computed == 0 {
                         e.hashes = s.block_hashes.clone();
@@ -490,6 +501,15 @@ impl Scheduler {
                 token_ids,
             });
         }
+        // Tokens the running sequences hold once this step has run (fragmentation metric).
+        let seqs = &self.seqs;
+        self.kv_tokens = self
+            .running
+            .iter()
+            .filter_map(|id| seqs.get(id))
+            .map(|s| u64::from(s.num_computed))
+            .sum::<u64>()
+            + work.iter().map(|w| u64::from(w.len)).sum::<u64>();
         let plan = StepPlan {
             step: self.steps,
             start: now,

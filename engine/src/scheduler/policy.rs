@@ -51,11 +51,14 @@ pub enum AdmissionPolicy {
     FullPrompt,
     /// Prompt + max_tokens are reserved at admission (TGI): never preempts.
     WorstCase,
+    /// `max_model_len` is reserved per request, as allocators before PagedAttention did
+    /// (the baseline whose waste the `kv_fragmentation` metric shows).
+    MaxModelLen,
 }
 
 impl AdmissionPolicy {
     /// Slots to reserve for a waiting sequence that computes `tokens` tokens this step.
-    pub fn slots(self, s: &Sequence, tokens: u32) -> u32 {
+    pub fn slots(self, s: &Sequence, tokens: u32, max_model_len: u32) -> u32 {
         let first_step = s.num_computed + tokens;
         match self {
             AdmissionPolicy::Optimistic => first_step,
@@ -63,6 +66,7 @@ impl AdmissionPolicy {
             AdmissionPolicy::WorstCase => {
                 first_step.max(s.request.prompt_len + s.request.max_tokens)
             }
+            AdmissionPolicy::MaxModelLen => first_step.max(max_model_len),
         }
     }
 }
