@@ -400,9 +400,12 @@ fn belady_oracle(
             continue;
         }
         let hashes = engine::prefix::block_hashes(&req.prompt_tokens, s.block_size);
-        requests.push((req.id, req.arrival, hashes));
+        requests.push((req.id, req.arrival, req.prompt_len, hashes));
     }
-    Ok(Box::new(engine::eviction::Belady::from_requests(requests)))
+    Ok(Box::new(engine::eviction::Belady::from_requests(
+        s.block_size,
+        requests,
+    )))
 }
 
 /// Builds the CUDA runtime of a variant (synthetic weights of its model) and the number of

@@ -196,17 +196,23 @@ pub struct Belady {
     /// Evictable candidate holding each hash.
     candidate: rustc_hash::FxHashMap<u64, u32>,
     hash_of: Vec<u64>,
-    /// (next use, order, block); the largest next use is evicted first.
+    /// (next use, u64::MAX - free order, block); the largest is evicted first.
     set: BTreeSet<(u64, u64, u32)>,
     key: Vec<Option<(u64, u64)>>,
 }
 
 impl Belady {
-    /// An oracle from every request the engine will admit: (id, arrival, prompt block
-    /// hashes).
-    pub fn from_requests(requests: impl IntoIterator<Item = (u64, u64, Vec<u64>)>) -> Self {
+    /// An oracle from every request the engine will admit: (id, arrival, prompt length,
+    /// prompt block hashes). Only the blocks a lookup can hit count as uses: a lookup never
+    /// covers the last prompt token, so a prompt of exactly k blocks can hit k - 1.
+    pub fn from_requests(
+        block_size: u32,
+        requests: impl IntoIterator<Item = (u64, u64, u32, Vec<u64>)>,
+    ) -> Self {
         let mut b = Belady::default();
-        for (id, arrival, hashes) in requests {
+        for (id, arrival, prompt_len, mut hashes) in requests {
+            let usable = (prompt_len.saturating_sub(1) / block_size.max(1)) as usize;
+            hashes.truncate(usable);
             for &h in &hashes {
                 b.users.entry(h).or_default().insert((arrival, id));
             }
@@ -230,14 +236,16 @@ impl Belady {
         if self.key.len() <= b {
             self.key.resize(b + 1, None);
         }
-        self.key[b] = Some((next, order));
-        self.set.insert((next, order, block));
+        // Among equal next uses the smallest free order goes first (the deepest block of a
+        // table freed tail first), so the set holds the inverted order.
+        self.key[b] = Some((next, u64::MAX - order));
+        self.set.insert((next, u64::MAX - order, block));
     }
 
     fn remove(&mut self, block: u32) -> Option<u64> {
-        let (n, o) = self.key.get_mut(block as usize).and_then(Option::take)?;
-        self.set.remove(&(n, o, block));
-        Some(o)
+        let (n, inv) = self.key.get_mut(block as usize).and_then(Option::take)?;
+        self.set.remove(&(n, inv, block));
+        Some(u64::MAX - inv)
     }
 
     /// Re-keys the candidate holding `hash`, if any, after its users changed.
@@ -384,11 +392,15 @@ mod belady_tests {
     #[test]
     fn evicts_the_farthest_next_use() {
         // Requests 1 (t=5) and 2 (t=50) use hash 10; request 3 (t=100) uses 30; nobody 20.
-        let mut p = Belady::from_requests(vec![
-            (1, 5, vec![10]),
-            (2, 50, vec![10]),
-            (3, 100, vec![30]),
-        ]);
+        // Prompts of 5 tokens in blocks of 4: the one full block can be hit.
+        let mut p = Belady::from_requests(
+            4,
+            vec![
+                (1, 5, 5, vec![10]),
+                (2, 50, 5, vec![10]),
+                (3, 100, 5, vec![30]),
+            ],
+        );
         for (b, h) in [(1, 10), (2, 20), (3, 30)] {
             p.on_cached(b, h, 0);
         }

@@ -299,8 +299,14 @@ impl Scheduler {
         let id = req.id;
         let mut seq = Sequence::new(req);
         if self.cfg.prefix_caching && !seq.request.prompt_tokens.is_empty() {
+            // Only the prompt's own tokens (a longer list would hash generated positions).
+            let n = seq
+                .request
+                .prompt_tokens
+                .len()
+                .min(seq.request.prompt_len as usize);
             let hashes =
-                crate::prefix::block_hashes(&seq.request.prompt_tokens, self.cfg.block_size);
+                crate::prefix::block_hashes(&seq.request.prompt_tokens[..n], self.cfg.block_size);
             if !hashes.is_empty() {
                 seq.block_hashes = Some(hashes.into());
             }
