@@ -58,6 +58,8 @@ fn case() -> impl Strategy<Value = Case> {
                 AdmissionPolicy::Optimistic,
                 AdmissionPolicy::FullPrompt,
                 AdmissionPolicy::WorstCase,
+                AdmissionPolicy::MaxModelLen,
+                AdmissionPolicy::Estimated,
             ]),
             prop::sample::select(vec![
                 VictimPolicy::Newest,

@@ -246,6 +246,7 @@ pub struct Scheduler {
     last_admitted_arrival: Option<(Nanos, SeqId)>,
     fcfs_violations: u64,
     kv_tokens: u64,
+    new_token_ratio: f64,
 }
 
 impl Scheduler {
@@ -265,6 +266,7 @@ impl Scheduler {
             last_admitted_arrival: None,
             fcfs_violations: 0,
             kv_tokens: 0,
+            new_token_ratio: policy::NEW_TOKEN_RATIO.0,
         })
     }
 
@@ -386,10 +388,12 @@ impl Scheduler {
                 e.total = s.num_tokens;
                 if e.kind == EntryKind::Waiting {
                     if !static_batch {
-                        let reserve = self
-                            .cfg
-                            .admission
-                            .slots(s, e.tokens, self.cfg.max_model_len);
+                        let reserve = self.cfg.admission.slots(
+                            s,
+                            e.tokens,
+                            self.cfg.max_model_len,
+                            self.new_token_ratio,
+                        );
                         e.slots = e.slots.max(reserve);
                     }
                     if s.num_computed == 0 {
@@ -422,6 +426,13 @@ impl Scheduler {
         mut resp: ReserveResponse,
         now: Nanos,
     ) -> StepPlan {
+        // SGLang's estimate decays each step and resets after a preemption.
+        let (init, min, decay) = policy::NEW_TOKEN_RATIO;
+        self.new_token_ratio = if resp.preempted.is_empty() {
+            (self.new_token_ratio - decay).max(min)
+        } else {
+            init
+        };
         // Preempted sequences (recompute) return to the front of the queue; victims come
         // newest first, so prepending each leaves the oldest at the head.
         if !resp.preempted.is_empty() {
