@@ -717,23 +717,8 @@ pub fn oracle_check(gguf: &Gguf, oracle: &Path) -> Result<Vec<OracleCase>, CudaE
             } else {
                 (tokens.len() as u32 - 1, 1)
             };
-            let ctx = start + len;
-            let plan = StepPlan {
-                work: vec![SeqWork {
-                    seq: 0,
-                    kind: if step == 0 {
-                        WorkKind::Prefill
-                    } else {
-                        WorkKind::Decode
-                    },
-                    start,
-                    len,
-                    sample: true,
-                    block_table: (0..ctx.div_ceil(block_size)).collect(),
-                    token_ids: tokens[start as usize..ctx as usize].to_vec(),
-                }],
-                ..StepPlan::default()
-            };
+            let mut plan = single_seq_plan(start, len, block_size);
+            plan.work[0].token_ids = tokens[start as usize..(start + len) as usize].to_vec();
             let (_, sampled) = rt.forward(&plan)?;
             let tok = sampled.first().copied().unwrap_or(0);
             let logits = rt.last_logits();
