@@ -178,6 +178,10 @@ pub struct MemoryPlan {
     pub max_model_len: u32,
     /// Sequences of `max_model_len` tokens that fit at once.
     pub max_concurrency_at_max_len: f64,
+    /// CPU swap space per GPU, bytes (0 unless preemption swaps).
+    pub swap_bytes: f64,
+    /// Blocks of the CPU swap pool (`floor(swap_bytes / block_bytes)`).
+    pub num_cpu_blocks: u32,
 }
 
 /// Why a deployment does not fit.
@@ -330,6 +334,8 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
         pool_tokens,
         max_model_len: inp.max_model_len,
         max_concurrency_at_max_len: pool_tokens as f64 / f64::from(inp.max_model_len),
+        swap_bytes: 0.0,
+        num_cpu_blocks: 0,
     })
 }
 
@@ -350,6 +356,9 @@ pub struct StepCost {
     pub lm_head_s: f64,
     /// CPU overhead, seconds.
     pub overhead_s: f64,
+    /// KV block transfers before the step: swap over PCIe and copy-on-write copies in HBM,
+    /// seconds.
+    pub kv_transfer_s: f64,
     /// FLOPs per GPU.
     pub flops: f64,
     /// HBM bytes per GPU.
@@ -361,12 +370,23 @@ pub struct StepCost {
 pub struct CostModel {
     d: Deployment,
     p: CostParams,
+    block_size: u32,
 }
 
 impl CostModel {
     /// A cost model of `d` with parameters `p`.
     pub fn new(d: Deployment, p: CostParams) -> Self {
-        CostModel { d, p }
+        CostModel {
+            d,
+            p,
+            block_size: 16,
+        }
+    }
+
+    /// Sets the KV block size in tokens (for swap and copy costs; default 16).
+    pub fn with_block_size(mut self, block_size: u32) -> Self {
+        self.block_size = block_size;
+        self
     }
 
     /// The deployment.
@@ -511,9 +531,31 @@ impl CostModel {
             allreduce_s,
             lm_head_s: head_s,
             overhead_s,
+            kv_transfer_s: 0.0,
             flops: layers * (lin_flops + pf_flops + dc_flops) + head_flops,
             bytes: layers * (lin_bytes + pf_bytes + dc_bytes + ew_bytes) + head_bytes,
         }
+    }
+
+    /// Bytes of one KV block on one GPU.
+    pub fn block_bytes_per_gpu(&self) -> f64 {
+        self.d.kv_bytes_per_token() * f64::from(self.block_size)
+    }
+
+    /// Time to move KV blocks before a step: `swapped` blocks over the host link (each GPU
+    /// moves its shard over its own PCIe link, in parallel) and `copied` blocks inside HBM
+    /// (read + write), as vLLM's swap and copy kernels do.
+    pub fn kv_transfer_s(&self, swapped: usize, copied: usize) -> f64 {
+        let b = self.block_bytes_per_gpu();
+        let mut t = 0.0;
+        if swapped > 0 {
+            t += swapped as f64 * b / self.d.gpu.pcie_bw + self.p.kernel_launch_us * 1e-6;
+        }
+        if copied > 0 {
+            t += 2.0 * copied as f64 * b / (self.d.gpu.mem_bw * self.p.elementwise_memory_eff)
+                + self.p.kernel_launch_us * 1e-6;
+        }
+        t
     }
 
     /// Cost of a step plan.
@@ -529,7 +571,13 @@ impl CostModel {
             .filter(|w| w.kind == WorkKind::Decode)
             .map(|w| w.context_len());
         let samples = plan.work.iter().filter(|w| w.sample).count() as u32;
-        self.step_cost(prefill, decode, samples, plan.work.len() as u32)
+        let mut c = self.step_cost(prefill, decode, samples, plan.work.len() as u32);
+        c.kv_transfer_s = self.kv_transfer_s(
+            plan.swap_in.len() + plan.swap_out.len(),
+            plan.block_copies.len(),
+        );
+        c.seconds += c.kv_transfer_s;
+        c
     }
 }
 

@@ -116,13 +116,7 @@ impl EngineHandle for InlineEngine {
         let resp = self.block_manager.reserve(&req);
         let blocks_used = resp.blocks_used;
         let plan = self.scheduler.apply(&req, resp, now);
-        Ok(Some(Planned {
-            plan,
-            blocks_used,
-            num_waiting: self.scheduler.num_waiting() as u32,
-            num_running: self.scheduler.num_running() as u32,
-            kv_tokens: self.scheduler.kv_tokens(),
-        }))
+        Ok(Some(Planned::new(&self.scheduler, plan, blocks_used)))
     }
 
     async fn execute(&mut self, plan: StepPlan) -> Result<(StepPlan, StepOutcome), DriverError> {
@@ -392,8 +386,13 @@ pub async fn run<E: EngineHandle>(
             kv_usage: f64::from(planned.blocks_used) / f64::from(pool_blocks.max(1)),
             mbu: outcome.mbu,
             mfu: outcome.mfu,
-            kv_tokens: planned.kv_tokens,
+            kv_tokens: planned.stats.kv_tokens,
             kv_slots: u64::from(planned.blocks_used) * u64::from(block_size),
+            num_swapped: planned.stats.num_swapped,
+            swap_in_blocks: plan.swap_in.len() as u32,
+            swap_out_blocks: plan.swap_out.len() as u32,
+            block_copies: plan.block_copies.len() as u32,
+            recomputed_tokens: planned.stats.recomputed_tokens,
         })?;
         stats.steps += 1;
         busy = true;

@@ -177,6 +177,15 @@ fn print_plan(out: &mut String, scenario: &Scenario) {
             m.max_concurrency_at_max_len,
             m.max_model_len
         );
+        if m.num_cpu_blocks > 0 || m.swap_bytes > 0.0 {
+            outln!(
+                out,
+                "  CPU swap pool    {} blocks = {} tokens ({} of swap space / GPU)",
+                m.num_cpu_blocks,
+                u64::from(m.num_cpu_blocks) * u64::from(m.block_size),
+                gb(m.swap_bytes)
+            );
+        }
         let s = &v.scheduler;
         outln!(
             out,

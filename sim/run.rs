@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use analysis::{RunCollector, RunInfo, Summary};
 use engine::block_manager::BlockManager;
 use engine::eviction::EvictionKind;
-use engine::scheduler::Scheduler;
+use engine::scheduler::{PreemptionMode, Scheduler};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 
@@ -17,9 +17,6 @@ use crate::driver::{run_to_end, DriverKind, RunStats};
 use crate::scenario::{Scenario, Variant};
 use crate::workload::Workload;
 use crate::SimError;
-
-/// A request preempted this many times or more is reported as a preemption storm.
-pub const PREEMPTION_STORM: u32 = 5;
 
 /// Which backend executes the steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -138,7 +135,8 @@ pub fn run_variant(
     let started = Instant::now();
     let mut workload = Workload::open(&variant.config.workload, &scenario.base_dir, scenario.seed)?;
     let classes = workload.class_names();
-    let mut collector = RunCollector::new(variant.config.slo.clone(), classes);
+    let mut collector = RunCollector::new(variant.config.slo.clone(), classes)
+        .with_storm_threshold(variant.config.engine.preemption_storm_threshold);
     if let Some(dir) = out_dir {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         collector = collector.with_csv_files(dir)?;
@@ -159,10 +157,10 @@ pub fn run_variant(
     let mut sched_cfg = variant.scheduler.clone();
     let mut num_blocks = variant.memory.num_blocks;
     let backend: Box<dyn engine::backend::Backend> = match backend_kind {
-        BackendKind::Model => Box::new(CostModelBackend::new(CostModel::new(
-            variant.deployment.clone(),
-            variant.config.cost.clone(),
-        ))),
+        BackendKind::Model => Box::new(CostModelBackend::new(
+            CostModel::new(variant.deployment.clone(), variant.config.cost.clone())
+                .with_block_size(variant.memory.block_size),
+        )),
         BackendKind::Cuda => {
             let (rt, blocks) = cuda_runtime(variant, scenario.seed)?;
             num_blocks = blocks;
@@ -183,6 +181,11 @@ pub fn run_variant(
         BlockManager::with_prefix_caching(num_blocks, e.block_size, policy)
     } else {
         BlockManager::new(num_blocks, e.block_size)
+    };
+    let block_manager = if e.preemption_mode == PreemptionMode::Swap {
+        block_manager.with_swap_space(variant.memory.num_cpu_blocks)
+    } else {
+        block_manager
     };
     let mut last = 0;
     let stats = run_to_end(
@@ -243,10 +246,14 @@ pub fn run_variant(
             variant.name, summary.num_rejected, variant.scheduler.max_model_len
         ));
     }
-    if summary.max_request_preemptions >= PREEMPTION_STORM {
+    if summary.num_preemption_storms > 0 {
         warnings.push(format!(
-            "{}: preemption storm: a request was preempted {} times ({} preemptions in all); the KV pool is too small for this load (raise gpu_memory_utilization, lower max_num_seqs, or add GPUs)",
-            variant.name, summary.max_request_preemptions, summary.num_preemptions
+            "{}: preemption storm: {} requests were preempted more than {} times (at most {}; {} preemptions in all); the KV pool is too small for this load (raise gpu_memory_utilization, lower max_num_seqs, use worst-case admission, or add GPUs)",
+            variant.name,
+            summary.num_preemption_storms,
+            summary.preemption_storm_threshold,
+            summary.max_request_preemptions,
+            summary.num_preemptions
         ));
     }
     if workload.clamped_prompts() > 0 {

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use analysis::Slo;
 use engine::eviction::EvictionKind;
 use engine::scheduler::{
-    AdmissionPolicy, QueuePolicy, SchedulerConfig, SchedulerKind, VictimPolicy,
+    AdmissionPolicy, PreemptionMode, QueuePolicy, SchedulerConfig, SchedulerKind, VictimPolicy,
 };
 use serde::{Deserialize, Serialize};
 
@@ -129,6 +129,25 @@ pub struct EngineConfig {
     /// Fraction of KV blocks kept free when admitting (vLLM V0's watermark, e.g. 0.01).
     #[serde(default)]
     pub watermark: f64,
+    /// What preemption does with the victim's KV: `recompute` (vLLM V1) or `swap` (to a CPU
+    /// pool of `swap_space_gib`, over PCIe; vLLM V0).
+    #[serde(default)]
+    pub preemption_mode: PreemptionMode,
+    /// CPU swap space per GPU, GiB (vLLM's `swap_space`, default 4); used by `swap`.
+    #[serde(default = "default_swap_space")]
+    pub swap_space_gib: f64,
+    /// A request preempted more than this many times is counted (and warned about) as a
+    /// preemption storm.
+    #[serde(default = "default_storm")]
+    pub preemption_storm_threshold: u32,
+}
+
+fn default_swap_space() -> f64 {
+    4.0
+}
+
+fn default_storm() -> u32 {
+    analysis::DEFAULT_STORM_THRESHOLD
 }
 
 fn default_aging() -> f64 {
@@ -177,6 +196,9 @@ impl Default for EngineConfig {
             admission: AdmissionPolicy::Optimistic,
             preemption_victim: VictimPolicy::Newest,
             watermark: 0.0,
+            preemption_mode: PreemptionMode::Recompute,
+            swap_space_gib: default_swap_space(),
+            preemption_storm_threshold: default_storm(),
         }
     }
 }
@@ -406,6 +428,12 @@ fn resolve(name: &str, config: ScenarioConfig) -> Result<Variant, String> {
             e.queue_aging_s
         ));
     }
+    if !(e.swap_space_gib >= 0.0 && e.swap_space_gib.is_finite()) {
+        return Err(format!(
+            "engine.swap_space_gib: must be a non-negative number of GiB, got {}",
+            e.swap_space_gib
+        ));
+    }
     if e.num_gpu_blocks_override == Some(0) {
         return Err("engine.num_gpu_blocks_override: must be at least 1".into());
     }
@@ -442,6 +470,13 @@ fn resolve(name: &str, config: ScenarioConfig) -> Result<Variant, String> {
         },
     )
     .map_err(|f| f.to_string())?;
+    let mut memory = memory;
+    if e.preemption_mode == PreemptionMode::Swap {
+        memory.swap_bytes = e.swap_space_gib * 1024.0 * 1024.0 * 1024.0;
+        memory.num_cpu_blocks = (memory.swap_bytes / memory.block_bytes)
+            .floor()
+            .min(f64::from(u32::MAX)) as u32;
+    }
     let scheduler = SchedulerConfig {
         kind: e.scheduler,
         max_num_seqs: e.max_num_seqs,

@@ -186,3 +186,30 @@ fn tensor_parallel_all_reduce_grows_with_tokens() {
     );
     assert_eq!(single.allreduce_s(1e9), 0.0);
 }
+
+#[test]
+fn swapping_a_block_costs_its_bytes_over_pcie() {
+    use engine::plan::StepPlan;
+    // Llama-3-8B bf16 block of 16 tokens: 2 x 32 layers x 8 KV heads x 128 x 16 x 2 B =
+    // 2 MiB; H100 SXM's PCIe Gen5 x16 moves 64 GB/s per direction.
+    let m = CostModel::new(
+        deployment("llama-3-8b", "h100-sxm", 1, Dtype::Bf16),
+        CostParams::default(),
+    )
+    .with_block_size(16);
+    assert_eq!(m.block_bytes_per_gpu(), 2.0 * 1024.0 * 1024.0);
+    let launch = CostParams::default().kernel_launch_us * 1e-6;
+    let t = m.kv_transfer_s(100, 0);
+    assert!((t - (100.0 * 2.0 * 1024.0 * 1024.0 / 64e9 + launch)).abs() < 1e-12);
+    // A copy-on-write block copy reads and writes HBM: far cheaper than a swap.
+    assert!(m.kv_transfer_s(0, 100) < t / 10.0);
+    // The plan's swap lists add exactly that time to the step.
+    let plan = StepPlan {
+        swap_out: (0..60).map(|b| (b, b)).collect(),
+        swap_in: (0..40).map(|b| (b, 100 + b)).collect(),
+        ..StepPlan::default()
+    };
+    let c = m.plan_cost(&plan);
+    assert!((c.kv_transfer_s - t).abs() < 1e-12);
+    assert!((c.seconds - m.plan_cost(&StepPlan::default()).seconds - t).abs() < 1e-12);
+}

@@ -18,6 +18,7 @@ use std::rc::Rc;
 use analysis::{RunCollector, RunInfo};
 use engine::backend::{Backend, BackendError, SIM_TOKEN};
 use engine::block_manager::BlockManager;
+use engine::eviction::Lru;
 use engine::plan::{StepOutcome, StepPlan, WorkKind};
 use engine::record::{RequestRecord, StepRecord};
 use engine::request::{FinishReason, Nanos, Request, SeqId, SeqStatus};
@@ -80,6 +81,23 @@ struct Knobs {
     budget: u32,
     /// Ask for block tables in plans (and keep generated tokens).
     want_tables: bool,
+    /// Prefix caching (LRU) on: prompts share token prefixes by family.
+    prefix: bool,
+    /// CPU swap pool in blocks: preemption swaps while it has room.
+    swap_blocks: Option<u32>,
+}
+
+/// The block manager the knobs ask for.
+fn block_manager(k: &Knobs) -> BlockManager {
+    let bm = if k.prefix {
+        BlockManager::with_prefix_caching(k.num_blocks, k.block_size, Box::<Lru>::default())
+    } else {
+        BlockManager::new(k.num_blocks, k.block_size)
+    };
+    match k.swap_blocks {
+        Some(n) => bm.with_swap_space(n),
+        None => bm,
+    }
 }
 
 impl Knobs {
@@ -100,7 +118,7 @@ impl Knobs {
             want_block_tables: self.want_tables,
             keep_tokens: self.want_tables,
             block_size: self.block_size,
-            prefix_caching: false,
+            prefix_caching: self.prefix,
             queue: QueuePolicy::Fcfs,
             queue_aging_ns: 10_000_000_000,
             admission: AdmissionPolicy::Optimistic,
@@ -117,11 +135,23 @@ fn requests_from(spec: &[(Nanos, u32, u32)]) -> Vec<Request> {
         .enumerate()
         .map(|(i, &(gap, prompt_len, max_tokens))| {
             t += gap;
+            // Three families share token prefixes (a third of the requests a family each):
+            // the first half of a prompt is the family's, the rest the request's own.
+            let family = (i % 3) as u32;
+            let prompt_tokens = (0..prompt_len)
+                .map(|p| {
+                    if p < prompt_len / 2 {
+                        family * 100_000 + p
+                    } else {
+                        (i as u32 + 3) * 100_000 + p
+                    }
+                })
+                .collect();
             Request {
                 id: i as SeqId,
                 arrival: t,
                 prompt_len,
-                prompt_tokens: Vec::new(),
+                prompt_tokens,
                 max_tokens,
                 ignore_eos: true,
                 priority: 0,
@@ -163,9 +193,21 @@ fn knobs() -> impl Strategy<Value = Knobs> {
         any::<bool>(),
         any::<bool>(),
         0u32..=1024,
+        any::<bool>(),
+        prop_oneof![2 => Just(None), 1 => (0u32..=3).prop_map(Some)],
     )
         .prop_map(
-            |(bs_exp, max_model_len, max_num_seqs, extra_blocks, small_budget, want_tables, r)| {
+            |(
+                bs_exp,
+                max_model_len,
+                max_num_seqs,
+                extra_blocks,
+                small_budget,
+                want_tables,
+                r,
+                prefix,
+                swap,
+            )| {
                 let block_size = 1 << bs_exp;
                 // Small: 1..=max_model_len (chunked only; others are raised to the floor);
                 // large: max_model_len..=3 x max_model_len.
@@ -181,6 +223,10 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                     max_num_seqs,
                     budget,
                     want_tables,
+                    prefix,
+                    // 0 to 3 max-length sequences of CPU blocks (0: every swap falls back
+                    // to recompute).
+                    swap_blocks: swap.map(|k| k * max_model_len.div_ceil(block_size)),
                 }
             },
         )
@@ -233,6 +279,8 @@ struct Run {
     step_records: Vec<StepRecord>,
     /// Preemptions over the run.
     preemptions: u64,
+    /// Of those, preemptions that swapped the victim out.
+    swaps: u64,
 }
 
 /// Driver events. The derived order never decides: heap keys carry a unique sequence number.
@@ -266,7 +314,7 @@ impl<'a> Harness<'a> {
         Ok(Harness {
             cfg,
             sched,
-            bm: BlockManager::new(knobs.num_blocks, knobs.block_size),
+            bm: block_manager(knobs),
             backend: FakeBackend,
             requests,
             by_id: requests.iter().map(|r| (r.id, r)).collect(),
@@ -277,6 +325,7 @@ impl<'a> Harness<'a> {
                 steps: Vec::new(),
                 step_records: Vec::new(),
                 preemptions: 0,
+                swaps: 0,
             },
         })
     }
@@ -332,6 +381,7 @@ impl<'a> Harness<'a> {
                         return Err(fail("StepDone without a step in flight"));
                     };
                     let result = self.sched.commit(&plan, &outcome, now).map_err(fail)?;
+                    self.bm.cache_blocks(&result.cache);
                     self.bm.free_all(&result.to_free);
                     let _gaps: Vec<Nanos> = self.sched.take_itl_gaps().collect();
                     for rec in result.finished {
@@ -408,6 +458,11 @@ impl<'a> Harness<'a> {
             mfu: outcome.mfu,
             kv_tokens: self.sched.kv_tokens(),
             kv_slots: u64::from(blocks_used) * u64::from(self.bm.block_size()),
+            num_swapped: self.sched.last_step_stats().num_swapped,
+            swap_in_blocks: plan.swap_in.len() as u32,
+            swap_out_blocks: plan.swap_out.len() as u32,
+            block_copies: plan.block_copies.len() as u32,
+            recomputed_tokens: self.sched.last_step_stats().recomputed_tokens,
         });
     }
 
@@ -587,7 +642,36 @@ impl<'a> Harness<'a> {
                 return Err(fail(format!("preempted seq {p} is not live")));
             };
             prop_assert_eq!(s.status, SeqStatus::Preempted);
-            prop_assert_eq!(s.num_computed, 0);
+            if self.bm.is_swapped(p) {
+                // Swapped: its computed tokens stay, in CPU blocks that cover them.
+                prop_assert!(s.swapped, "seq {} swapped but not marked", p);
+                self.run.swaps += 1;
+            } else {
+                prop_assert!(!s.swapped);
+                prop_assert_eq!(s.num_computed, 0);
+            }
+        }
+        // Swap lists: every swapped-out GPU block is distinct and every swapped-in block
+        // lands in the table of a running sequence.
+        let out: BTreeSet<u32> = plan.swap_out.iter().map(|&(g, _)| g).collect();
+        prop_assert_eq!(
+            out.len(),
+            plan.swap_out.len(),
+            "a GPU block swapped out twice"
+        );
+        for &(_, g) in &plan.swap_in {
+            prop_assert!(
+                self.sched
+                    .running()
+                    .iter()
+                    .any(|&r| self.bm.table(r).contains(&g)),
+                "step {}: swapped-in block {} is in no running table",
+                plan.step,
+                g
+            );
+        }
+        if !self.bm.swaps() {
+            prop_assert!(plan.swap_out.is_empty() && plan.swap_in.is_empty());
         }
         Ok(())
     }
@@ -608,6 +692,7 @@ impl<'a> Harness<'a> {
         self.bm.check_invariants().map_err(fail)?;
         prop_assert_eq!(self.bm.num_used(), 0, "blocks leaked");
         prop_assert_eq!(self.bm.num_tables(), 0, "tables leaked");
+        prop_assert_eq!(self.bm.num_swapped_blocks(), 0, "CPU blocks leaked");
         prop_assert_eq!(self.sched.fcfs_violations(), 0);
         if self.run.preemptions == 0 {
             let mut admitted: Vec<&RequestRecord> = self
@@ -664,47 +749,52 @@ fn check_static_trace(run: &Run) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// Continuous batching (prefill first): a step is whole-prompt prefills of newly admitted
-/// sequences only, or decodes only.
+/// Continuous batching (prefill first): a step either admits new sequences and runs only
+/// them, each to its last token (whole prompts; a re-admission whose prefix hit leaves one
+/// token is labelled a decode), or runs decodes only (of running sequences and of swapped
+/// ones coming back).
 fn check_continuous_trace(run: &Run) -> Result<(), TestCaseError> {
     for s in &run.steps {
         let admitted = s.admitted();
-        let prefill = s
+        let prefill_step = s
             .plan
             .work
             .iter()
-            .all(|w| w.kind == WorkKind::Prefill && w.sample);
-        let decode = s.plan.work.iter().all(|w| w.kind == WorkKind::Decode);
+            .all(|w| w.sample && admitted.contains(&w.seq));
+        let decode_step = s.plan.work.iter().all(|w| w.kind == WorkKind::Decode);
         prop_assert!(
-            prefill || decode,
-            "step {}: mixed continuous step {:?}",
+            prefill_step || decode_step,
+            "step {}: mixed continuous step (admitted {:?}) {:?}",
             s.plan.step,
+            admitted,
             s.plan.work
         );
-        if !admitted.is_empty() {
-            prop_assert!(
-                s.plan.work.iter().all(|w| admitted.contains(&w.seq)),
-                "step {}: admission step also ran old sequences",
-                s.plan.step
-            );
-        }
     }
     Ok(())
 }
 
 /// Chunked prefill: within budget; a partial prefill chunk means the budget was used up
-/// (in steps without preemption).
+/// (in steps without preemption), up to the tokens prefix-cache hits of newly admitted
+/// sequences saved (the budget is planned before the block manager's lookup).
 fn check_chunked_trace(run: &Run) -> Result<(), TestCaseError> {
     for s in &run.steps {
         let tokens = s.plan.num_batched_tokens();
         prop_assert!(tokens <= s.budget);
         let partial = s.plan.work.iter().any(|w| !w.sample);
+        let admitted = s.admitted();
+        let hit: u32 = s
+            .plan
+            .work
+            .iter()
+            .filter(|w| admitted.contains(&w.seq))
+            .map(|w| w.start)
+            .sum();
         if partial && s.plan.preempted.is_empty() {
-            prop_assert_eq!(
-                tokens,
-                s.budget,
-                "step {}: partial chunk but budget not used up: {:?}",
+            prop_assert!(
+                tokens <= s.budget && tokens + hit >= s.budget,
+                "step {}: partial chunk but budget {} not used up: {:?}",
                 s.plan.step,
+                s.budget,
                 s.plan.work
             );
         }
@@ -789,7 +879,7 @@ fn drive(
     backend: Box<dyn Backend>,
 ) -> Result<(Vec<u8>, Vec<u8>), TestCaseError> {
     let scheduler = Scheduler::new(knobs.config(kind)).map_err(fail)?;
-    let block_manager = BlockManager::new(knobs.num_blocks, knobs.block_size);
+    let block_manager = block_manager(knobs);
     let (req_csv, step_csv) = (SharedBuf::default(), SharedBuf::default());
     let mut sink = csv_collector(&req_csv, &step_csv);
     let mut workload = requests.iter().cloned().map(Ok::<Request, WorkloadError>);
@@ -914,6 +1004,8 @@ proptest! {
             max_num_seqs: seats.min(budget),
             budget,
             want_tables: false,
+            prefix: false,
+            swap_blocks: None,
         };
         let run = check_case(&knobs, SchedulerKind::Chunked, &requests)?;
         prop_assert_eq!(run.preemptions, 0, "pool holds every request: no preemption expected");
@@ -935,6 +1027,8 @@ proptest! {
         seats in 2u32..=8,
         extra_budget in 0u32..=64,
         more in prop::collection::vec((gap(), 0u32..=100, 0u32..=100), 0..=4),
+        prefix in any::<bool>(),
+        swap in any::<bool>(),
     ) {
         let block_size = 1u32 << bs_exp;
         let max_model_len = 4 * block_size * k;
@@ -951,6 +1045,9 @@ proptest! {
             max_num_seqs: seats,
             budget: max_model_len.max(seats) + extra_budget,
             want_tables: true,
+            prefix,
+            // Room for a whole max-length sequence: every preemption can swap.
+            swap_blocks: swap.then_some(max_model_len / block_size),
         };
         for kind in SchedulerKind::ALL {
             let run = check_case(&knobs, kind, &requests)?;
@@ -958,6 +1055,11 @@ proptest! {
                 prop_assert_eq!(run.preemptions, 0);
             } else {
                 prop_assert!(run.preemptions > 0, "{}: no preemption on a full pool", kind.as_str());
+                if swap {
+                    prop_assert_eq!(run.swaps, run.preemptions, "{}: a preemption recomputed with CPU room", kind.as_str());
+                } else {
+                    prop_assert_eq!(run.swaps, 0);
+                }
             }
         }
     }
@@ -1008,6 +1110,8 @@ proptest! {
             max_num_seqs,
             budget,
             want_tables: false,
+            prefix: false,
+            swap_blocks: None,
         };
         let inline = drive(DriverKind::Inline, &knobs, kind, &requests, cost_model_backend())?;
         let actors = drive(DriverKind::Actors, &knobs, kind, &requests, cost_model_backend())?;

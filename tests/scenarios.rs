@@ -148,6 +148,23 @@ fn worst_case_admission_never_preempts_and_optimistic_does() {
     );
     assert!(get("optimistic").kv_fragmentation < 0.05);
     assert!(get("optimistic").request_throughput > 2.0 * contiguous.request_throughput);
+    // Recompute preemption redoes work; the summary shows it and the storms it causes.
+    let opt = get("optimistic");
+    assert_eq!(opt.num_recompute_preemptions, opt.num_preemptions);
+    assert!(opt.recomputed_tokens > 0 && opt.num_preemption_storms > 0);
+    // Swap with room: every preemption swaps, nothing is recomputed, every block swapped
+    // out comes back, and it beats recompute on TTFT.
+    let swap = get("swap");
+    assert!(swap.num_preemptions > 0);
+    assert_eq!(swap.num_swap_preemptions, swap.num_preemptions);
+    assert_eq!(swap.recomputed_tokens, 0);
+    assert!(swap.swap_out_blocks > 0);
+    assert_eq!(swap.swap_in_blocks, swap.swap_out_blocks);
+    assert!(swap.mean_ttft_ms < opt.mean_ttft_ms);
+    // A CPU pool too small for most victims falls back to recompute.
+    let small = get("swap-small");
+    assert!(small.num_swap_preemptions > 0 && small.num_recompute_preemptions > 0);
+    assert_eq!(small.swap_in_blocks, small.swap_out_blocks);
     for r in &results {
         assert_eq!(r.summary.completed, 800);
         assert_eq!(r.summary.leaked_blocks, 0);

@@ -55,6 +55,9 @@ impl ClassAccumulators {
     }
 }
 
+/// Default preemption-storm threshold: a request preempted more than this many times.
+pub const DEFAULT_STORM_THRESHOLD: u32 = 5;
+
 /// Collects a run's records as they are produced and computes its [`Summary`].
 ///
 /// Memory does not grow with the number of requests or steps: records are folded into
@@ -89,6 +92,13 @@ pub struct RunCollector {
     num_steps: u64,
     num_preemptions: u64,
     max_request_preemptions: u32,
+    num_swap_preemptions: u64,
+    storm_threshold: u32,
+    num_storms: u64,
+    swap_in_blocks: u64,
+    swap_out_blocks: u64,
+    recomputed_tokens: u64,
+    block_copies: u64,
     sum_seqs: u64,
     sum_batched_tokens: u64,
     sum_kv_usage: f64,
@@ -138,6 +148,13 @@ impl RunCollector {
             num_steps: 0,
             num_preemptions: 0,
             max_request_preemptions: 0,
+            num_swap_preemptions: 0,
+            storm_threshold: DEFAULT_STORM_THRESHOLD,
+            num_storms: 0,
+            swap_in_blocks: 0,
+            swap_out_blocks: 0,
+            recomputed_tokens: 0,
+            block_copies: 0,
             sum_seqs: 0,
             sum_batched_tokens: 0,
             sum_kv_usage: 0.0,
@@ -150,6 +167,12 @@ impl RunCollector {
             queue: LatencyAccumulator::new(),
             itl: LatencyAccumulator::new(),
         }
+    }
+
+    /// Counts a request preempted more than `n` times as a preemption storm.
+    pub fn with_storm_threshold(mut self, n: u32) -> Self {
+        self.storm_threshold = n;
+        self
     }
 
     /// Stream rows into requests.csv / steps.csv writers (any io::Write, e.g.
@@ -202,6 +225,9 @@ impl RunCollector {
             sink.request_row(r, &class_name(&self.class_names, r.class))?;
         }
         self.max_request_preemptions = self.max_request_preemptions.max(r.num_preemptions);
+        if r.num_preemptions > self.storm_threshold {
+            self.num_storms += 1;
+        }
 
         self.first_arrival_ns = Some(
             self.first_arrival_ns
@@ -273,6 +299,11 @@ impl RunCollector {
         }
         self.num_steps += 1;
         self.num_preemptions += u64::from(s.num_preempted);
+        self.num_swap_preemptions += u64::from(s.num_swapped);
+        self.swap_in_blocks += u64::from(s.swap_in_blocks);
+        self.swap_out_blocks += u64::from(s.swap_out_blocks);
+        self.recomputed_tokens += u64::from(s.recomputed_tokens);
+        self.block_copies += u64::from(s.block_copies);
         self.sum_seqs += u64::from(s.num_seqs);
         self.sum_batched_tokens += u64::from(s.num_batched_tokens);
         self.sum_kv_usage += s.kv_usage;
@@ -371,6 +402,14 @@ impl RunCollector {
             num_steps: self.num_steps,
             num_preemptions: self.num_preemptions,
             max_request_preemptions: self.max_request_preemptions,
+            num_swap_preemptions: self.num_swap_preemptions,
+            num_recompute_preemptions: self.num_preemptions - self.num_swap_preemptions,
+            num_preemption_storms: self.num_storms,
+            preemption_storm_threshold: self.storm_threshold,
+            swap_out_blocks: self.swap_out_blocks,
+            swap_in_blocks: self.swap_in_blocks,
+            recomputed_tokens: self.recomputed_tokens,
+            block_copies: self.block_copies,
             mean_batch_size: ratio(self.sum_seqs as f64, steps),
             mean_batched_tokens: ratio(self.sum_batched_tokens as f64, steps),
             mean_kv_usage: ratio(self.sum_kv_usage, steps),
@@ -621,6 +660,7 @@ mod tests {
                 mfu: 0.05,
                 kv_tokens: 120,
                 kv_slots: 160,
+                ..StepRecord::default()
             },
             StepRecord {
                 step: 1,
@@ -639,6 +679,7 @@ mod tests {
                 mfu: 0.0,
                 kv_tokens: 300,
                 kv_slots: 320,
+                ..StepRecord::default()
             },
         ]
     }
@@ -988,15 +1029,16 @@ mod tests {
             lines[0],
             "step,start_s,duration_ms,num_seqs,num_batched_tokens,num_prefill_tokens,\
              num_decode_tokens,num_waiting,num_running,num_preempted,kv_blocks_used,\
-             kv_usage,mbu,mfu,kv_tokens,kv_slots"
+             kv_usage,mbu,mfu,kv_tokens,kv_slots,num_swapped,swap_in_blocks,swap_out_blocks,\
+             block_copies,recomputed_tokens"
         );
         assert_eq!(
             lines[1],
-            "0,0.000000000,1.500000,2,300,200,100,0,2,1,10,0.250000,0.100000,0.050000,120,160"
+            "0,0.000000000,1.500000,2,300,200,100,0,2,1,10,0.250000,0.100000,0.050000,120,160,0,0,0,0,0"
         );
         assert_eq!(
             lines[2],
-            "1,0.001500000,20.000001,4,4,0,4,3,4,2,20,0.500000,0.123457,0.000000,300,320"
+            "1,0.001500000,20.000001,4,4,0,4,3,4,2,20,0.500000,0.123457,0.000000,300,320,0,0,0,0,0"
         );
     }
 

@@ -23,7 +23,7 @@ pub fn comparison_table(summaries: &[Summary]) -> String {
     table.set_header(header);
 
     type Getter = fn(&Summary) -> String;
-    let rows: [(&str, Getter); 26] = [
+    let rows: [(&str, Getter); 30] = [
         ("completed", |s| s.completed.to_string()),
         ("rejected", |s| s.num_rejected.to_string()),
         ("request throughput (req/s)", |s| {
@@ -55,6 +55,10 @@ pub fn comparison_table(summaries: &[Summary]) -> String {
             format!("{:.2}", s.mean_queue_ms)
         }),
         ("preemptions", |s| s.num_preemptions.to_string()),
+        ("  of which swapped", |s| s.num_swap_preemptions.to_string()),
+        ("recomputed tokens", |s| s.recomputed_tokens.to_string()),
+        ("swapped-out blocks", |s| s.swap_out_blocks.to_string()),
+        ("preemption storms", |s| s.num_preemption_storms.to_string()),
         ("prefix cache hit rate", |s| {
             format!("{:.1}%", s.prefix_cache_hit_rate * 100.0)
         }),

@@ -51,7 +51,7 @@ mod slo;
 mod stats;
 mod summary;
 
-pub use collector::{RunCollector, RunInfo};
+pub use collector::{RunCollector, RunInfo, DEFAULT_STORM_THRESHOLD};
 pub use compare::{comparison_table, write_comparison_csv};
 pub use error::AnalysisError;
 pub use rows::{REQUESTS_CSV_HEADER, STEPS_CSV_HEADER};

@@ -29,7 +29,7 @@ pub const REQUESTS_CSV_HEADER: [&str; 16] = [
 ];
 
 /// Columns of `steps.csv`, in order.
-pub const STEPS_CSV_HEADER: [&str; 16] = [
+pub const STEPS_CSV_HEADER: [&str; 21] = [
     "step",
     "start_s",
     "duration_ms",
@@ -46,6 +46,11 @@ pub const STEPS_CSV_HEADER: [&str; 16] = [
     "mfu",
     "kv_tokens",
     "kv_slots",
+    "num_swapped",
+    "swap_in_blocks",
+    "swap_out_blocks",
+    "block_copies",
+    "recomputed_tokens",
 ];
 
 /// A CSV output being streamed: the writer, its (logical) path for error messages, and
@@ -161,6 +166,11 @@ impl CsvSink {
         self.field(|b| push_fixed6(b, s.mfu))?;
         self.field(|b| push_display(b, s.kv_tokens))?;
         self.field(|b| push_display(b, s.kv_slots))?;
+        self.field(|b| push_display(b, s.num_swapped))?;
+        self.field(|b| push_display(b, s.swap_in_blocks))?;
+        self.field(|b| push_display(b, s.swap_out_blocks))?;
+        self.field(|b| push_display(b, s.block_copies))?;
+        self.field(|b| push_display(b, s.recomputed_tokens))?;
         self.end_row()
     }
 

@@ -186,6 +186,23 @@ pub struct Summary {
     pub num_preemptions: u64,
     /// Most preemptions of any single request (a preemption storm shows here).
     pub max_request_preemptions: u32,
+    /// Preemptions that swapped the victim's KV to the CPU pool.
+    pub num_swap_preemptions: u64,
+    /// Preemptions that dropped the victim's KV (to be recomputed).
+    pub num_recompute_preemptions: u64,
+    /// Requests preempted more than `preemption_storm_threshold` times (DESIGN §3
+    /// invariant 9: a storm is detected and reported).
+    pub num_preemption_storms: u64,
+    /// The storm threshold the run used.
+    pub preemption_storm_threshold: u32,
+    /// Blocks swapped out to the CPU pool.
+    pub swap_out_blocks: u64,
+    /// Blocks swapped back in from the CPU pool.
+    pub swap_in_blocks: u64,
+    /// Tokens computed again after recompute preemptions dropped their KV.
+    pub recomputed_tokens: u64,
+    /// Copy-on-write block copies.
+    pub block_copies: u64,
     /// Mean sequences per step.
     pub mean_batch_size: f64,
     /// Mean batched tokens per step.
@@ -301,13 +318,33 @@ impl Summary {
                 out.push((format!("{stat}_{metric}_ms"), f(value)));
             }
         }
-        let tail: [(&str, String); 11] = [
+        let tail: [(&str, String); 19] = [
             ("num_steps", self.num_steps.to_string()),
             ("num_preemptions", self.num_preemptions.to_string()),
             (
                 "max_request_preemptions",
                 self.max_request_preemptions.to_string(),
             ),
+            (
+                "num_swap_preemptions",
+                self.num_swap_preemptions.to_string(),
+            ),
+            (
+                "num_recompute_preemptions",
+                self.num_recompute_preemptions.to_string(),
+            ),
+            (
+                "num_preemption_storms",
+                self.num_preemption_storms.to_string(),
+            ),
+            (
+                "preemption_storm_threshold",
+                self.preemption_storm_threshold.to_string(),
+            ),
+            ("swap_out_blocks", self.swap_out_blocks.to_string()),
+            ("swap_in_blocks", self.swap_in_blocks.to_string()),
+            ("recomputed_tokens", self.recomputed_tokens.to_string()),
+            ("block_copies", self.block_copies.to_string()),
             ("mean_batch_size", f(self.mean_batch_size)),
             ("mean_batched_tokens", f(self.mean_batched_tokens)),
             ("mean_kv_usage", f(self.mean_kv_usage)),

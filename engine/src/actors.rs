@@ -14,7 +14,7 @@ use crate::error::EngineError;
 use crate::plan::{StepOutcome, StepPlan};
 use crate::record::RequestRecord;
 use crate::request::{Nanos, Request};
-use crate::scheduler::{CommitResult, Scheduler};
+use crate::scheduler::{CommitResult, Scheduler, StepStats};
 
 /// Owns the KV block pool.
 pub struct BlockManagerActor {
@@ -123,8 +123,21 @@ pub struct PlannedStep {
     pub num_waiting: u32,
     /// Running sequences after planning.
     pub num_running: u32,
-    /// Tokens the running sequences hold after the step.
-    pub kv_tokens: u64,
+    /// Scheduler-side facts about the step (KV tokens held, recomputation, swaps).
+    pub stats: StepStats,
+}
+
+impl PlannedStep {
+    /// Wraps the plan `sched` just made, with its queue state.
+    pub fn new(sched: &Scheduler, plan: StepPlan, blocks_used: u32) -> Self {
+        PlannedStep {
+            plan,
+            blocks_used,
+            num_waiting: sched.num_waiting() as u32,
+            num_running: sched.num_running() as u32,
+            stats: sched.last_step_stats(),
+        }
+    }
 }
 
 /// Plan the next step at the given time (clock -> scheduler). `None` when there is no work.
@@ -151,13 +164,7 @@ impl Handler<PlanStep> for SchedulerActor {
                 let resp = resp.map_err(|e| EngineError::Mailbox(e.to_string()))?;
                 let blocks_used = resp.blocks_used;
                 let plan = act.core.apply(&req, resp, now);
-                Ok(Some(PlannedStep {
-                    plan,
-                    blocks_used,
-                    num_waiting: act.core.num_waiting() as u32,
-                    num_running: act.core.num_running() as u32,
-                    kv_tokens: act.core.kv_tokens(),
-                }))
+                Ok(Some(PlannedStep::new(&act.core, plan, blocks_used)))
             }),
         ))
     }

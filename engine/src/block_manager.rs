@@ -94,6 +94,22 @@ pub struct ReserveResponse {
     pub blocks_used: u32,
     /// Cached blocks evicted to make room during this reservation.
     pub evicted: u32,
+    /// The preempted sequences whose KV was swapped out to the CPU pool (a subset of
+    /// `preempted`; the others lost their KV and will recompute it).
+    pub swapped: Vec<SeqId>,
+    /// Blocks to copy GPU -> CPU before the step, as `(gpu block, cpu block)`.
+    pub swap_out: Vec<(u32, u32)>,
+    /// Blocks to copy CPU -> GPU before the step, as `(cpu block, gpu block)`.
+    pub swap_in: Vec<(u32, u32)>,
+}
+
+/// The CPU swap pool (vLLM's `swap_space`): preempted sequences park their KV here and get
+/// it back over PCIe instead of recomputing it.
+#[derive(Debug)]
+struct CpuPool {
+    size: u32,
+    free: Vec<u32>,
+    tables: FxHashMap<SeqId, Vec<u32>>,
 }
 
 /// Newly full blocks of a sequence whose content hashes can now be cached.
@@ -140,6 +156,8 @@ pub struct BlockManager {
     tick: u64,
     free_order: u64,
     evictions: u64,
+    /// CPU swap pool; `None`: preemption always recomputes.
+    cpu: Option<CpuPool>,
 }
 
 impl BlockManager {
@@ -158,7 +176,100 @@ impl BlockManager {
             tick: 0,
             free_order: 0,
             evictions: 0,
+            cpu: None,
         }
+    }
+
+    /// Adds a CPU swap pool of `cpu_blocks` blocks: preempted sequences are swapped out
+    /// while it has room for their whole table, and recomputed otherwise.
+    pub fn with_swap_space(mut self, cpu_blocks: u32) -> Self {
+        self.cpu = Some(CpuPool {
+            size: cpu_blocks,
+            // Popped from the back: block 0 is used first.
+            free: (0..cpu_blocks).rev().collect(),
+            tables: FxHashMap::default(),
+        });
+        self
+    }
+
+    /// Whether preemption swaps to a CPU pool.
+    pub fn swaps(&self) -> bool {
+        self.cpu.is_some()
+    }
+
+    /// CPU blocks holding swapped-out KV.
+    pub fn num_swapped_blocks(&self) -> u32 {
+        self.cpu
+            .as_ref()
+            .map_or(0, |c| c.size - c.free.len() as u32)
+    }
+
+    /// Whether `seq`'s KV sits in the CPU pool.
+    pub fn is_swapped(&self, seq: SeqId) -> bool {
+        self.cpu
+            .as_ref()
+            .is_some_and(|c| c.tables.contains_key(&seq))
+    }
+
+    /// Preempts `seq`: swaps its blocks out when the CPU pool has room for all of them
+    /// (the copies go in `resp.swap_out`), then frees its GPU blocks. Without room or
+    /// without a pool the KV is dropped and the sequence will recompute it.
+    fn preempt(&mut self, seq: SeqId, resp: &mut ReserveResponse) {
+        let n = self.table(seq).len();
+        let mut dst = Vec::new();
+        if let (Some(cpu), Some(table)) = (&mut self.cpu, self.tables.get(&seq)) {
+            if n > 0 && n <= cpu.free.len() {
+                dst.reserve(n);
+                for &g in table {
+                    let Some(c) = cpu.free.pop() else { break };
+                    resp.swap_out.push((g, c));
+                    dst.push(c);
+                }
+            }
+        }
+        self.free(seq);
+        let swapped = !dst.is_empty();
+        if let (Some(cpu), true) = (&mut self.cpu, swapped) {
+            cpu.tables.insert(seq, dst);
+        }
+        if swapped {
+            resp.swapped.push(seq);
+        } else if let Some(p) = self.policy.as_mut() {
+            // A recomputing sequence will look its prefix up again.
+            p.on_preempted(seq);
+        }
+    }
+
+    /// Swaps `seq` back in: takes GPU blocks for its swapped table, grown to cover `slots`,
+    /// and lists the copies in `resp.swap_in`. False (and no change) if they do not fit.
+    fn try_swap_in(&mut self, seq: SeqId, slots: u32, resp: &mut ReserveResponse) -> bool {
+        let Some(n) = self
+            .cpu
+            .as_ref()
+            .and_then(|c| c.tables.get(&seq))
+            .map(Vec::len)
+        else {
+            return false;
+        };
+        let want = (self.blocks_for(slots) as usize).max(n);
+        if want > self.num_free() as usize {
+            return false;
+        }
+        let mut table = Vec::with_capacity(want);
+        for _ in 0..want {
+            // `want` blocks are free: checked above.
+            let Some(b) = self.take_block() else { break };
+            table.push(b);
+        }
+        if let Some(cpu) = self.cpu.as_mut() {
+            if let Some(src) = cpu.tables.remove(&seq) {
+                resp.swap_in
+                    .extend(src.iter().copied().zip(table.iter().copied()));
+                cpu.free.extend(src.iter().rev());
+            }
+        }
+        self.tables.insert(seq, table);
+        true
     }
 
     /// A pool with prefix caching evicting by `policy`.
@@ -346,6 +457,11 @@ impl BlockManager {
     /// Releases every block of `seq`, tail first (so that at equal recency the deepest
     /// block is reused first, vLLM's tie-break for prefix caching).
     pub fn free(&mut self, seq: SeqId) {
+        if let Some(cpu) = self.cpu.as_mut() {
+            if let Some(src) = cpu.tables.remove(&seq) {
+                cpu.free.extend(src.iter().rev());
+            }
+        }
         if let Some(table) = self.tables.remove(&seq) {
             for &b in table.iter().rev() {
                 let rc = &mut self.ref_counts[b as usize];
@@ -415,18 +531,12 @@ impl BlockManager {
                         };
                         let Some(v) = victim else {
                             // No victim left: this entry cannot run; preempt it.
-                            bm.free(e.seq);
+                            bm.preempt(e.seq, resp);
                             preempted.push(e.seq);
-                            if let Some(p) = bm.policy.as_mut() {
-                                p.on_preempted(e.seq);
-                            }
                             break;
                         };
-                        bm.free(v);
+                        bm.preempt(v, resp);
                         preempted.push(v);
-                        if let Some(p) = bm.policy.as_mut() {
-                            p.on_preempted(v);
-                        }
                         // A victim granted earlier in this step loses its grant.
                         let keep: Vec<bool> = resp
                             .granted
@@ -470,6 +580,13 @@ impl BlockManager {
                         if let Some(p) = bm.policy.as_mut() {
                             p.on_admitted(e.seq);
                         }
+                    }
+                    _ if bm.is_swapped(e.seq) => {
+                        if !bm.try_swap_in(e.seq, e.slots, resp) {
+                            break;
+                        }
+                        resp.granted.push(i);
+                        resp.hits.push(0);
                     }
                     _ => {
                         if !bm.try_grow(e.seq, e.slots) {
@@ -581,6 +698,22 @@ impl BlockManager {
                 return Err(format!(
                     "cache entry {h:#x} points at block {b} holding {:?}",
                     self.hashes[b as usize]
+                ));
+            }
+        }
+        if let Some(cpu) = &self.cpu {
+            let mut seen = vec![false; cpu.size as usize];
+            for &b in cpu.free.iter().chain(cpu.tables.values().flatten()) {
+                if b >= cpu.size || std::mem::replace(&mut seen[b as usize], true) {
+                    return Err(format!("CPU block {b} is free or swapped twice"));
+                }
+            }
+            if seen.iter().any(|s| !s) {
+                return Err("a CPU block is neither free nor swapped".into());
+            }
+            if let Some(s) = cpu.tables.keys().find(|s| self.tables.contains_key(s)) {
+                return Err(format!(
+                    "sequence {s} holds both GPU and swapped CPU blocks"
                 ));
             }
         }

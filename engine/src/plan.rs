@@ -53,10 +53,11 @@ pub struct StepPlan {
     pub preempted: Vec<SeqId>,
     /// Block copies `(src, dst)` to perform before the step (copy-on-write).
     pub block_copies: Vec<(u32, u32)>,
-    /// Blocks to swap in from the CPU pool before the step.
-    pub swap_in: Vec<u32>,
-    /// Blocks to swap out to the CPU pool before the step.
-    pub swap_out: Vec<u32>,
+    /// Blocks to copy from the CPU pool before the step, as `(cpu block, gpu block)`.
+    pub swap_in: Vec<(u32, u32)>,
+    /// Blocks to copy to the CPU pool before the step (and before the freed GPU blocks are
+    /// reused by this step), as `(gpu block, cpu block)`.
+    pub swap_out: Vec<(u32, u32)>,
 }
 
 impl StepPlan {

@@ -63,7 +63,7 @@ impl RequestRecord {
 }
 
 /// One row of `steps.csv`: one engine step (one batch through the backend).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepRecord {
     /// Step number, from 0.
     pub step: u64,
@@ -98,6 +98,17 @@ pub struct StepRecord {
     /// Token slots of the blocks in use (`kv_blocks_used x block_size`): the gap to
     /// `kv_tokens` is reserved but unused KV (fragmentation).
     pub kv_slots: u64,
+    /// Of `num_preempted`, the sequences preempted by swapping to the CPU pool (the others
+    /// recompute).
+    pub num_swapped: u32,
+    /// Blocks copied CPU -> GPU before the step.
+    pub swap_in_blocks: u32,
+    /// Blocks copied GPU -> CPU before the step.
+    pub swap_out_blocks: u32,
+    /// Copy-on-write block copies before the step.
+    pub block_copies: u32,
+    /// Tokens computed again because a recompute preemption dropped their KV.
+    pub recomputed_tokens: u32,
 }
 
 /// Converts nanoseconds to seconds.

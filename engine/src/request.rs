@@ -43,7 +43,8 @@ pub enum SeqStatus {
     Waiting,
     /// Admitted: holds KV blocks and is scheduled step by step.
     Running,
-    /// Evicted from the running set (KV freed, to be recomputed); back in the queue.
+    /// Evicted from the running set (KV freed to be recomputed, or swapped to the CPU
+    /// pool); back in the queue.
     Preempted,
     /// Ended normally.
     Finished,
@@ -118,6 +119,11 @@ pub struct Sequence {
     pub hashed_blocks: u32,
     /// Prompt tokens served from the prefix cache at first admission.
     pub cached_tokens: u32,
+    /// Whether the KV sits in the CPU swap pool (preempted by swap: `num_computed` kept).
+    pub swapped: bool,
+    /// Most tokens computed before a recompute preemption: computing positions below this
+    /// again is recomputation (a metric).
+    pub recompute_upto: u32,
 }
 
 impl Sequence {
@@ -139,6 +145,8 @@ impl Sequence {
             block_hashes: None,
             hashed_blocks: 0,
             cached_tokens: 0,
+            swapped: false,
+            recompute_upto: 0,
         }
     }
 

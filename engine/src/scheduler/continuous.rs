@@ -5,7 +5,8 @@ use crate::block_manager::{EntryKind, ReserveOrder};
 
 /// Each step either prefills whole prompts of waiting requests (whenever at least one fits)
 /// or decodes every running sequence; when blocks run out during decode, the newest
-/// admitted sequence is preempted (recompute).
+/// admitted sequence is preempted (recompute or swap). Swapped-out sequences are swapped
+/// back in during decode steps, before any new prompt is prefilled.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Continuous;
 
@@ -21,6 +22,23 @@ impl SchedulePolicy for Continuous {
         };
         let mut budget = cfg.max_num_batched_tokens;
         let free_seats = (cfg.max_num_seqs as usize).saturating_sub(q.running.len());
+        // Swapped-out sequences resume before any new prefill, in a decode step after the
+        // running ones (vLLM V0: no prefills while the swapped queue is non-empty).
+        if q.waiting.front().is_some_and(|&id| q.seq(id).swapped) {
+            p.order = Some(ReserveOrder::RunningFirst);
+            for &id in q.running {
+                let s = q.seq(id);
+                p.push(id, EntryKind::Running, s.remaining(), s.num_tokens);
+            }
+            for &id in q.waiting.iter().take(free_seats) {
+                let s = q.seq(id);
+                if !s.swapped {
+                    break;
+                }
+                p.push(id, EntryKind::Waiting, s.remaining(), s.num_tokens);
+            }
+            return p;
+        }
         for &id in q.waiting.iter().take(free_seats) {
             let s = q.seq(id);
             let n = s.remaining();

@@ -33,7 +33,7 @@ use crate::request::{FinishReason, Nanos, Request, SeqId, SeqStatus, Sequence};
 
 pub use chunked::Chunked;
 pub use continuous::Continuous;
-pub use policy::{AdmissionPolicy, QueuePolicy, VictimPolicy};
+pub use policy::{AdmissionPolicy, PreemptionMode, QueuePolicy, VictimPolicy};
 pub use static_batch::StaticBatch;
 
 /// Which scheduling policy runs.
@@ -247,6 +247,18 @@ pub struct Scheduler {
     fcfs_violations: u64,
     kv_tokens: u64,
     new_token_ratio: f64,
+    last: StepStats,
+}
+
+/// Scheduler-side facts about the last planned step (for `steps.csv`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepStats {
+    /// Tokens the running sequences hold in the KV cache once the step has run.
+    pub kv_tokens: u64,
+    /// Tokens the step computes again after a recompute preemption dropped them.
+    pub recomputed_tokens: u32,
+    /// Sequences preempted by swapping (the rest of the step's preemptions recompute).
+    pub num_swapped: u32,
 }
 
 impl Scheduler {
@@ -267,6 +279,7 @@ impl Scheduler {
             fcfs_violations: 0,
             kv_tokens: 0,
             new_token_ratio: policy::NEW_TOKEN_RATIO.0,
+            last: StepStats::default(),
         })
     }
 
@@ -359,6 +372,11 @@ impl Scheduler {
         self.kv_tokens
     }
 
+    /// Facts about the last planned step.
+    pub fn last_step_stats(&self) -> StepStats {
+        self.last
+    }
+
     /// Inter-token gaps recorded by the last commits; the caller drains them.
     pub fn take_itl_gaps(&mut self) -> std::vec::Drain<'_, Nanos> {
         self.itl_gaps.drain(..)
@@ -439,9 +457,16 @@ impl Scheduler {
             for &v in &resp.preempted {
                 if let Some(s) = self.seqs.get_mut(&v) {
                     s.status = SeqStatus::Preempted;
-                    s.num_computed = 0;
+                    // Swapped blocks come back as new GPU blocks: their hashes are offered
+                    // to the prefix cache again after the swap-in.
                     s.hashed_blocks = 0;
                     s.num_preemptions += 1;
+                    if resp.swapped.contains(&v) {
+                        s.swapped = true;
+                    } else {
+                        s.recompute_upto = s.recompute_upto.max(s.num_computed);
+                        s.num_computed = 0;
+                    }
                 }
                 self.waiting.push_front(v);
             }
@@ -452,6 +477,7 @@ impl Scheduler {
         }
         let mut tables = std::mem::take(&mut resp.tables).into_iter();
         let mut work = Vec::with_capacity(resp.granted.len());
+        let mut recomputed = 0;
         for (k, &g) in resp.granted.iter().enumerate() {
             let entry = &req.entries[g];
             let mut tokens = self.pending_tokens[g];
@@ -476,6 +502,7 @@ impl Scheduler {
             }
             if entry.kind == EntryKind::Waiting {
                 s.status = SeqStatus::Running;
+                s.swapped = false;
                 s.admitted_seq = self.admissions;
                 self.admissions += 1;
                 if s.first_scheduled.is_none() {
@@ -508,6 +535,8 @@ impl Scheduler {
             } else {
                 Vec::new()
             };
+            let start = s.num_computed;
+            recomputed += s.recompute_upto.min(start + tokens).saturating_sub(start);
             work.push(SeqWork {
                 seq: entry.seq,
                 kind,
@@ -527,11 +556,18 @@ impl Scheduler {
             .map(|s| u64::from(s.num_computed))
             .sum::<u64>()
             + work.iter().map(|w| u64::from(w.len)).sum::<u64>();
+        self.last = StepStats {
+            kv_tokens: self.kv_tokens,
+            recomputed_tokens: recomputed,
+            num_swapped: resp.swapped.len() as u32,
+        };
         let plan = StepPlan {
             step: self.steps,
             start: now,
             work,
             preempted: resp.preempted,
+            swap_in: resp.swap_in,
+            swap_out: resp.swap_out,
             ..StepPlan::default()
         };
         self.steps += 1;

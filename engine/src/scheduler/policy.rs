@@ -109,3 +109,15 @@ impl VictimPolicy {
         }
     }
 }
+
+/// What happens to a preempted sequence's KV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum PreemptionMode {
+    /// Drop it and recompute the prompt and the tokens generated so far (vLLM V1).
+    #[default]
+    Recompute,
+    /// Copy it to a CPU block pool over PCIe and back when the sequence resumes (vLLM V0's
+    /// `preemption_mode="swap"`); falls back to recompute when the CPU pool is full.
+    Swap,
+}
