@@ -52,6 +52,8 @@ fn admit(bm: &mut BlockManager, id: u64) -> Live {
         order: ReserveOrder::RunningFirst,
         want_tables: false,
         watermark_blocks: 0,
+        priority_victims: vec![],
+        probe: vec![],
     });
     assert_eq!(r.granted.len(), 1, "pool too small");
     bm.cache_blocks(&[CacheBlocks {
@@ -96,6 +98,8 @@ fn bench(c: &mut Criterion) {
                     order: ReserveOrder::RunningFirst,
                     want_tables: false,
                     watermark_blocks: 0,
+                    priority_victims: vec![],
+                    probe: vec![],
                 });
                 debug_assert!(r.preempted.is_empty());
                 for s in &mut live {

@@ -1486,6 +1486,7 @@ impl Workload {
             prompt_tokens,
             max_tokens,
             ignore_eos: true,
+            scripted_output: Vec::new(),
             priority: self
                 .class_priorities
                 .get(usize::from(class))

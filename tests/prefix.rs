@@ -53,6 +53,7 @@ fn case() -> impl Strategy<Value = Case> {
                 QueuePolicy::Priority,
                 QueuePolicy::Sjf,
                 QueuePolicy::SjfOracle,
+                QueuePolicy::Lpm,
             ]),
             prop::sample::select(vec![
                 AdmissionPolicy::Optimistic,
@@ -145,6 +146,7 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
                 prompt_tokens: tokens(group, i as u64, p),
                 max_tokens: o,
                 ignore_eos: true,
+                scripted_output: Vec::new(),
                 priority: i32::from(group),
                 class: 0,
             }
@@ -206,8 +208,11 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
         if !r.finish_reason.is_rejection() {
             prop_assert_eq!(r.output_len, r.max_tokens);
             prop_assert!(r.cached_tokens < r.prompt_len.max(1));
-            // Worst-case admission (and static batching) reserve everything up front.
-            if c.admission == AdmissionPolicy::WorstCase || c.kind == SchedulerKind::Static {
+            // Worst-case admission (and static batching) reserve everything up front; only
+            // priority preemption (a higher-priority arrival) may still evict.
+            let worst_case =
+                c.admission == AdmissionPolicy::WorstCase && c.queue != QueuePolicy::Priority;
+            if worst_case || c.kind == SchedulerKind::Static {
                 prop_assert_eq!(r.num_preemptions, 0);
             }
         }

@@ -85,6 +85,9 @@ struct Knobs {
     prefix: bool,
     /// CPU swap pool in blocks: preemption swaps while it has room.
     swap_blocks: Option<u32>,
+    /// Waiting-queue order (FCFS checks invariant 8; the others reorder and, for
+    /// `priority`, preempt).
+    queue: QueuePolicy,
 }
 
 /// The block manager the knobs ask for.
@@ -119,8 +122,8 @@ impl Knobs {
             keep_tokens: self.want_tables,
             block_size: self.block_size,
             prefix_caching: self.prefix,
-            queue: QueuePolicy::Fcfs,
-            queue_aging_ns: 10_000_000_000,
+            queue: self.queue,
+            queue_aging_ns: 10_000,
             admission: AdmissionPolicy::Optimistic,
             victim: VictimPolicy::Newest,
             watermark_blocks: 0,
@@ -154,7 +157,8 @@ fn requests_from(spec: &[(Nanos, u32, u32)]) -> Vec<Request> {
                 prompt_tokens,
                 max_tokens,
                 ignore_eos: true,
-                priority: 0,
+                scripted_output: Vec::new(),
+                priority: (i % 4) as i32,
                 class: 0,
             }
         })
@@ -195,6 +199,12 @@ fn knobs() -> impl Strategy<Value = Knobs> {
         0u32..=1024,
         any::<bool>(),
         prop_oneof![2 => Just(None), 1 => (0u32..=3).prop_map(Some)],
+        prop_oneof![
+            4 => Just(QueuePolicy::Fcfs),
+            1 => Just(QueuePolicy::Priority),
+            1 => Just(QueuePolicy::Sjf),
+            1 => Just(QueuePolicy::Lpm),
+        ],
     )
         .prop_map(
             |(
@@ -207,6 +217,7 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                 r,
                 prefix,
                 swap,
+                queue,
             )| {
                 let block_size = 1 << bs_exp;
                 // Small: 1..=max_model_len (chunked only; others are raised to the floor);
@@ -227,6 +238,7 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                     // 0 to 3 max-length sequences of CPU blocks (0: every swap falls back
                     // to recompute).
                     swap_blocks: swap.map(|k| k * max_model_len.div_ceil(block_size)),
+                    queue,
                 }
             },
         )
@@ -651,14 +663,13 @@ impl<'a> Harness<'a> {
                 prop_assert_eq!(s.num_computed, 0);
             }
         }
-        // Swap lists: every swapped-out GPU block is distinct and every swapped-in block
-        // lands in the table of a running sequence.
-        let out: BTreeSet<u32> = plan.swap_out.iter().map(|&(g, _)| g).collect();
-        prop_assert_eq!(
-            out.len(),
-            plan.swap_out.len(),
-            "a GPU block swapped out twice"
-        );
+        // Swap lists: no CPU block is written twice or written and read in one step (the
+        // swap-outs run first), and every swapped-in block lands in a running table.
+        let out: BTreeSet<u32> = plan.swap_out.iter().map(|&(_, c)| c).collect();
+        prop_assert_eq!(out.len(), plan.swap_out.len(), "a CPU block written twice");
+        for &(c, _) in &plan.swap_in {
+            prop_assert!(!out.contains(&c), "CPU block {} overwritten before its swap-in", c);
+        }
         for &(_, g) in &plan.swap_in {
             prop_assert!(
                 self.sched
@@ -694,7 +705,7 @@ impl<'a> Harness<'a> {
         prop_assert_eq!(self.bm.num_tables(), 0, "tables leaked");
         prop_assert_eq!(self.bm.num_swapped_blocks(), 0, "CPU blocks leaked");
         prop_assert_eq!(self.sched.fcfs_violations(), 0);
-        if self.run.preemptions == 0 {
+        if self.run.preemptions == 0 && self.cfg.queue == QueuePolicy::Fcfs {
             let mut admitted: Vec<&RequestRecord> = self
                 .run
                 .records
@@ -1006,6 +1017,7 @@ proptest! {
             want_tables: false,
             prefix: false,
             swap_blocks: None,
+            queue: QueuePolicy::Fcfs,
         };
         let run = check_case(&knobs, SchedulerKind::Chunked, &requests)?;
         prop_assert_eq!(run.preemptions, 0, "pool holds every request: no preemption expected");
@@ -1048,6 +1060,7 @@ proptest! {
             prefix,
             // Room for a whole max-length sequence: every preemption can swap.
             swap_blocks: swap.then_some(max_model_len / block_size),
+            queue: QueuePolicy::Fcfs,
         };
         for kind in SchedulerKind::ALL {
             let run = check_case(&knobs, kind, &requests)?;
@@ -1112,6 +1125,7 @@ proptest! {
             want_tables: false,
             prefix: false,
             swap_blocks: None,
+            queue: QueuePolicy::Fcfs,
         };
         let inline = drive(DriverKind::Inline, &knobs, kind, &requests, cost_model_backend())?;
         let actors = drive(DriverKind::Actors, &knobs, kind, &requests, cost_model_backend())?;

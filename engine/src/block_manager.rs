@@ -76,6 +76,26 @@ pub struct ReserveRequest {
     /// Blocks that must stay free after admitting a waiting entry (vLLM V0's watermark;
     /// running sequences may use them).
     pub watermark_blocks: u32,
+    /// Running sequences the first waiting entry may preempt when it does not fit, most
+    /// preferable first (priority scheduling: those of strictly lower priority). Empty: a
+    /// waiting entry never preempts.
+    pub priority_victims: Vec<SeqId>,
+    /// Waiting sequences whose cached prefix length the scheduler wants to know (the `lpm`
+    /// queue policy), with their prompt block hashes; answered after the reservation.
+    pub probe: Vec<(SeqId, Arc<[u64]>)>,
+}
+
+/// Withdraws the grant of `victim` (preempted after it was granted in this step).
+fn revoke(resp: &mut ReserveResponse, req: &ReserveRequest, victim: SeqId) {
+    let keep: Vec<bool> = resp
+        .granted
+        .iter()
+        .map(|&g| req.entries[g].seq != victim)
+        .collect();
+    let mut k = keep.iter();
+    resp.hits.retain(|_| *k.next().unwrap_or(&true));
+    let mut k = keep.iter();
+    resp.granted.retain(|_| *k.next().unwrap_or(&true));
 }
 
 /// The block manager's answer.
@@ -101,6 +121,8 @@ pub struct ReserveResponse {
     pub swap_out: Vec<(u32, u32)>,
     /// Blocks to copy CPU -> GPU before the step, as `(cpu block, gpu block)`.
     pub swap_in: Vec<(u32, u32)>,
+    /// Cached prefix tokens of each probed sequence, after the reservation.
+    pub probe_hits: Vec<(SeqId, u32)>,
 }
 
 /// The CPU swap pool (vLLM's `swap_space`): preempted sequences park their KV here and get
@@ -110,6 +132,9 @@ struct CpuPool {
     size: u32,
     free: Vec<u32>,
     tables: FxHashMap<SeqId, Vec<u32>>,
+    /// Blocks swapped in during the current reservation: free only after it, so that no
+    /// swap-out of the same step (copied first) overwrites them before they are read.
+    released: Vec<u32>,
 }
 
 /// Newly full blocks of a sequence whose content hashes can now be cached.
@@ -188,6 +213,7 @@ impl BlockManager {
             // Popped from the back: block 0 is used first.
             free: (0..cpu_blocks).rev().collect(),
             tables: FxHashMap::default(),
+            released: Vec::new(),
         });
         self
     }
@@ -265,7 +291,7 @@ impl BlockManager {
             if let Some(src) = cpu.tables.remove(&seq) {
                 resp.swap_in
                     .extend(src.iter().copied().zip(table.iter().copied()));
-                cpu.free.extend(src.iter().rev());
+                cpu.released.extend(src.iter().rev());
             }
         }
         self.tables.insert(seq, table);
@@ -488,6 +514,82 @@ impl BlockManager {
         }
     }
 
+    /// Admits waiting entry `i` (`e`): through the prefix cache, by swapping it back in, or
+    /// with fresh blocks; false (and no change) if it does not fit or would break the
+    /// watermark.
+    fn try_admit(
+        &mut self,
+        i: usize,
+        e: &ReserveEntry,
+        watermark: u32,
+        resp: &mut ReserveResponse,
+    ) -> bool {
+        // Admission keeps `watermark` blocks free (rough: before prefix hits), unless
+        // nothing holds blocks: then nothing would ever free them (liveness).
+        let have = self.tables.get(&e.seq).map_or(0, |t| t.len() as u32);
+        let need = self.blocks_for(e.slots).saturating_sub(have);
+        if watermark > 0 && self.used > 0 && need + watermark > self.num_free() {
+            return false;
+        }
+        let cacheable = self.policy.is_some() && !self.tables.contains_key(&e.seq);
+        let hit = match &e.hashes {
+            Some(hashes) if cacheable => {
+                // A full hit still recomputes the last token.
+                let usable = (e.total.saturating_sub(1) / self.block_size) as usize;
+                let hashes = &hashes[..hashes.len().min(usable)];
+                let (tokens, total, slots) = (e.tokens, e.total, e.slots);
+                let Some(hit) = self.admit_with_prefix(e.seq, hashes, |hit| {
+                    slots.max(hit + tokens.min(total - hit))
+                }) else {
+                    return false;
+                };
+                hit
+            }
+            _ if self.is_swapped(e.seq) => {
+                if !self.try_swap_in(e.seq, e.slots, resp) {
+                    return false;
+                }
+                resp.granted.push(i);
+                resp.hits.push(0);
+                return true;
+            }
+            _ => {
+                if !self.try_grow(e.seq, e.slots) {
+                    return false;
+                }
+                0
+            }
+        };
+        resp.granted.push(i);
+        resp.hits.push(hit);
+        if let Some(p) = self.policy.as_mut() {
+            p.on_admitted(e.seq);
+        }
+        true
+    }
+
+    /// Whether preempting every not-yet-preempted candidate in `victims` would free enough
+    /// blocks for `e` (blocks shared with others do not come free), so that priority
+    /// preemption never evicts in vain.
+    fn priority_room(&self, e: &ReserveEntry, victims: &[SeqId], preempted: &[SeqId]) -> bool {
+        let need = self.blocks_for(e.slots);
+        let mut room = self.num_free();
+        for v in victims
+            .iter()
+            .filter(|v| **v != e.seq && !preempted.contains(v))
+        {
+            room += self
+                .table(*v)
+                .iter()
+                .filter(|&&b| self.ref_counts[b as usize] == 1)
+                .count() as u32;
+            if room >= need {
+                return true;
+            }
+        }
+        false
+    }
+
     /// Serves one step's reservation: grants entries in order, preempting victims when a
     /// running entry does not fit (recompute: the victim's blocks are freed).
     pub fn reserve(&mut self, req: &ReserveRequest) -> ReserveResponse {
@@ -537,16 +639,7 @@ impl BlockManager {
                         };
                         bm.preempt(v, resp);
                         preempted.push(v);
-                        // A victim granted earlier in this step loses its grant.
-                        let keep: Vec<bool> = resp
-                            .granted
-                            .iter()
-                            .map(|&g| req.entries[g].seq != v)
-                            .collect();
-                        let mut k = keep.iter();
-                        resp.hits.retain(|_| *k.next().unwrap_or(&true));
-                        let mut k = keep.iter();
-                        resp.granted.retain(|_| *k.next().unwrap_or(&true));
+                        revoke(resp, req, v);
                         if v == e.seq {
                             break;
                         }
@@ -554,63 +647,41 @@ impl BlockManager {
                 }
             };
         let watermark = req.watermark_blocks;
-        let serve_waiting = |bm: &mut Self, resp: &mut ReserveResponse| {
-            for (i, e) in waiting.clone() {
-                // Admission keeps `watermark` blocks free (rough: before prefix hits), unless
-                // nothing holds blocks: then nothing would ever free them (liveness).
-                let have = bm.tables.get(&e.seq).map_or(0, |t| t.len() as u32);
-                let need = bm.blocks_for(e.slots).saturating_sub(have);
-                if watermark > 0 && bm.used > 0 && need + watermark > bm.num_free() {
-                    break;
-                }
-                let cacheable = bm.policy.is_some() && !bm.tables.contains_key(&e.seq);
-                match &e.hashes {
-                    Some(hashes) if cacheable => {
-                        // A full hit still recomputes the last token.
-                        let usable = (e.total.saturating_sub(1) / bm.block_size) as usize;
-                        let hashes = &hashes[..hashes.len().min(usable)];
-                        let (tokens, total, slots) = (e.tokens, e.total, e.slots);
-                        let Some(hit) = bm.admit_with_prefix(e.seq, hashes, |hit| {
-                            slots.max(hit + tokens.min(total - hit))
-                        }) else {
-                            break;
-                        };
-                        resp.granted.push(i);
-                        resp.hits.push(hit);
-                        if let Some(p) = bm.policy.as_mut() {
-                            p.on_admitted(e.seq);
-                        }
-                    }
-                    _ if bm.is_swapped(e.seq) => {
-                        if !bm.try_swap_in(e.seq, e.slots, resp) {
+        let serve_waiting =
+            |bm: &mut Self, resp: &mut ReserveResponse, preempted: &mut Vec<SeqId>| {
+                let mut prio = req.priority_victims.iter().copied();
+                for (n, (i, e)) in waiting.clone().enumerate() {
+                    loop {
+                        if bm.try_admit(i, e, watermark, resp) {
                             break;
                         }
-                        resp.granted.push(i);
-                        resp.hits.push(0);
-                    }
-                    _ => {
-                        if !bm.try_grow(e.seq, e.slots) {
-                            break;
+                        // Priority preemption (vLLM V0): the head of the queue may evict
+                        // running sequences of lower priority, lowest first, when that
+                        // can make it fit.
+                        if n == 0 && bm.priority_room(e, &req.priority_victims, preempted) {
+                            if let Some(v) = prio.find(|&v| v != e.seq && !preempted.contains(&v)) {
+                                bm.preempt(v, resp);
+                                preempted.push(v);
+                                revoke(resp, req, v);
+                                continue;
+                            }
                         }
-                        resp.granted.push(i);
-                        resp.hits.push(0);
-                        if let Some(p) = bm.policy.as_mut() {
-                            p.on_admitted(e.seq);
-                        }
+                        // FCFS within the queue's order: the first that does not fit stops
+                        // admission.
+                        return;
                     }
                 }
-            }
-        };
+            };
 
         match req.order {
             ReserveOrder::RunningFirst => {
                 serve_running(self, &mut resp, &mut preempted);
-                if preempted.is_empty() {
-                    serve_waiting(self, &mut resp);
+                if preempted.is_empty() || !req.priority_victims.is_empty() {
+                    serve_waiting(self, &mut resp, &mut preempted);
                 }
             }
             ReserveOrder::WaitingFirstExclusive => {
-                serve_waiting(self, &mut resp);
+                serve_waiting(self, &mut resp, &mut preempted);
                 if resp.granted.is_empty() {
                     serve_running(self, &mut resp, &mut preempted);
                 }
@@ -636,6 +707,17 @@ impl BlockManager {
         }
         resp.preempted = preempted;
         resp.blocks_used = self.used;
+        if let Some(cpu) = self.cpu.as_mut() {
+            let released = std::mem::take(&mut cpu.released);
+            cpu.free.extend(released);
+        }
+        if self.policy.is_some() {
+            resp.probe_hits = req
+                .probe
+                .iter()
+                .map(|(seq, hashes)| (*seq, self.lookup(hashes).0 * self.block_size))
+                .collect();
+        }
         resp
     }
 
@@ -752,6 +834,8 @@ mod tests {
             order: ReserveOrder::RunningFirst,
             want_tables: true,
             watermark_blocks: 0,
+            priority_victims: vec![],
+            probe: vec![],
         };
         let r = bm.reserve(&req);
         assert_eq!(r.granted, vec![0]);
@@ -775,6 +859,8 @@ mod tests {
                 order: ReserveOrder::RunningFirst,
                 want_tables: false,
                 watermark_blocks: 0,
+                priority_victims: vec![],
+                probe: vec![],
             });
             assert_eq!(r.granted, vec![0]);
         }
@@ -789,6 +875,8 @@ mod tests {
             order: ReserveOrder::RunningFirst,
             want_tables: false,
             watermark_blocks: 0,
+            priority_victims: vec![],
+            probe: vec![],
         });
         assert_eq!(r.granted, vec![0]);
         assert_eq!(r.preempted, vec![2]);
@@ -806,6 +894,8 @@ mod tests {
             order: ReserveOrder::RunningFirst,
             want_tables: false,
             watermark_blocks: 0,
+            priority_victims: vec![],
+            probe: vec![],
         });
         let r = bm.reserve(&ReserveRequest {
             entries: vec![
@@ -816,6 +906,8 @@ mod tests {
             order: ReserveOrder::WaitingFirstExclusive,
             want_tables: false,
             watermark_blocks: 0,
+            priority_victims: vec![],
+            probe: vec![],
         });
         assert_eq!(r.granted, vec![1]);
         assert!(r.preempted.is_empty());
@@ -846,6 +938,8 @@ mod prefix_tests {
             order: ReserveOrder::RunningFirst,
             want_tables: true,
             watermark_blocks: 0,
+            priority_victims: vec![],
+            probe: vec![],
         })
     }
 

@@ -51,12 +51,15 @@ pub struct StepPlan {
     pub work: Vec<SeqWork>,
     /// Sequences preempted while this step was scheduled (their KV was freed).
     pub preempted: Vec<SeqId>,
-    /// Block copies `(src, dst)` to perform before the step (copy-on-write).
+    /// Block copies `(src, dst)` to perform before the step (copy-on-write), after the
+    /// swaps.
     pub block_copies: Vec<(u32, u32)>,
-    /// Blocks to copy from the CPU pool before the step, as `(cpu block, gpu block)`.
+    /// Blocks to copy from the CPU pool before the step, as `(cpu block, gpu block)`, after
+    /// every swap-out of the step.
     pub swap_in: Vec<(u32, u32)>,
-    /// Blocks to copy to the CPU pool before the step (and before the freed GPU blocks are
-    /// reused by this step), as `(gpu block, cpu block)`.
+    /// Blocks to copy to the CPU pool first, before anything of the step reuses the GPU
+    /// blocks they free, as `(gpu block, cpu block)`. A block shared by two preempted
+    /// sequences is copied once for each.
     pub swap_out: Vec<(u32, u32)>,
 }
 

@@ -29,6 +29,11 @@ pub struct Request {
     pub max_tokens: u32,
     /// Stop at the end-of-sequence token (real backends); simulation ignores EOS.
     pub ignore_eos: bool,
+    /// What the model answers, when the workload knows it (a multi-turn conversation whose
+    /// next turn resends this answer): simulation emits these token ids instead of
+    /// placeholders, so the generated blocks hash like the next turn's history. Empty: no
+    /// script; real backends ignore it.
+    pub scripted_output: Vec<u32>,
     /// Scheduling priority (lower value is served first by priority policies).
     pub priority: i32,
     /// Index of the request class in the workload (for per-class metrics).
@@ -115,6 +120,10 @@ pub struct Sequence {
     /// Chained hashes of the prompt's full blocks (prefix caching, when the prompt carries
     /// token ids).
     pub block_hashes: Option<std::sync::Arc<[u64]>>,
+    /// Chained hashes of the full blocks after the prompt's (they hold generated tokens),
+    /// as the sequence computes them; kept when its token ids are known (real backends, or
+    /// a scripted output).
+    pub gen_hashes: Vec<u64>,
     /// Leading blocks of the table already registered in the prefix cache.
     pub hashed_blocks: u32,
     /// Prompt tokens served from the prefix cache at first admission.
@@ -124,6 +133,9 @@ pub struct Sequence {
     /// Most tokens computed before a recompute preemption: computing positions below this
     /// again is recomputation (a metric).
     pub recompute_upto: u32,
+    /// Prompt tokens the prefix cache held for this sequence at the last probe (the `lpm`
+    /// queue policy's key).
+    pub probed_prefix: u32,
 }
 
 impl Sequence {
@@ -143,10 +155,12 @@ impl Sequence {
             num_preemptions: 0,
             admitted_seq: 0,
             block_hashes: None,
+            gen_hashes: Vec::new(),
             hashed_blocks: 0,
             cached_tokens: 0,
             swapped: false,
             recompute_upto: 0,
+            probed_prefix: 0,
         }
     }
 
@@ -164,6 +178,20 @@ impl Sequence {
         } else {
             self.output_tokens.get(p - prompt).copied()
         }
+    }
+
+    /// Hash of full block `i` (prompt blocks, then generated ones), when known.
+    pub fn block_hash(&self, i: usize) -> Option<u64> {
+        let prompt = self.block_hashes.as_deref().unwrap_or(&[]);
+        match prompt.get(i) {
+            Some(&h) => Some(h),
+            None => self.gen_hashes.get(i - prompt.len()).copied(),
+        }
+    }
+
+    /// Number of full blocks whose hash is known.
+    pub fn num_block_hashes(&self) -> usize {
+        self.block_hashes.as_deref().map_or(0, <[u64]>::len) + self.gen_hashes.len()
     }
 
     /// True when the next step of this sequence is a plain decode (one new token after

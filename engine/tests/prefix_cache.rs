@@ -38,6 +38,8 @@ fn admit(bm: &mut BlockManager, e: ReserveEntry) -> engine::block_manager::Reser
         order: ReserveOrder::RunningFirst,
         want_tables: true,
         watermark_blocks: 0,
+        priority_victims: vec![],
+        probe: vec![],
     })
 }
 
@@ -169,6 +171,7 @@ fn run_fuzz(seed: u64) -> Result<(), String> {
             prompt_tokens: toks,
             max_tokens: o,
             ignore_eos: true,
+            scripted_output: Vec::new(),
             priority: group as i32,
             class: 0,
         });
@@ -399,6 +402,7 @@ fn prompt_tokens_longer_than_prompt_len_poison_the_cache() {
         prompt_tokens: toks,
         max_tokens: out,
         ignore_eos: true,
+        scripted_output: Vec::new(),
         priority: 0,
         class: 0,
     };

@@ -322,9 +322,8 @@ impl Scheduler {
                 .min(seq.request.prompt_len as usize);
             let hashes =
                 crate::prefix::block_hashes(&seq.request.prompt_tokens[..n], self.cfg.block_size);
-            if !hashes.is_empty() {
-                seq.block_hashes = Some(hashes.into());
-            }
+            // Also for prompts shorter than a block: their generated blocks may be cached.
+            seq.block_hashes = Some(hashes.into());
         }
         self.seqs.insert(id, seq);
         self.waiting.push_back(id);
@@ -387,7 +386,8 @@ impl Scheduler {
         // Queue order: FCFS keeps arrival order (preempted requests in front); the others
         // sort by their key at this instant (aging moves keys with time).
         let (policy, aging) = (self.cfg.queue, self.cfg.queue_aging_ns);
-        if policy != QueuePolicy::Fcfs && self.waiting.len() > 1 {
+        let lpm_fcfs = policy == QueuePolicy::Lpm && self.waiting.len() > policy::LPM_MAX_QUEUE;
+        if policy != QueuePolicy::Fcfs && !lpm_fcfs && self.waiting.len() > 1 {
             let seqs = &self.seqs;
             self.waiting
                 .make_contiguous()
@@ -415,7 +415,15 @@ impl Scheduler {
                         e.slots = e.slots.max(reserve);
                     }
                     if s.num_computed == 0 {
-                        e.hashes = s.block_hashes.clone();
+                        e.hashes = if s.gen_hashes.is_empty() {
+                            s.block_hashes.clone()
+                        } else {
+                            // A recompute may also hit the blocks it generated.
+                            let all: Vec<u64> = (0..s.num_block_hashes())
+                                .filter_map(|i| s.block_hash(i))
+                                .collect();
+                            Some(all.into())
+                        };
                     }
                 }
             }
@@ -428,7 +436,39 @@ impl Scheduler {
             let (seqs, victim) = (&self.seqs, self.cfg.victim);
             victims.sort_by_key(|id| victim.key(&seqs[id]));
         }
+        // Priority scheduling preempts for the queue's head: running sequences of strictly
+        // lower priority (larger value), the lowest and then the newest first.
+        let mut priority_victims = Vec::new();
+        if self.cfg.queue == QueuePolicy::Priority {
+            let head = p.entries.iter().find(|e| e.kind == EntryKind::Waiting);
+            if let Some(head) = head.and_then(|e| self.seqs.get(&e.seq)) {
+                let prio = head.request.priority;
+                priority_victims = self
+                    .running
+                    .iter()
+                    .copied()
+                    .filter(|id| self.seqs[id].request.priority > prio)
+                    .collect();
+                let seqs = &self.seqs;
+                priority_victims.sort_by_key(|id| VictimPolicy::LowestPriority.key(&seqs[id]));
+            }
+        }
+        // Longest-prefix-match asks the block manager for the queue's cached prefixes.
+        let probe = if policy == QueuePolicy::Lpm && !lpm_fcfs && self.cfg.prefix_caching {
+            self.waiting
+                .iter()
+                .filter_map(|id| {
+                    let s = &self.seqs[id];
+                    let h = s.block_hashes.as_ref().filter(|_| s.num_computed == 0)?;
+                    Some((*id, h.clone()))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         ReserveRequest {
+            probe,
+            priority_victims,
             watermark_blocks: self.cfg.watermark_blocks,
             entries: p.entries,
             victims,
@@ -475,6 +515,11 @@ impl Scheduler {
             // The FCFS check restarts after a preemption: re-admissions are legitimate.
             self.last_admitted_arrival = None;
         }
+        for &(id, hit) in &resp.probe_hits {
+            if let Some(s) = self.seqs.get_mut(&id) {
+                s.probed_prefix = hit;
+            }
+        }
         let mut tables = std::mem::take(&mut resp.tables).into_iter();
         let mut work = Vec::with_capacity(resp.granted.len());
         let mut recomputed = 0;
@@ -483,9 +528,11 @@ impl Scheduler {
             let mut tokens = self.pending_tokens[g];
             let hit = resp.hits.get(k).copied().unwrap_or(0);
             if entry.kind == EntryKind::Waiting {
-                // Granted waiting entries are a prefix of the queue (FCFS, no skipping).
-                debug_assert_eq!(self.waiting.front(), Some(&entry.seq));
-                self.waiting.pop_front();
+                // Granted waiting entries are a prefix of the queue (no skipping), behind
+                // only the sequences preempted in this very step (priority preemption).
+                if let Some(pos) = self.waiting.iter().position(|&id| id == entry.seq) {
+                    self.waiting.remove(pos);
+                }
                 self.running.push(entry.seq);
             }
             let Some(s) = self.seqs.get_mut(&entry.seq) else {
@@ -600,14 +647,29 @@ impl Scheduler {
                 )));
             };
             s.num_computed += w.len;
-            // Newly full prompt blocks join the prefix cache (before any free below).
-            if let Some(hashes) = &s.block_hashes {
-                let full = (s.num_computed / self.cfg.block_size).min(hashes.len() as u32);
+            // Newly full blocks join the prefix cache (before any free below): the prompt's,
+            // and those holding generated tokens when their ids are known.
+            if s.block_hashes.is_some() {
+                let bs = self.cfg.block_size;
+                let full = (s.num_computed / bs) as usize;
+                while s.num_block_hashes() < full {
+                    let i = s.num_block_hashes();
+                    let ids: Option<Vec<u32>> = (i as u32 * bs..(i as u32 + 1) * bs)
+                        .map(|p| s.token_at(p))
+                        .collect();
+                    let Some(ids) = ids else { break };
+                    let parent = if i == 0 { Some(0) } else { s.block_hash(i - 1) };
+                    let Some(parent) = parent else { break };
+                    s.gen_hashes.push(crate::prefix::chain_hash(parent, &ids));
+                }
+                let full = full.min(s.num_block_hashes()) as u32;
                 if full > s.hashed_blocks {
                     result.cache.push(CacheBlocks {
                         seq: w.seq,
                         first: s.hashed_blocks,
-                        hashes: hashes[s.hashed_blocks as usize..full as usize].to_vec(),
+                        hashes: (s.hashed_blocks as usize..full as usize)
+                            .filter_map(|i| s.block_hash(i))
+                            .collect(),
                     });
                     s.hashed_blocks = full;
                 }
@@ -615,10 +677,17 @@ impl Scheduler {
             if !w.sample {
                 continue;
             }
-            let token = sampled.next().copied().unwrap_or(crate::backend::SIM_TOKEN);
+            let mut token = sampled.next().copied().unwrap_or(crate::backend::SIM_TOKEN);
+            let scripted = !s.request.scripted_output.is_empty();
+            if scripted && !self.cfg.keep_tokens {
+                // Simulation: the workload knows the answer (multi-turn history).
+                if let Some(&t) = s.request.scripted_output.get(s.output_len as usize) {
+                    token = t;
+                }
+            }
             s.output_len += 1;
             s.num_tokens += 1;
-            if self.cfg.keep_tokens {
+            if self.cfg.keep_tokens || scripted {
                 s.output_tokens.push(token);
             }
             match s.last_token {

@@ -20,7 +20,15 @@ pub enum QueuePolicy {
     /// Shortest true output first (an oracle: the simulator knows each request's output
     /// length), with the same aging.
     SjfOracle,
+    /// Longest cached prefix first (SGLang's `lpm`): requests that would hit the most
+    /// prefix-cache tokens go first, ties by arrival. The match lengths come from the block
+    /// manager's answer to the previous step (one step stale); with more than
+    /// [`LPM_MAX_QUEUE`] waiting requests the queue falls back to FCFS, as SGLang does.
+    Lpm,
 }
+
+/// Longest waiting queue that `lpm` sorts (SGLang falls back to FCFS beyond 128).
+pub const LPM_MAX_QUEUE: usize = 128;
 
 impl QueuePolicy {
     /// Sort key of a waiting sequence at time `now` (smaller is served first; ties by
@@ -35,6 +43,7 @@ impl QueuePolicy {
             QueuePolicy::Priority => i64::from(s.request.priority),
             QueuePolicy::Sjf => aged(s.request.prompt_len),
             QueuePolicy::SjfOracle => aged(s.request.max_tokens),
+            QueuePolicy::Lpm => -i64::from(s.probed_prefix),
         };
         Some((primary, s.request.arrival, s.request.id))
     }
