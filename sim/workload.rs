@@ -69,7 +69,86 @@ pub struct WorkloadConfig {
     /// Request classes of a synthetic workload (`[[workload.class]]`).
     #[serde(default, rename = "class", skip_serializing_if = "Vec::is_empty")]
     pub classes: Vec<ClassConfig>,
+    /// Multi-turn conversations (`[workload.multi_turn]`): `arrival` starts conversations,
+    /// each turn resends the whole history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multi_turn: Option<MultiTurnConfig>,
+    /// SGLang's generated-shared-prefix dataset (`[workload.generated_shared_prefix]`):
+    /// `arrival` paces its requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generated_shared_prefix: Option<GeneratedSharedPrefix>,
 }
+
+/// `[workload.multi_turn]`: chat sessions whose every turn sends the system prompt, all
+/// earlier user messages and answers, and a new user message (as vLLM's and SGLang's
+/// multi-turn benchmarks do). The answers are scripted (their token ids are known), so the
+/// KV blocks a turn generates hash like the next turn's history and the prefix cache can
+/// reuse them. Open loop: turn `k + 1` arrives an exponential think time after turn `k`
+/// arrived, whether or not turn `k` has finished.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MultiTurnConfig {
+    /// Turns per conversation.
+    pub turns: LengthDist,
+    /// Tokens of each new user message.
+    pub user: LengthDist,
+    /// Tokens of each answer (`max_tokens` of the turn).
+    pub output: LengthDist,
+    /// Mean time between a turn's arrival and the next turn's (exponential), seconds.
+    pub think_time_s: f64,
+    /// A system prompt at the start of every conversation, one of `groups`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<SharedPrefix>,
+    /// A conversation ends early instead of sending a prompt longer than this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_prompt: Option<u32>,
+}
+
+/// `[workload.generated_shared_prefix]`: SGLang's `generated-shared-prefix` benchmark
+/// dataset. `groups` system prompts of `system_prompt_len` tokens, each followed by
+/// `prompts_per_group` distinct questions of `question_len` tokens; every request asks for
+/// `output_len` tokens; the `groups x prompts_per_group` requests are shuffled (seeded).
+/// SGLang's defaults: 64 groups, 16 prompts per group, 2048, 128 and 256 tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GeneratedSharedPrefix {
+    /// Number of system prompts.
+    #[serde(default = "gsp_groups")]
+    pub groups: u32,
+    /// Questions per system prompt.
+    #[serde(default = "gsp_prompts_per_group")]
+    pub prompts_per_group: u32,
+    /// Tokens of each system prompt.
+    #[serde(default = "gsp_system_prompt_len")]
+    pub system_prompt_len: u32,
+    /// Tokens of each question.
+    #[serde(default = "gsp_question_len")]
+    pub question_len: u32,
+    /// Output tokens of each request.
+    #[serde(default = "gsp_output_len")]
+    pub output_len: u32,
+}
+
+fn gsp_groups() -> u32 {
+    64
+}
+fn gsp_prompts_per_group() -> u32 {
+    16
+}
+fn gsp_system_prompt_len() -> u32 {
+    2048
+}
+fn gsp_question_len() -> u32 {
+    128
+}
+fn gsp_output_len() -> u32 {
+    256
+}
+
+/// Class names of a multi-turn workload: first turns and follow-up turns.
+pub const MULTI_TURN_CLASSES: [&str; 2] = ["first-turn", "follow-up"];
+/// Class name of the generated-shared-prefix workload.
+pub const GSP_CLASS: &str = "shared-prefix";
 
 /// Arrival process of a synthetic workload (`arrival = { process = "...", ... }`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -506,6 +585,12 @@ impl WorkloadConfig {
                         "not allowed with workload.trace (the trace gives the lengths)",
                     ));
                 }
+                if self.multi_turn.is_some() || self.generated_shared_prefix.is_some() {
+                    return Err(WorkloadError::config(
+                        "workload.trace",
+                        "not allowed with a generated workload (multi_turn or generated_shared_prefix)",
+                    ));
+                }
             }
             (Some(arrival), None) => {
                 match arrival {
@@ -525,11 +610,85 @@ impl WorkloadConfig {
                         }
                     }
                 }
+                let generators = [
+                    ("workload.multi_turn", self.multi_turn.is_some()),
+                    (
+                        "workload.generated_shared_prefix",
+                        self.generated_shared_prefix.is_some(),
+                    ),
+                ];
+                let chosen: Vec<&str> = generators
+                    .iter()
+                    .filter(|(_, on)| *on)
+                    .map(|(k, _)| *k)
+                    .collect();
+                match chosen.as_slice() {
+                    [] => {}
+                    [one] => {
+                        if !self.classes.is_empty() {
+                            return Err(WorkloadError::config(
+                                "workload.class",
+                                format!("not allowed with {one} (it gives the lengths)"),
+                            ));
+                        }
+                    }
+                    _ => {
+                        return Err(WorkloadError::config(
+                            chosen[1],
+                            format!("give one of {}, not both", chosen.join(" and ")),
+                        ))
+                    }
+                }
+                if let Some(g) = &self.generated_shared_prefix {
+                    for (k, v) in [
+                        ("groups", g.groups),
+                        ("prompts_per_group", g.prompts_per_group),
+                        ("system_prompt_len", g.system_prompt_len),
+                        ("question_len", g.question_len),
+                        ("output_len", g.output_len),
+                    ] {
+                        if v == 0 {
+                            return Err(WorkloadError::config(
+                                format!("workload.generated_shared_prefix.{k}"),
+                                "must be at least 1, got 0",
+                            ));
+                        }
+                    }
+                    if u64::from(g.groups) * u64::from(g.prompts_per_group) > 1 << 26 {
+                        return Err(WorkloadError::config(
+                            "workload.generated_shared_prefix.groups",
+                            "groups x prompts_per_group must be at most 2^26",
+                        ));
+                    }
+                    return Ok(());
+                }
                 if self.num_requests.is_none() && self.duration_s.is_none() {
                     return Err(WorkloadError::config(
                         "workload.num_requests",
                         "a synthetic workload needs workload.num_requests or workload.duration_s",
                     ));
+                }
+                if let Some(m) = &self.multi_turn {
+                    let key = "workload.multi_turn";
+                    m.turns.validate(&format!("{key}.turns"))?;
+                    m.user.validate(&format!("{key}.user"))?;
+                    m.output.validate(&format!("{key}.output"))?;
+                    check_positive(&format!("{key}.think_time_s"), m.think_time_s)?;
+                    if let Some(p) = m.system_prompt {
+                        if p.groups == 0 {
+                            return Err(WorkloadError::config(
+                                format!("{key}.system_prompt.groups"),
+                                "must be at least 1, got 0",
+                            ));
+                        }
+                    }
+                    if m.max_prompt == Some(0) {
+                        return Err(WorkloadError::config(
+                            format!("{key}.max_prompt"),
+                            "must be at least 1, got 0",
+                        ));
+                    }
+                    return Ok(());
                 }
                 self.validate_classes()?;
             }
@@ -919,6 +1078,228 @@ struct Synthetic {
     classes: Vec<ClassSampler>,
 }
 
+/// One generated request: arrival (s), prompt ids, output length, class, scripted answer.
+struct Generated {
+    arrival_s: f64,
+    prompt: Vec<u32>,
+    max_tokens: u32,
+    class: u16,
+    script: Vec<u32>,
+}
+
+/// Draws the next inter-arrival gap (seconds).
+fn draw_gap(gaps: &Gaps, rng: &mut ChaCha8Rng) -> f64 {
+    match gaps {
+        Gaps::Exp(d) => d.sample(rng),
+        Gaps::Gamma(d) => d.sample(rng),
+        Gaps::Zero => 0.0,
+    }
+}
+
+/// Namespaces of [`synthetic_token`] for the generated workloads (distinct from class
+/// indices, so their tokens never collide with class prefixes).
+const NS_SYSTEM: u64 = 0x5359_5354_0000_0000;
+const NS_CONVERSATION: u64 = 0x434F_4E56_0000_0000;
+const NS_GSP_SYSTEM: u64 = 0x4753_5053_0000_0000;
+const NS_GSP_QUESTION: u64 = 0x4753_5051_0000_0000;
+
+/// A live conversation of a multi-turn workload.
+#[derive(Debug)]
+struct Conversation {
+    id: u64,
+    history: Vec<u32>,
+    turn: u32,
+    turns_left: u32,
+}
+
+/// Multi-turn conversations, generated lazily in arrival order: one pending conversation
+/// start plus a heap of pending follow-up turns (memory follows the live conversations).
+#[derive(Debug)]
+struct MultiTurn {
+    cfg: MultiTurnConfig,
+    turns: LenSampler,
+    user: LenSampler,
+    output: LenSampler,
+    think: Exp<f64>,
+    gaps: Gaps,
+    /// Time of the last conversation start, in seconds.
+    t: f64,
+    next_start: Option<f64>,
+    arrival_rng: ChaCha8Rng,
+    len_rng: ChaCha8Rng,
+    think_rng: ChaCha8Rng,
+    group_rng: ChaCha8Rng,
+    /// Pending follow-ups: (arrival ns, sequence number, conversation id) and the time.
+    pending: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u64, u64)>>,
+    pending_s: rustc_hash::FxHashMap<u64, f64>,
+    live: rustc_hash::FxHashMap<u64, Conversation>,
+    next_conv: u64,
+    seq: u64,
+}
+
+impl MultiTurn {
+    fn new(
+        cfg: &MultiTurnConfig,
+        gaps: Gaps,
+        base_dir: &Path,
+        seed: u64,
+    ) -> Result<Self, WorkloadError> {
+        let key = "workload.multi_turn";
+        let think = Exp::new(1.0 / cfg.think_time_s).map_err(|e| {
+            WorkloadError::config(format!("{key}.think_time_s"), format!("invalid: {e}"))
+        })?;
+        Ok(MultiTurn {
+            turns: LenSampler::new(&cfg.turns, base_dir, &format!("{key}.turns"))?,
+            user: LenSampler::new(&cfg.user, base_dir, &format!("{key}.user"))?,
+            output: LenSampler::new(&cfg.output, base_dir, &format!("{key}.output"))?,
+            cfg: cfg.clone(),
+            think,
+            gaps,
+            t: 0.0,
+            next_start: None,
+            arrival_rng: stream(seed, PURPOSE_ARRIVALS),
+            len_rng: stream(seed, 0x3_0000),
+            think_rng: stream(seed, 0x3_0001),
+            group_rng: stream(seed, 0x3_0002),
+            pending: std::collections::BinaryHeap::new(),
+            pending_s: rustc_hash::FxHashMap::default(),
+            live: rustc_hash::FxHashMap::default(),
+            next_conv: 0,
+            seq: 0,
+        })
+    }
+
+    /// The next turn in arrival order (ties: earlier-scheduled first).
+    fn next(&mut self) -> Generated {
+        let start = *self.next_start.get_or_insert_with(|| {
+            self.t += draw_gap(&self.gaps, &mut self.arrival_rng);
+            self.t
+        });
+        let follow = self
+            .pending
+            .peek()
+            .map(|std::cmp::Reverse((_, _, c))| (*c, self.pending_s[c]));
+        let (conv, t) = match follow {
+            Some((c, t)) if t <= start => {
+                self.pending.pop();
+                self.pending_s.remove(&c);
+                (c, t)
+            }
+            _ => {
+                self.next_start = None;
+                let id = self.next_conv;
+                self.next_conv += 1;
+                let mut history = Vec::new();
+                if let Some(sp) = self.cfg.system_prompt {
+                    let g = self.group_rng.random_range(0..sp.groups.max(1));
+                    history.extend(
+                        (0..sp.tokens).map(|j| synthetic_token(NS_SYSTEM, u64::from(g), j)),
+                    );
+                }
+                let turns = self.turns.sample(&mut self.len_rng).max(1);
+                self.live.insert(
+                    id,
+                    Conversation {
+                        id,
+                        history,
+                        turn: 0,
+                        turns_left: turns,
+                    },
+                );
+                (id, start)
+            }
+        };
+        let mut c = self.live.remove(&conv).unwrap_or(Conversation {
+            id: conv,
+            history: Vec::new(),
+            turn: 0,
+            turns_left: 1,
+        });
+        let ns = NS_CONVERSATION ^ c.id;
+        let u = self.user.sample(&mut self.len_rng);
+        c.history
+            .extend((0..u).map(|j| synthetic_token(ns, 2 * u64::from(c.turn), j)));
+        let prompt = c.history.clone();
+        let o = self.output.sample(&mut self.len_rng);
+        let script: Vec<u32> = (0..o)
+            .map(|j| synthetic_token(ns, 2 * u64::from(c.turn) + 1, j))
+            .collect();
+        c.history.extend_from_slice(&script);
+        let class = u16::from(c.turn > 0);
+        c.turn += 1;
+        c.turns_left -= 1;
+        let fits = self
+            .cfg
+            .max_prompt
+            .is_none_or(|m| c.history.len() < m as usize);
+        if c.turns_left > 0 && fits {
+            let next = t + self.think.sample(&mut self.think_rng);
+            let key = (next * NANOS_PER_SEC).round() as u64;
+            self.pending.push(std::cmp::Reverse((key, self.seq, c.id)));
+            self.seq += 1;
+            self.pending_s.insert(c.id, next);
+            self.live.insert(c.id, c);
+        }
+        Generated {
+            arrival_s: t,
+            prompt,
+            max_tokens: o,
+            class,
+            script,
+        }
+    }
+}
+
+/// SGLang's generated-shared-prefix dataset: a seeded shuffle of (group, question) pairs.
+#[derive(Debug)]
+struct SharedPrefixGen {
+    cfg: GeneratedSharedPrefix,
+    order: Vec<(u32, u32)>,
+    pos: usize,
+    gaps: Gaps,
+    t: f64,
+    arrival_rng: ChaCha8Rng,
+}
+
+impl SharedPrefixGen {
+    fn new(cfg: &GeneratedSharedPrefix, gaps: Gaps, seed: u64) -> Self {
+        use rand::seq::SliceRandom;
+        let mut order: Vec<(u32, u32)> = (0..cfg.groups)
+            .flat_map(|g| (0..cfg.prompts_per_group).map(move |q| (g, q)))
+            .collect();
+        order.shuffle(&mut stream(seed, 0x4_0000));
+        SharedPrefixGen {
+            cfg: *cfg,
+            order,
+            pos: 0,
+            gaps,
+            t: 0.0,
+            arrival_rng: stream(seed, PURPOSE_ARRIVALS),
+        }
+    }
+
+    fn next(&mut self) -> Option<Generated> {
+        let &(g, q) = self.order.get(self.pos)?;
+        self.pos += 1;
+        self.t += draw_gap(&self.gaps, &mut self.arrival_rng);
+        let c = &self.cfg;
+        let prompt =
+            (0..c.system_prompt_len)
+                .map(|j| synthetic_token(NS_GSP_SYSTEM, u64::from(g), j))
+                .chain((0..c.question_len).map(|j| {
+                    synthetic_token(NS_GSP_QUESTION, (u64::from(g) << 32) | u64::from(q), j)
+                }))
+                .collect();
+        Some(Generated {
+            arrival_s: self.t,
+            prompt,
+            max_tokens: c.output_len,
+            class: 0,
+            script: Vec::new(),
+        })
+    }
+}
+
 /// Result of reading one trace row.
 struct TraceRow {
     arrival_s: f64,
@@ -1077,6 +1458,8 @@ fn count_rows(path: &Path) -> Result<u64, WorkloadError> {
 #[derive(Debug)]
 enum Source {
     Synthetic(Box<Synthetic>),
+    MultiTurn(Box<MultiTurn>),
+    SharedPrefix(Box<SharedPrefixGen>),
     Trace(Box<TraceReader>),
     Mooncake(Box<MooncakeReader>),
 }
@@ -1282,6 +1665,27 @@ impl Workload {
                     expected,
                 )
             }
+            (None, Some(arrival))
+                if cfg.multi_turn.is_some() || cfg.generated_shared_prefix.is_some() =>
+            {
+                let gaps = Self::gaps(arrival)?;
+                match (&cfg.multi_turn, &cfg.generated_shared_prefix) {
+                    (Some(m), _) => (
+                        Source::MultiTurn(Box::new(MultiTurn::new(m, gaps, base_dir, seed)?)),
+                        MULTI_TURN_CLASSES.iter().map(|c| c.to_string()).collect(),
+                        cfg.num_requests,
+                    ),
+                    (None, Some(g)) => {
+                        let n = u64::from(g.groups) * u64::from(g.prompts_per_group);
+                        (
+                            Source::SharedPrefix(Box::new(SharedPrefixGen::new(g, gaps, seed))),
+                            vec![GSP_CLASS.to_string()],
+                            Some(cfg.num_requests.map_or(n, |r| r.min(n))),
+                        )
+                    }
+                    (None, None) => unreachable!("guarded above"),
+                }
+            }
             (None, Some(arrival)) => {
                 let synthetic = Self::open_synthetic(cfg, arrival, base_dir, seed)?;
                 (
@@ -1309,13 +1713,8 @@ impl Workload {
         })
     }
 
-    fn open_synthetic(
-        cfg: &WorkloadConfig,
-        arrival: &ArrivalConfig,
-        base_dir: &Path,
-        seed: u64,
-    ) -> Result<Synthetic, WorkloadError> {
-        let gaps = match arrival {
+    fn gaps(arrival: &ArrivalConfig) -> Result<Gaps, WorkloadError> {
+        Ok(match arrival {
             ArrivalConfig::Poisson { rate } => Gaps::Exp(Exp::new(*rate).map_err(|e| {
                 WorkloadError::config("workload.arrival.rate", format!("invalid: {e}"))
             })?),
@@ -1325,7 +1724,16 @@ impl Workload {
                 })?,
             ),
             ArrivalConfig::AllAtOnce {} => Gaps::Zero,
-        };
+        })
+    }
+
+    fn open_synthetic(
+        cfg: &WorkloadConfig,
+        arrival: &ArrivalConfig,
+        base_dir: &Path,
+        seed: u64,
+    ) -> Result<Synthetic, WorkloadError> {
+        let gaps = Self::gaps(arrival)?;
         let class_index = WeightedIndex::new(cfg.classes.iter().map(|c| c.weight))
             .map_err(|e| WorkloadError::config("workload.class.weight", format!("{e}")))?;
         let mut classes = Vec::with_capacity(cfg.classes.len());
@@ -1393,7 +1801,7 @@ impl Workload {
         match &self.source {
             Source::Trace(t) => t.clamped_outputs,
             Source::Mooncake(t) => t.clamped_outputs,
-            Source::Synthetic(_) => 0,
+            Source::Synthetic(_) | Source::MultiTurn(_) | Source::SharedPrefix(_) => 0,
         }
     }
 
@@ -1403,7 +1811,7 @@ impl Workload {
         match &self.source {
             Source::Trace(t) => t.clamped_prompts,
             Source::Mooncake(t) => t.clamped_prompts,
-            Source::Synthetic(_) => 0,
+            Source::Synthetic(_) | Source::MultiTurn(_) | Source::SharedPrefix(_) => 0,
         }
     }
 
@@ -1412,7 +1820,29 @@ impl Workload {
             return Ok(None);
         }
         let mut prompt_tokens = Vec::new();
+        let mut scripted_output = Vec::new();
         let (arrival_s, prompt_len, max_tokens, class) = match &mut self.source {
+            Source::MultiTurn(m) => {
+                let g = m.next();
+                if self.duration_s.is_some_and(|d| g.arrival_s > d) {
+                    return Ok(None);
+                }
+                prompt_tokens = g.prompt;
+                scripted_output = g.script;
+                let p = u32::try_from(prompt_tokens.len()).unwrap_or(u32::MAX);
+                (g.arrival_s, p, g.max_tokens, g.class)
+            }
+            Source::SharedPrefix(m) => {
+                let Some(g) = m.next() else {
+                    return Ok(None);
+                };
+                if self.duration_s.is_some_and(|d| g.arrival_s > d) {
+                    return Ok(None);
+                }
+                prompt_tokens = g.prompt;
+                let p = u32::try_from(prompt_tokens.len()).unwrap_or(u32::MAX);
+                (g.arrival_s, p, g.max_tokens, g.class)
+            }
             Source::Synthetic(s) => {
                 let gap = match &s.gaps {
                     Gaps::Exp(d) => d.sample(&mut s.arrival_rng),
@@ -1464,7 +1894,9 @@ impl Workload {
         };
         if arrival_s.is_nan() || arrival_s > MAX_ARRIVAL_S {
             let key = match self.source {
-                Source::Synthetic(_) => "workload.arrival.rate",
+                Source::Synthetic(_) | Source::MultiTurn(_) | Source::SharedPrefix(_) => {
+                    "workload.arrival.rate"
+                }
                 Source::Trace(_) | Source::Mooncake(_) => "workload.trace",
             };
             return Err(WorkloadError::Config {
@@ -1486,7 +1918,7 @@ impl Workload {
             prompt_tokens,
             max_tokens,
             ignore_eos: true,
-            scripted_output: Vec::new(),
+            scripted_output,
             priority: self
                 .class_priorities
                 .get(usize::from(class))
@@ -1562,6 +1994,8 @@ mod tests {
             arrival: Some(arrival),
             trace: None,
             classes,
+            multi_turn: None,
+            generated_shared_prefix: None,
         }
     }
 
@@ -1979,6 +2413,8 @@ mod tests {
                 time_scale: 1.0,
             }),
             classes: vec![],
+            multi_turn: None,
+            generated_shared_prefix: None,
         };
         let mut w = Workload::open(&cfg, dir.path(), 0).expect("open");
         assert_eq!(w.class_names(), vec!["trace"]);
@@ -2074,6 +2510,8 @@ mod tests {
                     time_scale: 1.0,
                 }),
                 classes: vec![],
+                multi_turn: None,
+                generated_shared_prefix: None,
             };
             let mut w = Workload::open(&cfg, dir.path(), 0).expect("open");
             let err = w
@@ -2098,6 +2536,8 @@ mod tests {
                 time_scale: 1.0,
             }),
             classes: vec![],
+            multi_turn: None,
+            generated_shared_prefix: None,
         };
         let err = Workload::open(&cfg, dir.path(), 0)
             .expect_err("missing column")
@@ -2136,6 +2576,8 @@ mod tests {
                 time_scale: 2.0,
             }),
             classes: vec![],
+            multi_turn: None,
+            generated_shared_prefix: None,
         };
         let mut w = Workload::open(&cfg, dir.path(), 0).expect("open");
         let reqs: Vec<Request> = w.by_ref().collect::<Result<_, _>>().expect("rows");
@@ -2189,6 +2631,8 @@ mod tests {
                 time_scale: 1.0,
             }),
             classes: vec![],
+            multi_turn: None,
+            generated_shared_prefix: None,
         };
         let mut w = Workload::open(&cfg, Path::new("/nonexistent-base"), 0).expect("open");
         assert_eq!(w.expected_len(), Some(19_366));

@@ -57,6 +57,8 @@ fn unbounded_cache_hits_what_the_trace_repeats() {
             time_scale: 1.0,
         }),
         classes: Vec::new(),
+        multi_turn: None,
+        generated_shared_prefix: None,
     };
     let workload = Workload::open(&cfg, Path::new("."), 0).expect("workload");
     let sched_cfg = SchedulerConfig {

@@ -260,3 +260,144 @@ fn shared_prefixes_hit() {
     // The 40-token prompt hits 32: its last token (and so its last block) is recomputed.
     assert_eq!(hits, vec![0, 40, 40, 32]);
 }
+
+/// Runs `requests` through chunked prefill with an LRU prefix cache of `blocks` blocks of
+/// 16 tokens and 1 ms steps; returns the records by request id.
+fn run_requests(requests: Vec<Request>, blocks: u32) -> Vec<RequestRecord> {
+    let cfg = SchedulerConfig {
+        kind: SchedulerKind::Chunked,
+        max_num_seqs: 64,
+        max_num_batched_tokens: 4096,
+        max_model_len: 16384,
+        pool_tokens: u64::from(blocks) * 16,
+        eos_token: None,
+        want_block_tables: false,
+        keep_tokens: false,
+        block_size: 16,
+        prefix_caching: true,
+        queue: QueuePolicy::Fcfs,
+        queue_aging_ns: 1_000_000_000,
+        admission: AdmissionPolicy::Optimistic,
+        victim: VictimPolicy::Newest,
+        watermark_blocks: 0,
+    };
+    let mut sched = Scheduler::new(cfg).expect("valid config");
+    let mut bm = BlockManager::with_prefix_caching(blocks, 16, EvictionKind::Lru.policy());
+    let mut pending = requests.into_iter().peekable();
+    let (mut now, mut records) = (0u64, Vec::new());
+    while pending.peek().is_some() || sched.has_work() {
+        while let Some(r) = pending.next_if(|r| r.arrival <= now) {
+            assert!(sched.add_request(r, now).is_none());
+        }
+        if !sched.has_work() {
+            now = pending.peek().map_or(now, |r| r.arrival);
+            continue;
+        }
+        let req = sched.propose(now);
+        let resp = bm.reserve(&req);
+        let plan = sched.apply(&req, resp, now);
+        now += 1_000_000;
+        let out = StepOutcome {
+            duration: 1_000_000,
+            sampled: vec![0; plan.work.iter().filter(|w| w.sample).count()],
+            ..StepOutcome::default()
+        };
+        let done = sched.commit(&plan, &out, now).expect("commit");
+        bm.cache_blocks(&done.cache);
+        bm.free_all(&done.to_free);
+        records.extend(done.finished);
+    }
+    assert_eq!(bm.num_used(), 0);
+    records.sort_by_key(|r| r.request_id);
+    records
+}
+
+/// Multi-turn conversations with a cache that never evicts and turns far apart: every
+/// follow-up turn hits exactly the full blocks its previous turn computed (its prompt and
+/// the answer's blocks, cached as they were generated, up to the answer's last token,
+/// which is never computed), capped below its own last token.
+#[test]
+fn multi_turn_follow_ups_hit_the_previous_turn_and_its_answer() {
+    use sim::workload::{MultiTurnConfig, Workload, WorkloadConfig};
+    let toml = r#"
+        num_requests = 400
+        arrival = { process = "poisson", rate = 0.5 }
+        [multi_turn]
+        turns = { dist = "uniform", min = 1, max = 6 }
+        user = { dist = "uniform", min = 1, max = 300 }
+        output = { dist = "uniform", min = 1, max = 300 }
+        think_time_s = 200.0
+        system_prompt = { tokens = 100, groups = 3 }
+    "#;
+    let cfg: WorkloadConfig = toml::from_str(toml).expect("workload toml");
+    let _: &MultiTurnConfig = cfg.multi_turn.as_ref().expect("multi_turn");
+    let requests: Vec<Request> = Workload::open(&cfg, std::path::Path::new("."), 7)
+        .expect("open")
+        .collect::<Result<_, _>>()
+        .expect("requests");
+    let records = run_requests(requests.clone(), 1 << 20);
+    let (mut follow_ups, mut hit_answer) = (0, 0);
+    for (r, rec) in requests.iter().zip(&records) {
+        assert_eq!(rec.output_len, r.max_tokens);
+        assert_eq!(r.scripted_output.len() as u32, r.max_tokens);
+        if r.class == 0 {
+            // A first turn can only share the system prompt with earlier conversations.
+            assert!(rec.cached_tokens <= 96, "{rec:?}");
+            continue;
+        }
+        // The previous turn: the request whose prompt + answer start this prompt.
+        let prev = requests[..r.id as usize]
+            .iter()
+            .rev()
+            .find(|p| {
+                let n = p.prompt_tokens.len() + p.scripted_output.len();
+                r.prompt_tokens.len() > n
+                    && r.prompt_tokens[..p.prompt_tokens.len()] == p.prompt_tokens[..]
+                    && r.prompt_tokens[p.prompt_tokens.len()..n] == p.scripted_output[..]
+            })
+            .expect("a follow-up has a previous turn");
+        let computed = prev.prompt_len + prev.max_tokens - 1;
+        let expected = (computed.min(r.prompt_len - 1) / 16) * 16;
+        assert_eq!(rec.cached_tokens, expected, "request {}", r.id);
+        follow_ups += 1;
+        if expected > prev.prompt_len / 16 * 16 {
+            hit_answer += 1;
+        }
+    }
+    assert!(follow_ups > 100, "{follow_ups}");
+    // Most follow-ups reuse blocks that were generated, not only prompt blocks.
+    assert!(hit_answer * 2 > follow_ups, "{hit_answer} of {follow_ups}");
+}
+
+/// SGLang's generated-shared-prefix dataset: with a cache that never evicts, every request
+/// but the first of its group hits the whole system prompt.
+#[test]
+fn generated_shared_prefix_hits_the_system_prompt() {
+    use sim::workload::{Workload, WorkloadConfig};
+    let toml = r#"
+        arrival = { process = "poisson", rate = 2.0 }
+        [generated_shared_prefix]
+        groups = 8
+        prompts_per_group = 6
+        system_prompt_len = 200
+        question_len = 40
+        output_len = 8
+    "#;
+    let cfg: WorkloadConfig = toml::from_str(toml).expect("workload toml");
+    let requests: Vec<Request> = Workload::open(&cfg, std::path::Path::new("."), 3)
+        .expect("open")
+        .collect::<Result<_, _>>()
+        .expect("requests");
+    assert_eq!(requests.len(), 48);
+    assert!(requests
+        .iter()
+        .all(|r| r.prompt_len == 240 && r.max_tokens == 8));
+    let records = run_requests(requests.clone(), 1 << 16);
+    let mut seen = std::collections::HashSet::new();
+    for (r, rec) in requests.iter().zip(&records) {
+        let group = r.prompt_tokens[..200].to_vec();
+        let expected = if seen.insert(group) { 0 } else { 192 };
+        assert_eq!(rec.cached_tokens, expected, "request {}", r.id);
+    }
+    assert_eq!(seen.len(), 8);
+}

@@ -668,7 +668,11 @@ impl<'a> Harness<'a> {
         let out: BTreeSet<u32> = plan.swap_out.iter().map(|&(_, c)| c).collect();
         prop_assert_eq!(out.len(), plan.swap_out.len(), "a CPU block written twice");
         for &(c, _) in &plan.swap_in {
-            prop_assert!(!out.contains(&c), "CPU block {} overwritten before its swap-in", c);
+            prop_assert!(
+                !out.contains(&c),
+                "CPU block {} overwritten before its swap-in",
+                c
+            );
         }
         for &(_, g) in &plan.swap_in {
             prop_assert!(

@@ -186,3 +186,54 @@ fn belady_hits_at_least_as_much_as_every_online_policy() {
         }
     }
 }
+
+#[test]
+fn multi_turn_conversations_reuse_their_history() {
+    let results = run("scenarios/multi_turn.toml", DriverKind::Inline, None);
+    let get = |name: &str| summary(&results, name);
+    for r in &results {
+        assert_eq!(r.summary.completed, 3000, "{}", r.summary.variant);
+        assert_eq!(r.summary.leaked_blocks, 0);
+    }
+    // A roomy cache keeps every live conversation: most of each prompt is history.
+    let (lru, none) = (get("lru"), get("no-cache"));
+    assert!(
+        lru.prefix_cache_hit_rate > 0.85,
+        "{}",
+        lru.prefix_cache_hit_rate
+    );
+    assert!(lru.mean_ttft_ms * 4.0 < none.mean_ttft_ms);
+    assert_eq!(none.prefix_cache_hit_rate, 0.0);
+    // A small cache: caching still rescues it, and the offline oracle evicts best.
+    let small = get("lru-small");
+    assert!(
+        small.prefix_cache_hit_rate > 0.4,
+        "{}",
+        small.prefix_cache_hit_rate
+    );
+    assert!(get("no-cache-small").request_throughput < small.request_throughput);
+    let belady = get("belady-small").prefix_cache_hit_rate;
+    for online in ["lru-small", "lfu-small"] {
+        assert!(belady >= get(online).prefix_cache_hit_rate, "{online}");
+    }
+}
+
+#[test]
+fn lpm_hits_more_than_fcfs_on_sglang_shared_prefix() {
+    let results = run("scenarios/shared_prefix.toml", DriverKind::Inline, None);
+    let get = |name: &str| summary(&results, name);
+    for r in &results {
+        assert_eq!(r.summary.completed, 512, "{}", r.summary.variant);
+        assert_eq!(r.summary.leaked_blocks, 0);
+    }
+    let (fcfs, lpm) = (get("fcfs"), get("lpm"));
+    assert!(fcfs.prefix_cache_hit_rate > 0.3);
+    assert!(
+        lpm.prefix_cache_hit_rate > fcfs.prefix_cache_hit_rate + 0.1,
+        "lpm {} vs fcfs {}",
+        lpm.prefix_cache_hit_rate,
+        fcfs.prefix_cache_hit_rate
+    );
+    assert!(lpm.request_throughput > fcfs.request_throughput);
+    assert!(fcfs.request_throughput > get("no-cache").request_throughput);
+}
