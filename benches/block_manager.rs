@@ -47,6 +47,7 @@ fn admit(bm: &mut BlockManager, id: u64) -> Live {
             tokens: len,
             total: len,
             hashes: Some(hashes.clone()),
+            write_from: 0,
         }],
         victims: vec![],
         order: ReserveOrder::RunningFirst,
@@ -89,6 +90,7 @@ fn bench(c: &mut Criterion) {
                         tokens: 1,
                         total: s.len + 1,
                         hashes: None,
+                        write_from: s.len,
                     })
                     .collect();
                 let victims = live.iter().rev().map(|s| s.id).collect();

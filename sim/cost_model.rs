@@ -606,7 +606,7 @@ impl Backend for CostModelBackend {
         let c = self.model.plan_cost(plan);
         let d = &self.model.d;
         let duration = (c.seconds * 1e9).round().max(1.0) as u64;
-        let samples = plan.work.iter().filter(|w| w.sample).count();
+        let samples = plan.num_samples();
         self.sampled.clear();
         self.sampled.resize(samples, SIM_TOKEN);
         Ok(StepOutcome {

@@ -132,6 +132,7 @@ impl EngineHandle for InlineEngine {
     ) -> Result<(CommitResult, Vec<Nanos>), DriverError> {
         let result = self.scheduler.commit(&plan, &outcome, now)?;
         self.block_manager.cache_blocks(&result.cache);
+        self.block_manager.fork_all(&result.forks);
         self.block_manager.free_all(&result.to_free);
         let gaps = self.scheduler.take_itl_gaps().collect();
         Ok((result, gaps))

@@ -242,6 +242,10 @@ pub struct ClassConfig {
     /// queue policy; default 0).
     #[serde(default)]
     pub priority: i32,
+    /// Parallel sampling: completions per request (vLLM's `n`; default 1). The prompt is
+    /// prefilled once and its KV shared copy-on-write by the `n` sequences.
+    #[serde(default = "one_seq")]
+    pub n: u32,
     /// A system prompt shared by the class's requests: each request draws one of `groups`
     /// prefixes of `tokens` tokens and puts it before its own prompt (whose length the
     /// `prompt` distribution gives), so the prefix cache sees real sharing.
@@ -261,6 +265,10 @@ pub struct SharedPrefix {
 }
 
 fn one_group() -> u32 {
+    1
+}
+
+fn one_seq() -> u32 {
     1
 }
 
@@ -728,6 +736,12 @@ impl WorkloadConfig {
                 ));
             }
             check_positive(&format!("{key}.weight"), class.weight)?;
+            if !(1..=256).contains(&class.n) {
+                return Err(WorkloadError::config(
+                    format!("{key}.n"),
+                    format!("must be from 1 to 256, got {}", class.n),
+                ));
+            }
             match (&class.prompt, &class.output, &class.lengths) {
                 (Some(p), Some(o), None) => {
                     p.validate(&format!("{key}.prompt"))?;
@@ -1612,6 +1626,7 @@ pub struct Workload {
     source: Source,
     class_names: Vec<String>,
     class_priorities: Vec<i32>,
+    class_n: Vec<u32>,
     num_requests: Option<u64>,
     duration_s: Option<f64>,
     expected_len: Option<u64>,
@@ -1704,6 +1719,7 @@ impl Workload {
         Ok(Workload {
             source,
             class_priorities: cfg.classes.iter().map(|c| c.priority).collect(),
+            class_n: cfg.classes.iter().map(|c| c.n).collect(),
             class_names,
             num_requests: cfg.num_requests,
             duration_s: cfg.duration_s,
@@ -1919,6 +1935,7 @@ impl Workload {
             max_tokens,
             ignore_eos: true,
             scripted_output,
+            n: self.class_n.get(usize::from(class)).copied().unwrap_or(1),
             priority: self
                 .class_priorities
                 .get(usize::from(class))
@@ -1984,6 +2001,7 @@ mod tests {
             lengths: None,
             priority: 0,
             shared_prefix: None,
+            n: 1,
         }
     }
 
@@ -2346,6 +2364,7 @@ mod tests {
                     lengths: None,
                     priority: 0,
                     shared_prefix: None,
+                    n: 1,
                 },
                 ClassConfig {
                     name: "code".into(),
@@ -2360,6 +2379,7 @@ mod tests {
                     lengths: None,
                     priority: 0,
                     shared_prefix: None,
+                    n: 1,
                 },
             ],
         )
@@ -2674,6 +2694,7 @@ mod tests {
                     lengths: None,
                     priority: 0,
                     shared_prefix: None,
+                    n: 1,
                 },
                 ClassConfig {
                     name: "joint".into(),
@@ -2687,6 +2708,7 @@ mod tests {
                     }),
                     priority: 0,
                     shared_prefix: None,
+                    n: 1,
                 },
             ],
         );
@@ -2751,6 +2773,7 @@ mod tests {
                 }),
                 priority: 0,
                 shared_prefix: None,
+                n: 1,
             }],
         );
         let reqs = collect(&cfg, Path::new("."), 1);

@@ -91,7 +91,7 @@ fn unbounded_cache_hits_what_the_trace_repeats() {
             let r = sched.propose(0);
             let resp = bm.reserve(&r);
             let plan = sched.apply(&r, resp, 0);
-            let sampled = vec![0; plan.work.iter().filter(|w| w.sample).count()];
+            let sampled = vec![0; plan.num_samples()];
             let out = StepOutcome {
                 duration: 1,
                 sampled,

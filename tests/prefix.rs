@@ -147,6 +147,7 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
                 max_tokens: o,
                 ignore_eos: true,
                 scripted_output: Vec::new(),
+                n: 1,
                 priority: i32::from(group),
                 class: 0,
             }
@@ -183,7 +184,7 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
         bm.check_invariants().map_err(TestCaseError::fail)?;
         let duration = 1000 + 10 * u64::from(plan.num_batched_tokens());
         now += duration;
-        let sampled = vec![0u32; plan.work.iter().filter(|w| w.sample).count()];
+        let sampled = vec![0u32; plan.num_samples()];
         let out = StepOutcome {
             duration,
             sampled,
@@ -299,7 +300,7 @@ fn run_requests(requests: Vec<Request>, blocks: u32) -> Vec<RequestRecord> {
         now += 1_000_000;
         let out = StepOutcome {
             duration: 1_000_000,
-            sampled: vec![0; plan.work.iter().filter(|w| w.sample).count()],
+            sampled: vec![0; plan.num_samples()],
             ..StepOutcome::default()
         };
         let done = sched.commit(&plan, &out, now).expect("commit");

@@ -60,7 +60,7 @@ impl Backend for FakeBackend {
     }
 
     fn execute(&mut self, plan: &StepPlan) -> Result<StepOutcome, BackendError> {
-        let samples = plan.work.iter().filter(|w| w.sample).count();
+        let samples = plan.num_samples();
         Ok(StepOutcome {
             duration: 1000 + 10 * u64::from(plan.num_batched_tokens()),
             sampled: vec![SIM_TOKEN; samples],
@@ -158,6 +158,7 @@ fn requests_from(spec: &[(Nanos, u32, u32)]) -> Vec<Request> {
                 max_tokens,
                 ignore_eos: true,
                 scripted_output: Vec::new(),
+                n: 1,
                 priority: (i % 4) as i32,
                 class: 0,
             }
@@ -246,10 +247,33 @@ fn knobs() -> impl Strategy<Value = Knobs> {
 
 /// Knobs and a workload that fits them.
 fn case(max_requests: usize) -> impl Strategy<Value = (Knobs, Vec<Request>)> {
-    knobs().prop_flat_map(move |k| {
+    (knobs(), prop_oneof![3 => Just(false), 1 => Just(true)]).prop_flat_map(move |(k, parallel)| {
         let len = k.max_model_len;
-        (Just(k), workload(len, max_requests))
+        let requests = workload(len, max_requests).prop_map(move |mut reqs| {
+            if parallel {
+                // Parallel sampling: n = 1, 2, 3 in turn (forks, copy-on-write).
+                for (i, r) in reqs.iter_mut().enumerate() {
+                    r.n = 1 + (i % 3) as u32;
+                }
+            }
+            reqs
+        });
+        (Just(k), requests)
     })
+}
+
+/// The requests with one sequence each (for properties that hold only then).
+fn single(requests: &[Request]) -> Vec<Request> {
+    requests
+        .iter()
+        .map(|r| Request { n: 1, ..r.clone() })
+        .collect()
+}
+
+/// The request a sequence belongs to (parallel-sampling children carry their index above
+/// bit 40).
+fn request_of(seq: SeqId) -> SeqId {
+    seq & ((1 << 40) - 1)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -347,6 +371,7 @@ impl<'a> Harness<'a> {
         r.prompt_len == 0
             || total > u64::from(self.cfg.max_model_len)
             || total > self.cfg.pool_tokens
+            || r.n > self.cfg.max_num_seqs
     }
 
     /// The event loop of `sim::driver::run`, with checks. Fails on any violated invariant,
@@ -394,6 +419,7 @@ impl<'a> Harness<'a> {
                     };
                     let result = self.sched.commit(&plan, &outcome, now).map_err(fail)?;
                     self.bm.cache_blocks(&result.cache);
+                    self.bm.fork_all(&result.forks);
                     self.bm.free_all(&result.to_free);
                     let _gaps: Vec<Nanos> = self.sched.take_itl_gaps().collect();
                     for rec in result.finished {
@@ -513,6 +539,13 @@ impl<'a> Harness<'a> {
                 rec
             );
             prop_assert_eq!(rec.output_len, rec.max_tokens, "request {}: {:?}", id, rec);
+            prop_assert_eq!(
+                rec.generated_tokens,
+                req.n * rec.max_tokens,
+                "request {}: every one of its {} sequences runs to max_tokens",
+                id,
+                req.n
+            );
             let (Some(sched), Some(first)) = (rec.first_scheduled_ns, rec.first_token_ns) else {
                 return Err(fail(format!(
                     "request {id} finished without times: {rec:?}"
@@ -637,7 +670,7 @@ impl<'a> Harness<'a> {
             }
         }
         for &p in &plan.preempted {
-            *self.preempted.entry(p).or_default() += 1;
+            *self.preempted.entry(request_of(p)).or_default() += 1;
             self.run.preemptions += 1;
             prop_assert!(
                 !seen.contains(&p),
@@ -687,6 +720,43 @@ impl<'a> Harness<'a> {
         }
         if !self.bm.swaps() {
             prop_assert!(plan.swap_out.is_empty() && plan.swap_in.is_empty());
+        }
+        // Copy-on-write: each copy lands in a distinct block of a running sequence that is
+        // not also a swap-in target, and comes from a block still held by another table.
+        let dsts: BTreeSet<u32> = plan.block_copies.iter().map(|&(_, d)| d).collect();
+        prop_assert_eq!(
+            dsts.len(),
+            plan.block_copies.len(),
+            "a block copied into twice"
+        );
+        for &(src, dst) in &plan.block_copies {
+            prop_assert!(src != dst);
+            prop_assert!(!plan.swap_in.iter().any(|&(_, g)| g == dst));
+            let holders = |b: u32| {
+                self.sched
+                    .running()
+                    .iter()
+                    .filter(|&&r| self.bm.table(r).contains(&b))
+                    .count()
+            };
+            prop_assert_eq!(holders(dst), 1, "copy target {} not private", dst);
+            // A source freed in this step (its other holders preempted) is not reused by
+            // the step before the copy reads it.
+            prop_assert!(
+                !dsts.contains(&src),
+                "copy source {} overwritten by a copy",
+                src
+            );
+            prop_assert!(
+                !plan.swap_in.iter().any(|&(_, g)| g == src),
+                "copy source {} overwritten by a swap-in",
+                src
+            );
+            let fresh = plan
+                .work
+                .iter()
+                .any(|w| w.start == 0 && w.block_table.contains(&src));
+            prop_assert!(!fresh, "copy source {} handed to a new prefill", src);
         }
         Ok(())
     }
@@ -749,9 +819,16 @@ fn simulate(
 
 /// Static batching: never preempts, never admits while a batch runs.
 fn check_static_trace(run: &Run) -> Result<(), TestCaseError> {
-    prop_assert_eq!(run.preemptions, 0, "static batching preempted");
+    // Reservations are per table: only forked children (n > 1) can run out of blocks.
+    let forked = run
+        .records
+        .iter()
+        .any(|r| r.generated_tokens > r.output_len);
+    if !forked {
+        prop_assert_eq!(run.preemptions, 0, "static batching preempted");
+    }
     for s in &run.steps {
-        prop_assert!(s.plan.preempted.is_empty());
+        prop_assert!(forked || s.plan.preempted.is_empty());
         let admitted = s.admitted();
         prop_assert!(
             admitted.is_empty() || s.running_before.is_empty(),
@@ -986,7 +1063,8 @@ proptest! {
             num_blocks: knobs.max_model_len.div_ceil(knobs.block_size) * (1 + extra),
             ..knobs
         };
-        let run = check_case(&knobs, SchedulerKind::Static, &requests)?;
+        // Static batching reserves per table: children forked by n > 1 may still preempt.
+        let run = check_case(&knobs, SchedulerKind::Static, &single(&requests))?;
         check_static_trace(&run)?;
     }
 
@@ -1011,10 +1089,14 @@ proptest! {
         }
         let requests = requests_from(&spec);
         let block_size = 1 << bs_exp;
-        let total: u32 = requests.iter().map(|r| r.prompt_len + r.max_tokens).sum();
+        // Every request's own blocks (rounded up per sequence) fit at once.
+        let blocks: u32 = requests
+            .iter()
+            .map(|r| (r.prompt_len + r.max_tokens).div_ceil(block_size))
+            .sum();
         let knobs = Knobs {
             block_size,
-            num_blocks: total.max(max_model_len).div_ceil(block_size) + 1,
+            num_blocks: blocks.max(max_model_len.div_ceil(block_size)) + 1,
             max_model_len,
             max_num_seqs: seats.min(budget),
             budget,

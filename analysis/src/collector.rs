@@ -254,7 +254,8 @@ impl RunCollector {
         class.completed += 1;
         self.total_input_tokens += u64::from(r.prompt_len);
         self.total_cached_tokens += u64::from(r.cached_tokens);
-        self.total_output_tokens += u64::from(r.output_len);
+        // Every sequence's tokens count (n > 1 generates several per request).
+        self.total_output_tokens += u64::from(r.generated_tokens.max(r.output_len));
         if self.slo.is_met(r) {
             self.good += 1;
         }
@@ -577,6 +578,7 @@ mod tests {
             finish_ns: finish,
             prompt_len: prompt,
             output_len: output,
+            generated_tokens: output,
             max_tokens: if reason.is_rejection() { 100 } else { output },
             cached_tokens: 0,
             num_preemptions: 0,
@@ -1004,22 +1006,22 @@ mod tests {
         assert_eq!(
             lines[0],
             "request_id,class,arrival_s,first_scheduled_s,first_token_s,finish_s,prompt_len,\
-             output_len,max_tokens,cached_tokens,num_preemptions,ttft_ms,tpot_ms,e2el_ms,\
+             output_len,generated_tokens,max_tokens,cached_tokens,num_preemptions,ttft_ms,tpot_ms,e2el_ms,\
              queue_ms,finish_reason"
         );
         assert_eq!(
             lines[1],
-            "0,chat,0.000000000,0.001000000,0.100000000,1.100000000,100,11,11,0,0,\
+            "0,chat,0.000000000,0.001000000,0.100000000,1.100000000,100,11,11,11,0,0,\
              100.000000,100.000000,1100.000000,1.000000,length"
         );
         assert_eq!(
             lines[3],
-            "2,chat,1.000000000,1.050000000,1.300000000,1.300000000,50,1,1,0,0,\
+            "2,chat,1.000000000,1.050000000,1.300000000,1.300000000,50,1,1,1,0,0,\
              300.000000,,300.000000,50.000000,length"
         );
         assert_eq!(
             lines[4],
-            "3,code,2.000000000,,,2.000000000,5000,0,100,0,0,,,0.000000,,rejected_too_long"
+            "3,code,2.000000000,,,2.000000000,5000,0,0,100,0,0,,,0.000000,,rejected_too_long"
         );
         assert_eq!(lines.len(), 5);
 

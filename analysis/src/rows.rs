@@ -9,7 +9,7 @@ use engine::record::{RequestRecord, StepRecord};
 use crate::error::AnalysisError;
 
 /// Columns of `requests.csv`, in order.
-pub const REQUESTS_CSV_HEADER: [&str; 16] = [
+pub const REQUESTS_CSV_HEADER: [&str; 17] = [
     "request_id",
     "class",
     "arrival_s",
@@ -18,6 +18,7 @@ pub const REQUESTS_CSV_HEADER: [&str; 16] = [
     "finish_s",
     "prompt_len",
     "output_len",
+    "generated_tokens",
     "max_tokens",
     "cached_tokens",
     "num_preemptions",
@@ -122,6 +123,7 @@ impl CsvSink {
         self.field(|b| push_ns_as_s(b, r.finish_ns))?;
         self.field(|b| push_display(b, r.prompt_len))?;
         self.field(|b| push_display(b, r.output_len))?;
+        self.field(|b| push_display(b, r.generated_tokens))?;
         self.field(|b| push_display(b, r.max_tokens))?;
         self.field(|b| push_display(b, r.cached_tokens))?;
         self.field(|b| push_display(b, r.num_preemptions))?;

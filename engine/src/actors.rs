@@ -44,13 +44,15 @@ impl Handler<Reserve> for BlockManagerActor {
     }
 }
 
-/// Cache newly full blocks, then free the blocks of finished sequences (scheduler -> block
-/// manager, once per step). Answers the number of blocks still in use.
+/// Cache newly full blocks, fork parallel-sampling sequences, then free the blocks of
+/// finished sequences (scheduler -> block manager, once per step). Answers the number of blocks still in use.
 #[derive(Message)]
 #[rtype(result = "u32")]
 pub struct Release {
     /// Blocks to register in the prefix cache.
     pub cache: Vec<crate::block_manager::CacheBlocks>,
+    /// `(parent, child)` forks of parallel sampling, applied before the frees.
+    pub fork: Vec<(u64, u64)>,
     /// Sequences to free.
     pub free: Vec<u64>,
 }
@@ -59,6 +61,7 @@ impl Handler<Release> for BlockManagerActor {
     type Result = u32;
     fn handle(&mut self, msg: Release, _: &mut Context<Self>) -> u32 {
         self.core.cache_blocks(&msg.cache);
+        self.core.fork_all(&msg.fork);
         self.core.free_all(&msg.free);
         self.core.num_used()
     }
@@ -192,9 +195,13 @@ impl Handler<CommitStep> for SchedulerActor {
         AtomicResponse::new(Box::pin(
             async move {
                 let mut result = committed?;
-                if !result.to_free.is_empty() || !result.cache.is_empty() {
+                if !result.to_free.is_empty()
+                    || !result.cache.is_empty()
+                    || !result.forks.is_empty()
+                {
                     bm.send(Release {
                         cache: std::mem::take(&mut result.cache),
+                        fork: result.forks.clone(),
                         free: result.to_free.clone(),
                     })
                     .await

@@ -48,6 +48,9 @@ pub struct ReserveEntry {
     /// Chained hashes of the sequence's full prompt blocks, for a prefix-cache lookup when a
     /// sequence without blocks is admitted (`None`: no lookup).
     pub hashes: Option<Arc<[u64]>>,
+    /// First token position the step writes (the sequence's computed tokens): a block from
+    /// there on that another table shares is copied first (copy-on-write).
+    pub write_from: u32,
 }
 
 /// In which order the block manager considers running and waiting entries.
@@ -123,6 +126,8 @@ pub struct ReserveResponse {
     pub swap_in: Vec<(u32, u32)>,
     /// Cached prefix tokens of each probed sequence, after the reservation.
     pub probe_hits: Vec<(SeqId, u32)>,
+    /// Copy-on-write copies `(src, dst)`: a shared block a sequence writes into this step.
+    pub block_copies: Vec<(u32, u32)>,
 }
 
 /// The CPU swap pool (vLLM's `swap_space`): preempted sequences park their KV here and get
@@ -183,6 +188,11 @@ pub struct BlockManager {
     evictions: u64,
     /// CPU swap pool; `None`: preemption always recomputes.
     cpu: Option<CpuPool>,
+    /// Sources of this reservation's copy-on-write copies, and those of them freed during
+    /// it: held out of the free pool until the reservation ends, so that nothing planned in
+    /// the same step overwrites a block a copy still reads.
+    copy_sources: Vec<u32>,
+    deferred: Vec<u32>,
 }
 
 impl BlockManager {
@@ -202,6 +212,8 @@ impl BlockManager {
             free_order: 0,
             evictions: 0,
             cpu: None,
+            copy_sources: Vec::new(),
+            deferred: Vec::new(),
         }
     }
 
@@ -242,13 +254,27 @@ impl BlockManager {
     /// without a pool the KV is dropped and the sequence will recompute it.
     fn preempt(&mut self, seq: SeqId, resp: &mut ReserveResponse) {
         let n = self.table(seq).len();
+        // Copy-on-write copies planned for this sequence earlier in the step are dropped:
+        // their destination holds nothing yet, so a swap reads the source instead.
+        let mut pending: FxHashMap<u32, u32> = FxHashMap::default();
+        if !resp.block_copies.is_empty() {
+            let table = self.table(seq);
+            resp.block_copies.retain(|&(src, dst)| {
+                let mine = table.contains(&dst);
+                if mine {
+                    pending.insert(dst, src);
+                }
+                !mine
+            });
+        }
         let mut dst = Vec::new();
         if let (Some(cpu), Some(table)) = (&mut self.cpu, self.tables.get(&seq)) {
             if n > 0 && n <= cpu.free.len() {
                 dst.reserve(n);
                 for &g in table {
                     let Some(c) = cpu.free.pop() else { break };
-                    resp.swap_out.push((g, c));
+                    resp.swap_out
+                        .push((pending.get(&g).copied().unwrap_or(g), c));
                     dst.push(c);
                 }
             }
@@ -419,28 +445,80 @@ impl BlockManager {
         self.tables.len()
     }
 
-    /// Grows `seq`'s table to cover `slots` tokens; false (and no change) if the free pool
-    /// is too small.
-    fn try_grow(&mut self, seq: SeqId, slots: u32) -> bool {
-        let have = self.tables.get(&seq).map_or(0, |t| t.len() as u32);
-        let want = self.blocks_for(slots);
-        if want <= have {
+    /// Grows `seq`'s table to cover `slots` tokens, first giving it private copies of the
+    /// shared blocks it writes from position `write_from` on (copy-on-write, listed in
+    /// `copies`); false (and no change) if the free pool is too small.
+    fn try_grow(
+        &mut self,
+        seq: SeqId,
+        slots: u32,
+        write_from: u32,
+        copies: &mut Vec<(u32, u32)>,
+    ) -> bool {
+        let want = self.blocks_for(slots) as usize;
+        let first = (write_from / self.block_size) as usize;
+        let (have, shared) = match self.tables.get(&seq) {
+            Some(t) => {
+                let end = want.min(t.len());
+                let shared: Vec<usize> = (first.min(end)..end)
+                    .filter(|&i| self.ref_counts[t[i] as usize] > 1)
+                    .collect();
+                (t.len(), shared)
+            }
+            None => (0, Vec::new()),
+        };
+        if want <= have && shared.is_empty() {
             return true;
         }
-        let need = want - have;
-        if need > self.num_free() {
+        let need = want.saturating_sub(have) + shared.len();
+        if need > self.num_free() as usize {
             return false;
         }
-        let mut new = Vec::with_capacity(need as usize);
+        let mut fresh = Vec::with_capacity(need);
         for _ in 0..need {
             // At least `need` blocks are free: checked above.
             let Some(b) = self.take_block() else {
                 break;
             };
-            new.push(b);
+            fresh.push(b);
         }
-        self.tables.entry(seq).or_default().extend(new);
+        let mut fresh = fresh.into_iter();
+        let table = self.tables.entry(seq).or_default();
+        for i in shared {
+            let Some(dst) = fresh.next() else { break };
+            let src = table[i];
+            // Still held by the other tables (ref count was > 1).
+            self.ref_counts[src as usize] -= 1;
+            table[i] = dst;
+            copies.push((src, dst));
+            self.copy_sources.push(src);
+        }
+        table.extend(fresh);
         true
+    }
+
+    /// Forks `child` from `parent` (parallel sampling): the child's table is the parent's,
+    /// every block shared (ref count + 1) until one of them writes into it.
+    pub fn fork(&mut self, parent: SeqId, child: SeqId) {
+        let Some(table) = self.tables.get(&parent).cloned() else {
+            return;
+        };
+        for &b in &table {
+            self.ref_counts[b as usize] += 1;
+        }
+        if let Some(old) = self.tables.insert(child, table) {
+            // A child id is never reused while live; keep the counts right if it were.
+            for b in old {
+                self.ref_counts[b as usize] -= 1;
+            }
+        }
+    }
+
+    /// Forks several children (the per-step commit message).
+    pub fn fork_all(&mut self, forks: &[(SeqId, SeqId)]) {
+        for &(parent, child) in forks {
+            self.fork(parent, child);
+        }
     }
 
     /// Admits a sequence without blocks through the prefix cache: takes back the cached
@@ -494,16 +572,26 @@ impl BlockManager {
                 *rc -= 1;
                 if *rc == 0 {
                     self.used -= 1;
-                    // A cached block stays cached (lazy eviction) as an eviction candidate.
-                    match (&mut self.policy, self.hashes[b as usize]) {
-                        (Some(p), Some(_)) => {
-                            p.on_evictable(b, self.tick, self.free_order);
-                            self.free_order += 1;
-                        }
-                        _ => self.free_queue.push_back(b),
+                    if self.copy_sources.contains(&b) {
+                        // A copy of this step still reads it: reusable only after the step.
+                        self.deferred.push(b);
+                    } else {
+                        self.release(b);
                     }
                 }
             }
+        }
+    }
+
+    /// Puts a block whose ref count dropped to 0 back in the free pool.
+    fn release(&mut self, b: u32) {
+        // A cached block stays cached (lazy eviction) as an eviction candidate.
+        match (&mut self.policy, self.hashes[b as usize]) {
+            (Some(p), Some(_)) => {
+                p.on_evictable(b, self.tick, self.free_order);
+                self.free_order += 1;
+            }
+            _ => self.free_queue.push_back(b),
         }
     }
 
@@ -554,7 +642,7 @@ impl BlockManager {
                 return true;
             }
             _ => {
-                if !self.try_grow(e.seq, e.slots) {
+                if !self.try_grow(e.seq, e.slots, e.write_from, &mut resp.block_copies) {
                     return false;
                 }
                 0
@@ -619,7 +707,7 @@ impl BlockManager {
                         continue;
                     }
                     loop {
-                        if bm.try_grow(e.seq, e.slots) {
+                        if bm.try_grow(e.seq, e.slots, e.write_from, &mut resp.block_copies) {
                             resp.granted.push(i);
                             resp.hits.push(0);
                             break;
@@ -710,6 +798,10 @@ impl BlockManager {
         if let Some(cpu) = self.cpu.as_mut() {
             let released = std::mem::take(&mut cpu.released);
             cpu.free.extend(released);
+        }
+        self.copy_sources.clear();
+        for b in std::mem::take(&mut self.deferred) {
+            self.release(b);
         }
         if self.policy.is_some() {
             resp.probe_hits = req
@@ -822,6 +914,7 @@ mod tests {
             tokens: slots,
             total: slots,
             hashes: None,
+            write_from: 0,
         }
     }
 
@@ -928,6 +1021,7 @@ mod prefix_tests {
             tokens: new,
             total: tokens.len() as u32,
             hashes: Some(block_hashes(tokens, 4).into()),
+            write_from: 0,
         }
     }
 

@@ -25,6 +25,9 @@ pub struct SeqWork {
     pub len: u32,
     /// Whether the step ends at the sequence's last token, so a token is sampled.
     pub sample: bool,
+    /// Tokens sampled from that last position when `sample`: 1, or `n` when a
+    /// parallel-sampling request finishes its prompt (its `n` sequences fork there).
+    pub num_samples: u32,
     /// Block table after this step's reservation (filled only when the backend asks for
     /// it: real runtimes need it, the cost model does not).
     pub block_table: Vec<u32>,
@@ -52,10 +55,10 @@ pub struct StepPlan {
     /// Sequences preempted while this step was scheduled (their KV was freed).
     pub preempted: Vec<SeqId>,
     /// Block copies `(src, dst)` to perform before the step (copy-on-write), after the
-    /// swaps.
+    /// swap-outs and before the swap-ins.
     pub block_copies: Vec<(u32, u32)>,
-    /// Blocks to copy from the CPU pool before the step, as `(cpu block, gpu block)`, after
-    /// every swap-out of the step.
+    /// Blocks to copy from the CPU pool before the step, as `(cpu block, gpu block)`, last
+    /// (after the swap-outs and the block copies).
     pub swap_in: Vec<(u32, u32)>,
     /// Blocks to copy to the CPU pool first, before anything of the step reuses the GPU
     /// blocks they free, as `(gpu block, cpu block)`. A block shared by two preempted
@@ -78,6 +81,16 @@ impl StepPlan {
             .sum()
     }
 
+    /// Tokens the backend must sample for this plan (the length of
+    /// [`StepOutcome::sampled`]).
+    pub fn num_samples(&self) -> usize {
+        self.work
+            .iter()
+            .filter(|w| w.sample)
+            .map(|w| w.num_samples as usize)
+            .sum()
+    }
+
     /// True when the step has no work.
     pub fn is_empty(&self) -> bool {
         self.work.is_empty()
@@ -89,7 +102,7 @@ impl StepPlan {
 pub struct StepOutcome {
     /// Duration of the step: predicted by a cost model or measured by a real runtime.
     pub duration: Nanos,
-    /// One sampled token per `SeqWork` with `sample == true`, in plan order.
+    /// `num_samples` sampled tokens per `SeqWork` with `sample == true`, in plan order.
     pub sampled: Vec<u32>,
     /// Model bandwidth utilisation (0 when unknown).
     pub mbu: f64,

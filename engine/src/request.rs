@@ -34,6 +34,10 @@ pub struct Request {
     /// placeholders, so the generated blocks hash like the next turn's history. Empty: no
     /// script; real backends ignore it.
     pub scripted_output: Vec<u32>,
+    /// Parallel sampling: sequences generated from this prompt (vLLM's `n`, at least 1).
+    /// The prompt is computed once; after its first token the sequence forks into `n`
+    /// sequences that share the prompt's KV blocks copy-on-write.
+    pub n: u32,
     /// Scheduling priority (lower value is served first by priority policies).
     pub priority: i32,
     /// Index of the request class in the workload (for per-class metrics).
@@ -177,6 +181,16 @@ impl Sequence {
             self.request.prompt_tokens.get(p).copied()
         } else {
             self.output_tokens.get(p - prompt).copied()
+        }
+    }
+
+    /// Seats (`max_num_seqs` slots) the sequence takes when admitted: `n` for a
+    /// parallel-sampling request before its fork, else 1.
+    pub fn seats(&self) -> u32 {
+        if self.output_len == 0 {
+            self.request.n.max(1)
+        } else {
+            1
         }
     }
 

@@ -28,6 +28,7 @@ fn waiting(seq: u64, tokens: &[u32], bs: u32) -> ReserveEntry {
         tokens: n,
         total: n,
         hashes: Some(block_hashes(tokens, bs).into()),
+        write_from: 0,
     }
 }
 
@@ -172,6 +173,7 @@ fn run_fuzz(seed: u64) -> Result<(), String> {
             max_tokens: o,
             ignore_eos: true,
             scripted_output: Vec::new(),
+            n: 1,
             priority: group as i32,
             class: 0,
         });
@@ -280,7 +282,7 @@ fn run_fuzz(seed: u64) -> Result<(), String> {
         }
         let duration = 1000 + 10 * u64::from(plan.num_batched_tokens());
         now += duration;
-        let sampled = vec![0u32; plan.work.iter().filter(|w| w.sample).count()];
+        let sampled = vec![0u32; plan.num_samples()];
         let out = StepOutcome {
             duration,
             sampled,
@@ -403,6 +405,7 @@ fn prompt_tokens_longer_than_prompt_len_poison_the_cache() {
         max_tokens: out,
         ignore_eos: true,
         scripted_output: Vec::new(),
+        n: 1,
         priority: 0,
         class: 0,
     };
@@ -417,7 +420,7 @@ fn prompt_tokens_longer_than_prompt_len_poison_the_cache() {
         let resp = bm.reserve(&req);
         let plan = sched.apply(&req, resp, now);
         now += 10;
-        let sampled = vec![0u32; plan.work.iter().filter(|w| w.sample).count()];
+        let sampled = vec![0u32; plan.num_samples()];
         let out = StepOutcome {
             duration: 10,
             sampled,

@@ -42,6 +42,7 @@ fn request(id: u64, arrival: u64, prompt: Vec<u32>, max_tokens: u32, priority: i
         max_tokens,
         ignore_eos: true,
         scripted_output: Vec::new(),
+        n: 1,
         priority,
         class: 0,
     }
@@ -72,7 +73,7 @@ fn drive(cfg: SchedulerConfig, num_blocks: u32, requests: Vec<Request>) -> Vec<R
         let resp = bm.reserve(&req);
         let plan = sched.apply(&req, resp, now);
         bm.check_invariants().expect("pool invariants");
-        let samples = plan.work.iter().filter(|w| w.sample).count();
+        let samples = plan.num_samples();
         let outcome = StepOutcome {
             duration: STEP_NS,
             sampled: vec![SIM_TOKEN; samples],

@@ -30,8 +30,7 @@ impl SchedulePolicy for Chunked {
             budget -= n;
             p.push(id, EntryKind::Running, n, s.num_computed + n);
         }
-        let free_seats = (cfg.max_num_seqs as usize).saturating_sub(q.running.len());
-        for &id in q.waiting.iter().take(free_seats) {
+        for id in q.seated(cfg.max_num_seqs) {
             if budget == 0 {
                 break;
             }

@@ -21,7 +21,6 @@ impl SchedulePolicy for Continuous {
             ..Proposal::default()
         };
         let mut budget = cfg.max_num_batched_tokens;
-        let free_seats = (cfg.max_num_seqs as usize).saturating_sub(q.running.len());
         // Swapped-out sequences resume before any new prefill, in a decode step after the
         // running ones (vLLM V0: no prefills while the swapped queue is non-empty).
         if q.waiting.front().is_some_and(|&id| q.seq(id).swapped) {
@@ -30,7 +29,7 @@ impl SchedulePolicy for Continuous {
                 let s = q.seq(id);
                 p.push(id, EntryKind::Running, s.remaining(), s.num_tokens);
             }
-            for &id in q.waiting.iter().take(free_seats) {
+            for id in q.seated(cfg.max_num_seqs) {
                 let s = q.seq(id);
                 if !s.swapped {
                     break;
@@ -39,7 +38,7 @@ impl SchedulePolicy for Continuous {
             }
             return p;
         }
-        for &id in q.waiting.iter().take(free_seats) {
+        for id in q.seated(cfg.max_num_seqs) {
             let s = q.seq(id);
             let n = s.remaining();
             if n > budget {

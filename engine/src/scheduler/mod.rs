@@ -185,6 +185,25 @@ impl Queues<'_> {
     pub fn seq(&self, id: SeqId) -> &Sequence {
         &self.seqs[&id]
     }
+
+    /// The head of the waiting queue that fits the free seats of `max_num_seqs`, in queue
+    /// order, stopping at the first that does not fit (no skipping). A parallel-sampling
+    /// request takes its `n` seats at admission.
+    pub fn seated(&self, max_num_seqs: u32) -> impl Iterator<Item = SeqId> + '_ {
+        let taken: usize = self
+            .running
+            .iter()
+            .map(|&id| self.seq(id).seats() as usize)
+            .sum();
+        let mut free = (max_num_seqs as usize).saturating_sub(taken);
+        self.waiting.iter().copied().map_while(move |id| {
+            let need = self.seq(id).seats() as usize;
+            (need <= free).then(|| {
+                free -= need;
+                id
+            })
+        })
+    }
 }
 
 /// A proposal: block reservations plus the tokens each entry computes this step.
@@ -208,6 +227,7 @@ impl Proposal {
             tokens,
             total: 0,
             hashes: None,
+            write_from: slots.saturating_sub(tokens),
         });
         self.tokens.push(tokens);
     }
@@ -230,6 +250,9 @@ pub struct CommitResult {
     pub finished: Vec<RequestRecord>,
     /// Sequences whose blocks must be freed.
     pub to_free: Vec<SeqId>,
+    /// `(parent, child)` forks of parallel sampling: the child shares the parent's blocks
+    /// (applied before `to_free`).
+    pub forks: Vec<(SeqId, SeqId)>,
 }
 
 /// The scheduler core (a plain struct: time is passed in, effects are returned).
@@ -248,6 +271,7 @@ pub struct Scheduler {
     kv_tokens: u64,
     new_token_ratio: f64,
     last: StepStats,
+    groups: FxHashMap<SeqId, Group>,
 }
 
 /// Scheduler-side facts about the last planned step (for `steps.csv`).
@@ -280,6 +304,7 @@ impl Scheduler {
             kv_tokens: 0,
             new_token_ratio: policy::NEW_TOKEN_RATIO.0,
             last: StepStats::default(),
+            groups: FxHashMap::default(),
         })
     }
 
@@ -289,12 +314,14 @@ impl Scheduler {
     }
 
     /// Accepts an arriving request, or rejects it at once (the returned record) when it can
-    /// never run: prompt + max_tokens longer than `max_model_len` or than the KV pool.
+    /// never run: prompt + max_tokens longer than `max_model_len` or than the KV pool, or
+    /// more parallel sequences (`n`) than `max_num_seqs`.
     pub fn add_request(&mut self, req: Request, now: Nanos) -> Option<RequestRecord> {
         let total = u64::from(req.prompt_len) + u64::from(req.max_tokens);
         if req.prompt_len == 0
             || total > u64::from(self.cfg.max_model_len)
             || total > self.cfg.pool_tokens
+            || req.n > self.cfg.max_num_seqs
         {
             return Some(RequestRecord {
                 request_id: req.id,
@@ -305,6 +332,7 @@ impl Scheduler {
                 finish_ns: now,
                 prompt_len: req.prompt_len,
                 output_len: 0,
+                generated_tokens: 0,
                 max_tokens: req.max_tokens,
                 cached_tokens: 0,
                 num_preemptions: 0,
@@ -312,6 +340,15 @@ impl Scheduler {
             });
         }
         let id = req.id;
+        if req.n > 1 {
+            self.groups.insert(
+                id,
+                Group {
+                    live: 1,
+                    ..Group::default()
+                },
+            );
+        }
         let mut seq = Sequence::new(req);
         if self.cfg.prefix_caching && !seq.request.prompt_tokens.is_empty() {
             // Only the prompt's own tokens (a longer list would hash generated positions).
@@ -404,6 +441,7 @@ impl Scheduler {
         for e in &mut p.entries {
             if let Some(s) = self.seqs.get(&e.seq) {
                 e.total = s.num_tokens;
+                e.write_from = s.num_computed;
                 if e.kind == EntryKind::Waiting {
                     if !static_batch {
                         let reserve = self.cfg.admission.slots(
@@ -590,6 +628,12 @@ impl Scheduler {
                 start: s.num_computed,
                 len: tokens,
                 sample: s.num_computed + tokens == s.num_tokens,
+                // The prompt's last position samples all `n` first tokens (the fork).
+                num_samples: if s.output_len == 0 {
+                    s.request.n.max(1)
+                } else {
+                    1
+                },
                 block_table: tables.next().unwrap_or_default(),
                 token_ids,
             });
@@ -615,7 +659,7 @@ impl Scheduler {
             preempted: resp.preempted,
             swap_in: resp.swap_in,
             swap_out: resp.swap_out,
-            ..StepPlan::default()
+            block_copies: resp.block_copies,
         };
         self.steps += 1;
         plan
@@ -628,7 +672,7 @@ impl Scheduler {
         outcome: &StepOutcome,
         now: Nanos,
     ) -> Result<CommitResult, EngineError> {
-        let expected = plan.work.iter().filter(|w| w.sample).count();
+        let expected = plan.num_samples();
         if outcome.sampled.len() != expected {
             return Err(EngineError::Backend(format!(
                 "step {}: backend returned {} sampled tokens for {} sampling sequences",
@@ -677,48 +721,54 @@ impl Scheduler {
             if !w.sample {
                 continue;
             }
-            let mut token = sampled.next().copied().unwrap_or(crate::backend::SIM_TOKEN);
-            let scripted = !s.request.scripted_output.is_empty();
-            if scripted && !self.cfg.keep_tokens {
-                // Simulation: the workload knows the answer (multi-turn history).
-                if let Some(&t) = s.request.scripted_output.get(s.output_len as usize) {
-                    token = t;
+            let k = w.num_samples.max(1) as usize;
+            let tokens: Vec<u32> = (0..k)
+                .map(|_| sampled.next().copied().unwrap_or(crate::backend::SIM_TOKEN))
+                .collect();
+            // Parallel sampling: the prompt's first `n` tokens fork the sequence; the
+            // children share its blocks (forked in the block manager with this commit).
+            let mut children = Vec::new();
+            if k > 1 {
+                for (j, &t) in tokens.iter().enumerate().skip(1) {
+                    let mut c = s.clone();
+                    c.request.n = 1;
+                    // Preemptions before the fork were the parent's (counted once).
+                    c.num_preemptions = 0;
+                    let id = child_id(s.request.id, j as u32);
+                    c.admitted_seq = self.admissions;
+                    self.admissions += 1;
+                    children.push((id, c, t));
+                }
+                if let Some(g) = self.groups.get_mut(&s.request.id) {
+                    g.live += children.len() as u32;
                 }
             }
-            s.output_len += 1;
-            s.num_tokens += 1;
-            if self.cfg.keep_tokens || scripted {
-                s.output_tokens.push(token);
+            let keep = self.cfg.keep_tokens;
+            let eos = self.cfg.eos_token;
+            let mut outcomes = Vec::with_capacity(k);
+            let reason = append_token(s, tokens[0], now, keep, eos, &mut self.itl_gaps);
+            outcomes.push((w.seq, reason));
+            for (id, mut c, t) in children {
+                let reason = append_token(&mut c, t, now, keep, eos, &mut self.itl_gaps);
+                if reason.is_none() {
+                    result.forks.push((w.seq, id));
+                    self.running.push(id);
+                }
+                self.seqs.insert(id, c);
+                outcomes.push((id, reason));
             }
-            match s.last_token {
-                Some(last) => self.itl_gaps.push(now - last),
-                None => s.first_token = Some(now),
-            }
-            s.last_token = Some(now);
-            let reason = if s.output_len >= s.request.max_tokens {
-                Some(FinishReason::Length)
-            } else if !s.request.ignore_eos && Some(token) == self.cfg.eos_token {
-                Some(FinishReason::Stop)
-            } else {
-                None
-            };
-            if let Some(reason) = reason {
-                s.status = SeqStatus::Finished;
-                result.finished.push(RequestRecord {
-                    request_id: s.request.id,
-                    class: s.request.class,
-                    arrival_ns: s.request.arrival,
-                    first_scheduled_ns: s.first_scheduled,
-                    first_token_ns: s.first_token,
-                    finish_ns: now,
-                    prompt_len: s.request.prompt_len,
-                    output_len: s.output_len,
-                    max_tokens: s.request.max_tokens,
-                    cached_tokens: s.cached_tokens,
-                    num_preemptions: s.num_preemptions,
-                    finish_reason: reason,
-                });
-                result.to_free.push(w.seq);
+            for (id, reason) in outcomes {
+                let Some(reason) = reason else { continue };
+                if let Some(s) = self.seqs.get_mut(&id) {
+                    s.status = SeqStatus::Finished;
+                }
+                // A child that ends at its first token was never forked: nothing to free.
+                if id == w.seq || result.forks.iter().any(|&(_, c)| c == id) {
+                    result.to_free.push(id);
+                }
+                if let Some(rec) = self.finish(id, reason, now) {
+                    result.finished.push(rec);
+                }
             }
         }
         if !result.to_free.is_empty() {
@@ -731,6 +781,104 @@ impl Scheduler {
                 self.seqs.remove(id);
             }
         }
+        // Children that ended at their first token hold no blocks but are done too.
+        self.seqs.retain(|_, s| s.status != SeqStatus::Finished);
         Ok(result)
     }
+
+    /// Accounts a finished sequence; returns its request's record once every sequence of
+    /// the request has finished.
+    fn finish(&mut self, id: SeqId, reason: FinishReason, now: Nanos) -> Option<RequestRecord> {
+        let s = self.seqs.get(&id)?;
+        let mut rec = RequestRecord {
+            request_id: s.request.id,
+            class: s.request.class,
+            arrival_ns: s.request.arrival,
+            first_scheduled_ns: s.first_scheduled,
+            first_token_ns: s.first_token,
+            finish_ns: now,
+            prompt_len: s.request.prompt_len,
+            output_len: s.output_len,
+            generated_tokens: s.output_len,
+            max_tokens: s.request.max_tokens,
+            cached_tokens: s.cached_tokens,
+            num_preemptions: s.num_preemptions,
+            finish_reason: reason,
+        };
+        let Some(g) = self.groups.get_mut(&rec.request_id) else {
+            return Some(rec);
+        };
+        g.live = g.live.saturating_sub(1);
+        g.generated += s.output_len;
+        g.output_len = g.output_len.max(s.output_len);
+        g.preemptions += s.num_preemptions;
+        if id == rec.request_id {
+            g.first = Some(rec.clone());
+        }
+        if g.live > 0 {
+            return None;
+        }
+        let g = self.groups.remove(&rec.request_id)?;
+        // The request's record: the first sequence's times and cache hit, the longest
+        // output (for TPOT) and every sequence's tokens.
+        if let Some(first) = g.first {
+            rec.first_scheduled_ns = first.first_scheduled_ns;
+            rec.cached_tokens = first.cached_tokens;
+        }
+        rec.output_len = g.output_len;
+        rec.generated_tokens = g.generated;
+        rec.num_preemptions = g.preemptions;
+        Some(rec)
+    }
+}
+
+/// Sequence id of child `k` (1..n) of a parallel-sampling request: the request id with `k`
+/// in the bits above 40 (request ids stay below 2^40).
+pub fn child_id(request: SeqId, k: u32) -> SeqId {
+    request | (u64::from(k) << 40)
+}
+
+/// Appends a sampled token to `s`; returns why it finished, if it did.
+fn append_token(
+    s: &mut Sequence,
+    mut token: u32,
+    now: Nanos,
+    keep_tokens: bool,
+    eos: Option<u32>,
+    itl_gaps: &mut Vec<Nanos>,
+) -> Option<FinishReason> {
+    let scripted = !s.request.scripted_output.is_empty();
+    if scripted && !keep_tokens {
+        // Simulation: the workload knows the answer (multi-turn history).
+        if let Some(&t) = s.request.scripted_output.get(s.output_len as usize) {
+            token = t;
+        }
+    }
+    s.output_len += 1;
+    s.num_tokens += 1;
+    if keep_tokens || scripted {
+        s.output_tokens.push(token);
+    }
+    match s.last_token {
+        Some(last) => itl_gaps.push(now - last),
+        None => s.first_token = Some(now),
+    }
+    s.last_token = Some(now);
+    if s.output_len >= s.request.max_tokens {
+        Some(FinishReason::Length)
+    } else if !s.request.ignore_eos && Some(token) == eos {
+        Some(FinishReason::Stop)
+    } else {
+        None
+    }
+}
+
+/// The sequences of a parallel-sampling request, until all have finished.
+#[derive(Debug, Clone, Default)]
+struct Group {
+    live: u32,
+    generated: u32,
+    output_len: u32,
+    preemptions: u32,
+    first: Option<RequestRecord>,
 }

@@ -27,7 +27,7 @@ impl SchedulePolicy for StaticBatch {
         if q.running.is_empty() {
             // Form a new batch: admit (and reserve) every member now; prefill those whose
             // prompts fit this step's budget, the rest in the following steps.
-            for &id in q.waiting.iter().take(cfg.max_num_seqs as usize) {
+            for id in q.seated(cfg.max_num_seqs) {
                 let s = q.seq(id);
                 let n = if s.remaining() <= budget {
                     s.remaining()

@@ -110,6 +110,7 @@ fn random_problem(
                 start: ctx - len,
                 len,
                 sample: true,
+                num_samples: 1,
                 block_table: table,
                 token_ids: Vec::new(),
             }
@@ -555,6 +556,7 @@ fn single_seq_plan(start: u32, len: u32, block_size: u32) -> StepPlan {
             start,
             len,
             sample: true,
+            num_samples: 1,
             block_table: (0..n).collect(),
             token_ids: Vec::new(),
         }],
@@ -572,6 +574,7 @@ fn batch_decode_plan(batch: u32, ctx: u32, block_size: u32) -> StepPlan {
                 start: ctx - 1,
                 len: 1,
                 sample: true,
+                num_samples: 1,
                 block_table: (i * n..(i + 1) * n).collect(),
                 token_ids: Vec::new(),
             })

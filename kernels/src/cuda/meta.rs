@@ -211,6 +211,7 @@ mod tests {
             start,
             len,
             sample,
+            num_samples: 1,
             block_table: table,
             token_ids: Vec::new(),
         }

@@ -1162,10 +1162,30 @@ impl Backend for CudaBackend {
     }
 
     fn execute(&mut self, plan: &StepPlan) -> Result<StepOutcome, BackendError> {
-        let (duration, sampled) = self.rt.forward(plan).map_err(|e| BackendError {
+        if !plan.swap_in.is_empty() || !plan.swap_out.is_empty() || !plan.block_copies.is_empty() {
+            // Refuse rather than attend to KV that was never moved.
+            return Err(BackendError {
+                backend: "cuda".into(),
+                message: format!(
+                    "step {}: the CUDA runtime has no swap or block-copy kernels yet ({} swap-in, {} swap-out, {} copy-on-write blocks); use preemption_mode = \"recompute\" and n = 1",
+                    plan.step,
+                    plan.swap_in.len(),
+                    plan.swap_out.len(),
+                    plan.block_copies.len()
+                ),
+            });
+        }
+        let (duration, greedy) = self.rt.forward(plan).map_err(|e| BackendError {
             backend: "cuda".into(),
             message: e.to_string(),
         })?;
+        // Greedy decoding: every one of a position's `num_samples` samples is its argmax.
+        let mut sampled = Vec::with_capacity(plan.num_samples());
+        let mut tokens = greedy.into_iter();
+        for w in plan.work.iter().filter(|w| w.sample) {
+            let t = tokens.next().unwrap_or_default();
+            sampled.extend(std::iter::repeat_n(t, w.num_samples.max(1) as usize));
+        }
         Ok(StepOutcome {
             duration,
             sampled,
