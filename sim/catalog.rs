@@ -182,6 +182,9 @@ pub struct ModelSpec {
     pub tied_embeddings: bool,
     /// RoPE base frequency (`rope_theta`).
     pub rope_theta: f32,
+    /// Sliding attention window in tokens (`sliding_window` of the HF config; `None`: full
+    /// attention).
+    pub sliding_window: Option<u32>,
 }
 
 impl ModelSpec {
@@ -240,6 +243,7 @@ pub const MODELS: &[ModelSpec] = &[
         vocab: 32000,
         max_position: 4096,
         rope_theta: 10000.0,
+        sliding_window: None,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -254,6 +258,7 @@ pub const MODELS: &[ModelSpec] = &[
         vocab: 32000,
         max_position: 4096,
         rope_theta: 10000.0,
+        sliding_window: None,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -268,6 +273,7 @@ pub const MODELS: &[ModelSpec] = &[
         vocab: 32000,
         max_position: 4096,
         rope_theta: 10000.0,
+        sliding_window: None,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -282,6 +288,7 @@ pub const MODELS: &[ModelSpec] = &[
         vocab: 128256,
         max_position: 8192,
         rope_theta: 500000.0,
+        sliding_window: None,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -296,6 +303,7 @@ pub const MODELS: &[ModelSpec] = &[
         vocab: 128256,
         max_position: 8192,
         rope_theta: 500000.0,
+        sliding_window: None,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -310,6 +318,7 @@ pub const MODELS: &[ModelSpec] = &[
         vocab: 32000,
         max_position: 32768,
         rope_theta: 10000.0,
+        sliding_window: Some(4096),
         tied_embeddings: false,
     },
     ModelSpec {
@@ -324,6 +333,7 @@ pub const MODELS: &[ModelSpec] = &[
         vocab: 49152,
         max_position: 8192,
         rope_theta: 100000.0,
+        sliding_window: None,
         tied_embeddings: true,
     },
 ];

@@ -371,6 +371,7 @@ pub struct CostModel {
     d: Deployment,
     p: CostParams,
     block_size: u32,
+    window: Option<u32>,
 }
 
 impl CostModel {
@@ -380,6 +381,31 @@ impl CostModel {
             d,
             p,
             block_size: 16,
+            window: None,
+        }
+    }
+
+    /// Sliding-window attention: each token attends to at most `window` tokens (`None`:
+    /// the whole context).
+    pub fn with_sliding_window(mut self, window: Option<u32>) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// Sum over the positions `cached + 1 ..= cached + len` of the tokens each attends to,
+    /// `min(position, window)`.
+    fn attended(&self, cached: u32, len: u32) -> f64 {
+        let (a, b) = (f64::from(cached) + 1.0, f64::from(cached) + f64::from(len));
+        let full = |lo: f64, hi: f64| (lo + hi) * (hi - lo + 1.0) / 2.0;
+        match self.window.map(f64::from) {
+            Some(w) if b > w => {
+                if a > w {
+                    w * f64::from(len)
+                } else {
+                    full(a, w) + (b - w) * w
+                }
+            }
+            _ => full(a, b),
         }
     }
 
@@ -435,17 +461,19 @@ impl CostModel {
         // Prefill attention: FLOPs = 4 x heads x head_dim x sum len x (cached + len / 2);
         // bytes: the chunk's Q/K/V/O plus the cached K/V read.
         let (mut pf_flops, mut pf_bytes, mut prefill_tokens) = (0.0, 0.0, 0.0);
+        let window = self.window.map_or(f64::INFINITY, f64::from);
         for (cached, len) in prefill {
             let (c, l) = (f64::from(cached), f64::from(len));
-            pf_flops += 4.0 * heads * hd * l * (c + l / 2.0);
-            pf_bytes +=
-                l * (2.0 * heads + 2.0 * kv_heads) * hd * act + c * 2.0 * kv_heads * hd * kvb;
+            // Causal attention: the token at position p attends to min(p, window) tokens.
+            pf_flops += 4.0 * heads * hd * self.attended(cached, len);
+            pf_bytes += l * (2.0 * heads + 2.0 * kv_heads) * hd * act
+                + c.min(window) * 2.0 * kv_heads * hd * kvb;
             prefill_tokens += l;
         }
         // Decode attention: bandwidth-bound read of every context's K and V.
         let (mut dc_flops, mut dc_bytes, mut decode_tokens) = (0.0, 0.0, 0.0);
         for ctx in decode {
-            let c = f64::from(ctx);
+            let c = f64::from(ctx).min(window);
             dc_flops += 4.0 * heads * hd * c;
             dc_bytes += c * 2.0 * kv_heads * hd * kvb;
             decode_tokens += 1.0;

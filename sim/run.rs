@@ -159,7 +159,8 @@ pub fn run_variant(
     let backend: Box<dyn engine::backend::Backend> = match backend_kind {
         BackendKind::Model => Box::new(CostModelBackend::new(
             CostModel::new(variant.deployment.clone(), variant.config.cost.clone())
-                .with_block_size(variant.memory.block_size),
+                .with_block_size(variant.memory.block_size)
+                .with_sliding_window(variant.scheduler.sliding_window),
         )),
         BackendKind::Cuda => {
             let (rt, blocks) = cuda_runtime(variant, scenario.seed)?;
@@ -181,6 +182,10 @@ pub fn run_variant(
         BlockManager::with_prefix_caching(num_blocks, e.block_size, policy)
     } else {
         BlockManager::new(num_blocks, e.block_size)
+    };
+    let block_manager = match variant.scheduler.sliding_window {
+        Some(w) => block_manager.with_sliding_window(w),
+        None => block_manager,
     };
     let block_manager = if e.preemption_mode == PreemptionMode::Swap {
         block_manager.with_swap_space(variant.memory.num_cpu_blocks)

@@ -140,6 +140,10 @@ pub struct EngineConfig {
     /// preemption storm.
     #[serde(default = "default_storm")]
     pub preemption_storm_threshold: u32,
+    /// Attend to the whole context even if the model has a sliding window (vLLM's
+    /// `disable_sliding_window`); by default a model's window frees the blocks outside it.
+    #[serde(default)]
+    pub disable_sliding_window: bool,
 }
 
 fn default_swap_space() -> f64 {
@@ -199,6 +203,7 @@ impl Default for EngineConfig {
             preemption_mode: PreemptionMode::Recompute,
             swap_space_gib: default_swap_space(),
             preemption_storm_threshold: default_storm(),
+            disable_sliding_window: false,
         }
     }
 }
@@ -493,6 +498,11 @@ fn resolve(name: &str, config: ScenarioConfig) -> Result<Variant, String> {
         admission: e.admission,
         victim: e.preemption_victim,
         watermark_blocks: (e.watermark * f64::from(memory.num_blocks)).ceil() as u32,
+        sliding_window: if e.disable_sliding_window {
+            None
+        } else {
+            model.sliding_window
+        },
     };
     scheduler.validate().map_err(|e| e.to_string())?;
     Ok(Variant {

@@ -77,6 +77,7 @@ fn unbounded_cache_hits_what_the_trace_repeats() {
         admission: AdmissionPolicy::Optimistic,
         victim: VictimPolicy::Newest,
         watermark_blocks: 0,
+        sliding_window: None,
     };
     let mut sched = Scheduler::new(sched_cfg).expect("scheduler");
     // Room for every prompt of the slice: nothing is ever evicted.

@@ -213,3 +213,22 @@ fn swapping_a_block_costs_its_bytes_over_pcie() {
     assert!((c.kv_transfer_s - t).abs() < 1e-12);
     assert!((c.seconds - m.plan_cost(&StepPlan::default()).seconds - t).abs() < 1e-12);
 }
+
+#[test]
+fn sliding_window_caps_the_attended_context() {
+    // Mistral-7B's 4096-token window: decoding at 32k costs what decoding at 4096 does, and
+    // a prefill chunk past the window attends to 4096 tokens per token.
+    let d = deployment("mistral-7b", "h100-sxm", 1, Dtype::Bf16);
+    let windowed = CostModel::new(d.clone(), CostParams::default()).with_sliding_window(Some(4096));
+    let full = CostModel::new(d, CostParams::default());
+    let at = |m: &CostModel, ctx: u32| decode_step_s(m, ctx);
+    assert_eq!(at(&windowed, 32768), at(&windowed, 4096));
+    assert_eq!(at(&windowed, 4096), at(&full, 4096));
+    assert!(at(&full, 32768) > 1.2 * at(&windowed, 32768));
+    let chunk = |m: &CostModel, cached: u32| {
+        m.step_cost(std::iter::once((cached, 512)), std::iter::empty(), 1, 1)
+            .attention_s
+    };
+    assert_eq!(chunk(&windowed, 20000), chunk(&windowed, 8000));
+    assert!(chunk(&full, 20000) > 3.0 * chunk(&windowed, 20000));
+}

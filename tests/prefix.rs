@@ -127,6 +127,7 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
         admission: c.admission,
         victim: c.victim,
         watermark_blocks: c.watermark,
+        sliding_window: None,
     };
     let mut sched = Scheduler::new(cfg).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let mut bm = BlockManager::with_prefix_caching(c.blocks, c.block_size, c.eviction.policy());
@@ -281,6 +282,7 @@ fn run_requests(requests: Vec<Request>, blocks: u32) -> Vec<RequestRecord> {
         admission: AdmissionPolicy::Optimistic,
         victim: VictimPolicy::Newest,
         watermark_blocks: 0,
+        sliding_window: None,
     };
     let mut sched = Scheduler::new(cfg).expect("valid config");
     let mut bm = BlockManager::with_prefix_caching(blocks, 16, EvictionKind::Lru.policy());

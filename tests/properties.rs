@@ -17,7 +17,7 @@ use std::rc::Rc;
 
 use analysis::{RunCollector, RunInfo};
 use engine::backend::{Backend, BackendError, SIM_TOKEN};
-use engine::block_manager::BlockManager;
+use engine::block_manager::{BlockManager, NULL_BLOCK};
 use engine::eviction::Lru;
 use engine::plan::{StepOutcome, StepPlan, WorkKind};
 use engine::record::{RequestRecord, StepRecord};
@@ -88,6 +88,8 @@ struct Knobs {
     /// Waiting-queue order (FCFS checks invariant 8; the others reorder and, for
     /// `priority`, preempt).
     queue: QueuePolicy,
+    /// Sliding attention window in tokens (blocks before it are freed).
+    window: Option<u32>,
 }
 
 /// The block manager the knobs ask for.
@@ -96,6 +98,10 @@ fn block_manager(k: &Knobs) -> BlockManager {
         BlockManager::with_prefix_caching(k.num_blocks, k.block_size, Box::<Lru>::default())
     } else {
         BlockManager::new(k.num_blocks, k.block_size)
+    };
+    let bm = match k.window {
+        Some(w) => bm.with_sliding_window(w),
+        None => bm,
     };
     match k.swap_blocks {
         Some(n) => bm.with_swap_space(n),
@@ -127,6 +133,7 @@ impl Knobs {
             admission: AdmissionPolicy::Optimistic,
             victim: VictimPolicy::Newest,
             watermark_blocks: 0,
+            sliding_window: self.window,
         }
     }
 }
@@ -206,6 +213,7 @@ fn knobs() -> impl Strategy<Value = Knobs> {
             1 => Just(QueuePolicy::Sjf),
             1 => Just(QueuePolicy::Lpm),
         ],
+        prop_oneof![3 => Just(None), 1 => (1u32..=48).prop_map(Some)],
     )
         .prop_map(
             |(
@@ -219,6 +227,7 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                 prefix,
                 swap,
                 queue,
+                window,
             )| {
                 let block_size = 1 << bs_exp;
                 // Small: 1..=max_model_len (chunked only; others are raised to the floor);
@@ -240,6 +249,7 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                     // to recompute).
                     swap_blocks: swap.map(|k| k * max_model_len.div_ceil(block_size)),
                     queue,
+                    window,
                 }
             },
         )
@@ -667,6 +677,25 @@ impl<'a> Harness<'a> {
             );
             if self.cfg.want_block_tables {
                 prop_assert_eq!(&w.block_table[..], table);
+            }
+            // Sliding window: every block the step attends to is live; only blocks wholly
+            // before the window are freed.
+            let first = match self.cfg.sliding_window {
+                Some(win) => ((w.start + 1).saturating_sub(win) / self.bm.block_size()) as usize,
+                None => 0,
+            };
+            let needed = w.context_len().div_ceil(self.bm.block_size()) as usize;
+            for (i, &b) in table.iter().enumerate().take(needed).skip(first) {
+                prop_assert!(
+                    b != NULL_BLOCK,
+                    "step {}: seq {} block {} in the window was freed",
+                    plan.step,
+                    w.seq,
+                    i
+                );
+            }
+            if self.cfg.sliding_window.is_none() {
+                prop_assert!(!table.contains(&NULL_BLOCK));
             }
         }
         for &p in &plan.preempted {
@@ -1104,6 +1133,7 @@ proptest! {
             prefix: false,
             swap_blocks: None,
             queue: QueuePolicy::Fcfs,
+            window: None,
         };
         let run = check_case(&knobs, SchedulerKind::Chunked, &requests)?;
         prop_assert_eq!(run.preemptions, 0, "pool holds every request: no preemption expected");
@@ -1147,6 +1177,7 @@ proptest! {
             // Room for a whole max-length sequence: every preemption can swap.
             swap_blocks: swap.then_some(max_model_len / block_size),
             queue: QueuePolicy::Fcfs,
+            window: None,
         };
         for kind in SchedulerKind::ALL {
             let run = check_case(&knobs, kind, &requests)?;
@@ -1212,6 +1243,7 @@ proptest! {
             prefix: false,
             swap_blocks: None,
             queue: QueuePolicy::Fcfs,
+            window: None,
         };
         let inline = drive(DriverKind::Inline, &knobs, kind, &requests, cost_model_backend())?;
         let actors = drive(DriverKind::Actors, &knobs, kind, &requests, cost_model_backend())?;

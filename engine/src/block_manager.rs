@@ -20,6 +20,10 @@ use rustc_hash::FxHashMap;
 use crate::eviction::EvictionPolicy;
 use crate::request::SeqId;
 
+/// A block-table entry whose block was freed because all its tokens fell out of the
+/// sliding attention window (the table keeps its logical positions).
+pub const NULL_BLOCK: u32 = u32::MAX;
+
 /// Where a reservation comes from, which decides whether it may preempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryKind {
@@ -193,6 +197,8 @@ pub struct BlockManager {
     /// the same step overwrites a block a copy still reads.
     copy_sources: Vec<u32>,
     deferred: Vec<u32>,
+    /// Sliding attention window in tokens: blocks wholly before it are freed.
+    window: Option<u32>,
 }
 
 impl BlockManager {
@@ -214,6 +220,7 @@ impl BlockManager {
             cpu: None,
             copy_sources: Vec::new(),
             deferred: Vec::new(),
+            window: None,
         }
     }
 
@@ -228,6 +235,52 @@ impl BlockManager {
             released: Vec::new(),
         });
         self
+    }
+
+    /// Sliding-window attention over `window` tokens (Mistral's 4096): a sequence writing
+    /// from position `p` only needs positions from `p + 1 - window` on, so the blocks wholly
+    /// before that are freed (their table entries become [`NULL_BLOCK`]).
+    pub fn with_sliding_window(mut self, window: u32) -> Self {
+        self.window = Some(window.max(1));
+        self
+    }
+
+    /// Frees the blocks of `seq` that a write from `write_from` no longer attends to.
+    fn drop_outside_window(&mut self, seq: SeqId, write_from: u32) {
+        let Some(w) = self.window else { return };
+        let before = ((write_from + 1).saturating_sub(w) / self.block_size) as usize;
+        if before == 0 {
+            return;
+        }
+        let Some(table) = self.tables.get_mut(&seq) else {
+            return;
+        };
+        let mut dropped = Vec::new();
+        for e in table.iter_mut().take(before) {
+            if *e != NULL_BLOCK {
+                dropped.push(*e);
+                *e = NULL_BLOCK;
+            }
+        }
+        // Deepest first, as a table is freed.
+        for b in dropped.into_iter().rev() {
+            self.unref(b);
+        }
+    }
+
+    /// Drops one reference to `b`; a block nobody holds goes back to the pool (after the
+    /// reservation if a copy of this step still reads it).
+    fn unref(&mut self, b: u32) {
+        let rc = &mut self.ref_counts[b as usize];
+        *rc -= 1;
+        if *rc == 0 {
+            self.used -= 1;
+            if self.copy_sources.contains(&b) {
+                self.deferred.push(b);
+            } else {
+                self.release(b);
+            }
+        }
     }
 
     /// Whether preemption swaps to a CPU pool.
@@ -268,10 +321,16 @@ impl BlockManager {
             });
         }
         let mut dst = Vec::new();
+        let live = self.table(seq).iter().filter(|&&b| b != NULL_BLOCK).count();
         if let (Some(cpu), Some(table)) = (&mut self.cpu, self.tables.get(&seq)) {
-            if n > 0 && n <= cpu.free.len() {
+            if live > 0 && live <= cpu.free.len() {
                 dst.reserve(n);
                 for &g in table {
+                    if g == NULL_BLOCK {
+                        // Out of the window: nothing to keep.
+                        dst.push(NULL_BLOCK);
+                        continue;
+                    }
                     let Some(c) = cpu.free.pop() else { break };
                     resp.swap_out
                         .push((pending.get(&g).copied().unwrap_or(g), c));
@@ -295,30 +354,33 @@ impl BlockManager {
     /// Swaps `seq` back in: takes GPU blocks for its swapped table, grown to cover `slots`,
     /// and lists the copies in `resp.swap_in`. False (and no change) if they do not fit.
     fn try_swap_in(&mut self, seq: SeqId, slots: u32, resp: &mut ReserveResponse) -> bool {
-        let Some(n) = self
-            .cpu
-            .as_ref()
-            .and_then(|c| c.tables.get(&seq))
-            .map(Vec::len)
-        else {
+        let Some(src) = self.cpu.as_ref().and_then(|c| c.tables.get(&seq)) else {
             return false;
         };
+        let (n, nulls) = (src.len(), src.iter().filter(|&&c| c == NULL_BLOCK).count());
         let want = (self.blocks_for(slots) as usize).max(n);
-        if want > self.num_free() as usize {
+        if want - nulls > self.num_free() as usize {
             return false;
         }
+        let Some(src) = self.cpu.as_mut().and_then(|c| c.tables.remove(&seq)) else {
+            return false;
+        };
         let mut table = Vec::with_capacity(want);
-        for _ in 0..want {
-            // `want` blocks are free: checked above.
+        for i in 0..want {
+            if src.get(i) == Some(&NULL_BLOCK) {
+                table.push(NULL_BLOCK);
+                continue;
+            }
+            // `want - nulls` blocks are free: checked above.
             let Some(b) = self.take_block() else { break };
+            if let Some(&c) = src.get(i) {
+                resp.swap_in.push((c, b));
+            }
             table.push(b);
         }
         if let Some(cpu) = self.cpu.as_mut() {
-            if let Some(src) = cpu.tables.remove(&seq) {
-                resp.swap_in
-                    .extend(src.iter().copied().zip(table.iter().copied()));
-                cpu.released.extend(src.iter().rev());
-            }
+            cpu.released
+                .extend(src.iter().rev().filter(|&&c| c != NULL_BLOCK));
         }
         self.tables.insert(seq, table);
         true
@@ -401,6 +463,9 @@ impl BlockManager {
                 let Some(&b) = table.get(c.first as usize + i) else {
                     break;
                 };
+                if b == NULL_BLOCK {
+                    continue;
+                }
                 if self.hashes[b as usize].is_none() && !self.cached.contains_key(&h) {
                     self.hashes[b as usize] = Some(h);
                     self.cached.insert(h, b);
@@ -455,13 +520,14 @@ impl BlockManager {
         write_from: u32,
         copies: &mut Vec<(u32, u32)>,
     ) -> bool {
+        self.drop_outside_window(seq, write_from);
         let want = self.blocks_for(slots) as usize;
         let first = (write_from / self.block_size) as usize;
         let (have, shared) = match self.tables.get(&seq) {
             Some(t) => {
                 let end = want.min(t.len());
                 let shared: Vec<usize> = (first.min(end)..end)
-                    .filter(|&i| self.ref_counts[t[i] as usize] > 1)
+                    .filter(|&i| t[i] != NULL_BLOCK && self.ref_counts[t[i] as usize] > 1)
                     .collect();
                 (t.len(), shared)
             }
@@ -503,13 +569,13 @@ impl BlockManager {
         let Some(table) = self.tables.get(&parent).cloned() else {
             return;
         };
-        for &b in &table {
+        for &b in table.iter().filter(|&&b| b != NULL_BLOCK) {
             self.ref_counts[b as usize] += 1;
         }
         if let Some(old) = self.tables.insert(child, table) {
             // A child id is never reused while live; keep the counts right if it were.
-            for b in old {
-                self.ref_counts[b as usize] -= 1;
+            for b in old.into_iter().filter(|&b| b != NULL_BLOCK) {
+                self.unref(b);
             }
         }
     }
@@ -563,21 +629,14 @@ impl BlockManager {
     pub fn free(&mut self, seq: SeqId) {
         if let Some(cpu) = self.cpu.as_mut() {
             if let Some(src) = cpu.tables.remove(&seq) {
-                cpu.free.extend(src.iter().rev());
+                cpu.free
+                    .extend(src.iter().rev().filter(|&&c| c != NULL_BLOCK));
             }
         }
         if let Some(table) = self.tables.remove(&seq) {
             for &b in table.iter().rev() {
-                let rc = &mut self.ref_counts[b as usize];
-                *rc -= 1;
-                if *rc == 0 {
-                    self.used -= 1;
-                    if self.copy_sources.contains(&b) {
-                        // A copy of this step still reads it: reusable only after the step.
-                        self.deferred.push(b);
-                    } else {
-                        self.release(b);
-                    }
+                if b != NULL_BLOCK {
+                    self.unref(b);
                 }
             }
         }
@@ -669,7 +728,7 @@ impl BlockManager {
             room += self
                 .table(*v)
                 .iter()
-                .filter(|&&b| self.ref_counts[b as usize] == 1)
+                .filter(|&&b| b != NULL_BLOCK && self.ref_counts[b as usize] == 1)
                 .count() as u32;
             if room >= need {
                 return true;
@@ -833,7 +892,7 @@ impl BlockManager {
         }
         let mut holders = vec![0u32; self.ref_counts.len()];
         for table in self.tables.values() {
-            for &b in table {
+            for &b in table.iter().filter(|&&b| b != NULL_BLOCK) {
                 holders[b as usize] += 1;
             }
         }
@@ -877,7 +936,8 @@ impl BlockManager {
         }
         if let Some(cpu) = &self.cpu {
             let mut seen = vec![false; cpu.size as usize];
-            for &b in cpu.free.iter().chain(cpu.tables.values().flatten()) {
+            let swapped = cpu.tables.values().flatten().filter(|&&b| b != NULL_BLOCK);
+            for &b in cpu.free.iter().chain(swapped) {
                 if b >= cpu.size || std::mem::replace(&mut seen[b as usize], true) {
                     return Err(format!("CPU block {b} is free or swapped twice"));
                 }

@@ -23,6 +23,7 @@
 //!     want_block_tables: false, keep_tokens: false, block_size: 16, prefix_caching: false,
 //!     queue: Default::default(), queue_aging_ns: 10_000_000_000,
 //!     admission: Default::default(), victim: Default::default(), watermark_blocks: 0,
+//!     sliding_window: None,
 //! };
 //! let mut sched = Scheduler::new(cfg).unwrap();
 //! let mut bm = BlockManager::new(64, 16);

@@ -27,6 +27,7 @@ fn config() -> SchedulerConfig {
         admission: AdmissionPolicy::Optimistic,
         victim: VictimPolicy::Newest,
         watermark_blocks: 0,
+        sliding_window: None,
     }
 }
 

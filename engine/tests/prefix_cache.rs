@@ -198,6 +198,7 @@ fn run_fuzz(seed: u64) -> Result<(), String> {
         admission: adms[rng.below(3) as usize],
         victim: vics[rng.below(3) as usize],
         watermark_blocks: rng.below(3) as u32,
+        sliding_window: None,
     };
     let desc = format!("seed {seed} cfg {cfg:?} ev {ev:?} blocks {blocks}");
     let policy: Box<dyn EvictionPolicy> = if ev == EvictionKind::Belady {
@@ -394,6 +395,7 @@ fn prompt_tokens_longer_than_prompt_len_poison_the_cache() {
         admission: AdmissionPolicy::Optimistic,
         victim: VictimPolicy::Newest,
         watermark_blocks: 0,
+        sliding_window: None,
     };
     let mut sched = Scheduler::new(cfg).unwrap();
     let mut bm = BlockManager::with_prefix_caching(16, bs, Box::<Lru>::default());

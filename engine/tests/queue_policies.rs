@@ -30,6 +30,7 @@ fn config(queue: QueuePolicy, max_num_seqs: u32, pool_tokens: u64) -> SchedulerC
         admission: AdmissionPolicy::Optimistic,
         victim: VictimPolicy::Newest,
         watermark_blocks: 0,
+        sliding_window: None,
     }
 }
 

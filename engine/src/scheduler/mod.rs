@@ -123,9 +123,24 @@ pub struct SchedulerConfig {
     pub victim: VictimPolicy,
     /// Blocks kept free when admitting new requests (vLLM V0's watermark).
     pub watermark_blocks: u32,
+    /// Sliding attention window of the model in tokens (`None`: full attention); the block
+    /// manager frees blocks outside it, and the KV held per sequence is bounded by it.
+    pub sliding_window: Option<u32>,
 }
 
 impl SchedulerConfig {
+    /// KV tokens a sequence with `computed` tokens holds: all of them, or under a sliding
+    /// window those not yet freed (whole blocks before the window are).
+    pub fn held_tokens(&self, computed: u32) -> u32 {
+        match self.sliding_window {
+            Some(w) => {
+                let dropped = (computed + 1).saturating_sub(w) / self.block_size * self.block_size;
+                computed - dropped
+            }
+            None => computed,
+        }
+    }
+
     /// Checks that the limits allow progress; the message names the offending key.
     pub fn validate(&self) -> Result<(), EngineError> {
         let bad = |key: &str, msg: String| {
@@ -644,7 +659,7 @@ impl Scheduler {
             .running
             .iter()
             .filter_map(|id| seqs.get(id))
-            .map(|s| u64::from(s.num_computed))
+            .map(|s| u64::from(self.cfg.held_tokens(s.num_computed)))
             .sum::<u64>()
             + work.iter().map(|w| u64::from(w.len)).sum::<u64>();
         self.last = StepStats {

@@ -1175,6 +1175,16 @@ impl Backend for CudaBackend {
                 ),
             });
         }
+        let null = engine::block_manager::NULL_BLOCK;
+        if plan.work.iter().any(|w| w.block_table.contains(&null)) {
+            return Err(BackendError {
+                backend: "cuda".into(),
+                message: format!(
+                    "step {}: the CUDA runtime has no sliding-window attention yet; set engine.disable_sliding_window = true",
+                    plan.step
+                ),
+            });
+        }
         let (duration, greedy) = self.rt.forward(plan).map_err(|e| BackendError {
             backend: "cuda".into(),
             message: e.to_string(),
