@@ -230,6 +230,8 @@ impl EngineHandle for ActorEngine {
 enum Event {
     Arrival(Request),
     StepDone(StepPlan, StepOutcome),
+    /// Plan again at this instant (a step that only preempted).
+    Wake,
 }
 
 struct Scheduled {
@@ -338,6 +340,7 @@ pub async fn run<E: EngineHandle>(
                 }
                 pull(&mut clock, &mut stats)?;
             }
+            Event::Wake => {}
             Event::StepDone(plan, outcome) => {
                 busy = false;
                 let (result, gaps) = engine.commit(plan, outcome, now).await?;
@@ -358,6 +361,14 @@ pub async fn run<E: EngineHandle>(
         let Some(planned) = engine.plan(now).await? else {
             continue;
         };
+        if planned.plan.is_empty() && !planned.plan.preempted.is_empty() {
+            // Nothing runs, but the preemptions changed the pool (a contiguous allocator
+            // that could not grow a sequence in place): record them and plan again now.
+            let outcome = StepOutcome::default();
+            sink.record_step(&step_record(&planned, &outcome, pool_blocks, block_size))?;
+            clock.push(now, Event::Wake);
+            continue;
+        }
         if planned.plan.is_empty() {
             if clock.peek_time().is_none() {
                 return Err(EngineError::Stalled {
@@ -369,31 +380,13 @@ pub async fn run<E: EngineHandle>(
             }
             continue;
         }
+        let record = step_record(&planned, &StepOutcome::default(), pool_blocks, block_size);
         let (plan, outcome) = engine.execute(planned.plan).await?;
-        let batched = plan.num_batched_tokens();
-        let prefill_tokens = plan.num_prefill_tokens();
         sink.record_step(&StepRecord {
-            step: plan.step,
-            start_ns: now,
             duration_ns: outcome.duration,
-            num_seqs: plan.work.len() as u32,
-            num_batched_tokens: batched,
-            num_prefill_tokens: prefill_tokens,
-            num_decode_tokens: batched - prefill_tokens,
-            num_waiting: planned.num_waiting,
-            num_running: planned.num_running,
-            num_preempted: plan.preempted.len() as u32,
-            kv_blocks_used: planned.blocks_used,
-            kv_usage: f64::from(planned.blocks_used) / f64::from(pool_blocks.max(1)),
             mbu: outcome.mbu,
             mfu: outcome.mfu,
-            kv_tokens: planned.stats.kv_tokens,
-            kv_slots: u64::from(planned.blocks_used) * u64::from(block_size),
-            num_swapped: planned.stats.num_swapped,
-            swap_in_blocks: plan.swap_in.len() as u32,
-            swap_out_blocks: plan.swap_out.len() as u32,
-            block_copies: plan.block_copies.len() as u32,
-            recomputed_tokens: planned.stats.recomputed_tokens,
+            ..record
         })?;
         stats.steps += 1;
         busy = true;
@@ -413,6 +406,42 @@ pub async fn run<E: EngineHandle>(
     stats.pool_blocks = pool;
     stats.evictions = evictions;
     Ok(stats)
+}
+
+/// The `steps.csv` row of a planned step and its outcome.
+pub fn step_record(
+    planned: &Planned,
+    outcome: &StepOutcome,
+    pool_blocks: u32,
+    block_size: u32,
+) -> StepRecord {
+    let plan = &planned.plan;
+    let batched = plan.num_batched_tokens();
+    let prefill_tokens = plan.num_prefill_tokens();
+    StepRecord {
+        step: plan.step,
+        start_ns: plan.start,
+        duration_ns: outcome.duration,
+        num_seqs: plan.work.len() as u32,
+        num_batched_tokens: batched,
+        num_prefill_tokens: prefill_tokens,
+        num_decode_tokens: batched - prefill_tokens,
+        num_waiting: planned.num_waiting,
+        num_running: planned.num_running,
+        num_preempted: plan.preempted.len() as u32,
+        kv_blocks_used: planned.blocks_used,
+        kv_usage: f64::from(planned.blocks_used) / f64::from(pool_blocks.max(1)),
+        mbu: outcome.mbu,
+        mfu: outcome.mfu,
+        kv_tokens: planned.stats.kv_tokens,
+        kv_slots: u64::from(planned.blocks_used) * u64::from(block_size),
+        num_swapped: planned.stats.num_swapped,
+        swap_in_blocks: plan.swap_in.len() as u32,
+        swap_out_blocks: plan.swap_out.len() as u32,
+        block_copies: plan.block_copies.len() as u32,
+        recomputed_tokens: planned.stats.recomputed_tokens,
+        kv_external_fragmentation: planned.stats.external_fragmentation,
+    }
 }
 
 /// Which driver runs a variant.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use analysis::{RunCollector, RunInfo, Summary};
 use engine::block_manager::BlockManager;
 use engine::eviction::EvictionKind;
-use engine::scheduler::{PreemptionMode, Scheduler};
+use engine::scheduler::{KvAllocator, PreemptionMode, Scheduler};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 
@@ -182,6 +182,11 @@ pub fn run_variant(
         BlockManager::with_prefix_caching(num_blocks, e.block_size, policy)
     } else {
         BlockManager::new(num_blocks, e.block_size)
+    };
+    let block_manager = if e.kv_allocator == KvAllocator::Contiguous {
+        block_manager.with_contiguous_allocation()
+    } else {
+        block_manager
     };
     let block_manager = match variant.scheduler.sliding_window {
         Some(w) => block_manager.with_sliding_window(w),

@@ -26,7 +26,8 @@ use std::path::{Path, PathBuf};
 use analysis::Slo;
 use engine::eviction::EvictionKind;
 use engine::scheduler::{
-    AdmissionPolicy, PreemptionMode, QueuePolicy, SchedulerConfig, SchedulerKind, VictimPolicy,
+    AdmissionPolicy, KvAllocator, PreemptionMode, QueuePolicy, SchedulerConfig, SchedulerKind,
+    VictimPolicy,
 };
 use serde::{Deserialize, Serialize};
 
@@ -144,6 +145,11 @@ pub struct EngineConfig {
     /// `disable_sliding_window`); by default a model's window frees the blocks outside it.
     #[serde(default)]
     pub disable_sliding_window: bool,
+    /// `paged` (PagedAttention) or `contiguous` (one run of blocks per sequence, the
+    /// pre-PagedAttention baseline; pair it with `admission = "worst-case"` or
+    /// `"max-model-len"`, and without prefix caching or swap).
+    #[serde(default)]
+    pub kv_allocator: KvAllocator,
 }
 
 fn default_swap_space() -> f64 {
@@ -204,6 +210,7 @@ impl Default for EngineConfig {
             swap_space_gib: default_swap_space(),
             preemption_storm_threshold: default_storm(),
             disable_sliding_window: false,
+            kv_allocator: KvAllocator::Paged,
         }
     }
 }
@@ -439,6 +446,18 @@ fn resolve(name: &str, config: ScenarioConfig) -> Result<Variant, String> {
             e.swap_space_gib
         ));
     }
+    if e.kv_allocator == KvAllocator::Contiguous {
+        if e.enable_prefix_caching {
+            return Err(
+                "engine.kv_allocator: the contiguous allocator shares no blocks, so it has no prefix caching: set engine.enable_prefix_caching = false".into(),
+            );
+        }
+        if e.preemption_mode == PreemptionMode::Swap {
+            return Err(
+                "engine.preemption_mode: swap needs the paged allocator (engine.kv_allocator = \"paged\")".into(),
+            );
+        }
+    }
     if e.num_gpu_blocks_override == Some(0) {
         return Err("engine.num_gpu_blocks_override: must be at least 1".into());
     }
@@ -498,7 +517,7 @@ fn resolve(name: &str, config: ScenarioConfig) -> Result<Variant, String> {
         admission: e.admission,
         victim: e.preemption_victim,
         watermark_blocks: (e.watermark * f64::from(memory.num_blocks)).ceil() as u32,
-        sliding_window: if e.disable_sliding_window {
+        sliding_window: if e.disable_sliding_window || e.kv_allocator == KvAllocator::Contiguous {
             None
         } else {
             model.sliding_window

@@ -90,10 +90,15 @@ struct Knobs {
     queue: QueuePolicy,
     /// Sliding attention window in tokens (blocks before it are freed).
     window: Option<u32>,
+    /// One contiguous run of blocks per sequence (no prefix caching, swap or window then).
+    contiguous: bool,
 }
 
 /// The block manager the knobs ask for.
 fn block_manager(k: &Knobs) -> BlockManager {
+    if k.contiguous {
+        return BlockManager::new(k.num_blocks, k.block_size).with_contiguous_allocation();
+    }
     let bm = if k.prefix {
         BlockManager::with_prefix_caching(k.num_blocks, k.block_size, Box::<Lru>::default())
     } else {
@@ -214,6 +219,7 @@ fn knobs() -> impl Strategy<Value = Knobs> {
             1 => Just(QueuePolicy::Lpm),
         ],
         prop_oneof![3 => Just(None), 1 => (1u32..=48).prop_map(Some)],
+        prop_oneof![4 => Just(false), 1 => Just(true)],
     )
         .prop_map(
             |(
@@ -228,6 +234,7 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                 swap,
                 queue,
                 window,
+                contiguous,
             )| {
                 let block_size = 1 << bs_exp;
                 // Small: 1..=max_model_len (chunked only; others are raised to the floor);
@@ -244,12 +251,15 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                     max_num_seqs,
                     budget,
                     want_tables,
-                    prefix,
+                    prefix: prefix && !contiguous,
                     // 0 to 3 max-length sequences of CPU blocks (0: every swap falls back
                     // to recompute).
-                    swap_blocks: swap.map(|k| k * max_model_len.div_ceil(block_size)),
+                    swap_blocks: swap
+                        .filter(|_| !contiguous)
+                        .map(|k| k * max_model_len.div_ceil(block_size)),
                     queue,
-                    window,
+                    window: window.filter(|_| !contiguous),
+                    contiguous,
                 }
             },
         )
@@ -334,6 +344,7 @@ struct Run {
 enum Event {
     Arrival(usize),
     StepDone,
+    Wake,
 }
 
 /// The harness: the cores plus the bookkeeping the checks need.
@@ -346,6 +357,8 @@ struct Harness<'a> {
     by_id: BTreeMap<SeqId, &'a Request>,
     ended: BTreeSet<SeqId>,
     preempted: BTreeMap<SeqId, u32>,
+    /// Requests with more than one sequence (their copies break contiguity).
+    forked: BTreeSet<SeqId>,
     run: Run,
 }
 
@@ -366,6 +379,7 @@ impl<'a> Harness<'a> {
             by_id: requests.iter().map(|r| (r.id, r)).collect(),
             ended: BTreeSet::new(),
             preempted: BTreeMap::new(),
+            forked: requests.iter().filter(|r| r.n > 1).map(|r| r.id).collect(),
             run: Run {
                 records: Vec::new(),
                 steps: Vec::new(),
@@ -423,6 +437,7 @@ impl<'a> Harness<'a> {
                         push(&mut heap, next.arrival.max(now), Event::Arrival(i + 1));
                     }
                 }
+                Event::Wake => {}
                 Event::StepDone => {
                     let Some((plan, outcome)) = in_flight.take() else {
                         return Err(fail("StepDone without a step in flight"));
@@ -461,13 +476,22 @@ impl<'a> Harness<'a> {
                 self.run.steps.len(),
                 max_steps
             );
+            if plan.is_empty() && !plan.preempted.is_empty() {
+                // Only preemptions (a contiguous run that could not grow): the driver
+                // records them and plans again at once.
+                self.record_step(&plan, &StepOutcome::default(), blocks_used);
+                push(&mut heap, now, Event::Wake);
+                continue;
+            }
             if plan.is_empty() {
                 prop_assert!(
                     !heap.is_empty(),
-                    "stalled at {} ns: {} waiting, {} running, nothing scheduled, no event pending",
+                    "stalled at {} ns: {} waiting, {} running, nothing scheduled, no event pending; waiting {:?}; pool {:?}",
                     now,
                     self.sched.num_waiting(),
-                    self.sched.num_running()
+                    self.sched.num_running(),
+                    self.sched.waiting().collect::<Vec<_>>(),
+                    self.bm
                 );
                 continue;
             }
@@ -511,6 +535,7 @@ impl<'a> Harness<'a> {
             swap_out_blocks: plan.swap_out.len() as u32,
             block_copies: plan.block_copies.len() as u32,
             recomputed_tokens: self.sched.last_step_stats().recomputed_tokens,
+            kv_external_fragmentation: self.sched.last_step_stats().external_fragmentation,
         });
     }
 
@@ -696,6 +721,15 @@ impl<'a> Harness<'a> {
             }
             if self.cfg.sliding_window.is_none() {
                 prop_assert!(!table.contains(&NULL_BLOCK));
+            }
+            if self.bm.is_contiguous() && !self.forked.contains(&request_of(w.seq)) {
+                prop_assert!(
+                    table.windows(2).all(|p| p[1] == p[0] + 1),
+                    "step {}: seq {} table {:?} is not one run",
+                    plan.step,
+                    w.seq,
+                    table
+                );
             }
         }
         for &p in &plan.preempted {
@@ -1134,6 +1168,7 @@ proptest! {
             swap_blocks: None,
             queue: QueuePolicy::Fcfs,
             window: None,
+            contiguous: false,
         };
         let run = check_case(&knobs, SchedulerKind::Chunked, &requests)?;
         prop_assert_eq!(run.preemptions, 0, "pool holds every request: no preemption expected");
@@ -1178,6 +1213,7 @@ proptest! {
             swap_blocks: swap.then_some(max_model_len / block_size),
             queue: QueuePolicy::Fcfs,
             window: None,
+            contiguous: false,
         };
         for kind in SchedulerKind::ALL {
             let run = check_case(&knobs, kind, &requests)?;
@@ -1244,6 +1280,7 @@ proptest! {
             swap_blocks: None,
             queue: QueuePolicy::Fcfs,
             window: None,
+            contiguous: false,
         };
         let inline = drive(DriverKind::Inline, &knobs, kind, &requests, cost_model_backend())?;
         let actors = drive(DriverKind::Actors, &knobs, kind, &requests, cost_model_backend())?;

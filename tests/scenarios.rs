@@ -161,6 +161,13 @@ fn worst_case_admission_never_preempts_and_optimistic_does() {
     assert!(swap.swap_out_blocks > 0);
     assert_eq!(swap.swap_in_blocks, swap.swap_out_blocks);
     assert!(swap.mean_ttft_ms < opt.mean_ttft_ms);
+    // The contiguous allocator reserves what worst-case admission does, but as one run per
+    // request: free space splits into runs too short for the next request.
+    let contiguous = get("contiguous");
+    assert!(contiguous.kv_external_fragmentation > 0.3);
+    assert_eq!(get("worst-case").kv_external_fragmentation, 0.0);
+    assert_eq!(contiguous.num_preemptions, 0);
+    assert!(contiguous.request_throughput < 0.95 * get("worst-case").request_throughput);
     // A CPU pool too small for most victims falls back to recompute.
     let small = get("swap-small");
     assert!(small.num_swap_preemptions > 0 && small.num_recompute_preemptions > 0);

@@ -99,6 +99,7 @@ pub struct RunCollector {
     swap_out_blocks: u64,
     recomputed_tokens: u64,
     block_copies: u64,
+    sum_external_fragmentation: f64,
     sum_seqs: u64,
     sum_batched_tokens: u64,
     sum_kv_usage: f64,
@@ -155,6 +156,7 @@ impl RunCollector {
             swap_out_blocks: 0,
             recomputed_tokens: 0,
             block_copies: 0,
+            sum_external_fragmentation: 0.0,
             sum_seqs: 0,
             sum_batched_tokens: 0,
             sum_kv_usage: 0.0,
@@ -287,6 +289,10 @@ impl RunCollector {
             (s.kv_usage, "kv_usage is not finite"),
             (s.mbu, "mbu is not finite"),
             (s.mfu, "mfu is not finite"),
+            (
+                s.kv_external_fragmentation,
+                "kv_external_fragmentation is not finite",
+            ),
         ] {
             if !value.is_finite() {
                 return Err(AnalysisError::InvalidStep {
@@ -305,6 +311,7 @@ impl RunCollector {
         self.swap_out_blocks += u64::from(s.swap_out_blocks);
         self.recomputed_tokens += u64::from(s.recomputed_tokens);
         self.block_copies += u64::from(s.block_copies);
+        self.sum_external_fragmentation += s.kv_external_fragmentation;
         self.sum_seqs += u64::from(s.num_seqs);
         self.sum_batched_tokens += u64::from(s.num_batched_tokens);
         self.sum_kv_usage += s.kv_usage;
@@ -419,6 +426,7 @@ impl RunCollector {
             } else {
                 (1.0 - self.sum_kv_tokens as f64 / self.sum_kv_slots as f64).max(0.0)
             },
+            kv_external_fragmentation: ratio(self.sum_external_fragmentation, steps),
             max_kv_usage: finite(self.max_kv_usage),
             kv_pool_blocks: info.kv_pool_blocks,
             leaked_blocks: info.kv_blocks_in_use_at_end,
@@ -1032,15 +1040,15 @@ mod tests {
             "step,start_s,duration_ms,num_seqs,num_batched_tokens,num_prefill_tokens,\
              num_decode_tokens,num_waiting,num_running,num_preempted,kv_blocks_used,\
              kv_usage,mbu,mfu,kv_tokens,kv_slots,num_swapped,swap_in_blocks,swap_out_blocks,\
-             block_copies,recomputed_tokens"
+             block_copies,recomputed_tokens,kv_external_fragmentation"
         );
         assert_eq!(
             lines[1],
-            "0,0.000000000,1.500000,2,300,200,100,0,2,1,10,0.250000,0.100000,0.050000,120,160,0,0,0,0,0"
+            "0,0.000000000,1.500000,2,300,200,100,0,2,1,10,0.250000,0.100000,0.050000,120,160,0,0,0,0,0,0.000000"
         );
         assert_eq!(
             lines[2],
-            "1,0.001500000,20.000001,4,4,0,4,3,4,2,20,0.500000,0.123457,0.000000,300,320,0,0,0,0,0"
+            "1,0.001500000,20.000001,4,4,0,4,3,4,2,20,0.500000,0.123457,0.000000,300,320,0,0,0,0,0,0.000000"
         );
     }
 

@@ -23,7 +23,7 @@ pub fn comparison_table(summaries: &[Summary]) -> String {
     table.set_header(header);
 
     type Getter = fn(&Summary) -> String;
-    let rows: [(&str, Getter); 30] = [
+    let rows: [(&str, Getter); 31] = [
         ("completed", |s| s.completed.to_string()),
         ("rejected", |s| s.num_rejected.to_string()),
         ("request throughput (req/s)", |s| {
@@ -68,6 +68,9 @@ pub fn comparison_table(summaries: &[Summary]) -> String {
         }),
         ("KV fragmentation", |s| {
             format!("{:.1}%", s.kv_fragmentation * 100.0)
+        }),
+        ("KV external fragmentation", |s| {
+            format!("{:.1}%", s.kv_external_fragmentation * 100.0)
         }),
         ("max KV usage", |s| {
             format!("{:.1}%", s.max_kv_usage * 100.0)

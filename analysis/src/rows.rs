@@ -30,7 +30,7 @@ pub const REQUESTS_CSV_HEADER: [&str; 17] = [
 ];
 
 /// Columns of `steps.csv`, in order.
-pub const STEPS_CSV_HEADER: [&str; 21] = [
+pub const STEPS_CSV_HEADER: [&str; 22] = [
     "step",
     "start_s",
     "duration_ms",
@@ -52,6 +52,7 @@ pub const STEPS_CSV_HEADER: [&str; 21] = [
     "swap_out_blocks",
     "block_copies",
     "recomputed_tokens",
+    "kv_external_fragmentation",
 ];
 
 /// A CSV output being streamed: the writer, its (logical) path for error messages, and
@@ -173,6 +174,7 @@ impl CsvSink {
         self.field(|b| push_display(b, s.swap_out_blocks))?;
         self.field(|b| push_display(b, s.block_copies))?;
         self.field(|b| push_display(b, s.recomputed_tokens))?;
+        self.field(|b| push_fixed6(b, s.kv_external_fragmentation))?;
         self.end_row()
     }
 

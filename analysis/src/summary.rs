@@ -212,6 +212,9 @@ pub struct Summary {
     /// Reserved but unused KV: 1 - tokens held / slots of the blocks in use, over all
     /// steps (0 when blocks are shared by the prefix cache and hold more than that).
     pub kv_fragmentation: f64,
+    /// Mean over steps of `1 - longest free run / free blocks`: free KV that a contiguous
+    /// allocator cannot use for a long request (0 for the paged allocator).
+    pub kv_external_fragmentation: f64,
     /// Maximum KV usage over steps (fraction of the pool).
     pub max_kv_usage: f64,
     /// KV pool size in blocks.
@@ -318,7 +321,7 @@ impl Summary {
                 out.push((format!("{stat}_{metric}_ms"), f(value)));
             }
         }
-        let tail: [(&str, String); 19] = [
+        let tail: [(&str, String); 20] = [
             ("num_steps", self.num_steps.to_string()),
             ("num_preemptions", self.num_preemptions.to_string()),
             (
@@ -349,6 +352,10 @@ impl Summary {
             ("mean_batched_tokens", f(self.mean_batched_tokens)),
             ("mean_kv_usage", f(self.mean_kv_usage)),
             ("kv_fragmentation", f(self.kv_fragmentation)),
+            (
+                "kv_external_fragmentation",
+                f(self.kv_external_fragmentation),
+            ),
             ("max_kv_usage", f(self.max_kv_usage)),
             ("kv_pool_blocks", self.kv_pool_blocks.to_string()),
             ("leaked_blocks", self.leaked_blocks.to_string()),

@@ -106,7 +106,7 @@ fn revoke(resp: &mut ReserveResponse, req: &ReserveRequest, victim: SeqId) {
 }
 
 /// The block manager's answer.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReserveResponse {
     /// Indices into `ReserveRequest::entries` that were granted, in entry order.
     pub granted: Vec<usize>,
@@ -132,6 +132,9 @@ pub struct ReserveResponse {
     pub probe_hits: Vec<(SeqId, u32)>,
     /// Copy-on-write copies `(src, dst)`: a shared block a sequence writes into this step.
     pub block_copies: Vec<(u32, u32)>,
+    /// External fragmentation after the reservation: `1 - longest free run / free blocks`
+    /// (0 for the paged allocator, where any free block will do).
+    pub external_fragmentation: f64,
 }
 
 /// The CPU swap pool (vLLM's `swap_space`): preempted sequences park their KV here and get
@@ -199,6 +202,10 @@ pub struct BlockManager {
     deferred: Vec<u32>,
     /// Sliding attention window in tokens: blocks wholly before it are freed.
     window: Option<u32>,
+    /// Free extents `start -> length` of the contiguous allocator (`None`: paged).
+    extents: Option<std::collections::BTreeMap<u32, u32>>,
+    /// Blocks in `extents`.
+    extent_free: u32,
 }
 
 impl BlockManager {
@@ -221,6 +228,8 @@ impl BlockManager {
             copy_sources: Vec::new(),
             deferred: Vec::new(),
             window: None,
+            extents: None,
+            extent_free: 0,
         }
     }
 
@@ -245,9 +254,85 @@ impl BlockManager {
         self
     }
 
+    /// The pre-PagedAttention baseline: each sequence's blocks form one contiguous run of
+    /// the pool, taken first-fit when it is admitted and grown only into the blocks right
+    /// after it. Free space split into runs too short for a request is external
+    /// fragmentation; reserve the whole length at admission (`worst-case` or
+    /// `max-model-len` admission) as such allocators did. Prefix caching, swap and sliding
+    /// windows are paged-only.
+    pub fn with_contiguous_allocation(mut self) -> Self {
+        let n = self.free_queue.len() as u32;
+        self.free_queue.clear();
+        let mut extents = std::collections::BTreeMap::new();
+        if n > 0 {
+            extents.insert(0, n);
+        }
+        self.extents = Some(extents);
+        self.extent_free = n;
+        self
+    }
+
+    /// Whether blocks are allocated as contiguous runs.
+    pub fn is_contiguous(&self) -> bool {
+        self.extents.is_some()
+    }
+
+    /// Longest run of free blocks (all free blocks when paged: any of them will do).
+    pub fn largest_free_run(&self) -> u32 {
+        match &self.extents {
+            Some(e) => e.values().copied().max().unwrap_or(0),
+            None => self.num_free(),
+        }
+    }
+
+    /// Takes `n` free blocks as one run: starting right after `after` (growing a run in
+    /// place), or first-fit anywhere. `None` (and no change) if no run fits.
+    fn take_run(&mut self, n: u32, after: Option<u32>) -> Option<Vec<u32>> {
+        let extents = self.extents.as_mut()?;
+        let start = match after {
+            Some(last) => {
+                let s = last.checked_add(1)?;
+                (extents.get(&s).copied()? >= n).then_some(s)?
+            }
+            None => extents.iter().find(|(_, &len)| len >= n).map(|(&s, _)| s)?,
+        };
+        let len = extents.remove(&start)?;
+        if len > n {
+            extents.insert(start + n, len - n);
+        }
+        self.extent_free -= n;
+        for b in start..start + n {
+            self.ref_counts[b as usize] = 1;
+        }
+        self.used += n;
+        Some((start..start + n).collect())
+    }
+
+    /// Returns block `b` to the contiguous allocator's extents, merging neighbours.
+    fn release_extent(&mut self, b: u32) {
+        let Some(extents) = self.extents.as_mut() else {
+            return;
+        };
+        let (mut start, mut len) = (b, 1);
+        if let Some((&s, &l)) = extents.range(..b).next_back() {
+            if s + l == b {
+                extents.remove(&s);
+                start = s;
+                len += l;
+            }
+        }
+        if let Some(l) = extents.remove(&(b + 1)) {
+            len += l;
+        }
+        extents.insert(start, len);
+        self.extent_free += 1;
+    }
+
     /// Frees the blocks of `seq` that a write from `write_from` no longer attends to.
     fn drop_outside_window(&mut self, seq: SeqId, write_from: u32) {
-        let Some(w) = self.window else { return };
+        let Some(w) = self.window.filter(|_| self.extents.is_none()) else {
+            return;
+        };
         let before = ((write_from + 1).saturating_sub(w) / self.block_size) as usize;
         if before == 0 {
             return;
@@ -415,6 +500,9 @@ impl BlockManager {
     /// Takes a free block: an uncached one first, else the policy's victim (its hash leaves
     /// the cache).
     fn take_block(&mut self) -> Option<u32> {
+        if self.extents.is_some() {
+            return self.take_run(1, None)?.pop();
+        }
         let b = match self.free_queue.pop_front() {
             Some(b) => b,
             None => {
@@ -487,7 +575,7 @@ impl BlockManager {
 
     /// Free blocks (uncached and evictable cached ones).
     pub fn num_free(&self) -> u32 {
-        self.free_queue.len() as u32 + self.num_evictable()
+        self.free_queue.len() as u32 + self.extent_free + self.num_evictable()
     }
 
     /// Blocks in use.
@@ -541,12 +629,29 @@ impl BlockManager {
             return false;
         }
         let mut fresh = Vec::with_capacity(need);
-        for _ in 0..need {
-            // At least `need` blocks are free: checked above.
-            let Some(b) = self.take_block() else {
-                break;
+        if self.extents.is_some() && want > have {
+            // One run for the growth, right after the table's last block (or anywhere for
+            // a new table); copies are single blocks.
+            let after = self.tables.get(&seq).and_then(|t| t.last().copied());
+            let Some(run) = self.take_run((want - have) as u32, after) else {
+                // No room right after it: move the whole sequence to a run that fits
+                // (copying every block, as a realloc does), if there is one.
+                return have > 0 && self.relocate(seq, want, copies);
             };
-            fresh.push(b);
+            // The run first, so that a copy does not take the block the run needs.
+            for _ in 0..shared.len() {
+                let Some(b) = self.take_block() else { break };
+                fresh.push(b);
+            }
+            fresh.extend(run);
+        } else {
+            for _ in 0..need {
+                // At least `need` blocks are free: checked above.
+                let Some(b) = self.take_block() else {
+                    break;
+                };
+                fresh.push(b);
+            }
         }
         let mut fresh = fresh.into_iter();
         let table = self.tables.entry(seq).or_default();
@@ -560,6 +665,24 @@ impl BlockManager {
             self.copy_sources.push(src);
         }
         table.extend(fresh);
+        true
+    }
+
+    /// Contiguous allocator: moves `seq` to a new run of `want` blocks, copying its blocks
+    /// there (the old ones are freed once the step's copies have read them). False (and no
+    /// change) if no run is long enough.
+    fn relocate(&mut self, seq: SeqId, want: usize, copies: &mut Vec<(u32, u32)>) -> bool {
+        let Some(run) = self.take_run(want as u32, None) else {
+            return false;
+        };
+        let old = self.tables.insert(seq, run.clone()).unwrap_or_default();
+        for (&src, &dst) in old.iter().zip(&run) {
+            copies.push((src, dst));
+            self.copy_sources.push(src);
+        }
+        for &b in old.iter().rev() {
+            self.unref(b);
+        }
         true
     }
 
@@ -644,6 +767,10 @@ impl BlockManager {
 
     /// Puts a block whose ref count dropped to 0 back in the free pool.
     fn release(&mut self, b: u32) {
+        if self.extents.is_some() {
+            self.release_extent(b);
+            return;
+        }
         // A cached block stays cached (lazy eviction) as an eviction candidate.
         match (&mut self.policy, self.hashes[b as usize]) {
             (Some(p), Some(_)) => {
@@ -862,6 +989,10 @@ impl BlockManager {
         for b in std::mem::take(&mut self.deferred) {
             self.release(b);
         }
+        if self.extents.is_some() && self.extent_free > 0 {
+            resp.external_fragmentation =
+                1.0 - f64::from(self.largest_free_run()) / f64::from(self.extent_free);
+        }
         if self.policy.is_some() {
             resp.probe_hits = req
                 .probe
@@ -875,7 +1006,7 @@ impl BlockManager {
     /// Block state counts.
     pub fn counts(&self) -> BlockCounts {
         BlockCounts {
-            free_uncached: self.free_queue.len() as u32,
+            free_uncached: self.free_queue.len() as u32 + self.extent_free,
             free_cached: self.num_evictable(),
             in_use: self.used,
         }
@@ -912,6 +1043,29 @@ impl BlockManager {
             ));
         }
         let mut seen = vec![false; self.ref_counts.len()];
+        if let Some(extents) = &self.extents {
+            let mut total = 0;
+            let mut prev_end = None;
+            for (&s, &l) in extents {
+                if l == 0 || prev_end.is_some_and(|e| e >= s) {
+                    return Err(format!("free extent {s}+{l} is empty, overlaps or touches"));
+                }
+                for b in s..s + l {
+                    if self.ref_counts.get(b as usize) != Some(&0) {
+                        return Err(format!("block {b} is in a free extent while in use"));
+                    }
+                    seen[b as usize] = true;
+                }
+                total += l;
+                prev_end = Some(s + l);
+            }
+            if total != self.extent_free {
+                return Err(format!(
+                    "extents hold {total} blocks but {} are counted free",
+                    self.extent_free
+                ));
+            }
+        }
         for &b in &self.free_queue {
             if self.ref_counts[b as usize] != 0 || seen[b as usize] {
                 return Err(format!(
@@ -1145,6 +1299,87 @@ mod prefix_tests {
         bm.free(3);
         let r = admit(&mut bm, waiting(4, &a, 9));
         assert_eq!(r.hits, vec![0], "evicted blocks must not hit");
+        bm.check_invariants().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod contiguous_tests {
+    use super::*;
+
+    fn req(entries: Vec<ReserveEntry>) -> ReserveRequest {
+        ReserveRequest {
+            victims: entries
+                .iter()
+                .filter(|e| e.kind == EntryKind::Running)
+                .map(|e| e.seq)
+                .rev()
+                .collect(),
+            entries,
+            order: ReserveOrder::RunningFirst,
+            want_tables: true,
+            watermark_blocks: 0,
+            priority_victims: vec![],
+            probe: vec![],
+        }
+    }
+
+    fn entry(seq: SeqId, kind: EntryKind, from: u32, slots: u32) -> ReserveEntry {
+        ReserveEntry {
+            seq,
+            kind,
+            slots,
+            tokens: slots - from,
+            total: slots,
+            hashes: None,
+            write_from: from,
+        }
+    }
+
+    #[test]
+    fn runs_are_first_fit_grow_in_place_and_move_when_blocked() {
+        let mut bm = BlockManager::new(10, 4).with_contiguous_allocation();
+        for (s, tokens) in [(1, 8), (2, 12), (3, 8)] {
+            let r = bm.reserve(&req(vec![entry(s, EntryKind::Waiting, 0, tokens)]));
+            assert_eq!(r.granted, vec![0]);
+        }
+        assert_eq!(bm.table(1), [0, 1]);
+        assert_eq!(bm.table(2), [2, 3, 4]);
+        assert_eq!(bm.table(3), [5, 6]);
+        // Seq 2 finishes: a hole of 3 blocks between 1 and 3, and 3 blocks at the end.
+        bm.free(2);
+        bm.check_invariants().unwrap();
+        assert_eq!(bm.largest_free_run(), 3);
+        // 6 blocks are free but no run of 4: a 16-token request does not fit.
+        let r = bm.reserve(&req(vec![entry(4, EntryKind::Waiting, 0, 16)]));
+        assert!(r.granted.is_empty());
+        assert!((r.external_fragmentation - 0.5).abs() < 1e-12);
+        // Seq 3 grows in place into the blocks right after it.
+        let r = bm.reserve(&req(vec![entry(3, EntryKind::Running, 8, 12)]));
+        assert_eq!(r.granted, vec![0]);
+        assert_eq!(bm.table(3), [5, 6, 7]);
+        assert!(r.block_copies.is_empty());
+        bm.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_run_that_cannot_grow_in_place_moves() {
+        let mut bm = BlockManager::new(8, 4).with_contiguous_allocation();
+        for s in [1, 2] {
+            bm.reserve(&req(vec![entry(s, EntryKind::Waiting, 0, 8)]));
+        }
+        assert_eq!((bm.table(1), bm.table(2)), (&[0, 1][..], &[2, 3][..]));
+        // Block 2 belongs to seq 2: seq 1 moves to the first run of 3, copying its blocks.
+        let r = bm.reserve(&req(vec![entry(1, EntryKind::Running, 8, 12)]));
+        assert_eq!(r.granted, vec![0]);
+        assert!(r.preempted.is_empty());
+        assert_eq!(bm.table(1), [4, 5, 6]);
+        assert_eq!(r.block_copies, vec![(0, 4), (1, 5)]);
+        bm.check_invariants().unwrap();
+        assert_eq!(bm.largest_free_run(), 2);
+        bm.free(1);
+        bm.free(2);
+        assert_eq!(bm.largest_free_run(), 8);
         bm.check_invariants().unwrap();
     }
 }

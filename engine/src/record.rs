@@ -111,6 +111,9 @@ pub struct StepRecord {
     pub block_copies: u32,
     /// Tokens computed again because a recompute preemption dropped their KV.
     pub recomputed_tokens: u32,
+    /// `1 - longest free run / free blocks` after scheduling: free KV a contiguous
+    /// allocator cannot hand to a long request (0 for the paged allocator).
+    pub kv_external_fragmentation: f64,
 }
 
 /// Converts nanoseconds to seconds.

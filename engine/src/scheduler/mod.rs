@@ -33,7 +33,7 @@ use crate::request::{FinishReason, Nanos, Request, SeqId, SeqStatus, Sequence};
 
 pub use chunked::Chunked;
 pub use continuous::Continuous;
-pub use policy::{AdmissionPolicy, PreemptionMode, QueuePolicy, VictimPolicy};
+pub use policy::{AdmissionPolicy, KvAllocator, PreemptionMode, QueuePolicy, VictimPolicy};
 pub use static_batch::StaticBatch;
 
 /// Which scheduling policy runs.
@@ -290,7 +290,7 @@ pub struct Scheduler {
 }
 
 /// Scheduler-side facts about the last planned step (for `steps.csv`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepStats {
     /// Tokens the running sequences hold in the KV cache once the step has run.
     pub kv_tokens: u64,
@@ -298,6 +298,8 @@ pub struct StepStats {
     pub recomputed_tokens: u32,
     /// Sequences preempted by swapping (the rest of the step's preemptions recompute).
     pub num_swapped: u32,
+    /// External fragmentation of the KV pool after the reservation (contiguous allocator).
+    pub external_fragmentation: f64,
 }
 
 impl Scheduler {
@@ -400,6 +402,11 @@ impl Scheduler {
     /// Live sequences (waiting or running).
     pub fn num_live(&self) -> usize {
         self.seqs.len()
+    }
+
+    /// Waiting (and preempted) sequences in queue order.
+    pub fn waiting(&self) -> impl Iterator<Item = &Sequence> + '_ {
+        self.waiting.iter().filter_map(|id| self.seqs.get(id))
     }
 
     /// Running sequences in admission order.
@@ -666,6 +673,7 @@ impl Scheduler {
             kv_tokens: self.kv_tokens,
             recomputed_tokens: recomputed,
             num_swapped: resp.swapped.len() as u32,
+            external_fragmentation: resp.external_fragmentation,
         };
         let plan = StepPlan {
             step: self.steps,

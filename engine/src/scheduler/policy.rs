@@ -130,3 +130,15 @@ pub enum PreemptionMode {
     /// `preemption_mode="swap"`); falls back to recompute when the CPU pool is full.
     Swap,
 }
+
+/// How the KV pool hands out blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum KvAllocator {
+    /// PagedAttention: any free block, anywhere (vLLM).
+    #[default]
+    Paged,
+    /// One contiguous run per sequence, first-fit (before PagedAttention: Orca,
+    /// FasterTransformer); free space cut into short runs is lost to long requests.
+    Contiguous,
+}
