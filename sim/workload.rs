@@ -246,6 +246,10 @@ pub struct ClassConfig {
     /// prefilled once and its KV shared copy-on-write by the `n` sequences.
     #[serde(default = "one_seq")]
     pub n: u32,
+    /// Beam search of width `n` (vLLM V0's `use_beam_search`): beams are re-chosen after
+    /// every token, so some end and others fork copy-on-write (choices are synthetic).
+    #[serde(default)]
+    pub beam_search: bool,
     /// A system prompt shared by the class's requests: each request draws one of `groups`
     /// prefixes of `tokens` tokens and puts it before its own prompt (whose length the
     /// `prompt` distribution gives), so the prefix cache sees real sharing.
@@ -736,6 +740,12 @@ impl WorkloadConfig {
                 ));
             }
             check_positive(&format!("{key}.weight"), class.weight)?;
+            if class.beam_search && class.n < 2 {
+                return Err(WorkloadError::config(
+                    format!("{key}.n"),
+                    "beam search needs a beam width n of at least 2",
+                ));
+            }
             if !(1..=256).contains(&class.n) {
                 return Err(WorkloadError::config(
                     format!("{key}.n"),
@@ -1627,6 +1637,7 @@ pub struct Workload {
     class_names: Vec<String>,
     class_priorities: Vec<i32>,
     class_n: Vec<u32>,
+    class_beam: Vec<bool>,
     num_requests: Option<u64>,
     duration_s: Option<f64>,
     expected_len: Option<u64>,
@@ -1720,6 +1731,7 @@ impl Workload {
             source,
             class_priorities: cfg.classes.iter().map(|c| c.priority).collect(),
             class_n: cfg.classes.iter().map(|c| c.n).collect(),
+            class_beam: cfg.classes.iter().map(|c| c.beam_search).collect(),
             class_names,
             num_requests: cfg.num_requests,
             duration_s: cfg.duration_s,
@@ -1936,6 +1948,11 @@ impl Workload {
             ignore_eos: true,
             scripted_output,
             n: self.class_n.get(usize::from(class)).copied().unwrap_or(1),
+            beam_search: self
+                .class_beam
+                .get(usize::from(class))
+                .copied()
+                .unwrap_or(false),
             priority: self
                 .class_priorities
                 .get(usize::from(class))
@@ -2002,6 +2019,7 @@ mod tests {
             priority: 0,
             shared_prefix: None,
             n: 1,
+            beam_search: false,
         }
     }
 
@@ -2365,6 +2383,7 @@ mod tests {
                     priority: 0,
                     shared_prefix: None,
                     n: 1,
+                    beam_search: false,
                 },
                 ClassConfig {
                     name: "code".into(),
@@ -2380,6 +2399,7 @@ mod tests {
                     priority: 0,
                     shared_prefix: None,
                     n: 1,
+                    beam_search: false,
                 },
             ],
         )
@@ -2695,6 +2715,7 @@ mod tests {
                     priority: 0,
                     shared_prefix: None,
                     n: 1,
+                    beam_search: false,
                 },
                 ClassConfig {
                     name: "joint".into(),
@@ -2709,6 +2730,7 @@ mod tests {
                     priority: 0,
                     shared_prefix: None,
                     n: 1,
+                    beam_search: false,
                 },
             ],
         );
@@ -2774,6 +2796,7 @@ mod tests {
                 priority: 0,
                 shared_prefix: None,
                 n: 1,
+                beam_search: false,
             }],
         );
         let reqs = collect(&cfg, Path::new("."), 1);

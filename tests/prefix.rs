@@ -149,6 +149,7 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
                 ignore_eos: true,
                 scripted_output: Vec::new(),
                 n: 1,
+                beam_search: false,
                 priority: i32::from(group),
                 class: 0,
             }

@@ -171,6 +171,7 @@ fn requests_from(spec: &[(Nanos, u32, u32)]) -> Vec<Request> {
                 ignore_eos: true,
                 scripted_output: Vec::new(),
                 n: 1,
+                beam_search: false,
                 priority: (i % 4) as i32,
                 class: 0,
             }
@@ -271,9 +272,11 @@ fn case(max_requests: usize) -> impl Strategy<Value = (Knobs, Vec<Request>)> {
         let len = k.max_model_len;
         let requests = workload(len, max_requests).prop_map(move |mut reqs| {
             if parallel {
-                // Parallel sampling: n = 1, 2, 3 in turn (forks, copy-on-write).
+                // Parallel sampling: n = 1, 2, 3 in turn (forks, copy-on-write); every
+                // other multi-sequence request searches beams instead.
                 for (i, r) in reqs.iter_mut().enumerate() {
                     r.n = 1 + (i % 3) as u32;
+                    r.beam_search = r.n > 1 && i % 2 == 0;
                 }
             }
             reqs
@@ -286,7 +289,11 @@ fn case(max_requests: usize) -> impl Strategy<Value = (Knobs, Vec<Request>)> {
 fn single(requests: &[Request]) -> Vec<Request> {
     requests
         .iter()
-        .map(|r| Request { n: 1, ..r.clone() })
+        .map(|r| Request {
+            n: 1,
+            beam_search: false,
+            ..r.clone()
+        })
         .collect()
 }
 

@@ -28,7 +28,7 @@
 //! let mut sched = Scheduler::new(cfg).unwrap();
 //! let mut bm = BlockManager::new(64, 16);
 //! sched.add_request(Request { id: 0, arrival: 0, prompt_len: 100, prompt_tokens: vec![],
-//!     max_tokens: 4, ignore_eos: true, scripted_output: vec![], n: 1, priority: 0, class: 0 }, 0);
+//!     max_tokens: 4, ignore_eos: true, scripted_output: vec![], n: 1, beam_search: false, priority: 0, class: 0 }, 0);
 //! let req = sched.propose(0);
 //! let resp = bm.reserve(&req);
 //! let plan = sched.apply(&req, resp, 0);

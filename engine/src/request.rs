@@ -38,6 +38,11 @@ pub struct Request {
     /// The prompt is computed once; after its first token the sequence forks into `n`
     /// sequences that share the prompt's KV blocks copy-on-write.
     pub n: u32,
+    /// Beam search of width `n` (vLLM V0's `use_beam_search` with `best_of = n`): after
+    /// every decode step the `n` beams are re-chosen from their candidates, so some beams
+    /// end and others fork (sharing blocks copy-on-write). Beam choices are synthetic
+    /// (seeded by the request id), as the simulator has no log-probabilities.
+    pub beam_search: bool,
     /// Scheduling priority (lower value is served first by priority policies).
     pub priority: i32,
     /// Index of the request class in the workload (for per-class metrics).

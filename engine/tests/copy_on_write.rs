@@ -64,6 +64,10 @@ fn run(req: Request, num_blocks: u32) -> (Vec<StepPlan>, Vec<usize>, RequestReco
 }
 
 fn request(prompt_len: u32, max_tokens: u32, n: u32) -> Request {
+    beam(prompt_len, max_tokens, n, false)
+}
+
+fn beam(prompt_len: u32, max_tokens: u32, n: u32, beam_search: bool) -> Request {
     Request {
         id: 0,
         arrival: 0,
@@ -73,6 +77,7 @@ fn request(prompt_len: u32, max_tokens: u32, n: u32) -> Request {
         ignore_eos: true,
         scripted_output: Vec::new(),
         n,
+        beam_search,
         priority: 0,
         class: 0,
     }
@@ -121,4 +126,21 @@ fn forked_sequences_preempt_and_recompute_on_a_small_pool() {
     assert!(rec.num_preemptions > 0);
     assert_eq!(rec.output_len, 10);
     assert_eq!(rec.generated_tokens, 30);
+}
+
+#[test]
+fn beam_search_forks_and_ends_beams_every_step() {
+    // Width 4, 10 prompt tokens, 13 steps of decoding: beams are re-chosen after every
+    // token, so forks happen mid-sequence and their shared partial blocks are copied.
+    let (plans, used, rec) = run(beam(10, 14, 4, true), 64);
+    for p in &plans[1..] {
+        assert_eq!(p.work.len(), 4, "always 4 beams: {p:?}");
+    }
+    let copies: usize = plans[2..].iter().map(|p| p.block_copies.len()).sum();
+    assert!(copies > 0, "re-chosen beams share blocks and copy on write");
+    // Forked beams share their history: fewer blocks than 4 private copies would need.
+    let private = 4 * (10u32 + 14).div_ceil(4) as usize;
+    assert!(used.iter().all(|&u| u < private), "{used:?}");
+    assert_eq!(rec.output_len, 14);
+    assert_eq!(rec.generated_tokens, 4 * 14);
 }

@@ -174,6 +174,7 @@ fn run_fuzz(seed: u64) -> Result<(), String> {
             ignore_eos: true,
             scripted_output: Vec::new(),
             n: 1,
+            beam_search: false,
             priority: group as i32,
             class: 0,
         });
@@ -408,6 +409,7 @@ fn prompt_tokens_longer_than_prompt_len_poison_the_cache() {
         ignore_eos: true,
         scripted_output: Vec::new(),
         n: 1,
+        beam_search: false,
         priority: 0,
         class: 0,
     };

@@ -44,6 +44,7 @@ fn request(id: u64, arrival: u64, prompt: Vec<u32>, max_tokens: u32, priority: i
         ignore_eos: true,
         scripted_output: Vec::new(),
         n: 1,
+        beam_search: false,
         priority,
         class: 0,
     }

@@ -41,6 +41,7 @@ fn a_long_sequence_holds_only_the_window() {
         ignore_eos: true,
         scripted_output: Vec::new(),
         n: 1,
+        beam_search: false,
         priority: 0,
         class: 0,
     };

@@ -362,6 +362,9 @@ impl Scheduler {
                 id,
                 Group {
                     live: 1,
+                    beam: req.beam_search,
+                    members: vec![id],
+                    next_child: req.n,
                     ..Group::default()
                 },
             );
@@ -706,6 +709,7 @@ impl Scheduler {
         }
         let mut result = CommitResult::default();
         let mut sampled = outcome.sampled.iter();
+        let mut sampled_groups: Vec<SeqId> = Vec::new();
         for w in &plan.work {
             let Some(s) = self.seqs.get_mut(&w.seq) else {
                 return Err(EngineError::Backend(format!(
@@ -764,6 +768,13 @@ impl Scheduler {
                 }
                 if let Some(g) = self.groups.get_mut(&s.request.id) {
                     g.live += children.len() as u32;
+                    g.members.extend(children.iter().map(|(id, _, _)| *id));
+                }
+            }
+            if let Some(g) = self.groups.get_mut(&s.request.id) {
+                g.generated += k as u32;
+                if g.beam {
+                    sampled_groups.push(s.request.id);
                 }
             }
             let keep = self.cfg.keep_tokens;
@@ -794,6 +805,10 @@ impl Scheduler {
                 }
             }
         }
+        sampled_groups.dedup();
+        for rid in sampled_groups {
+            self.reselect_beams(rid, plan, &mut result);
+        }
         if !result.to_free.is_empty() {
             let seqs = &self.seqs;
             self.running.retain(|id| {
@@ -807,6 +822,76 @@ impl Scheduler {
         // Children that ended at their first token hold no blocks but are done too.
         self.seqs.retain(|_, s| s.status != SeqStatus::Finished);
         Ok(result)
+    }
+
+    /// Beam search: once every beam of request `rid` has a new token (and none finished),
+    /// the `n` beams of the next step are chosen among their continuations. A synthetic
+    /// choice stands in for the top-`n` by log-probability: new beam `j` continues old beam
+    /// `floor(n u^2)` (`u` uniform, seeded by request, step and `j`), so the best beams
+    /// are often continued twice or more and the worst die. A beam continued `k` times
+    /// forks `k - 1` children (sharing its blocks copy-on-write); a beam not continued is
+    /// freed.
+    fn reselect_beams(&mut self, rid: SeqId, plan: &StepPlan, result: &mut CommitResult) {
+        let Some(g) = self.groups.get(&rid) else {
+            return;
+        };
+        let members = g.members.clone();
+        let w = members.len();
+        let in_step = |m: &SeqId| plan.work.iter().any(|x| x.seq == *m && x.sample);
+        let running = |m: &SeqId| {
+            self.seqs
+                .get(m)
+                .is_some_and(|s| s.status == SeqStatus::Running)
+        };
+        if w < 2 || !members.iter().all(|m| in_step(m) && running(m)) {
+            return;
+        }
+        // Only beams in step with each other (a preempted one may lag behind).
+        let step = self.seqs[&members[0]].output_len;
+        if members.iter().any(|m| self.seqs[m].output_len != step) {
+            return;
+        }
+        let mut times = vec![0u32; w];
+        for j in 0..w {
+            let u = beam_draw(rid, step, j as u32);
+            times[((w as f64 * u * u) as usize).min(w - 1)] += 1;
+        }
+        let mut next_members = Vec::with_capacity(w);
+        let mut killed_preemptions = 0;
+        for (i, &m) in members.iter().enumerate() {
+            if times[i] == 0 {
+                if let Some(s) = self.seqs.get_mut(&m) {
+                    s.status = SeqStatus::Finished;
+                    killed_preemptions += s.num_preemptions;
+                }
+                result.to_free.push(m);
+                continue;
+            }
+            next_members.push(m);
+            for _ in 1..times[i] {
+                let Some(parent) = self.seqs.get(&m) else {
+                    break;
+                };
+                let mut c = parent.clone();
+                c.num_preemptions = 0;
+                c.admitted_seq = self.admissions;
+                self.admissions += 1;
+                let Some(g) = self.groups.get_mut(&rid) else {
+                    break;
+                };
+                let id = child_id(rid, g.next_child);
+                g.next_child += 1;
+                result.forks.push((m, id));
+                self.running.push(id);
+                self.seqs.insert(id, c);
+                next_members.push(id);
+            }
+        }
+        if let Some(g) = self.groups.get_mut(&rid) {
+            g.live = next_members.len() as u32;
+            g.members = next_members;
+            g.preemptions += killed_preemptions;
+        }
     }
 
     /// Accounts a finished sequence; returns its request's record once every sequence of
@@ -832,7 +917,7 @@ impl Scheduler {
             return Some(rec);
         };
         g.live = g.live.saturating_sub(1);
-        g.generated += s.output_len;
+        g.members.retain(|&m| m != id);
         g.output_len = g.output_len.max(s.output_len);
         g.preemptions += s.num_preemptions;
         if id == rec.request_id {
@@ -896,12 +981,25 @@ fn append_token(
     }
 }
 
-/// The sequences of a parallel-sampling request, until all have finished.
+/// The sequences of a parallel-sampling or beam-search request, until all have finished.
 #[derive(Debug, Clone, Default)]
 struct Group {
     live: u32,
+    /// Tokens sampled for the request, over all its sequences.
     generated: u32,
     output_len: u32,
     preemptions: u32,
     first: Option<RequestRecord>,
+    /// Beam search: beams are re-chosen after every token.
+    beam: bool,
+    /// Live sequences, in beam order (best first).
+    members: Vec<SeqId>,
+    /// Next child index for sequence ids.
+    next_child: u32,
+}
+
+/// A uniform draw in [0, 1) from `(request, step, j)`: the synthetic beam choices.
+fn beam_draw(request: SeqId, step: u32, j: u32) -> f64 {
+    let h = crate::prefix::chain_hash(request, &[step, j]);
+    (h >> 11) as f64 / (1u64 << 53) as f64
 }

@@ -40,12 +40,15 @@ impl SchedulePolicy for StaticBatch {
             }
             return p;
         }
-        let prefilling = q.running.iter().any(|&id| q.seq(id).output_len == 0);
+        // Prefill phase while any member has more than its next token to compute (a prompt,
+        // or the recompute of a preempted parallel-sampling child).
+        let to_prefill = |s: &crate::request::Sequence| s.output_len == 0 || s.remaining() > 1;
+        let prefilling = q.running.iter().any(|&id| to_prefill(q.seq(id)));
         for &id in q.running {
             let s = q.seq(id);
             if prefilling {
                 // Prefill phase: whole prompts in batch order under the token budget.
-                if s.output_len == 0 && s.remaining() <= budget {
+                if to_prefill(s) && s.remaining() <= budget {
                     budget -= s.remaining();
                     p.push(id, EntryKind::Running, s.remaining(), s.num_tokens);
                 }
