@@ -1216,7 +1216,7 @@ proptest! {
             budget: max_model_len.max(seats) + extra_budget,
             want_tables: true,
             prefix,
-            // Room for a whole max-length sequence: every preemption can swap.
+            // Room for one whole max-length sequence.
             swap_blocks: swap.then_some(max_model_len / block_size),
             queue: QueuePolicy::Fcfs,
             window: None,
@@ -1229,7 +1229,9 @@ proptest! {
             } else {
                 prop_assert!(run.preemptions > 0, "{}: no preemption on a full pool", kind.as_str());
                 if swap {
-                    prop_assert_eq!(run.swaps, run.preemptions, "{}: a preemption recomputed with CPU room", kind.as_str());
+                    // The CPU pool holds one max-length sequence: the first victim always
+                    // swaps (later ones may find the pool taken and recompute).
+                    prop_assert!(run.swaps >= 1, "{}: no preemption swapped", kind.as_str());
                 } else {
                     prop_assert_eq!(run.swaps, 0);
                 }
