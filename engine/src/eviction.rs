@@ -189,10 +189,19 @@ impl EvictionPolicy for Slru {
 /// policies, not a deployable one.
 #[derive(Debug, Default, Clone)]
 pub struct Belady {
-    /// Pending users of each hash: (arrival, request id).
-    users: rustc_hash::FxHashMap<u64, BTreeSet<(u64, u64)>>,
-    /// Each request's arrival and prompt block hashes.
-    requests: rustc_hash::FxHashMap<u64, (u64, Vec<u64>)>,
+    /// Hash -> slot in the user lists.
+    slot: rustc_hash::FxHashMap<u64, u32>,
+    /// User lists, one per slot, concatenated: `users[starts[s]..starts[s + 1]]` are the
+    /// dense indices (arrival order) of the requests whose prompt holds the slot's hash.
+    starts: Vec<u32>,
+    users: Vec<u32>,
+    /// Per slot, the position in `users` before which no user is pending (advanced
+    /// lazily, rewound when a request is preempted).
+    cursor: Vec<u32>,
+    /// Requests in arrival order: (arrival, pending, prompt block hashes).
+    requests: Vec<(u64, bool, Box<[u64]>)>,
+    /// Request id -> dense index.
+    index: rustc_hash::FxHashMap<u64, u32>,
     /// Evictable candidate holding each hash.
     candidate: rustc_hash::FxHashMap<u64, u32>,
     hash_of: Vec<u64>,
@@ -209,25 +218,67 @@ impl Belady {
         block_size: u32,
         requests: impl IntoIterator<Item = (u64, u64, u32, Vec<u64>)>,
     ) -> Self {
+        let mut all: Vec<(u64, u64, u32, Vec<u64>)> = requests.into_iter().collect();
+        all.sort_by_key(|&(id, arrival, _, _)| (arrival, id));
         let mut b = Belady::default();
-        for (id, arrival, prompt_len, mut hashes) in requests {
+        // Two passes over compact lists (a Mooncake replay holds millions of block uses).
+        let mut counts: Vec<u32> = Vec::new();
+        for (i, (id, arrival, prompt_len, mut hashes)) in all.into_iter().enumerate() {
             let usable = (prompt_len.saturating_sub(1) / block_size.max(1)) as usize;
             hashes.truncate(usable);
+            // Chained hashes never repeat within one prompt; guard anyway.
+            hashes.dedup();
             for &h in &hashes {
-                b.users.entry(h).or_default().insert((arrival, id));
+                let next = b.slot.len() as u32;
+                let s = *b.slot.entry(h).or_insert(next);
+                if s == next {
+                    counts.push(0);
+                }
+                counts[s as usize] += 1;
             }
-            b.requests.insert(id, (arrival, hashes));
+            b.index.insert(id, i as u32);
+            b.requests.push((arrival, true, hashes.into_boxed_slice()));
+        }
+        b.starts = Vec::with_capacity(counts.len() + 1);
+        let mut total = 0u32;
+        for &c in &counts {
+            b.starts.push(total);
+            total += c;
+        }
+        b.starts.push(total);
+        b.cursor = b.starts[..counts.len()].to_vec();
+        b.users = vec![0; total as usize];
+        let mut fill = b.cursor.clone();
+        for (i, (_, _, hashes)) in b.requests.iter().enumerate() {
+            for h in hashes.iter() {
+                let s = b.slot[h] as usize;
+                b.users[fill[s] as usize] = i as u32;
+                fill[s] += 1;
+            }
         }
         b
     }
 
+    /// Arrival of the first pending user of `hash` (`u64::MAX`: none).
+    fn next_use_of(&mut self, hash: u64) -> u64 {
+        let Some(&s) = self.slot.get(&hash) else {
+            return u64::MAX;
+        };
+        let (s, end) = (s as usize, self.starts[s as usize + 1]);
+        while self.cursor[s] < end {
+            let u = self.users[self.cursor[s] as usize];
+            match self.requests.get(u as usize) {
+                Some(&(arrival, true, _)) => return arrival,
+                _ => self.cursor[s] += 1,
+            }
+        }
+        u64::MAX
+    }
+
     /// Arrival of the first pending user of `block`'s content (`u64::MAX`: none).
-    fn next_use(&self, block: u32) -> u64 {
+    fn next_use(&mut self, block: u32) -> u64 {
         let h = self.hash_of.get(block as usize).copied().unwrap_or(0);
-        self.users
-            .get(&h)
-            .and_then(|u| u.first())
-            .map_or(u64::MAX, |&(arrival, _)| arrival)
+        self.next_use_of(h)
     }
 
     fn insert(&mut self, block: u32, order: u64) {
@@ -257,16 +308,27 @@ impl Belady {
         }
     }
 
-    fn update_users(&mut self, seq: u64, add: bool) {
-        let Some((arrival, hashes)) = self.requests.get(&seq).cloned() else {
+    fn update_users(&mut self, seq: u64, pending: bool) {
+        let Some(&i) = self.index.get(&seq) else {
             return;
         };
-        for h in hashes {
-            if let Some(u) = self.users.get_mut(&h) {
-                if add {
-                    u.insert((arrival, seq));
-                } else {
-                    u.remove(&(arrival, seq));
+        let Some(r) = self.requests.get_mut(i as usize) else {
+            return;
+        };
+        if r.1 == pending {
+            return;
+        }
+        r.1 = pending;
+        let hashes = r.2.clone();
+        for &h in hashes.iter() {
+            if pending {
+                // Pending again (preempted): the cursor must not have passed it.
+                if let Some(&s) = self.slot.get(&h) {
+                    let s = s as usize;
+                    let (lo, hi) = (self.starts[s] as usize, self.starts[s + 1] as usize);
+                    if let Ok(pos) = self.users[lo..hi].binary_search(&i) {
+                        self.cursor[s] = self.cursor[s].min((lo + pos) as u32);
+                    }
                 }
             }
             self.rekey(h);
