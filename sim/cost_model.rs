@@ -588,6 +588,18 @@ impl CostModel {
 
     /// Cost of a step plan.
     pub fn plan_cost(&self, plan: &StepPlan) -> StepCost {
+        if plan.work.is_empty() {
+            // Only block moves (swap-outs of a step that preempted without running).
+            let t = self.kv_transfer_s(
+                plan.swap_in.len() + plan.swap_out.len(),
+                plan.block_copies.len(),
+            );
+            return StepCost {
+                seconds: t,
+                kv_transfer_s: t,
+                ..StepCost::default()
+            };
+        }
         let prefill = plan
             .work
             .iter()

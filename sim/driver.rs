@@ -361,7 +361,10 @@ pub async fn run<E: EngineHandle>(
         let Some(planned) = engine.plan(now).await? else {
             continue;
         };
-        if planned.plan.is_empty() && !planned.plan.preempted.is_empty() {
+        let p = &planned.plan;
+        let transfers =
+            !p.swap_in.is_empty() || !p.swap_out.is_empty() || !p.block_copies.is_empty();
+        if p.is_empty() && !transfers && !p.preempted.is_empty() {
             // Nothing runs, but the preemptions changed the pool (a contiguous allocator
             // that could not grow a sequence in place): record them and plan again now.
             let outcome = StepOutcome::default();
@@ -369,7 +372,7 @@ pub async fn run<E: EngineHandle>(
             clock.push(now, Event::Wake);
             continue;
         }
-        if planned.plan.is_empty() {
+        if planned.plan.is_empty() && !transfers {
             if clock.peek_time().is_none() {
                 return Err(EngineError::Stalled {
                     time_ns: now,

@@ -92,6 +92,8 @@ struct Knobs {
     window: Option<u32>,
     /// One contiguous run of blocks per sequence (no prefix caching, swap or window then).
     contiguous: bool,
+    /// Blocks kept free when admitting (vLLM V0's watermark).
+    watermark: u32,
 }
 
 /// The block manager the knobs ask for.
@@ -137,7 +139,7 @@ impl Knobs {
             queue_aging_ns: 10_000,
             admission: AdmissionPolicy::Optimistic,
             victim: VictimPolicy::Newest,
-            watermark_blocks: 0,
+            watermark_blocks: self.watermark,
             sliding_window: self.window,
         }
     }
@@ -219,8 +221,11 @@ fn knobs() -> impl Strategy<Value = Knobs> {
             1 => Just(QueuePolicy::Sjf),
             1 => Just(QueuePolicy::Lpm),
         ],
-        prop_oneof![3 => Just(None), 1 => (1u32..=48).prop_map(Some)],
-        prop_oneof![4 => Just(false), 1 => Just(true)],
+        (
+            prop_oneof![3 => Just(None), 1 => (1u32..=48).prop_map(Some)],
+            prop_oneof![4 => Just(false), 1 => Just(true)],
+            prop_oneof![3 => Just(0u32), 1 => 1u32..=3],
+        ),
     )
         .prop_map(
             |(
@@ -234,8 +239,7 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                 prefix,
                 swap,
                 queue,
-                window,
-                contiguous,
+                (window, contiguous, watermark),
             )| {
                 let block_size = 1 << bs_exp;
                 // Small: 1..=max_model_len (chunked only; others are raised to the floor);
@@ -261,6 +265,7 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                     queue,
                     window: window.filter(|_| !contiguous),
                     contiguous,
+                    watermark,
                 }
             },
         )
@@ -483,14 +488,17 @@ impl<'a> Harness<'a> {
                 self.run.steps.len(),
                 max_steps
             );
-            if plan.is_empty() && !plan.preempted.is_empty() {
+            let transfers = !plan.swap_in.is_empty()
+                || !plan.swap_out.is_empty()
+                || !plan.block_copies.is_empty();
+            if plan.is_empty() && !transfers && !plan.preempted.is_empty() {
                 // Only preemptions (a contiguous run that could not grow): the driver
                 // records them and plans again at once.
                 self.record_step(&plan, &StepOutcome::default(), blocks_used);
                 push(&mut heap, now, Event::Wake);
                 continue;
             }
-            if plan.is_empty() {
+            if plan.is_empty() && !transfers {
                 prop_assert!(
                     !heap.is_empty(),
                     "stalled at {} ns: {} waiting, {} running, nothing scheduled, no event pending; waiting {:?}; pool {:?}",
@@ -1176,6 +1184,7 @@ proptest! {
             queue: QueuePolicy::Fcfs,
             window: None,
             contiguous: false,
+            watermark: 0,
         };
         let run = check_case(&knobs, SchedulerKind::Chunked, &requests)?;
         prop_assert_eq!(run.preemptions, 0, "pool holds every request: no preemption expected");
@@ -1221,6 +1230,7 @@ proptest! {
             queue: QueuePolicy::Fcfs,
             window: None,
             contiguous: false,
+            watermark: 0,
         };
         for kind in SchedulerKind::ALL {
             let run = check_case(&knobs, kind, &requests)?;
@@ -1290,6 +1300,7 @@ proptest! {
             queue: QueuePolicy::Fcfs,
             window: None,
             contiguous: false,
+            watermark: 0,
         };
         let inline = drive(DriverKind::Inline, &knobs, kind, &requests, cost_model_backend())?;
         let actors = drive(DriverKind::Actors, &knobs, kind, &requests, cost_model_backend())?;

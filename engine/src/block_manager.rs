@@ -798,19 +798,22 @@ impl BlockManager {
         watermark: u32,
         resp: &mut ReserveResponse,
     ) -> bool {
-        // Admission keeps `watermark` blocks free (rough: before prefix hits), unless
-        // nothing holds blocks: then nothing would ever free them (liveness).
-        let have = self.tables.get(&e.seq).map_or(0, |t| t.len() as u32);
-        let need = self.blocks_for(e.slots).saturating_sub(have);
-        if watermark > 0 && self.used > 0 && need + watermark > self.num_free() {
+        // Admission keeps `watermark` blocks free, unless nothing holds blocks: then
+        // nothing would ever free them (liveness).
+        if watermark > 0 && self.used > 0 && self.admission_need(e) + watermark > self.num_free() {
             return false;
         }
-        let cacheable = self.policy.is_some() && !self.tables.contains_key(&e.seq);
-        let hit = match &e.hashes {
-            Some(hashes) if cacheable => {
-                // A full hit still recomputes the last token.
-                let usable = (e.total.saturating_sub(1) / self.block_size) as usize;
-                let hashes = &hashes[..hashes.len().min(usable)];
+        if self.is_swapped(e.seq) {
+            // Swapped out: its KV comes back from the CPU pool (no prefix lookup).
+            if !self.try_swap_in(e.seq, e.slots, resp) {
+                return false;
+            }
+            resp.granted.push(i);
+            resp.hits.push(0);
+            return true;
+        }
+        let hit = match self.usable_hashes(e) {
+            Some(hashes) => {
                 let (tokens, total, slots) = (e.tokens, e.total, e.slots);
                 let Some(hit) = self.admit_with_prefix(e.seq, hashes, |hit| {
                     slots.max(hit + tokens.min(total - hit))
@@ -819,15 +822,7 @@ impl BlockManager {
                 };
                 hit
             }
-            _ if self.is_swapped(e.seq) => {
-                if !self.try_swap_in(e.seq, e.slots, resp) {
-                    return false;
-                }
-                resp.granted.push(i);
-                resp.hits.push(0);
-                return true;
-            }
-            _ => {
+            None => {
                 if !self.try_grow(e.seq, e.slots, e.write_from, &mut resp.block_copies) {
                     return false;
                 }
@@ -842,11 +837,49 @@ impl BlockManager {
         true
     }
 
+    /// The hashes a waiting entry looks up in the prefix cache (`None`: no lookup). A full
+    /// hit still recomputes the last token, so the block holding it is never looked up.
+    fn usable_hashes<'e>(&self, e: &'e ReserveEntry) -> Option<&'e [u64]> {
+        let hashes = e.hashes.as_deref()?;
+        if self.policy.is_none() || self.tables.contains_key(&e.seq) {
+            return None;
+        }
+        let usable = (e.total.saturating_sub(1) / self.block_size) as usize;
+        Some(&hashes[..hashes.len().min(usable)])
+    }
+
+    /// Free blocks a waiting entry uses up when admitted, as [`Self::try_admit`] takes them:
+    /// prefix hits on evictable blocks and fresh blocks, the live blocks of a swapped table,
+    /// or the growth of a table.
+    fn admission_need(&self, e: &ReserveEntry) -> u32 {
+        if let Some(src) = self.cpu.as_ref().and_then(|c| c.tables.get(&e.seq)) {
+            let nulls = src.iter().filter(|&&c| c == NULL_BLOCK).count() as u32;
+            return self.blocks_for(e.slots).max(src.len() as u32) - nulls;
+        }
+        if let Some(hashes) = self.usable_hashes(e) {
+            let (hits, hits_free) = self.lookup(hashes);
+            let (tokens, total) = (e.tokens, e.total);
+            let hit = hits * self.block_size;
+            let want = self
+                .blocks_for(e.slots.max(hit + tokens.min(total - hit)))
+                .max(hits);
+            return want - hits + hits_free;
+        }
+        let have = self.tables.get(&e.seq).map_or(0, |t| t.len() as u32);
+        self.blocks_for(e.slots).saturating_sub(have)
+    }
+
     /// Whether preempting every not-yet-preempted candidate in `victims` would free enough
-    /// blocks for `e` (blocks shared with others do not come free), so that priority
-    /// preemption never evicts in vain.
-    fn priority_room(&self, e: &ReserveEntry, victims: &[SeqId], preempted: &[SeqId]) -> bool {
-        let need = self.blocks_for(e.slots);
+    /// blocks for `e` to be admitted (its need plus the watermark; blocks shared with
+    /// others do not come free), so that priority preemption never evicts in vain.
+    fn priority_room(
+        &self,
+        e: &ReserveEntry,
+        watermark: u32,
+        victims: &[SeqId],
+        preempted: &[SeqId],
+    ) -> bool {
+        let need = self.admission_need(e) + watermark;
         let mut room = self.num_free();
         for v in victims
             .iter()
@@ -857,11 +890,8 @@ impl BlockManager {
                 .iter()
                 .filter(|&&b| b != NULL_BLOCK && self.ref_counts[b as usize] == 1)
                 .count() as u32;
-            if room >= need {
-                return true;
-            }
         }
-        false
+        room >= need
     }
 
     /// Serves one step's reservation: grants entries in order, preempting victims when a
@@ -925,14 +955,20 @@ impl BlockManager {
             |bm: &mut Self, resp: &mut ReserveResponse, preempted: &mut Vec<SeqId>| {
                 let mut prio = req.priority_victims.iter().copied();
                 for (n, (i, e)) in waiting.clone().enumerate() {
+                    // Priority preemption (vLLM V0): the head of the queue may evict
+                    // running sequences of lower priority, lowest first, if all of them
+                    // together would make room (decided once, before evicting anyone).
+                    let mut may_preempt = None;
                     loop {
                         if bm.try_admit(i, e, watermark, resp) {
                             break;
                         }
-                        // Priority preemption (vLLM V0): the head of the queue may evict
-                        // running sequences of lower priority, lowest first, when that
-                        // can make it fit.
-                        if n == 0 && bm.priority_room(e, &req.priority_victims, preempted) {
+                        let may = *may_preempt.get_or_insert_with(|| {
+                            n == 0
+                                && !req.priority_victims.is_empty()
+                                && bm.priority_room(e, watermark, &req.priority_victims, preempted)
+                        });
+                        if may {
                             if let Some(v) = prio.find(|&v| v != e.seq && !preempted.contains(&v)) {
                                 bm.preempt(v, resp);
                                 preempted.push(v);
@@ -1380,6 +1416,65 @@ mod contiguous_tests {
         bm.free(1);
         bm.free(2);
         assert_eq!(bm.largest_free_run(), 8);
+        bm.check_invariants().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod priority_tests {
+    use super::*;
+
+    fn waiting(seq: SeqId, slots: u32) -> ReserveEntry {
+        ReserveEntry {
+            seq,
+            kind: EntryKind::Waiting,
+            slots,
+            tokens: slots,
+            total: slots,
+            hashes: None,
+            write_from: 0,
+        }
+    }
+
+    fn admit(bm: &mut BlockManager, seq: SeqId, blocks: u32) {
+        let r = bm.reserve(&ReserveRequest {
+            entries: vec![waiting(seq, blocks)],
+            victims: vec![],
+            order: ReserveOrder::RunningFirst,
+            want_tables: false,
+            watermark_blocks: 0,
+            priority_victims: vec![],
+            probe: vec![],
+        });
+        assert_eq!(r.granted, vec![0]);
+    }
+
+    fn head(bm: &mut BlockManager, blocks: u32, watermark: u32) -> ReserveResponse {
+        bm.reserve(&ReserveRequest {
+            entries: vec![waiting(9, blocks)],
+            victims: vec![3, 2, 1],
+            order: ReserveOrder::RunningFirst,
+            want_tables: false,
+            watermark_blocks: watermark,
+            priority_victims: vec![3, 2],
+            probe: vec![],
+        })
+    }
+
+    /// 100 blocks: 60 held by a high-priority request, 5 + 5 by two low-priority ones, 30
+    /// free. A head needing 40 with a watermark of 5 cannot fit even if both low-priority
+    /// requests go, so neither is preempted; needing 35 it can, and they are.
+    #[test]
+    fn priority_preemption_is_never_in_vain() {
+        let mut bm = BlockManager::new(100, 1);
+        for (s, b) in [(1, 60), (2, 5), (3, 5)] {
+            admit(&mut bm, s, b);
+        }
+        let r = head(&mut bm, 40, 5);
+        assert!(r.granted.is_empty() && r.preempted.is_empty(), "{r:?}");
+        let r = head(&mut bm, 35, 5);
+        assert_eq!(r.granted, vec![0]);
+        assert_eq!(r.preempted, vec![3, 2]);
         bm.check_invariants().unwrap();
     }
 }

@@ -145,6 +145,9 @@ pub struct Sequence {
     /// Prompt tokens the prefix cache held for this sequence at the last probe (the `lpm`
     /// queue policy's key).
     pub probed_prefix: u32,
+    /// Tokens in full blocks shared with the sequence it was forked from (parallel sampling
+    /// or beam search), so the KV held is not counted twice.
+    pub shared_tokens: u32,
 }
 
 impl Sequence {
@@ -170,6 +173,7 @@ impl Sequence {
             swapped: false,
             recompute_upto: 0,
             probed_prefix: 0,
+            shared_tokens: 0,
         }
     }
 

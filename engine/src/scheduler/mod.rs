@@ -477,7 +477,7 @@ impl Scheduler {
                         );
                         e.slots = e.slots.max(reserve);
                     }
-                    if s.num_computed == 0 {
+                    if s.num_computed == 0 && !s.swapped {
                         e.hashes = if s.gen_hashes.is_empty() {
                             s.block_hashes.clone()
                         } else {
@@ -569,6 +569,7 @@ impl Scheduler {
                     } else {
                         s.recompute_upto = s.recompute_upto.max(s.num_computed);
                         s.num_computed = 0;
+                        s.shared_tokens = 0;
                     }
                 }
                 self.waiting.push_front(v);
@@ -669,7 +670,14 @@ impl Scheduler {
             .running
             .iter()
             .filter_map(|id| seqs.get(id))
-            .map(|s| u64::from(self.cfg.held_tokens(s.num_computed)))
+            .map(|s| {
+                // Full blocks a forked sequence shares with its parent count once.
+                u64::from(
+                    self.cfg
+                        .held_tokens(s.num_computed)
+                        .saturating_sub(s.shared_tokens),
+                )
+            })
             .sum::<u64>()
             + work.iter().map(|w| u64::from(w.len)).sum::<u64>();
         self.last = StepStats {
@@ -761,6 +769,7 @@ impl Scheduler {
                     c.request.n = 1;
                     // Preemptions before the fork were the parent's (counted once).
                     c.num_preemptions = 0;
+                    c.shared_tokens = s.num_computed / self.cfg.block_size * self.cfg.block_size;
                     let id = child_id(s.request.id, j as u32);
                     c.admitted_seq = self.admissions;
                     self.admissions += 1;
@@ -874,6 +883,7 @@ impl Scheduler {
                 };
                 let mut c = parent.clone();
                 c.num_preemptions = 0;
+                c.shared_tokens = parent.num_computed / self.cfg.block_size * self.cfg.block_size;
                 c.admitted_seq = self.admissions;
                 self.admissions += 1;
                 let Some(g) = self.groups.get_mut(&rid) else {
