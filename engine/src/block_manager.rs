@@ -58,10 +58,11 @@ pub struct ReserveEntry {
 }
 
 /// In which order the block manager considers running and waiting entries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ReserveOrder {
     /// Running entries first (may preempt), then waiting entries only if nothing was
     /// preempted (vLLM V1, chunked prefill).
+    #[default]
     RunningFirst,
     /// Waiting entries first; if any is admitted the step is prefill-only and running
     /// entries are dropped, otherwise running entries are served (vLLM V0 prefill-first).
@@ -69,7 +70,7 @@ pub enum ReserveOrder {
 }
 
 /// The scheduler's one message per step to the block manager.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReserveRequest {
     /// Entries in priority order.
     pub entries: Vec<ReserveEntry>,
@@ -1360,7 +1361,7 @@ mod contiguous_tests {
         }
     }
 
-    fn entry(seq: SeqId, kind: EntryKind, from: u32, slots: u32) -> ReserveEntry {
+    pub(super) fn entry(seq: SeqId, kind: EntryKind, from: u32, slots: u32) -> ReserveEntry {
         ReserveEntry {
             seq,
             kind,
@@ -1425,26 +1426,13 @@ mod priority_tests {
     use super::*;
 
     fn waiting(seq: SeqId, slots: u32) -> ReserveEntry {
-        ReserveEntry {
-            seq,
-            kind: EntryKind::Waiting,
-            slots,
-            tokens: slots,
-            total: slots,
-            hashes: None,
-            write_from: 0,
-        }
+        super::contiguous_tests::entry(seq, EntryKind::Waiting, 0, slots)
     }
 
     fn admit(bm: &mut BlockManager, seq: SeqId, blocks: u32) {
         let r = bm.reserve(&ReserveRequest {
             entries: vec![waiting(seq, blocks)],
-            victims: vec![],
-            order: ReserveOrder::RunningFirst,
-            want_tables: false,
-            watermark_blocks: 0,
-            priority_victims: vec![],
-            probe: vec![],
+            ..ReserveRequest::default()
         });
         assert_eq!(r.granted, vec![0]);
     }
@@ -1453,11 +1441,9 @@ mod priority_tests {
         bm.reserve(&ReserveRequest {
             entries: vec![waiting(9, blocks)],
             victims: vec![3, 2, 1],
-            order: ReserveOrder::RunningFirst,
-            want_tables: false,
             watermark_blocks: watermark,
             priority_victims: vec![3, 2],
-            probe: vec![],
+            ..ReserveRequest::default()
         })
     }
 
