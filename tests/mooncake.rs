@@ -127,3 +127,80 @@ fn unbounded_cache_hits_what_the_trace_repeats() {
     assert!(want > 0.25, "the trace shares prefixes: {want}");
     println!("prefix hit rate {rate:.4}, from the hash ids {want:.4}");
 }
+
+/// The whole trace (12,031 requests) through the block manager with 512-token blocks, one
+/// block per hash id and a pool that never evicts: the tokens served from the cache equal
+/// the prefix repeats of the hash ids exactly, and about 37% of block references repeat.
+#[test]
+fn whole_trace_hits_its_repeated_blocks() {
+    use engine::block_manager::{CacheBlocks, EntryKind, ReserveEntry, ReserveRequest};
+    use engine::prefix::chain_hash;
+    const B: u64 = 512;
+    let text = std::fs::read_to_string(TRACE).expect("trace");
+    let mut bm = BlockManager::with_prefix_caching(400_000, B as u32, EvictionKind::Lru.policy());
+    let mut seen: HashSet<Vec<u64>> = HashSet::new();
+    let (mut hit, mut want, mut total, mut refs, mut repeats) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut ids_seen: HashSet<u64> = HashSet::new();
+    for (seq, line) in text.lines().enumerate() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("json");
+        let n = v["input_length"].as_u64().expect("input_length").max(1);
+        let ids: Vec<u64> = v["hash_ids"]
+            .as_array()
+            .expect("hash_ids")
+            .iter()
+            .map(|x| x.as_u64().expect("id"))
+            .collect();
+        // Expected: the leading ids whose prefix appeared before, capped below the last
+        // token (a full hit recomputes it).
+        let k = (1..=ids.len())
+            .take_while(|&i| seen.contains(&ids[..i]))
+            .count() as u64;
+        for i in 1..=ids.len() {
+            seen.insert(ids[..i].to_vec());
+        }
+        want += (k * B).min((n - 1) / B * B);
+        total += n;
+        refs += ids.len() as u64;
+        repeats += ids.iter().filter(|&&h| !ids_seen.insert(h)).count() as u64;
+        // The engine: chained block hashes over the full 512-token blocks of the prompt.
+        let full = (n / B) as usize;
+        let mut parent = 0;
+        let hashes: Vec<u64> = ids
+            .iter()
+            .take(full)
+            .map(|&h| {
+                parent = chain_hash(parent, &[h as u32, (h >> 32) as u32]);
+                parent
+            })
+            .collect();
+        let n = n as u32;
+        let r = bm.reserve(&ReserveRequest {
+            entries: vec![ReserveEntry {
+                seq: seq as u64,
+                kind: EntryKind::Waiting,
+                slots: n,
+                tokens: n,
+                total: n,
+                hashes: Some(hashes.clone().into()),
+                write_from: 0,
+            }],
+            ..ReserveRequest::default()
+        });
+        assert_eq!(r.granted, vec![0], "request {seq} did not fit");
+        hit += u64::from(r.hits[0]);
+        bm.cache_blocks(&[CacheBlocks {
+            seq: seq as u64,
+            first: 0,
+            hashes,
+        }]);
+        bm.free(seq as u64);
+    }
+    assert_eq!(bm.evictions(), 0);
+    assert_eq!(hit, want, "cache hits vs prefix repeats of the hash ids");
+    let block_repeats = repeats as f64 / refs as f64;
+    assert!((0.36..0.37).contains(&block_repeats), "{block_repeats}");
+    println!(
+        "whole trace: token hit rate {:.4}, block repeats {block_repeats:.4}",
+        hit as f64 / total as f64
+    );
+}
