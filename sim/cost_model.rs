@@ -41,6 +41,17 @@ pub struct CostParams {
     pub step_overhead_us: f64,
     /// Additional CPU overhead per sequence in the step, microseconds.
     pub per_seq_overhead_us: f64,
+    /// Fraction of the 16-bit GEMM rate kept when weights are dequantized on the fly
+    /// (weight-only int8/int4/GGUF formats: the unpacking costs ALU work in the GEMM).
+    pub dequant_compute_eff: f64,
+    /// Weight-streaming efficiency of 8-bit weight-only GEMV kernels relative to 16-bit
+    /// ones (`gemm_memory_eff` is multiplied by it). Fitted to gpt-fast on an A100
+    /// (calibration.csv V01/V02: 104.9 tok/s bf16, 155.6 int8 for Llama-2-7B).
+    pub w8_memory_eff: f64,
+    /// The same for sub-8-bit weights (int4 AWQ/GPTQ, 4-6-bit GGUF), fitted to V03 (196.8
+    /// tok/s int4, group 32): unpacking nibbles keeps these kernels further from the
+    /// bandwidth roof.
+    pub w4_memory_eff: f64,
 }
 
 impl Default for CostParams {
@@ -56,6 +67,9 @@ impl Default for CostParams {
             allreduce_latency_us: 10.0,
             step_overhead_us: 300.0,
             per_seq_overhead_us: 4.0,
+            dequant_compute_eff: 0.85,
+            w8_memory_eff: 0.74,
+            w4_memory_eff: 0.56,
         }
     }
 }
@@ -70,6 +84,9 @@ impl CostParams {
             ("cost.attn_memory_eff", self.attn_memory_eff),
             ("cost.elementwise_memory_eff", self.elementwise_memory_eff),
             ("cost.allreduce_eff", self.allreduce_eff),
+            ("cost.dequant_compute_eff", self.dequant_compute_eff),
+            ("cost.w8_memory_eff", self.w8_memory_eff),
+            ("cost.w4_memory_eff", self.w4_memory_eff),
         ];
         for (k, v) in effs {
             if !(v > 0.0 && v <= 1.0) {
@@ -110,7 +127,16 @@ impl Deployment {
     /// Weight bytes held by each GPU (linear layers and embeddings split over TP, norms
     /// replicated).
     pub fn weight_bytes_per_gpu(&self) -> f64 {
-        self.model.params() * self.dtype.bytes() / f64::from(self.tp)
+        let m = &self.model;
+        let linear = f64::from(m.layers) * m.layer_linear_params() * self.dtype.bytes();
+        let heads = if m.tied_embeddings { 1.0 } else { 2.0 };
+        let embeddings = heads * m.embedding_params() * self.dtype.embedding_bytes();
+        // Norm weights stay in 16 bits (and are negligible).
+        let norms = (m.params()
+            - f64::from(m.layers) * m.layer_linear_params()
+            - heads * m.embedding_params())
+            * 2.0;
+        (linear + embeddings) / f64::from(self.tp) + norms
     }
 
     /// KV heads stored on each GPU (at least one: a head is replicated when TP exceeds the
@@ -490,16 +516,22 @@ impl CostModel {
             (inter, hidden),
         ];
         let (mut lin_s, mut lin_flops, mut lin_bytes) = (0.0, 0.0, 0.0);
+        let (gemm_eff, weight_mem_eff) = match self.d.dtype {
+            d if !d.is_weight_only() => (self.p.gemm_compute_eff, self.p.gemm_memory_eff),
+            d => (
+                self.p.gemm_compute_eff * self.p.dequant_compute_eff,
+                self.p.gemm_memory_eff
+                    * if d.bytes() >= 1.0 {
+                        self.p.w8_memory_eff
+                    } else {
+                        self.p.w4_memory_eff
+                    },
+            ),
+        };
         for (k, n) in shapes {
             let flops = 2.0 * tokens * k * n;
             let bytes = k * n * wb + tokens * (k + n) * act;
-            lin_s += self.roofline(
-                flops,
-                bytes,
-                self.p.gemm_compute_eff,
-                self.p.gemm_memory_eff,
-                peak,
-            );
+            lin_s += self.roofline(flops, bytes, gemm_eff, weight_mem_eff, peak);
             lin_flops += flops;
             lin_bytes += bytes;
         }
@@ -532,7 +564,7 @@ impl CostModel {
         let s = f64::from(samples);
         let vocab = f64::from(m.vocab) / tp;
         let head_flops = 2.0 * s * hidden * vocab;
-        let head_bytes = hidden * vocab * wb + s * vocab * 4.0;
+        let head_bytes = hidden * vocab * self.d.dtype.embedding_bytes() + s * vocab * 4.0;
         let head_s = if samples > 0 {
             self.roofline(
                 head_flops,

@@ -470,10 +470,18 @@ fn resolve(name: &str, config: ScenarioConfig) -> Result<Variant, String> {
         SchedulerKind::Chunked => 2048,
         _ => max_model_len.max(2048),
     });
+    // The KV cache stays 16-bit unless asked otherwise (vLLM's kv_cache_dtype = "auto" for
+    // quantized weights), in the weights' float format for float weights.
     let kv_dtype = config.model.kv_dtype.unwrap_or(match config.model.dtype {
-        Dtype::Fp8 => Dtype::Bf16,
-        d => d,
+        d @ (Dtype::Fp32 | Dtype::Fp16 | Dtype::Bf16) => d,
+        _ => Dtype::Bf16,
     });
+    if !kv_dtype.is_kv_format() {
+        return Err(format!(
+            "model.kv_dtype: {} is a weight format; the KV cache takes fp16, bf16, fp8, int8 or fp32",
+            kv_dtype.as_str()
+        ));
+    }
     let deployment = Deployment {
         model: model.clone(),
         gpu: gpu.clone(),

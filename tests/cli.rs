@@ -292,3 +292,22 @@ fn horizon_and_override_errors_name_the_file() {
         "{err}"
     );
 }
+
+#[test]
+fn quantized_70b_fits_and_weight_formats_are_not_kv_formats() {
+    // 4-bit AWQ Llama-2-70B (~36 GB) fits one H100, where fp16 (138 GB) does not.
+    let int4 = GOOD
+        .replace("llama-3-8b", "llama-2-70b")
+        .replace("[model]", "[model]\ndtype = \"int4\"");
+    let (code, err, out) = validate(&int4);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("int4"), "{out}");
+    assert_bad(
+        &GOOD.replace("[model]", "[model]\nkv_dtype = \"q4_0\""),
+        &["model.kv_dtype", "q4_0", "weight format"],
+    );
+    assert_bad(
+        &GOOD.replace("[model]", "[model]\ndtype = \"int3\""),
+        &["line 4", "int3", "int4-g32", "q4_k_m"],
+    );
+}
