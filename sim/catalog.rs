@@ -290,9 +290,105 @@ pub struct ModelSpec {
     /// Sliding attention window in tokens (`sliding_window` of the HF config; `None`: full
     /// attention).
     pub sliding_window: Option<u32>,
+    /// Experts per MoE layer (1: a dense MLP).
+    pub num_experts: u32,
+    /// Experts each token is routed to (top-k).
+    pub experts_per_token: u32,
 }
 
 impl ModelSpec {
+    /// Reads a Hugging Face `config.json` (Llama, Mistral, Mixtral, Qwen2 and other
+    /// Llama-like architectures): `num_hidden_layers`, `hidden_size`,
+    /// `num_attention_heads`, `intermediate_size` and `vocab_size` are required;
+    /// `num_key_value_heads` (default: the heads), `head_dim` (default: hidden / heads),
+    /// `max_position_embeddings` (default 4096), `tie_word_embeddings`, `rope_theta`
+    /// (default 10000), `sliding_window` (ignored when `use_sliding_window` is false) and
+    /// the experts (`num_local_experts` or `num_experts`, with `num_experts_per_tok`) are
+    /// read when present. Errors name the file and the key.
+    pub fn from_hf_config(path: &std::path::Path) -> Result<ModelSpec, String> {
+        let shown = path.display();
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("{shown}: not JSON: {e}"))?;
+        let num = |key: &str| -> Result<Option<u32>, String> {
+            match v.get(key) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(x) => x
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .map(Some)
+                    .ok_or_else(|| {
+                        format!("{shown}: `{key}` must be a non-negative integer, got {x}")
+                    }),
+            }
+        };
+        let need = |key: &str| -> Result<u32, String> {
+            match num(key)? {
+                Some(n) if n > 0 => Ok(n),
+                Some(_) => Err(format!("{shown}: `{key}` must be positive")),
+                None => Err(format!("{shown}: missing `{key}`")),
+            }
+        };
+        let hidden = need("hidden_size")?;
+        let heads = need("num_attention_heads")?;
+        let kv_heads = num("num_key_value_heads")?.unwrap_or(heads).max(1);
+        if heads % kv_heads != 0 {
+            return Err(format!(
+                "{shown}: `num_attention_heads` ({heads}) is not a multiple of `num_key_value_heads` ({kv_heads})"
+            ));
+        }
+        let head_dim = match num("head_dim")? {
+            Some(d) if d > 0 => d,
+            _ if hidden % heads == 0 => hidden / heads,
+            _ => {
+                return Err(format!(
+                    "{shown}: `hidden_size` ({hidden}) is not a multiple of `num_attention_heads` ({heads}); give `head_dim`"
+                ))
+            }
+        };
+        let num_experts = match (num("num_local_experts")?, num("num_experts")?) {
+            (Some(e), _) | (None, Some(e)) => e.max(1),
+            (None, None) => 1,
+        };
+        let experts_per_token = num("num_experts_per_tok")?
+            .unwrap_or(1)
+            .clamp(1, num_experts);
+        let uses_window = v.get("use_sliding_window").and_then(|x| x.as_bool()) != Some(false);
+        let name = v
+            .get("_name_or_path")
+            .and_then(|x| x.as_str())
+            .filter(|s| !s.is_empty())
+            .map_or_else(|| shown.to_string(), str::to_string);
+        Ok(ModelSpec {
+            // Loaded once per scenario variant; the catalog's entries are static.
+            name: Box::leak(name.clone().into_boxed_str()),
+            hf_id: Box::leak(name.into_boxed_str()),
+            layers: need("num_hidden_layers")?,
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            intermediate: need("intermediate_size")?,
+            vocab: need("vocab_size")?,
+            max_position: num("max_position_embeddings")?.unwrap_or(4096).max(1),
+            tied_embeddings: v
+                .get("tie_word_embeddings")
+                .and_then(|x| x.as_bool())
+                .unwrap_or(false),
+            rope_theta: v
+                .get("rope_theta")
+                .and_then(|x| x.as_f64())
+                .unwrap_or(10000.0) as f32,
+            sliding_window: if uses_window {
+                num("sliding_window")?
+            } else {
+                None
+            },
+            num_experts,
+            experts_per_token,
+        })
+    }
+
     /// The shape the real runtimes need (Llama architecture, RMSNorm epsilon 1e-5).
     pub fn llama_shape(&self) -> kernels::cuda::LlamaShape {
         kernels::cuda::LlamaShape {
@@ -310,13 +406,43 @@ impl ModelSpec {
         }
     }
 
-    /// Parameters of one decoder layer's linear layers.
+    /// Parameters of one decoder layer's linear layers (every expert, and the router of a
+    /// mixture of experts).
     pub fn layer_linear_params(&self) -> f64 {
+        self.attention_params() + self.mlp_params()
+    }
+
+    /// Parameters of one layer's attention projections (Q, K, V, O).
+    pub fn attention_params(&self) -> f64 {
         let h = f64::from(self.hidden);
         let q = f64::from(self.heads * self.head_dim);
         let kv = f64::from(self.kv_heads * self.head_dim);
-        let i = f64::from(self.intermediate);
-        h * (q + 2.0 * kv) + q * h + 3.0 * h * i
+        h * (q + 2.0 * kv) + q * h
+    }
+
+    /// Parameters of one layer's MLP: every expert's gate, up and down projections, plus
+    /// the router when there are several experts.
+    pub fn mlp_params(&self) -> f64 {
+        let h = f64::from(self.hidden);
+        let e = f64::from(self.num_experts.max(1));
+        let router = if self.num_experts > 1 { h * e } else { 0.0 };
+        e * 3.0 * h * f64::from(self.intermediate) + router
+    }
+
+    /// Whether the MLP is a mixture of experts.
+    pub fn is_moe(&self) -> bool {
+        self.num_experts > 1
+    }
+
+    /// Parameters a token uses: the attention, its `experts_per_token` experts, the
+    /// embeddings (Mixtral-8x7B: 12.9B of 46.7B).
+    pub fn active_params(&self) -> f64 {
+        let h = f64::from(self.hidden);
+        let k = f64::from(self.experts_per_token.max(1).min(self.num_experts.max(1)));
+        let heads = if self.tied_embeddings { 1.0 } else { 2.0 };
+        f64::from(self.layers)
+            * (self.attention_params() + k * 3.0 * h * f64::from(self.intermediate))
+            + heads * self.embedding_params()
     }
 
     /// Parameters of the embedding (and of the LM head when untied).
@@ -349,6 +475,8 @@ pub const MODELS: &[ModelSpec] = &[
         max_position: 4096,
         rope_theta: 10000.0,
         sliding_window: None,
+        num_experts: 1,
+        experts_per_token: 1,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -364,6 +492,8 @@ pub const MODELS: &[ModelSpec] = &[
         max_position: 4096,
         rope_theta: 10000.0,
         sliding_window: None,
+        num_experts: 1,
+        experts_per_token: 1,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -379,6 +509,8 @@ pub const MODELS: &[ModelSpec] = &[
         max_position: 4096,
         rope_theta: 10000.0,
         sliding_window: None,
+        num_experts: 1,
+        experts_per_token: 1,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -394,6 +526,8 @@ pub const MODELS: &[ModelSpec] = &[
         max_position: 8192,
         rope_theta: 500000.0,
         sliding_window: None,
+        num_experts: 1,
+        experts_per_token: 1,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -409,6 +543,8 @@ pub const MODELS: &[ModelSpec] = &[
         max_position: 8192,
         rope_theta: 500000.0,
         sliding_window: None,
+        num_experts: 1,
+        experts_per_token: 1,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -424,6 +560,8 @@ pub const MODELS: &[ModelSpec] = &[
         max_position: 32768,
         rope_theta: 10000.0,
         sliding_window: Some(4096),
+        num_experts: 1,
+        experts_per_token: 1,
         tied_embeddings: false,
     },
     ModelSpec {
@@ -439,7 +577,43 @@ pub const MODELS: &[ModelSpec] = &[
         max_position: 8192,
         rope_theta: 100000.0,
         sliding_window: None,
+        num_experts: 1,
+        experts_per_token: 1,
         tied_embeddings: true,
+    },
+    ModelSpec {
+        name: "mixtral-8x7b",
+        hf_id: "mistralai/Mixtral-8x7B-v0.1",
+        layers: 32,
+        hidden: 4096,
+        heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+        intermediate: 14336,
+        vocab: 32000,
+        max_position: 32768,
+        rope_theta: 1000000.0,
+        tied_embeddings: false,
+        sliding_window: None,
+        num_experts: 8,
+        experts_per_token: 2,
+    },
+    ModelSpec {
+        name: "qwen2-72b",
+        hf_id: "Qwen/Qwen2-72B",
+        layers: 80,
+        hidden: 8192,
+        heads: 64,
+        kv_heads: 8,
+        head_dim: 128,
+        intermediate: 29568,
+        vocab: 152064,
+        max_position: 32768,
+        rope_theta: 1000000.0,
+        tied_embeddings: false,
+        sliding_window: None,
+        num_experts: 1,
+        experts_per_token: 1,
     },
 ];
 

@@ -310,7 +310,7 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
     let per_token = 2.0 * f64::from(m.hidden)
         + qkv
         + f64::from(m.heads * m.head_dim) / tp
-        + 3.0 * f64::from(m.intermediate) / tp;
+        + 3.0 * f64::from(m.intermediate) / tp * f64::from(m.experts_per_token.max(1));
     let activations =
         t * per_token * 2.0 + f64::from(inp.max_num_seqs) * f64::from(m.vocab) / tp * 4.0;
     let kv_per_token = d.kv_bytes_per_token();
@@ -506,14 +506,25 @@ impl CostModel {
         }
         let tokens = prefill_tokens + decode_tokens;
 
-        // Linear layers of one layer: QKV, O, gate+up, down.
+        // Linear layers of one layer: QKV, O, gate+up, down, as (K, N, FLOP multiplier,
+        // weight-read multiplier). In a mixture of experts each token runs `k` experts and
+        // the step reads the weights of every expert some token picked: with uniform
+        // routing, `E (1 - (1 - k/E)^T)` distinct experts for `T` tokens (2 for one decode
+        // token of Mixtral, all 8 beyond a few dozen tokens). Experts are split over TP.
         let q = f64::from(m.heads * m.head_dim) / tp;
         let kv = f64::from(m.kv_heads * m.head_dim) / tp;
+        let (top_k, touched) = if m.is_moe() {
+            let e = f64::from(m.num_experts);
+            let k = f64::from(m.experts_per_token.clamp(1, m.num_experts));
+            (k, e * (1.0 - (1.0 - k / e).powf(tokens)))
+        } else {
+            (1.0, 1.0)
+        };
         let shapes = [
-            (hidden, q + 2.0 * kv),
-            (q, hidden),
-            (hidden, 2.0 * inter),
-            (inter, hidden),
+            (hidden, q + 2.0 * kv, 1.0, 1.0),
+            (q, hidden, 1.0, 1.0),
+            (hidden, 2.0 * inter, top_k, touched),
+            (inter, hidden, top_k, touched),
         ];
         let (mut lin_s, mut lin_flops, mut lin_bytes) = (0.0, 0.0, 0.0);
         let (gemm_eff, weight_mem_eff) = match self.d.dtype {
@@ -528,9 +539,17 @@ impl CostModel {
                     },
             ),
         };
-        for (k, n) in shapes {
-            let flops = 2.0 * tokens * k * n;
-            let bytes = k * n * wb + tokens * (k + n) * act;
+        for (k, n, runs, reads) in shapes {
+            let flops = 2.0 * tokens * k * n * runs;
+            let bytes = k * n * wb * reads + tokens * (k + n) * act * runs;
+            lin_s += self.roofline(flops, bytes, gemm_eff, weight_mem_eff, peak);
+            lin_flops += flops;
+            lin_bytes += bytes;
+        }
+        if m.is_moe() {
+            // The router: a tiny (hidden x experts) GEMM and a top-k.
+            let e = f64::from(m.num_experts);
+            let (flops, bytes) = (2.0 * tokens * hidden * e, hidden * e * 2.0);
             lin_s += self.roofline(flops, bytes, gemm_eff, weight_mem_eff, peak);
             lin_flops += flops;
             lin_bytes += bytes;
@@ -555,7 +574,7 @@ impl CostModel {
             );
         }
         // Two RMSNorms, RoPE, SwiGLU and two residual adds: five memory-bound kernels.
-        let ew_bytes = tokens * (6.0 * hidden + 2.0 * (q + kv) + 3.0 * inter) * act;
+        let ew_bytes = tokens * (6.0 * hidden + 2.0 * (q + kv) + 3.0 * inter * top_k) * act;
         let ew_s = ew_bytes / (self.d.gpu.mem_bw * self.p.elementwise_memory_eff)
             + 5.0 * self.p.kernel_launch_us * 1e-6;
         let ar_s = 2.0 * self.allreduce_s(tokens * hidden * act);

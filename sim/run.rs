@@ -12,6 +12,7 @@ use engine::scheduler::{KvAllocator, PreemptionMode, Scheduler};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 
+use crate::catalog::Dtype;
 use crate::cost_model::{CostModel, CostModelBackend};
 use crate::driver::{run_to_end, DriverKind, RunStats};
 use crate::scenario::{Scenario, Variant};
@@ -445,6 +446,19 @@ fn cuda_runtime(
         return Err(cuda_err(kernels::cuda::CudaError::Config(format!(
             "hardware.tp = {}: the CUDA backend runs on one GPU (tensor parallelism needs NCCL, not built yet)",
             variant.deployment.tp
+        ))));
+    }
+    let d = &variant.deployment;
+    if d.model.is_moe() {
+        return Err(cuda_err(kernels::cuda::CudaError::Config(format!(
+            "model {}: the CUDA runtime runs dense Llama-architecture MLPs only (no mixture of experts yet)",
+            d.model.name
+        ))));
+    }
+    if !matches!(d.dtype, Dtype::Bf16 | Dtype::Fp16) {
+        return Err(cuda_err(kernels::cuda::CudaError::Config(format!(
+            "model.dtype = {}: the CUDA runtime runs 16-bit weights (set model.dtype = \"bf16\")",
+            d.dtype.as_str()
         ))));
     }
     let shape = variant.deployment.model.llama_shape();

@@ -31,7 +31,7 @@ use engine::scheduler::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::{find_gpu, find_model, Dtype, GPUS, MODELS};
+use crate::catalog::{find_gpu, find_model, Dtype, ModelSpec, GPUS, MODELS};
 use crate::cost_model::{memory_plan, CostParams, Deployment, MemoryInputs, MemoryPlan};
 use crate::workload::WorkloadConfig;
 
@@ -50,7 +50,12 @@ pub struct ScenarioError {
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// Catalog name or Hugging Face id (`sim models` lists them).
-    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// A Hugging Face `config.json` describing the model instead (relative to the
+    /// scenario file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<PathBuf>,
     /// Weight format.
     #[serde(default = "default_dtype")]
     pub dtype: Dtype,
@@ -333,7 +338,7 @@ impl Scenario {
 
         let mut variants = Vec::new();
         if base.variant.is_empty() {
-            variants.push(resolve("base", base.clone()).map_err(err)?);
+            variants.push(resolve("base", base.clone(), &base_dir).map_err(err)?);
         }
         for (i, over) in base.variant.iter().enumerate() {
             let vname = match over.get("name") {
@@ -370,8 +375,10 @@ impl Scenario {
             if variants.iter().any(|v: &Variant| v.name == vname) {
                 return Err(err(format!("variant `{vname}` is defined twice")));
             }
-            variants
-                .push(resolve(&vname, cfg).map_err(|m| err(format!("variant `{vname}`: {m}")))?);
+            variants.push(
+                resolve(&vname, cfg, &base_dir)
+                    .map_err(|m| err(format!("variant `{vname}`: {m}")))?,
+            );
         }
         Ok(Scenario {
             name,
@@ -385,15 +392,28 @@ impl Scenario {
 }
 
 /// Checks one configuration and computes its deployment, memory plan and scheduler limits.
-fn resolve(name: &str, config: ScenarioConfig) -> Result<Variant, String> {
-    let model = find_model(&config.model.name).ok_or_else(|| {
-        let names: Vec<&str> = MODELS.iter().map(|m| m.name).collect();
-        format!(
-            "model.name: unknown model `{}` (known: {})",
-            config.model.name,
-            names.join(", ")
-        )
-    })?;
+fn resolve(name: &str, config: ScenarioConfig, base_dir: &Path) -> Result<Variant, String> {
+    let loaded;
+    let model = match (&config.model.name, &config.model.config) {
+        (Some(n), None) => find_model(n).ok_or_else(|| {
+            let names: Vec<&str> = MODELS.iter().map(|m| m.name).collect();
+            format!(
+                "model.name: unknown model `{n}` (known: {}; or give model.config = \"config.json\")",
+                names.join(", ")
+            )
+        })?,
+        (None, Some(path)) => {
+            loaded = ModelSpec::from_hf_config(&base_dir.join(path))
+                .map_err(|e| format!("model.config: {e}"))?;
+            &loaded
+        }
+        (Some(_), Some(_)) => {
+            return Err("model: give model.name (catalog) or model.config (a config.json), not both".into())
+        }
+        (None, None) => {
+            return Err("model: missing: give model.name (a catalog model, see `sim models`) or model.config (a Hugging Face config.json)".into())
+        }
+    };
     let gpu = find_gpu(&config.hardware.gpu).ok_or_else(|| {
         let names: Vec<&str> = GPUS.iter().map(|g| g.name).collect();
         format!(

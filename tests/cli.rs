@@ -311,3 +311,26 @@ fn quantized_70b_fits_and_weight_formats_are_not_kv_formats() {
         &["line 4", "int3", "int4-g32", "q4_k_m"],
     );
 }
+
+#[test]
+fn a_hugging_face_config_json_is_a_model() {
+    let config = std::fs::canonicalize("tests/data/mixtral_config.json").expect("fixture");
+    let text = GOOD
+        .replace(
+            "name = \"llama-3-8b\"",
+            &format!("config = {:?}", config.display().to_string()),
+        )
+        .replace("gpu = \"h100-sxm\"", "gpu = \"h100-sxm\"\ntp = 2");
+    let (code, err, out) = validate(&text);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("Mixtral-8x7B"), "{out}");
+    // Both, or neither, is an error naming the keys.
+    assert_bad(
+        &text.replace("[model]", "[model]\nname = \"llama-3-8b\""),
+        &["model.name", "model.config"],
+    );
+    assert_bad(
+        &GOOD.replace("name = \"llama-3-8b\"", "config = \"missing.json\""),
+        &["model.config", "missing.json"],
+    );
+}

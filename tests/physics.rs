@@ -363,3 +363,71 @@ fn fp8_raises_the_compute_roof_on_hopper_only() {
     let w8a8 = prefill("a100-80gb", Dtype::W8a8) / prefill("a100-80gb", Dtype::Bf16);
     assert!((0.45..0.6).contains(&w8a8), "A100 w8a8/bf16 {w8a8}");
 }
+
+#[test]
+fn mixtral_reads_the_experts_its_tokens_pick() {
+    use sim::catalog::ModelSpec;
+    // The catalog entry and the HF config.json describe the same model.
+    let loaded = ModelSpec::from_hf_config(std::path::Path::new("tests/data/mixtral_config.json"))
+        .expect("config.json");
+    let m = find_model("mixtral-8x7b").expect("catalog").clone();
+    assert_eq!(
+        (
+            loaded.layers,
+            loaded.num_experts,
+            loaded.experts_per_token,
+            loaded.kv_heads
+        ),
+        (m.layers, m.num_experts, m.experts_per_token, m.kv_heads)
+    );
+    assert_eq!(loaded.params(), m.params());
+    // 46.7B parameters, 12.9B active per token.
+    assert!((m.params() / 1e9 - 46.7).abs() < 0.1, "{}", m.params());
+    assert!(
+        (m.active_params() / 1e9 - 12.9).abs() < 0.1,
+        "{}",
+        m.active_params()
+    );
+    // On 2 x H100 (TP2): a batch-1 decode streams the 2 experts its token picked, like a
+    // dense 12.9B model; 64 decode tokens touch all 8 experts.
+    let mut d = deployment("llama-2-7b", "h100-sxm", 2, Dtype::Bf16);
+    d.model = m;
+    let model = CostModel::new(d.clone(), CostParams::default());
+    let linear = |n: usize| {
+        model
+            .step_cost(
+                std::iter::empty(),
+                std::iter::repeat_n(512, n),
+                n as u32,
+                n as u32,
+            )
+            .linear_s
+    };
+    let bw = d.gpu.mem_bw * CostParams::default().gemm_memory_eff;
+    // Bytes of the active linear weights per GPU: bf16, split over the two GPUs.
+    let active_linear_bytes =
+        (d.model.active_params() - 2.0 * d.model.embedding_params()) * 2.0 / 2.0;
+    let one = linear(1);
+    assert!(
+        (one / (active_linear_bytes / bw) - 1.0).abs() < 0.15,
+        "{one}"
+    );
+    assert!(linear(64) > 3.0 * one, "{} vs {one}", linear(64));
+    assert!(linear(64) < 4.0 * one);
+}
+
+#[test]
+fn config_json_errors_name_the_key() {
+    use sim::catalog::ModelSpec;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("config.json");
+    std::fs::write(&p, r#"{"hidden_size": 4096, "num_attention_heads": 32}"#).expect("write");
+    let e = ModelSpec::from_hf_config(&p).expect_err("incomplete");
+    assert!(
+        e.contains("config.json") && e.contains("missing `num_hidden_layers`"),
+        "{e}"
+    );
+    std::fs::write(&p, r#"{"hidden_size": -1}"#).expect("write");
+    let e = ModelSpec::from_hf_config(&p).expect_err("negative");
+    assert!(e.contains("hidden_size") && e.contains("-1"), "{e}");
+}
