@@ -31,16 +31,22 @@ pub struct CostParams {
     pub attn_memory_eff: f64,
     /// Fraction of bandwidth reached by element-wise kernels (norms, RoPE, activation).
     pub elementwise_memory_eff: f64,
-    /// Launch overhead per kernel, microseconds (small with CUDA graphs).
-    pub kernel_launch_us: f64,
+    /// The serving framework whose CPU and launch overheads apply (`vllm-v1`, `vllm-v0`,
+    /// `tensorrt-llm`, `hf-transformers`, `llama.cpp`); the three overheads below override
+    /// its figures one by one.
+    pub framework: Framework,
+    /// Launch overhead per kernel, microseconds (default: the framework's).
+    pub kernel_launch_us: Option<f64>,
     /// Fraction of the link bandwidth an all-reduce reaches.
     pub allreduce_eff: f64,
     /// Latency of one all-reduce, microseconds.
     pub allreduce_latency_us: f64,
-    /// Framework CPU overhead per step, microseconds (scheduling, input preparation).
-    pub step_overhead_us: f64,
-    /// Additional CPU overhead per sequence in the step, microseconds.
-    pub per_seq_overhead_us: f64,
+    /// Framework CPU overhead per step, microseconds (scheduling, input preparation;
+    /// default: the framework's).
+    pub step_overhead_us: Option<f64>,
+    /// Additional CPU overhead per sequence in the step, microseconds (default: the
+    /// framework's).
+    pub per_seq_overhead_us: Option<f64>,
     /// Fraction of the 16-bit GEMM rate kept when weights are dequantized on the fly
     /// (weight-only int8/int4/GGUF formats: the unpacking costs ALU work in the GEMM).
     pub dequant_compute_eff: f64,
@@ -62,11 +68,12 @@ impl Default for CostParams {
             attn_compute_eff: 0.50,
             attn_memory_eff: 0.70,
             elementwise_memory_eff: 0.60,
-            kernel_launch_us: 2.0,
+            framework: Framework::VllmV1,
+            kernel_launch_us: None,
             allreduce_eff: 0.40,
             allreduce_latency_us: 10.0,
-            step_overhead_us: 300.0,
-            per_seq_overhead_us: 4.0,
+            step_overhead_us: None,
+            per_seq_overhead_us: None,
             dequant_compute_eff: 0.85,
             w8_memory_eff: 0.74,
             w4_memory_eff: 0.56,
@@ -74,7 +81,60 @@ impl Default for CostParams {
     }
 }
 
+/// Serving frameworks, by their CPU-side overheads (documented estimates: step scheduling
+/// and input preparation per step, per sequence, and per kernel launch; override any of
+/// them in `[cost]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Framework {
+    /// vLLM V1: CUDA graphs, a separate scheduling process; ~0.3 ms a step.
+    #[default]
+    VllmV1,
+    /// vLLM V0: scheduling and input preparation in the step's critical path; ~1 ms a step
+    /// and more per sequence (the overhead vLLM 0.6's multi-step scheduling attacked).
+    VllmV0,
+    /// TensorRT-LLM: C++ runtime with in-flight batching; ~0.1 ms a step.
+    TensorrtLlm,
+    /// Hugging Face transformers `generate`: eager PyTorch, no CUDA graphs; ~3 ms a step
+    /// and ~10 us a kernel launch.
+    HfTransformers,
+    /// llama.cpp server: C++ with CUDA graphs for batch-1 decode; ~0.2 ms a step.
+    #[serde(rename = "llama.cpp")]
+    LlamaCpp,
+}
+
+impl Framework {
+    /// (step overhead, per-sequence overhead, kernel launch), microseconds.
+    pub fn overheads_us(self) -> (f64, f64, f64) {
+        match self {
+            Framework::VllmV1 => (300.0, 4.0, 2.0),
+            Framework::VllmV0 => (1000.0, 12.0, 2.0),
+            Framework::TensorrtLlm => (100.0, 1.0, 1.5),
+            Framework::HfTransformers => (3000.0, 20.0, 10.0),
+            Framework::LlamaCpp => (200.0, 8.0, 3.0),
+        }
+    }
+}
+
 impl CostParams {
+    /// Kernel launch overhead in effect, microseconds.
+    pub fn kernel_launch_us(&self) -> f64 {
+        self.kernel_launch_us
+            .unwrap_or(self.framework.overheads_us().2)
+    }
+
+    /// CPU overhead per step in effect, microseconds.
+    pub fn step_overhead_us(&self) -> f64 {
+        self.step_overhead_us
+            .unwrap_or(self.framework.overheads_us().0)
+    }
+
+    /// CPU overhead per sequence in effect, microseconds.
+    pub fn per_seq_overhead_us(&self) -> f64 {
+        self.per_seq_overhead_us
+            .unwrap_or(self.framework.overheads_us().1)
+    }
+
     /// Rejects efficiencies outside (0, 1] and negative overheads.
     pub fn validate(&self) -> Result<(), String> {
         let effs = [
@@ -94,10 +154,10 @@ impl CostParams {
             }
         }
         let overheads = [
-            ("cost.kernel_launch_us", self.kernel_launch_us),
+            ("cost.kernel_launch_us", self.kernel_launch_us()),
             ("cost.allreduce_latency_us", self.allreduce_latency_us),
-            ("cost.step_overhead_us", self.step_overhead_us),
-            ("cost.per_seq_overhead_us", self.per_seq_overhead_us),
+            ("cost.step_overhead_us", self.step_overhead_us()),
+            ("cost.per_seq_overhead_us", self.per_seq_overhead_us()),
         ];
         for (k, v) in overheads {
             if !(v >= 0.0 && v.is_finite()) {
@@ -448,7 +508,7 @@ impl CostModel {
 
     fn roofline(&self, flops: f64, bytes: f64, eff_c: f64, eff_m: f64, peak: f64) -> f64 {
         (flops / (peak * eff_c)).max(bytes / (self.d.gpu.mem_bw * eff_m))
-            + self.p.kernel_launch_us * 1e-6
+            + self.p.kernel_launch_us() * 1e-6
     }
 
     /// Time of one ring all-reduce of `bytes` over `tp` GPUs.
@@ -576,7 +636,7 @@ impl CostModel {
         // Two RMSNorms, RoPE, SwiGLU and two residual adds: five memory-bound kernels.
         let ew_bytes = tokens * (6.0 * hidden + 2.0 * (q + kv) + 3.0 * inter * top_k) * act;
         let ew_s = ew_bytes / (self.d.gpu.mem_bw * self.p.elementwise_memory_eff)
-            + 5.0 * self.p.kernel_launch_us * 1e-6;
+            + 5.0 * self.p.kernel_launch_us() * 1e-6;
         let ar_s = 2.0 * self.allreduce_s(tokens * hidden * act);
 
         let layers = f64::from(m.layers);
@@ -596,7 +656,7 @@ impl CostModel {
             0.0
         };
         let overhead_s =
-            (self.p.step_overhead_us + self.p.per_seq_overhead_us * f64::from(num_seqs)) * 1e-6;
+            (self.p.step_overhead_us() + self.p.per_seq_overhead_us() * f64::from(num_seqs)) * 1e-6;
 
         let linear_s = layers * lin_s;
         let attention_s = layers * attn_s;
@@ -628,11 +688,11 @@ impl CostModel {
         let b = self.block_bytes_per_gpu();
         let mut t = 0.0;
         if swapped > 0 {
-            t += swapped as f64 * b / self.d.gpu.pcie_bw + self.p.kernel_launch_us * 1e-6;
+            t += swapped as f64 * b / self.d.gpu.pcie_bw + self.p.kernel_launch_us() * 1e-6;
         }
         if copied > 0 {
             t += 2.0 * copied as f64 * b / (self.d.gpu.mem_bw * self.p.elementwise_memory_eff)
-                + self.p.kernel_launch_us * 1e-6;
+                + self.p.kernel_launch_us() * 1e-6;
         }
         t
     }

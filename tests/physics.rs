@@ -210,7 +210,7 @@ fn swapping_a_block_costs_its_bytes_over_pcie() {
     )
     .with_block_size(16);
     assert_eq!(m.block_bytes_per_gpu(), 2.0 * 1024.0 * 1024.0);
-    let launch = CostParams::default().kernel_launch_us * 1e-6;
+    let launch = CostParams::default().kernel_launch_us() * 1e-6;
     let t = m.kv_transfer_s(100, 0);
     assert!((t - (100.0 * 2.0 * 1024.0 * 1024.0 / 64e9 + launch)).abs() < 1e-12);
     // A copy-on-write block copy reads and writes HBM: far cheaper than a swap.
@@ -430,4 +430,32 @@ fn config_json_errors_name_the_key() {
     std::fs::write(&p, r#"{"hidden_size": -1}"#).expect("write");
     let e = ModelSpec::from_hf_config(&p).expect_err("negative");
     assert!(e.contains("hidden_size") && e.contains("-1"), "{e}");
+}
+
+#[test]
+fn framework_profiles_set_the_cpu_overheads() {
+    use sim::cost_model::Framework;
+    // SmolLM2-135M decodes in tens of microseconds on an H100: the framework's CPU and
+    // launch overheads dominate the step.
+    let step = |framework, step_us: Option<f64>| {
+        let p = CostParams {
+            framework,
+            step_overhead_us: step_us,
+            ..CostParams::default()
+        };
+        decode_step_s(
+            &CostModel::new(deployment("smollm2-135m", "h100-sxm", 1, Dtype::Bf16), p),
+            256,
+        )
+    };
+    let trt = step(Framework::TensorrtLlm, None);
+    let v1 = step(Framework::VllmV1, None);
+    let v0 = step(Framework::VllmV0, None);
+    let hf = step(Framework::HfTransformers, None);
+    assert!(trt < v1 && v1 < v0 && v0 < hf, "{trt} {v1} {v0} {hf}");
+    assert!(hf > 3e-3, "eager transformers: {hf}");
+    // An explicit overhead overrides the profile's.
+    let (s0, _, _) = Framework::VllmV0.overheads_us();
+    let forced = step(Framework::VllmV0, Some(s0 + 500.0));
+    assert!((forced - v0 - 500e-6).abs() < 1e-9);
 }
