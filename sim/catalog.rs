@@ -163,7 +163,67 @@ pub struct Gpu {
     pub pcie_bw: f64,
 }
 
+/// A GPU described in a TOML file (`hardware.gpu_file`), in the units of datasheets.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuFile {
+    /// Short name.
+    pub name: String,
+    /// Marketing name (default: the name).
+    #[serde(default)]
+    pub display: Option<String>,
+    /// Device memory, GiB.
+    pub memory_gib: f64,
+    /// Dense 16-bit tensor-core peak, TFLOP/s.
+    pub bf16_tflops: f64,
+    /// Dense fp8 peak, TFLOP/s (omit when the GPU has no fp8 tensor cores).
+    #[serde(default)]
+    pub fp8_tflops: Option<f64>,
+    /// fp32 (non-tensor) peak, TFLOP/s.
+    pub fp32_tflops: f64,
+    /// Memory bandwidth, GB/s.
+    pub memory_bandwidth_gbs: f64,
+    /// GPU-to-GPU bandwidth per direction for all-reduce (NVLink, else PCIe), GB/s.
+    pub interconnect_gbs: f64,
+    /// Host link per direction, GB/s.
+    pub pcie_gbs: f64,
+}
+
 impl Gpu {
+    /// Reads a GPU from a TOML file ([`GpuFile`]'s keys); errors name the file and key.
+    pub fn from_toml_file(path: &std::path::Path) -> Result<Gpu, String> {
+        let shown = path.display();
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?;
+        let f: GpuFile = toml::from_str(&text).map_err(|e| format!("{shown}: {}", e.message()))?;
+        let positive = [
+            ("memory_gib", f.memory_gib),
+            ("bf16_tflops", f.bf16_tflops),
+            ("fp32_tflops", f.fp32_tflops),
+            ("memory_bandwidth_gbs", f.memory_bandwidth_gbs),
+            ("interconnect_gbs", f.interconnect_gbs),
+            ("pcie_gbs", f.pcie_gbs),
+            ("fp8_tflops", f.fp8_tflops.unwrap_or(1.0)),
+        ];
+        for (k, v) in positive {
+            if !(v > 0.0 && v.is_finite()) {
+                return Err(format!("{shown}: `{k}` must be a positive number, got {v}"));
+            }
+        }
+        let display = f.display.clone().unwrap_or_else(|| f.name.clone());
+        Ok(Gpu {
+            // Loaded once per scenario variant; the catalog's entries are static.
+            name: Box::leak(f.name.into_boxed_str()),
+            display: Box::leak(display.into_boxed_str()),
+            mem_bytes: f.memory_gib * 1024.0 * MIB,
+            flops_16: f.bf16_tflops * 1e12,
+            flops_fp8: f.fp8_tflops.map(|t| t * 1e12),
+            flops_32: f.fp32_tflops * 1e12,
+            mem_bw: f.memory_bandwidth_gbs * 1e9,
+            link_bw: f.interconnect_gbs * 1e9,
+            pcie_bw: f.pcie_gbs * 1e9,
+        })
+    }
+
     /// Peak FLOP/s for matrix math in `dtype`.
     pub fn peak_flops(&self, dtype: Dtype) -> f64 {
         match dtype {

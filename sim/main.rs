@@ -127,9 +127,19 @@ fn print_plan(out: &mut String, scenario: &Scenario) {
         let m = &v.memory;
         outln!(out);
         outln!(out, "variant `{}`", v.name);
+        let moe = if d.model.is_moe() {
+            format!(
+                ", {:.2} B active: {} of {} experts",
+                d.model.active_params() / 1e9,
+                d.model.experts_per_token,
+                d.model.num_experts
+            )
+        } else {
+            String::new()
+        };
         outln!(
             out,
-            "  model            {} ({:.2} B params), weights {}, KV cache {}",
+            "  model            {} ({:.2} B params{moe}), weights {}, KV cache {}",
             d.model.name,
             d.model.params() / 1e9,
             d.dtype.as_str(),

@@ -31,7 +31,7 @@ use engine::scheduler::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::{find_gpu, find_model, Dtype, ModelSpec, GPUS, MODELS};
+use crate::catalog::{find_gpu, find_model, Dtype, Gpu, ModelSpec, GPUS, MODELS};
 use crate::cost_model::{memory_plan, CostParams, Deployment, MemoryInputs, MemoryPlan};
 use crate::workload::WorkloadConfig;
 
@@ -73,7 +73,13 @@ fn default_dtype() -> Dtype {
 #[serde(deny_unknown_fields)]
 pub struct HardwareConfig {
     /// Catalog name (`sim gpus` lists them).
-    pub gpu: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    /// A GPU described in a TOML file instead (relative to the scenario file): `name`,
+    /// `memory_gib`, `bf16_tflops`, `fp8_tflops` (optional), `fp32_tflops`,
+    /// `memory_bandwidth_gbs`, `interconnect_gbs`, `pcie_gbs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_file: Option<PathBuf>,
     /// Tensor-parallel degree (number of GPUs).
     #[serde(default = "one")]
     pub tp: u32,
@@ -414,14 +420,27 @@ fn resolve(name: &str, config: ScenarioConfig, base_dir: &Path) -> Result<Varian
             return Err("model: missing: give model.name (a catalog model, see `sim models`) or model.config (a Hugging Face config.json)".into())
         }
     };
-    let gpu = find_gpu(&config.hardware.gpu).ok_or_else(|| {
-        let names: Vec<&str> = GPUS.iter().map(|g| g.name).collect();
-        format!(
-            "hardware.gpu: unknown GPU `{}` (known: {})",
-            config.hardware.gpu,
-            names.join(", ")
-        )
-    })?;
+    let loaded_gpu;
+    let gpu = match (&config.hardware.gpu, &config.hardware.gpu_file) {
+        (Some(g), None) => find_gpu(g).ok_or_else(|| {
+            let names: Vec<&str> = GPUS.iter().map(|g| g.name).collect();
+            format!(
+                "hardware.gpu: unknown GPU `{g}` (known: {}; or describe it in hardware.gpu_file)",
+                names.join(", ")
+            )
+        })?,
+        (None, Some(path)) => {
+            loaded_gpu = Gpu::from_toml_file(&base_dir.join(path))
+                .map_err(|e| format!("hardware.gpu_file: {e}"))?;
+            &loaded_gpu
+        }
+        (Some(_), Some(_)) => {
+            return Err("hardware: give hardware.gpu (catalog) or hardware.gpu_file, not both".into())
+        }
+        (None, None) => {
+            return Err("hardware: missing: give hardware.gpu (see `sim gpus`) or hardware.gpu_file (a TOML file)".into())
+        }
+    };
     let tp = config.hardware.tp;
     if tp == 0 || model.heads % tp != 0 {
         return Err(format!(

@@ -334,3 +334,35 @@ fn a_hugging_face_config_json_is_a_model() {
         &["model.config", "missing.json"],
     );
 }
+
+#[test]
+fn a_gpu_can_come_from_a_toml_file() {
+    let gpu = std::fs::canonicalize("tests/data/h100_nvl.toml").expect("fixture");
+    let text = GOOD.replace(
+        "gpu = \"h100-sxm\"",
+        &format!("gpu_file = {:?}", gpu.display().to_string()),
+    );
+    let (code, err, out) = validate(&text);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("h100-nvl"), "{out}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = write(
+        dir.path(),
+        "gpu.toml",
+        &std::fs::read_to_string(&gpu)
+            .expect("fixture")
+            .replace("memory_bandwidth_gbs = 3900", "memory_bandwidth_gbs = -1"),
+    );
+    assert_bad(
+        &GOOD.replace(
+            "gpu = \"h100-sxm\"",
+            &format!("gpu_file = {:?}", bad.display().to_string()),
+        ),
+        &[
+            "hardware.gpu_file",
+            "gpu.toml",
+            "memory_bandwidth_gbs",
+            "-1",
+        ],
+    );
+}
