@@ -161,6 +161,11 @@ pub struct Gpu {
     pub link_bw: f64,
     /// Host link (PCIe) bandwidth per direction, bytes/s (swap, uploads).
     pub pcie_bw: f64,
+    /// Fraction of `link_bw` a ring all-reduce reaches on large messages (NCCL within a
+    /// node), fitted to Vidur's profiles where measured.
+    pub allreduce_eff: f64,
+    /// Fixed cost of one all-reduce, microseconds.
+    pub allreduce_latency_us: f64,
 }
 
 /// A GPU described in a TOML file (`hardware.gpu_file`), in the units of datasheets.
@@ -187,6 +192,12 @@ pub struct GpuFile {
     pub interconnect_gbs: f64,
     /// Host link per direction, GB/s.
     pub pcie_gbs: f64,
+    /// Fraction of the interconnect an all-reduce reaches (default 0.6).
+    #[serde(default)]
+    pub allreduce_eff: Option<f64>,
+    /// Fixed cost of one all-reduce, microseconds (default 50).
+    #[serde(default)]
+    pub allreduce_latency_us: Option<f64>,
 }
 
 impl Gpu {
@@ -221,6 +232,8 @@ impl Gpu {
             mem_bw: f.memory_bandwidth_gbs * 1e9,
             link_bw: f.interconnect_gbs * 1e9,
             pcie_bw: f.pcie_gbs * 1e9,
+            allreduce_eff: f.allreduce_eff.unwrap_or(0.6).clamp(1e-3, 1.0),
+            allreduce_latency_us: f.allreduce_latency_us.unwrap_or(50.0).max(0.0),
         })
     }
 
@@ -251,6 +264,8 @@ pub const GPUS: &[Gpu] = &[
         mem_bw: 1.555e12,
         link_bw: 300e9,
         pcie_bw: 32e9,
+        allreduce_eff: 0.6,
+        allreduce_latency_us: 50.0,
     },
     Gpu {
         name: "a100-80gb",
@@ -262,6 +277,8 @@ pub const GPUS: &[Gpu] = &[
         mem_bw: 2.039e12,
         link_bw: 300e9,
         pcie_bw: 32e9,
+        allreduce_eff: 0.6,
+        allreduce_latency_us: 50.0,
     },
     Gpu {
         name: "a100-80gb-pcie",
@@ -273,6 +290,8 @@ pub const GPUS: &[Gpu] = &[
         mem_bw: 1.935e12,
         link_bw: 32e9,
         pcie_bw: 32e9,
+        allreduce_eff: 0.6,
+        allreduce_latency_us: 50.0,
     },
     Gpu {
         name: "h100-sxm",
@@ -284,6 +303,8 @@ pub const GPUS: &[Gpu] = &[
         mem_bw: 3.35e12,
         link_bw: 450e9,
         pcie_bw: 64e9,
+        allreduce_eff: 0.8,
+        allreduce_latency_us: 30.0,
     },
     Gpu {
         name: "h100-pcie",
@@ -295,6 +316,8 @@ pub const GPUS: &[Gpu] = &[
         mem_bw: 2.0e12,
         link_bw: 64e9,
         pcie_bw: 64e9,
+        allreduce_eff: 0.6,
+        allreduce_latency_us: 50.0,
     },
     Gpu {
         name: "h200",
@@ -306,6 +329,8 @@ pub const GPUS: &[Gpu] = &[
         mem_bw: 4.8e12,
         link_bw: 450e9,
         pcie_bw: 64e9,
+        allreduce_eff: 0.8,
+        allreduce_latency_us: 30.0,
     },
     Gpu {
         name: "l40s",
@@ -317,6 +342,8 @@ pub const GPUS: &[Gpu] = &[
         mem_bw: 0.864e12,
         link_bw: 32e9,
         pcie_bw: 32e9,
+        allreduce_eff: 0.6,
+        allreduce_latency_us: 50.0,
     },
 ];
 

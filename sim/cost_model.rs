@@ -37,10 +37,16 @@ pub struct CostParams {
     pub framework: Framework,
     /// Launch overhead per kernel, microseconds (default: the framework's).
     pub kernel_launch_us: Option<f64>,
-    /// Fraction of the link bandwidth an all-reduce reaches.
-    pub allreduce_eff: f64,
-    /// Latency of one all-reduce, microseconds.
-    pub allreduce_latency_us: f64,
+    /// Fraction of the link bandwidth an all-reduce reaches (default: the GPU's,
+    /// fitted to Vidur's NCCL profiles: 0.6 on A100 DGX, 0.8 on H100 DGX).
+    pub allreduce_eff: Option<f64>,
+    /// Latency of one all-reduce, microseconds (default: the GPU's, 50 on A100 DGX, 30
+    /// on H100 DGX).
+    pub allreduce_latency_us: Option<f64>,
+    /// Use the framework's own all-reduce kernel for messages up to 8 MiB (vLLM's and
+    /// TensorRT-LLM's custom all-reduce over NVLink: ~10 us instead of NCCL's fixed cost);
+    /// default: whether the framework has one.
+    pub custom_allreduce: Option<bool>,
     /// Framework CPU overhead per step, microseconds (scheduling, input preparation;
     /// default: the framework's).
     pub step_overhead_us: Option<f64>,
@@ -70,8 +76,9 @@ impl Default for CostParams {
             elementwise_memory_eff: 0.60,
             framework: Framework::VllmV1,
             kernel_launch_us: None,
-            allreduce_eff: 0.40,
-            allreduce_latency_us: 10.0,
+            allreduce_eff: None,
+            allreduce_latency_us: None,
+            custom_allreduce: None,
             step_overhead_us: None,
             per_seq_overhead_us: None,
             dequant_compute_eff: 0.85,
@@ -103,7 +110,20 @@ pub enum Framework {
     LlamaCpp,
 }
 
+/// Largest message vLLM's custom all-reduce takes (`max_size`, 8 MiB).
+pub const CUSTOM_ALLREDUCE_MAX_BYTES: f64 = 8.0 * 1024.0 * 1024.0;
+/// Fixed cost of a custom (one-shot, NVLink peer-to-peer) all-reduce, microseconds.
+pub const CUSTOM_ALLREDUCE_LATENCY_US: f64 = 10.0;
+
 impl Framework {
+    /// Whether the framework all-reduces small messages with its own NVLink kernel.
+    pub fn has_custom_allreduce(self) -> bool {
+        matches!(
+            self,
+            Framework::VllmV1 | Framework::VllmV0 | Framework::TensorrtLlm
+        )
+    }
+
     /// (step overhead, per-sequence overhead, kernel launch), microseconds.
     pub fn overheads_us(self) -> (f64, f64, f64) {
         match self {
@@ -143,7 +163,7 @@ impl CostParams {
             ("cost.attn_compute_eff", self.attn_compute_eff),
             ("cost.attn_memory_eff", self.attn_memory_eff),
             ("cost.elementwise_memory_eff", self.elementwise_memory_eff),
-            ("cost.allreduce_eff", self.allreduce_eff),
+            ("cost.allreduce_eff", self.allreduce_eff.unwrap_or(1.0)),
             ("cost.dequant_compute_eff", self.dequant_compute_eff),
             ("cost.w8_memory_eff", self.w8_memory_eff),
             ("cost.w4_memory_eff", self.w4_memory_eff),
@@ -155,7 +175,10 @@ impl CostParams {
         }
         let overheads = [
             ("cost.kernel_launch_us", self.kernel_launch_us()),
-            ("cost.allreduce_latency_us", self.allreduce_latency_us),
+            (
+                "cost.allreduce_latency_us",
+                self.allreduce_latency_us.unwrap_or(0.0),
+            ),
             ("cost.step_overhead_us", self.step_overhead_us()),
             ("cost.per_seq_overhead_us", self.per_seq_overhead_us()),
         ];
@@ -511,14 +534,37 @@ impl CostModel {
             + self.p.kernel_launch_us() * 1e-6
     }
 
+    /// Time of one `m x k` by `k x n` GEMM in the deployment's weight format (the weight
+    /// is the `k x n` operand), on the same roofline as the linear layers.
+    pub fn gemm_s(&self, m: f64, k: f64, n: f64) -> f64 {
+        let flops = 2.0 * m * k * n;
+        let bytes = k * n * self.d.dtype.bytes() + m * (k + n) * 2.0;
+        self.roofline(
+            flops,
+            bytes,
+            self.p.gemm_compute_eff,
+            self.p.gemm_memory_eff,
+            self.d.gpu.peak_flops(self.d.dtype),
+        )
+    }
+
     /// Time of one ring all-reduce of `bytes` over `tp` GPUs.
     pub fn allreduce_s(&self, bytes: f64) -> f64 {
         let tp = f64::from(self.d.tp);
         if self.d.tp <= 1 {
             return 0.0;
         }
-        2.0 * (tp - 1.0) / tp * bytes / (self.d.gpu.link_bw * self.p.allreduce_eff)
-            + self.p.allreduce_latency_us * 1e-6
+        let eff = self.p.allreduce_eff.unwrap_or(self.d.gpu.allreduce_eff);
+        let custom = self
+            .p
+            .custom_allreduce
+            .unwrap_or(self.p.framework.has_custom_allreduce());
+        let latency = match self.p.allreduce_latency_us {
+            Some(l) => l,
+            None if custom && bytes <= CUSTOM_ALLREDUCE_MAX_BYTES => CUSTOM_ALLREDUCE_LATENCY_US,
+            None => self.d.gpu.allreduce_latency_us,
+        };
+        2.0 * (tp - 1.0) / tp * bytes / (self.d.gpu.link_bw * eff) + latency * 1e-6
     }
 
     /// Cost of a step of `num_seqs` sequences that computes `prefill` chunks `(cached,

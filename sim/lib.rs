@@ -24,6 +24,7 @@ pub mod cost_model;
 pub mod driver;
 pub mod run;
 pub mod scenario;
+pub mod validation;
 pub mod workload;
 
 /// Errors of the simulator library (the binary turns them into one line and exit code 2).

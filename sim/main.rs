@@ -78,6 +78,16 @@ enum Command {
         /// Scenario TOML file.
         scenario: PathBuf,
     },
+    /// Compare the cost model with every row of calibration/calibration.csv and Vidur's
+    /// operator profiles, and write the table (VALIDATION.md).
+    ValidateModel {
+        /// Folder with calibration.csv and the vidur_*.csv profiles.
+        #[arg(long, default_value = "calibration")]
+        data: PathBuf,
+        /// Markdown file to write.
+        #[arg(long, default_value = "VALIDATION.md")]
+        out: PathBuf,
+    },
     /// Time a scenario's variants (one after another, nothing written): simulated
     /// requests per wall second, steps per second, peak memory.
     Bench {
@@ -263,6 +273,18 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             print_plan(out, &scn);
             outln!(out);
             outln!(out, "ok: {} variant(s) fit", scn.variants.len());
+            Ok(())
+        }
+        Command::ValidateModel { data, out: path } => {
+            let calibration = sim::validation::calibration_checks(&data.join("calibration.csv"))?;
+            let profiles = sim::validation::profile_checks(&data)?;
+            let throughput = sim::validation::throughput_checks(&data.join("calibration.csv"))?;
+            let text = sim::validation::report(&calibration, &profiles, &throughput);
+            std::fs::write(&path, &text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            if let Some(summary) = text.split("## Summary").nth(1) {
+                outln!(out, "{}", summary.trim());
+            }
+            outln!(out, "wrote {}", path.display());
             Ok(())
         }
         Command::Bench {

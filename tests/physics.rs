@@ -186,12 +186,12 @@ fn tensor_parallel_all_reduce_grows_with_tokens() {
     let m = CostModel::new(d, CostParams::default());
     let small = m.allreduce_s(8192.0 * 2.0);
     let big = m.allreduce_s(8192.0 * 2.0 * 4096.0);
-    // Ring all-reduce: 2 (tp - 1) / tp x bytes / (link x efficiency) + latency.
-    let p = CostParams::default();
-    let expected_big =
-        1.5 * 8192.0 * 2.0 * 4096.0 / (450e9 * p.allreduce_eff) + p.allreduce_latency_us * 1e-6;
+    // Ring all-reduce: 2 (tp - 1) / tp x bytes / (link x efficiency) + latency: H100's
+    // NCCL figures (0.8, 30 us) for 64 MiB, vLLM's custom all-reduce (10 us) for 16 KiB.
+    let expected_big = 1.5 * 8192.0 * 2.0 * 4096.0 / (450e9 * 0.8) + 30.0 * 1e-6;
     assert!((big - expected_big).abs() < 1e-12);
-    assert!(small < 2.0 * p.allreduce_latency_us * 1e-6);
+    let expected_small = 1.5 * 8192.0 * 2.0 / (450e9 * 0.8) + 10.0 * 1e-6;
+    assert!((small - expected_small).abs() < 1e-12);
     let single = CostModel::new(
         deployment("llama-3-8b", "h100-sxm", 1, Dtype::Bf16),
         CostParams::default(),
@@ -458,4 +458,33 @@ fn framework_profiles_set_the_cpu_overheads() {
     let (s0, _, _) = Framework::VllmV0.overheads_us();
     let forced = step(Framework::VllmV0, Some(s0 + 500.0));
     assert!((forced - v0 - 500e-6).abs() < 1e-9);
+}
+
+#[test]
+fn validation_against_calibration_and_profiles() {
+    use sim::validation::{calibration_checks, error_stats, profile_checks, Level};
+    let dir = std::path::Path::new("calibration");
+    let rows = calibration_checks(&dir.join("calibration.csv")).expect("calibration.csv");
+    let profiles = profile_checks(dir).expect("profiles");
+    // Operator level (GEMMs, all-reduces): median within 10% over every row and profile.
+    let ops = rows
+        .iter()
+        .chain(&profiles)
+        .filter(|c| c.level == Level::Operator);
+    let (median, _, n) = error_stats(ops);
+    assert!(n > 8000, "{n} operator checks");
+    assert!(median <= 0.10, "operator median error {median}");
+    // The single-GPU end-to-end rows (gpt-fast, FasterTransformer) within 10%.
+    for c in rows
+        .iter()
+        .filter(|c| ["V01", "V02", "V03", "V07"].contains(&c.id.as_str()))
+    {
+        assert!(
+            c.error().abs() < 0.10,
+            "{}: {} vs {}",
+            c.what,
+            c.predicted,
+            c.measured
+        );
+    }
 }
