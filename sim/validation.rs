@@ -322,12 +322,14 @@ pub fn calibration_checks(path: &Path) -> Result<Vec<Check>, ValidationError> {
             }
             "V30" => {
                 for (half, g) in value.split(';').zip(["a100-80gb", "h100-sxm"]) {
-                    let m = cost(
+                    // Vidur's profiler times torch.distributed, i.e. NCCL.
+                    let m = nccl_cost(
                         model("llama-2-70b"),
                         gpu(g),
                         8,
                         Dtype::Fp16,
                         Framework::VllmV1,
+                        Some(false),
                     );
                     for (mib, measured) in [1.0, 8.0, 64.0].into_iter().zip(values(unlabel(half))) {
                         push(
@@ -389,15 +391,7 @@ pub fn profile_checks(dir: &Path) -> Result<Vec<Check>, ValidationError> {
         let path = dir.join(file);
         let rows = read_rows(&path)?;
         for (line, r) in rows {
-            let num = |k: &str| -> Result<f64, ValidationError> {
-                r.get(k)
-                    .and_then(|v| v.parse().ok())
-                    .ok_or_else(|| ValidationError::Row {
-                        path: path.display().to_string(),
-                        line,
-                        msg: format!("column `{k}` missing or not a number"),
-                    })
-            };
+            let num = |k: &str| column(&r, k, &path, line);
             let tokens = num("num_tokens")? as u32;
             let tp = num("num_tensor_parallel_workers")? as u32;
             let measured = num("time_stats.attn_pre_proj.median")?
@@ -430,15 +424,7 @@ pub fn profile_checks(dir: &Path) -> Result<Vec<Check>, ValidationError> {
         let path = dir.join(file);
         let rows = read_rows(&path)?;
         for (line, r) in rows {
-            let num = |k: &str| -> Result<f64, ValidationError> {
-                r.get(k)
-                    .and_then(|v| v.parse().ok())
-                    .ok_or_else(|| ValidationError::Row {
-                        path: path.display().to_string(),
-                        line,
-                        msg: format!("column `{k}` missing or not a number"),
-                    })
-            };
+            let num = |k: &str| column(&r, k, &path, line);
             let workers = num("num_workers")? as u32;
             // One node (NVLink, all workers on it); rows across nodes need the inter-node
             // network, which the catalog does not model.
@@ -447,12 +433,13 @@ pub fn profile_checks(dir: &Path) -> Result<Vec<Check>, ValidationError> {
                 continue;
             }
             let size = num("size")?;
-            let m = cost(
+            let m = nccl_cost(
                 model("llama-2-70b"),
                 gpu(g),
                 workers,
                 Dtype::Fp16,
                 Framework::VllmV1,
+                Some(false),
             );
             out.push(Check {
                 id: file.into(),
@@ -469,6 +456,17 @@ pub fn profile_checks(dir: &Path) -> Result<Vec<Check>, ValidationError> {
 }
 
 type Row = std::collections::HashMap<String, String>;
+
+/// The number in column `k` of a profile row.
+fn column(r: &Row, k: &str, path: &Path, line: u64) -> Result<f64, ValidationError> {
+    r.get(k)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| ValidationError::Row {
+            path: path.display().to_string(),
+            line,
+            msg: format!("column `{k}` missing or not a number"),
+        })
+}
 
 fn read_rows(path: &Path) -> Result<Vec<(u64, Row)>, ValidationError> {
     let shown = path.display().to_string();
