@@ -15,9 +15,9 @@ use crate::catalog::{Dtype, Gpu, ModelSpec};
 
 /// Efficiency factors and overheads of the cost model. Defaults come from public
 /// measurements (gpt-fast, FasterTransformer, TensorRT-LLM and Vidur's profiles, see
-/// `VALIDATION.md`): weight-streaming decode reaches ~80% of HBM bandwidth; bf16 GEMMs
-/// ~75% of peak, with compute and memory time overlapping as a soft maximum (exponent 1.5,
-/// fitted to Vidur's A100 and H100 GEMM profiles: 4.3% and 4.8% median error);
+/// `VALIDATION.md`): GEMMs reach 85% of HBM bandwidth and 75% of the tensor-core peak,
+/// with compute and memory time overlapping as a soft maximum (exponent 1.5); `sim
+/// calibrate` fits these three to Vidur's A100 and H100 layer profiles (4.4% median error);
 /// FlashAttention-2 prefill ~50%; all-reduce efficiency and latency come from the GPU
 /// catalog (fitted to Vidur's NCCL profiles), with the framework's custom all-reduce for
 /// small messages.
@@ -78,7 +78,7 @@ impl Default for CostParams {
     fn default() -> Self {
         CostParams {
             gemm_compute_eff: 0.75,
-            gemm_memory_eff: 0.80,
+            gemm_memory_eff: 0.85,
             attn_compute_eff: 0.50,
             attn_memory_eff: 0.70,
             elementwise_memory_eff: 0.60,

@@ -88,6 +88,16 @@ enum Command {
         #[arg(long, default_value = "VALIDATION.md")]
         out: PathBuf,
     },
+    /// Fit the cost model's GEMM efficiencies and the GPUs' all-reduce figures to Vidur's
+    /// operator profiles; print and write them as a `[cost]` TOML.
+    Calibrate {
+        /// Folder with the vidur_*.csv profiles.
+        #[arg(long, default_value = "calibration")]
+        from: PathBuf,
+        /// TOML file to write.
+        #[arg(long, default_value = "calibration/fitted.toml")]
+        out: PathBuf,
+    },
     /// Time a scenario's variants (one after another, nothing written): simulated
     /// requests per wall second, steps per second, peak memory.
     Bench {
@@ -273,6 +283,14 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             print_plan(out, &scn);
             outln!(out);
             outln!(out, "ok: {} variant(s) fit", scn.variants.len());
+            Ok(())
+        }
+        Command::Calibrate { from, out: path } => {
+            let fit = sim::validation::calibrate(&from)?;
+            let text = sim::validation::fit_toml(&fit);
+            std::fs::write(&path, &text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            outln!(out, "{}", text.trim_end());
+            outln!(out, "wrote {}", path.display());
             Ok(())
         }
         Command::ValidateModel { data, out: path } => {
