@@ -387,47 +387,7 @@ pub fn calibration_checks(path: &Path) -> Result<Vec<Check>, ValidationError> {
 /// Vidur's operator profiles of Llama-2-7B: per number of tokens and TP degree, the layer's
 /// four linear layers; and its NCCL all-reduce times per message size and GPU count.
 pub fn profile_checks(dir: &Path) -> Result<Vec<Check>, ValidationError> {
-    let mut out = Vec::new();
-    for (g, file) in [
-        ("a100-80gb", "vidur_a100_Llama-2-7b-hf_mlp.csv"),
-        ("h100-sxm", "vidur_h100_Llama-2-7b-hf_mlp.csv"),
-    ] {
-        let path = dir.join(file);
-        let rows = read_rows(&path)?;
-        for (line, r) in rows {
-            let num = |k: &str| column(&r, k, &path, line);
-            let tokens = num("num_tokens")? as u32;
-            let tp = num("num_tensor_parallel_workers")? as u32;
-            let measured = num("time_stats.attn_pre_proj.median")?
-                + num("time_stats.attn_post_proj.median")?
-                + num("time_stats.mlp_up_proj.median")?
-                + num("time_stats.mlp_down_proj.median")?;
-            // Vidur times each operator in eager PyTorch: its launch is in the figure.
-            let m = CostModel::new(
-                Deployment {
-                    model: model("llama-2-7b"),
-                    gpu: gpu(g),
-                    tp,
-                    dtype: Dtype::Bf16,
-                    kv_dtype: Dtype::Bf16,
-                },
-                CostParams {
-                    kernel_launch_us: Some(EAGER_LAUNCH_US),
-                    ..CostParams::default()
-                },
-            );
-            let c = m.step_cost(std::iter::once((0, tokens)), std::iter::empty(), 0, 1);
-            out.push(Check {
-                id: file.into(),
-                what: format!("layer linears, {tokens} tokens, TP{tp}, {g}"),
-                how: "QKV + O + gate/up + down of one layer".into(),
-                level: Level::Operator,
-                measured,
-                predicted: c.linear_s / 32.0 * 1e3,
-                unit: "ms",
-            });
-        }
-    }
+    let mut out = gemm_profile_checks(dir, &CostParams::default())?;
     for (g, file) in [
         ("a100-80gb", "vidur_a100_dgx_allreduce.csv"),
         ("h100-sxm", "vidur_h100_dgx_allreduce.csv"),
