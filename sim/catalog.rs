@@ -166,6 +166,9 @@ pub struct Gpu {
     pub allreduce_eff: f64,
     /// Fixed cost of one all-reduce, microseconds.
     pub allreduce_latency_us: f64,
+    /// Rental price, US dollars per GPU-hour (a rough on-demand cloud figure for capacity
+    /// planning; `sim plan --price` overrides it).
+    pub price_per_hour: f64,
 }
 
 /// A GPU described in a TOML file (`hardware.gpu_file`), in the units of datasheets.
@@ -198,6 +201,9 @@ pub struct GpuFile {
     /// Fixed cost of one all-reduce, microseconds (default 50).
     #[serde(default)]
     pub allreduce_latency_us: Option<f64>,
+    /// Rental price, USD per GPU-hour (default 0: unknown).
+    #[serde(default)]
+    pub price_per_hour: Option<f64>,
 }
 
 impl Gpu {
@@ -234,6 +240,7 @@ impl Gpu {
             pcie_bw: f.pcie_gbs * 1e9,
             allreduce_eff: f.allreduce_eff.unwrap_or(0.6).clamp(1e-3, 1.0),
             allreduce_latency_us: f.allreduce_latency_us.unwrap_or(50.0).max(0.0),
+            price_per_hour: f.price_per_hour.unwrap_or(0.0).max(0.0),
         })
     }
 
@@ -266,6 +273,7 @@ pub const GPUS: &[Gpu] = &[
         pcie_bw: 32e9,
         allreduce_eff: 0.6,
         allreduce_latency_us: 50.0,
+        price_per_hour: 1.3,
     },
     Gpu {
         name: "a100-80gb",
@@ -279,6 +287,7 @@ pub const GPUS: &[Gpu] = &[
         pcie_bw: 32e9,
         allreduce_eff: 0.6,
         allreduce_latency_us: 50.0,
+        price_per_hour: 1.8,
     },
     Gpu {
         name: "a100-80gb-pcie",
@@ -292,6 +301,7 @@ pub const GPUS: &[Gpu] = &[
         pcie_bw: 32e9,
         allreduce_eff: 0.6,
         allreduce_latency_us: 50.0,
+        price_per_hour: 1.6,
     },
     Gpu {
         name: "h100-sxm",
@@ -305,6 +315,7 @@ pub const GPUS: &[Gpu] = &[
         pcie_bw: 64e9,
         allreduce_eff: 0.8,
         allreduce_latency_us: 30.0,
+        price_per_hour: 3.0,
     },
     Gpu {
         name: "h100-pcie",
@@ -318,6 +329,7 @@ pub const GPUS: &[Gpu] = &[
         pcie_bw: 64e9,
         allreduce_eff: 0.6,
         allreduce_latency_us: 50.0,
+        price_per_hour: 2.5,
     },
     Gpu {
         name: "h200",
@@ -331,6 +343,7 @@ pub const GPUS: &[Gpu] = &[
         pcie_bw: 64e9,
         allreduce_eff: 0.8,
         allreduce_latency_us: 30.0,
+        price_per_hour: 3.8,
     },
     Gpu {
         name: "l40s",
@@ -344,6 +357,7 @@ pub const GPUS: &[Gpu] = &[
         pcie_bw: 32e9,
         allreduce_eff: 0.6,
         allreduce_latency_us: 50.0,
+        price_per_hour: 1.0,
     },
 ];
 

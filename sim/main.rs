@@ -88,6 +88,31 @@ enum Command {
         #[arg(long, default_value = "VALIDATION.md")]
         out: PathBuf,
     },
+    /// Capacity planning: the highest request rate one replica sustains under the
+    /// scenario's SLO (p90 TTFT <= slo.ttft_ms, p99 TPOT <= slo.tpot_ms), for each GPU x TP
+    /// x weight format; the replicas a target rate needs and the cost per million tokens.
+    Plan {
+        /// Scenario TOML file (its base configuration: model, engine, workload, SLO).
+        scenario: PathBuf,
+        /// Target request rate, req/s.
+        #[arg(long)]
+        rate: f64,
+        /// GPUs to compare (repeatable; default: the scenario's).
+        #[arg(long = "gpu")]
+        gpus: Vec<String>,
+        /// Tensor-parallel degrees (repeatable; default: the scenario's).
+        #[arg(long = "tp")]
+        tps: Vec<u32>,
+        /// Weight formats (repeatable; default: the scenario's).
+        #[arg(long = "dtype")]
+        dtypes: Vec<String>,
+        /// Requests simulated per probed rate.
+        #[arg(long, default_value_t = 400)]
+        requests: u64,
+        /// Price override, GPU=USD per GPU-hour (repeatable).
+        #[arg(long = "price")]
+        prices: Vec<String>,
+    },
     /// Fit the cost model's GEMM efficiencies and the GPUs' all-reduce figures to Vidur's
     /// operator profiles; print and write them as a `[cost]` TOML.
     Calibrate {
@@ -283,6 +308,71 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             print_plan(out, &scn);
             outln!(out);
             outln!(out, "ok: {} variant(s) fit", scn.variants.len());
+            Ok(())
+        }
+        Command::Plan {
+            scenario,
+            rate,
+            gpus,
+            tps,
+            dtypes,
+            requests,
+            prices,
+        } => {
+            if !(rate > 0.0 && rate.is_finite()) {
+                anyhow::bail!(
+                    "--rate: must be a positive number of requests per second, got {rate}"
+                );
+            }
+            let scn = Scenario::load(&scenario, None)?;
+            let base = &scn.base;
+            let dtypes = dtypes
+                .iter()
+                .map(|d| {
+                    toml::Value::String(d.clone())
+                        .try_into::<sim::catalog::Dtype>()
+                        .map_err(|_| anyhow::anyhow!("--dtype: unknown weight format `{d}`"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let prices = prices
+                .iter()
+                .map(|p| {
+                    let (g, v) = p
+                        .split_once('=')
+                        .ok_or_else(|| anyhow::anyhow!("--price: expected GPU=USD, got `{p}`"))?;
+                    let v: f64 = v
+                        .parse()
+                        .map_err(|_| anyhow::anyhow!("--price: `{v}` is not a number"))?;
+                    Ok((g.to_string(), v))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let inputs = sim::plan::PlanInputs {
+                target_rate: rate,
+                gpus: if gpus.is_empty() {
+                    base.hardware.gpu.iter().cloned().collect()
+                } else {
+                    gpus
+                },
+                tps: if tps.is_empty() {
+                    vec![base.hardware.tp]
+                } else {
+                    tps
+                },
+                dtypes: if dtypes.is_empty() {
+                    vec![base.model.dtype]
+                } else {
+                    dtypes
+                },
+                requests,
+                prices,
+            };
+            if inputs.gpus.is_empty() {
+                anyhow::bail!(
+                    "--gpu: the scenario describes its GPU in a file; name catalog GPUs to compare"
+                );
+            }
+            let rows = sim::plan::plan(&scn, &inputs)?;
+            outln!(out, "{}", sim::plan::table(&rows, rate).trim_end());
             Ok(())
         }
         Command::Calibrate { from, out: path } => {

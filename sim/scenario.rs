@@ -291,6 +291,25 @@ pub struct Scenario {
     pub variants: Vec<Variant>,
 }
 
+impl Scenario {
+    /// Checks a modified configuration (e.g. another GPU or rate for capacity planning)
+    /// and computes its deployment, memory plan and limits, as for a variant of the file.
+    pub fn resolve_config(
+        &self,
+        name: &str,
+        config: ScenarioConfig,
+    ) -> Result<Variant, ScenarioError> {
+        config.workload.validate().map_err(|e| ScenarioError {
+            file: self.path.display().to_string(),
+            msg: e.to_string(),
+        })?;
+        resolve(name, config, &self.base_dir).map_err(|msg| ScenarioError {
+            file: self.path.display().to_string(),
+            msg: format!("{name}: {msg}"),
+        })
+    }
+}
+
 /// 1-based line and column of byte offset `at` in `src`.
 fn line_col(src: &str, at: usize) -> (usize, usize) {
     let before = &src[..at.min(src.len())];

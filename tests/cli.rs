@@ -366,3 +366,63 @@ fn a_gpu_can_come_from_a_toml_file() {
         ],
     );
 }
+
+#[test]
+fn plan_finds_the_rate_each_deployment_sustains() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = GOOD.to_string() + "[slo]\nttft_ms = 300\ntpot_ms = 40\n";
+    let p = write(dir.path(), "scenario.toml", &text);
+    let out = sim(&[
+        "plan",
+        p.to_str().expect("utf-8"),
+        "--rate",
+        "30",
+        "--requests",
+        "100",
+        "--gpu",
+        "h100-sxm",
+        "--gpu",
+        "a100-40gb",
+        "--dtype",
+        "bf16",
+        "--dtype",
+        "int4",
+        "--price",
+        "h100-sxm=2.0",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    // One row per deployment with a positive sustained rate, replicas and a cost.
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("h100-sxm") || l.starts_with("a100-40gb"))
+        .collect();
+    assert_eq!(rows.len(), 4, "{stdout}");
+    let rate = |row: &str| -> f64 {
+        row.split_whitespace()
+            .nth(3)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    for row in &rows {
+        assert!(rate(row) > 0.0, "{row}");
+    }
+    // An H100 sustains more than an A100-40GB.
+    assert!(rate(rows[0]) > rate(rows[2]), "{stdout}");
+    // Without an SLO there is nothing to plan for.
+    assert_bad_cmd(&["plan", "--rate", "30"], GOOD, &["slo"]);
+}
+
+fn assert_bad_cmd(args: &[&str], text: &str, needles: &[&str]) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = write(dir.path(), "scenario.toml", text);
+    let mut all: Vec<&str> = vec![args[0], p.to_str().expect("utf-8")];
+    all.extend(&args[1..]);
+    let out = sim(&all);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "`{n}` missing from: {err}");
+    }
+}

@@ -1,0 +1,242 @@
+//! Capacity planning (`sim plan`): for a scenario's workload and SLOs, the highest Poisson
+//! request rate one replica sustains while p90 TTFT and p99 TPOT stay within the SLO, found
+//! by simulation, for each GPU x TP x weight format of a grid; then the replicas a target
+//! rate needs and the cost per million output tokens.
+
+use std::fmt::Write as _;
+
+use indicatif::ProgressBar;
+
+use crate::catalog::Dtype;
+use crate::driver::DriverKind;
+use crate::run::{run_variant, BackendKind};
+use crate::scenario::Scenario;
+use crate::workload::ArrivalConfig;
+use crate::SimError;
+
+/// One deployment of the grid and what it sustains.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanRow {
+    /// GPU catalog name.
+    pub gpu: String,
+    /// Tensor-parallel degree.
+    pub tp: u32,
+    /// Weight format.
+    pub dtype: Dtype,
+    /// Why it was not simulated (does not fit, invalid TP...).
+    pub skipped: Option<String>,
+    /// Highest rate (req/s) meeting the SLO (0 when even the lowest probed rate fails).
+    pub max_rate: f64,
+    /// Output tokens/s at that rate.
+    pub output_tps: f64,
+    /// Replicas needed for the target rate.
+    pub replicas: u32,
+    /// USD per GPU-hour.
+    pub price_per_hour: f64,
+}
+
+impl PlanRow {
+    /// USD per million output tokens at the sustained rate (`None` without a price or a
+    /// sustainable rate).
+    pub fn usd_per_million_tokens(&self) -> Option<f64> {
+        (self.output_tps > 0.0 && self.price_per_hour > 0.0)
+            .then(|| self.price_per_hour * f64::from(self.tp) / 3600.0 / self.output_tps * 1e6)
+    }
+}
+
+/// The plan's inputs.
+#[derive(Debug, Clone)]
+pub struct PlanInputs {
+    /// Target request rate (req/s) for the replica count.
+    pub target_rate: f64,
+    /// GPUs of the grid.
+    pub gpus: Vec<String>,
+    /// TP degrees of the grid.
+    pub tps: Vec<u32>,
+    /// Weight formats of the grid.
+    pub dtypes: Vec<Dtype>,
+    /// Requests per probe run.
+    pub requests: u64,
+    /// Price overrides: (GPU, USD per GPU-hour).
+    pub prices: Vec<(String, f64)>,
+}
+
+/// Whether a run meets the SLO (p90 TTFT and p99 TPOT within the scenario's bounds) and
+/// completed everything it was given.
+fn meets(s: &analysis::Summary, ttft_ms: Option<f64>, tpot_ms: Option<f64>) -> bool {
+    s.num_rejected == 0
+        && ttft_ms.is_none_or(|b| s.p90_ttft_ms <= b)
+        && tpot_ms.is_none_or(|b| s.p99_tpot_ms <= b)
+}
+
+/// Runs the grid. Each probe simulates `requests` requests at one Poisson rate (the
+/// scenario's arrival process with its rate replaced; gamma keeps its burstiness); the
+/// sustainable rate is bracketed by doubling from 0.25 req/s and refined by 10 bisections.
+pub fn plan(scn: &Scenario, inp: &PlanInputs) -> Result<Vec<PlanRow>, SimError> {
+    let slo = &scn.base.slo;
+    if slo.ttft_ms.is_none() && slo.tpot_ms.is_none() {
+        return Err(SimError::Scenario(crate::scenario::ScenarioError {
+            file: scn.path.display().to_string(),
+            msg: "slo: `sim plan` needs slo.ttft_ms (bound on p90 TTFT) and/or slo.tpot_ms (bound on p99 TPOT)".into(),
+        }));
+    }
+    let mut rows = Vec::new();
+    for gpu in &inp.gpus {
+        for &tp in &inp.tps {
+            for &dtype in &inp.dtypes {
+                let mut cfg = scn.base.clone();
+                cfg.hardware.gpu = Some(gpu.clone());
+                cfg.hardware.gpu_file = None;
+                cfg.hardware.tp = tp;
+                cfg.model.dtype = dtype;
+                cfg.workload.num_requests = Some(inp.requests);
+                cfg.workload.duration_s = None;
+                let mut row = PlanRow {
+                    gpu: gpu.clone(),
+                    tp,
+                    dtype,
+                    skipped: None,
+                    max_rate: 0.0,
+                    output_tps: 0.0,
+                    replicas: 0,
+                    price_per_hour: 0.0,
+                };
+                let probe = |rate: f64| -> Result<Option<analysis::Summary>, SimError> {
+                    let mut c = cfg.clone();
+                    c.workload.arrival = Some(match c.workload.arrival {
+                        Some(ArrivalConfig::Gamma { burstiness, .. }) => {
+                            ArrivalConfig::Gamma { rate, burstiness }
+                        }
+                        _ => ArrivalConfig::Poisson { rate },
+                    });
+                    let v = match scn.resolve_config("plan", c) {
+                        Ok(v) => v,
+                        Err(_) => return Ok(None),
+                    };
+                    let r = run_variant(
+                        scn,
+                        &v,
+                        BackendKind::Model,
+                        DriverKind::Inline,
+                        None,
+                        &ProgressBar::hidden(),
+                        &|| {},
+                    )?;
+                    Ok(Some(r.summary))
+                };
+                // Does the deployment resolve at all (fits, valid TP)?
+                let mut check = cfg.clone();
+                check.workload.arrival = Some(ArrivalConfig::Poisson { rate: 1.0 });
+                match scn.resolve_config("plan", check) {
+                    Ok(v) => {
+                        row.price_per_hour = inp
+                            .prices
+                            .iter()
+                            .find(|(g, _)| g == gpu)
+                            .map_or(v.deployment.gpu.price_per_hour, |&(_, p)| p);
+                    }
+                    Err(e) => {
+                        row.skipped = Some(e.msg.rsplit(": ").next().unwrap_or(&e.msg).to_string());
+                        rows.push(row);
+                        continue;
+                    }
+                }
+                let (mut lo, mut hi) = (0.0, 0.25);
+                let mut best: Option<analysis::Summary> = None;
+                // Bracket: double while the SLO holds (up to 4096 req/s).
+                loop {
+                    match probe(hi)? {
+                        Some(s) if meets(&s, slo.ttft_ms, slo.tpot_ms) => {
+                            lo = hi;
+                            best = Some(s);
+                            if hi >= 4096.0 {
+                                break;
+                            }
+                            hi *= 2.0;
+                        }
+                        _ => break,
+                    }
+                }
+                if best.is_some() && hi > lo {
+                    for _ in 0..10 {
+                        let mid = (lo + hi) / 2.0;
+                        match probe(mid)? {
+                            Some(s) if meets(&s, slo.ttft_ms, slo.tpot_ms) => {
+                                lo = mid;
+                                best = Some(s);
+                            }
+                            _ => hi = mid,
+                        }
+                    }
+                }
+                if let Some(s) = best {
+                    row.max_rate = lo;
+                    row.output_tps = s.output_throughput;
+                    row.replicas = (inp.target_rate / lo).ceil().max(1.0) as u32;
+                }
+                rows.push(row);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// The plan as a table.
+pub fn table(rows: &[PlanRow], target_rate: f64) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<16} {:>3} {:<9} {:>14} {:>12} {:>9} {:>6} {:>10} {:>12}",
+        "gpu",
+        "tp",
+        "weights",
+        "max req/s",
+        "out tok/s",
+        "replicas",
+        "GPUs",
+        "$/hour",
+        "$/M tokens"
+    );
+    for r in rows {
+        if let Some(why) = &r.skipped {
+            let _ = writeln!(
+                s,
+                "{:<16} {:>3} {:<9} skipped: {why}",
+                r.gpu,
+                r.tp,
+                r.dtype.as_str()
+            );
+            continue;
+        }
+        let gpus = r.replicas * r.tp;
+        let per_million = r
+            .usd_per_million_tokens()
+            .map_or_else(|| "-".to_string(), |c| format!("{c:.3}"));
+        let _ = writeln!(
+            s,
+            "{:<16} {:>3} {:<9} {:>14.2} {:>12.0} {:>9} {:>6} {:>10.2} {:>12}",
+            r.gpu,
+            r.tp,
+            r.dtype.as_str(),
+            r.max_rate,
+            r.output_tps,
+            if r.max_rate > 0.0 {
+                r.replicas.to_string()
+            } else {
+                "-".into()
+            },
+            if r.max_rate > 0.0 {
+                gpus.to_string()
+            } else {
+                "-".into()
+            },
+            r.price_per_hour * f64::from(gpus),
+            per_million
+        );
+    }
+    let _ = writeln!(
+        s,
+        "(replicas and GPUs for {target_rate} req/s; the SLO bounds p90 TTFT and p99 TPOT)"
+    );
+    s
+}
