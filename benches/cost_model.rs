@@ -13,6 +13,7 @@ fn deployment(model: &str, tp: u32) -> Deployment {
         model: find_model(model).expect("catalog model").clone(),
         gpu: find_gpu("h100-sxm").expect("catalog gpu").clone(),
         tp,
+        pp: 1,
         dtype: Dtype::Bf16,
         kv_dtype: Dtype::Bf16,
     }

@@ -119,6 +119,9 @@ pub enum Framework {
     LlamaCpp,
 }
 
+/// Fixed cost of handing a batch's hidden states to the next pipeline stage, microseconds.
+pub const P2P_LATENCY_US: f64 = 10.0;
+
 /// Largest message vLLM's custom all-reduce takes (`max_size`, 8 MiB).
 pub const CUSTOM_ALLREDUCE_MAX_BYTES: f64 = 8.0 * 1024.0 * 1024.0;
 /// Fixed cost of a custom (one-shot, NVLink peer-to-peer) all-reduce, microseconds.
@@ -207,8 +210,10 @@ pub struct Deployment {
     pub model: ModelSpec,
     /// GPU type.
     pub gpu: Gpu,
-    /// Tensor-parallel degree (GPUs).
+    /// Tensor-parallel degree (GPUs per pipeline stage).
     pub tp: u32,
+    /// Pipeline-parallel degree (stages, each holding `ceil(layers / pp)` layers).
+    pub pp: u32,
     /// Weight format.
     pub dtype: Dtype,
     /// KV-cache format.
@@ -220,15 +225,29 @@ impl Deployment {
     /// replicated).
     pub fn weight_bytes_per_gpu(&self) -> f64 {
         let m = &self.model;
-        let linear = f64::from(m.layers) * m.layer_linear_params() * self.dtype.bytes();
+        let linear =
+            f64::from(self.layers_per_stage()) * m.layer_linear_params() * self.dtype.bytes();
         let heads = if m.tied_embeddings { 1.0 } else { 2.0 };
-        let embeddings = heads * m.embedding_params() * self.dtype.embedding_bytes();
+        // Under pipeline parallelism the first stage holds the embedding and the last the
+        // LM head: a stage holds at most one of them.
+        let stage_heads = if self.pp > 1 { 1.0 } else { heads };
+        let embeddings = stage_heads * m.embedding_params() * self.dtype.embedding_bytes();
         // Norm weights stay in 16 bits (and are negligible).
         let norms = (m.params()
             - f64::from(m.layers) * m.layer_linear_params()
             - heads * m.embedding_params())
             * 2.0;
         (linear + embeddings) / f64::from(self.tp) + norms
+    }
+
+    /// Layers of the largest pipeline stage.
+    pub fn layers_per_stage(&self) -> u32 {
+        self.model.layers.div_ceil(self.pp.max(1))
+    }
+
+    /// GPUs of one replica (`tp x pp`).
+    pub fn num_gpus(&self) -> u32 {
+        self.tp * self.pp.max(1)
     }
 
     /// KV heads stored on each GPU (at least one: a head is replicated when TP exceeds the
@@ -240,7 +259,7 @@ impl Deployment {
     /// KV bytes per token on one GPU: 2 (K and V) x layers x kv_heads x head_dim x bytes.
     pub fn kv_bytes_per_token(&self) -> f64 {
         kv_cache_bytes(
-            self.model.layers,
+            self.layers_per_stage(),
             self.kv_heads_per_gpu(),
             self.model.head_dim,
             1,
@@ -721,6 +740,14 @@ impl CostModel {
         let overhead_s =
             (self.p.step_overhead_us() + self.p.per_seq_overhead_us() * f64::from(num_seqs)) * 1e-6;
 
+        // Pipeline parallelism: a batch passes the stages one after another (the engine
+        // runs one batch at a time, without vLLM's overlapping virtual engines, so each
+        // GPU idles (pp - 1) / pp of the step: the bubble), and hands its hidden states on
+        // between stages.
+        let pp = f64::from(self.d.pp.max(1));
+        let p2p_s =
+            (pp - 1.0) * (tokens * hidden * act / self.d.gpu.link_bw + P2P_LATENCY_US * 1e-6);
+        let overhead_s = overhead_s + p2p_s;
         let linear_s = layers * lin_s;
         let attention_s = layers * attn_s;
         let elementwise_s = layers * ew_s;

@@ -192,12 +192,22 @@ fn print_plan(out: &mut String, scenario: &Scenario) {
         );
         outln!(
             out,
-            "  hardware         {} x {} ({:.1} GB each), tp = {}",
-            d.tp,
+            "  hardware         {} x {} ({:.1} GB each), tp = {}, pp = {}",
+            d.num_gpus(),
             d.gpu.name,
             d.gpu.mem_bytes / 1e9,
-            d.tp
+            d.tp,
+            d.pp
         );
+        if d.pp > 1 {
+            outln!(
+                out,
+                "  pipeline         {} stages of up to {} layers; one batch at a time, so each GPU idles {:.0}% of a step (the bubble)",
+                d.pp,
+                d.layers_per_stage(),
+                100.0 * f64::from(d.pp - 1) / f64::from(d.pp)
+            );
+        }
         outln!(
             out,
             "  usable memory    {} ({} x gpu_memory_utilization {})",

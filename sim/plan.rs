@@ -21,6 +21,8 @@ pub struct PlanRow {
     pub gpu: String,
     /// Tensor-parallel degree.
     pub tp: u32,
+    /// Pipeline-parallel degree (the scenario's).
+    pub pp: u32,
     /// Weight format.
     pub dtype: Dtype,
     /// Why it was not simulated (does not fit, invalid TP...).
@@ -94,6 +96,7 @@ pub fn plan(scn: &Scenario, inp: &PlanInputs) -> Result<Vec<PlanRow>, SimError> 
                 let mut row = PlanRow {
                     gpu: gpu.clone(),
                     tp,
+                    pp: cfg.hardware.pp,
                     dtype,
                     skipped: None,
                     max_rate: 0.0,
@@ -208,7 +211,7 @@ pub fn table(rows: &[PlanRow], target_rate: f64) -> String {
             );
             continue;
         }
-        let gpus = r.replicas * r.tp;
+        let gpus = r.replicas * r.tp * r.pp;
         let per_million = r
             .usd_per_million_tokens()
             .map_or_else(|| "-".to_string(), |c| format!("{c:.3}"));

@@ -442,6 +442,12 @@ fn cuda_runtime(
             },
         )),
     };
+    if variant.deployment.pp != 1 {
+        return Err(cuda_err(kernels::cuda::CudaError::Config(format!(
+            "hardware.pp = {}: the CUDA backend runs on one GPU (no pipeline stages yet)",
+            variant.deployment.pp
+        ))));
+    }
     if variant.deployment.tp != 1 {
         return Err(cuda_err(kernels::cuda::CudaError::Config(format!(
             "hardware.tp = {}: the CUDA backend runs on one GPU (tensor parallelism needs NCCL, not built yet)",

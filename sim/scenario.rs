@@ -80,9 +80,12 @@ pub struct HardwareConfig {
     /// `memory_bandwidth_gbs`, `interconnect_gbs`, `pcie_gbs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_file: Option<PathBuf>,
-    /// Tensor-parallel degree (number of GPUs).
+    /// Tensor-parallel degree (GPUs per pipeline stage).
     #[serde(default = "one")]
     pub tp: u32,
+    /// Pipeline-parallel degree (stages of consecutive layers; `tp x pp` GPUs).
+    #[serde(default = "one")]
+    pub pp: u32,
 }
 
 fn one() -> u32 {
@@ -540,10 +543,18 @@ fn resolve(name: &str, config: ScenarioConfig, base_dir: &Path) -> Result<Varian
             kv_dtype.as_str()
         ));
     }
+    let pp = config.hardware.pp;
+    if pp == 0 || pp > model.layers {
+        return Err(format!(
+            "hardware.pp: must be from 1 to the model's {} layers, got {pp}",
+            model.layers
+        ));
+    }
     let deployment = Deployment {
         model: model.clone(),
         gpu: gpu.clone(),
         tp,
+        pp,
         dtype: config.model.dtype,
         kv_dtype,
     };

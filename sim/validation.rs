@@ -102,6 +102,7 @@ fn nccl_cost(
             model,
             gpu,
             tp,
+            pp: 1,
             dtype,
             kv_dtype: if dtype.is_kv_format() && dtype != Dtype::Int8 {
                 dtype
@@ -761,6 +762,7 @@ fn gemm_profile_checks(dir: &Path, params: &CostParams) -> Result<Vec<Check>, Va
                     model: model("llama-2-7b"),
                     gpu: gpu(g),
                     tp,
+                    pp: 1,
                     dtype: Dtype::Bf16,
                     kv_dtype: Dtype::Bf16,
                 },

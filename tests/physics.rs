@@ -11,6 +11,7 @@ fn deployment(model: &str, gpu: &str, tp: u32, dtype: Dtype) -> Deployment {
         model: find_model(model).expect("catalog model").clone(),
         gpu: find_gpu(gpu).expect("catalog gpu").clone(),
         tp,
+        pp: 1,
         dtype,
         kv_dtype: dtype,
     }
@@ -515,4 +516,24 @@ fn the_shipped_defaults_are_the_calibration_fit() {
         );
         assert!(*err < 0.10, "{g}: {err}");
     }
+}
+
+#[test]
+fn pipeline_stages_split_memory_not_latency() {
+    // Llama-2-70B fp16 on 4 x A100-80GB as PP4 x TP1: each GPU holds 20 layers (~34.6 GB
+    // with one embedding matrix) and their KV; a step passes all 80 layers in turn, so it
+    // takes what one GPU would (plus the hand-offs), not a quarter of it.
+    let mut d = deployment("llama-2-70b", "a100-80gb", 1, Dtype::Fp16);
+    d.pp = 4;
+    assert_eq!(d.layers_per_stage(), 20);
+    assert_eq!(d.num_gpus(), 4);
+    let gb = d.weight_bytes_per_gpu() / 1e9;
+    assert!((34.0..35.5).contains(&gb), "{gb} GB per GPU");
+    let one = deployment("llama-2-70b", "a100-80gb", 1, Dtype::Fp16);
+    assert_eq!(d.kv_bytes_per_token(), one.kv_bytes_per_token() / 4.0);
+    memory_plan(&d, &inputs()).expect("PP4 fits where one GPU does not");
+    let step =
+        |d: &Deployment| decode_step_s(&CostModel::new(d.clone(), CostParams::default()), 512);
+    let (pp4, single) = (step(&d), step(&one));
+    assert!(pp4 > single && pp4 < 1.01 * single, "{pp4} vs {single}");
 }

@@ -1035,6 +1035,7 @@ fn deployment() -> Deployment {
             .clone(),
         gpu: find_gpu("h100-sxm").expect("catalog has h100-sxm").clone(),
         tp: 1,
+        pp: 1,
         dtype: Dtype::Bf16,
         kv_dtype: Dtype::Bf16,
     }
