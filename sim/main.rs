@@ -114,9 +114,10 @@ enum Command {
         prices: Vec<String>,
     },
     /// Fit the cost model's GEMM efficiencies and the GPUs' all-reduce figures to Vidur's
-    /// operator profiles; print and write them as a `[cost]` TOML.
+    /// operator profiles (a folder), or the GEMM efficiencies to measured GEMMs (a CSV with
+    /// columns gpu,m,k,n,ms); print and write them as a `[cost]` TOML.
     Calibrate {
-        /// Folder with the vidur_*.csv profiles.
+        /// Folder with the vidur_*.csv profiles, or a CSV of measured GEMMs.
         #[arg(long, default_value = "calibration")]
         from: PathBuf,
         /// TOML file to write.
@@ -386,8 +387,12 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Calibrate { from, out: path } => {
-            let fit = sim::validation::calibrate(&from)?;
-            let text = sim::validation::fit_toml(&fit);
+            let fit = if from.is_file() {
+                sim::validation::calibrate_points(&from)?
+            } else {
+                sim::validation::calibrate(&from)?
+            };
+            let text = sim::validation::fit_toml(&fit, &from.display().to_string());
             std::fs::write(&path, &text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             outln!(out, "{}", text.trim_end());
             outln!(out, "wrote {}", path.display());

@@ -741,6 +741,82 @@ pub fn calibrate(dir: &Path) -> Result<Fit, ValidationError> {
     })
 }
 
+/// Fits the GEMM efficiencies and overlap exponent to measured GEMMs listed in a CSV with
+/// the columns `gpu,m,k,n,ms` (a catalog GPU, the GEMM's M x K by K x N shape in 16 bits,
+/// and the measured time in ms, each timed alone so the launch cost of eager PyTorch is in
+/// it): the same grid as [`calibrate`], without all-reduce figures.
+pub fn calibrate_points(path: &Path) -> Result<Fit, ValidationError> {
+    let mut points = Vec::new();
+    for (line, r) in read_rows(path)? {
+        let num = |k: &str| column(&r, k, path, line);
+        let name = r.get("gpu").cloned().unwrap_or_default();
+        let g = find_gpu(&name).ok_or_else(|| ValidationError::Row {
+            path: path.display().to_string(),
+            line,
+            msg: format!("unknown GPU `{name}` in column `gpu` (see `sim gpus`)"),
+        })?;
+        points.push((g.clone(), num("m")?, num("k")?, num("n")?, num("ms")?));
+    }
+    if points.is_empty() {
+        return Err(ValidationError::Row {
+            path: path.display().to_string(),
+            line: 1,
+            msg: "no measured points (columns gpu,m,k,n,ms)".into(),
+        });
+    }
+    let mut best: Option<(f64, f64, f64, Option<f64>)> = None;
+    for ec in (12..=19).map(|i| f64::from(i) / 20.0) {
+        for em in (14..=19).map(|i| f64::from(i) / 20.0) {
+            for p in [None, Some(1.0), Some(1.5), Some(2.0), Some(3.0)] {
+                let params = CostParams {
+                    gemm_compute_eff: ec,
+                    gemm_memory_eff: em,
+                    overlap_exponent: p,
+                    kernel_launch_us: Some(EAGER_LAUNCH_US),
+                    ..CostParams::default()
+                };
+                let mut errors: Vec<f64> = points
+                    .iter()
+                    .map(|(g, m, k, n, ms)| {
+                        let model = CostModel::new(
+                            Deployment {
+                                model: model("llama-2-7b"),
+                                gpu: g.clone(),
+                                tp: 1,
+                                pp: 1,
+                                dtype: Dtype::Bf16,
+                                kv_dtype: Dtype::Bf16,
+                            },
+                            params.clone(),
+                        );
+                        (model.gemm_s(*m, *k, *n) * 1e3 - ms).abs() / ms
+                    })
+                    .collect();
+                errors.sort_by(f64::total_cmp);
+                let median = errors[errors.len() / 2];
+                if best.is_none_or(|b| median < b.0 - 1e-12) {
+                    best = Some((median, ec, em, p));
+                }
+            }
+        }
+    }
+    let Some((gemm_median_error, gemm_compute_eff, gemm_memory_eff, overlap_exponent)) = best
+    else {
+        return Err(ValidationError::Row {
+            path: path.display().to_string(),
+            line: 1,
+            msg: "no fit".into(),
+        });
+    };
+    Ok(Fit {
+        gemm_compute_eff,
+        gemm_memory_eff,
+        overlap_exponent,
+        gemm_median_error,
+        allreduce: Vec::new(),
+    })
+}
+
 /// The GEMM rows of Vidur's layer profiles with the given parameters (eager launch cost).
 fn gemm_profile_checks(dir: &Path, params: &CostParams) -> Result<Vec<Check>, ValidationError> {
     let mut out = Vec::new();
@@ -803,10 +879,8 @@ fn allreduce_rows(path: &Path) -> Result<Vec<(u32, f64, f64)>, ValidationError> 
 
 /// The fit as the `[cost]` TOML a scenario takes, with the all-reduce figures for the
 /// catalog.
-pub fn fit_toml(fit: &Fit) -> String {
-    let mut s = String::from(
-        "# Written by `sim calibrate` from Vidur's operator profiles (calibration/).\n[cost]\n",
-    );
+pub fn fit_toml(fit: &Fit, source: &str) -> String {
+    let mut s = format!("# Written by `sim calibrate` from {source}.\n[cost]\n");
     let _ = writeln!(s, "gemm_compute_eff = {:.2}", fit.gemm_compute_eff);
     let _ = writeln!(s, "gemm_memory_eff = {:.2}", fit.gemm_memory_eff);
     match fit.overlap_exponent {
@@ -819,7 +893,7 @@ pub fn fit_toml(fit: &Fit) -> String {
     }
     let _ = writeln!(
         s,
-        "# GEMM profiles: median absolute error {:.1}%",
+        "# GEMMs: median absolute error {:.1}%",
         100.0 * fit.gemm_median_error
     );
     for (g, eff, lat, err) in &fit.allreduce {

@@ -537,3 +537,21 @@ fn pipeline_stages_split_memory_not_latency() {
     let (pp4, single) = (step(&d), step(&one));
     assert!(pp4 > single && pp4 < 1.01 * single, "{pp4} vs {single}");
 }
+
+#[test]
+fn calibrating_on_measured_gemms_fits_their_efficiency() {
+    use sim::validation::calibrate_points;
+    // LLMCompass's large square fp16 GEMMs on an A100 run near 90% of peak.
+    let fit = calibrate_points(std::path::Path::new("calibration/llmcompass_a100_gemm.csv"))
+        .expect("points");
+    assert!(fit.gemm_compute_eff >= 0.85, "{fit:?}");
+    assert!(fit.gemm_median_error < 0.05, "{fit:?}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("points.csv");
+    std::fs::write(&bad, "gpu,m,k,n,ms\ntpu-v9,64,128,128,1.0\n").expect("write");
+    let e = calibrate_points(&bad).expect_err("unknown gpu").to_string();
+    assert!(
+        e.contains("points.csv") && e.contains("line 2") && e.contains("tpu-v9"),
+        "{e}"
+    );
+}
