@@ -226,6 +226,27 @@ impl Gpu {
                 return Err(format!("{shown}: `{k}` must be a positive number, got {v}"));
             }
         }
+        if let Some(e) = f.allreduce_eff {
+            if !(e > 0.0 && e <= 1.0) {
+                return Err(format!(
+                    "{shown}: `allreduce_eff` must be in (0, 1], got {e}"
+                ));
+            }
+        }
+        if let Some(l) = f.allreduce_latency_us {
+            if !(l >= 0.0 && l.is_finite()) {
+                return Err(format!(
+                    "{shown}: `allreduce_latency_us` must be a non-negative number, got {l}"
+                ));
+            }
+        }
+        if let Some(p) = f.price_per_hour {
+            if !(p >= 0.0 && p.is_finite()) {
+                return Err(format!(
+                    "{shown}: `price_per_hour` must be a non-negative number, got {p}"
+                ));
+            }
+        }
         let display = f.display.clone().unwrap_or_else(|| f.name.clone());
         Ok(Gpu {
             // Loaded once per scenario variant; the catalog's entries are static.
@@ -238,9 +259,9 @@ impl Gpu {
             mem_bw: f.memory_bandwidth_gbs * 1e9,
             link_bw: f.interconnect_gbs * 1e9,
             pcie_bw: f.pcie_gbs * 1e9,
-            allreduce_eff: f.allreduce_eff.unwrap_or(0.6).clamp(1e-3, 1.0),
-            allreduce_latency_us: f.allreduce_latency_us.unwrap_or(50.0).max(0.0),
-            price_per_hour: f.price_per_hour.unwrap_or(0.0).max(0.0),
+            allreduce_eff: f.allreduce_eff.unwrap_or(0.6),
+            allreduce_latency_us: f.allreduce_latency_us.unwrap_or(50.0),
+            price_per_hour: f.price_per_hour.unwrap_or(0.0),
         })
     }
 
@@ -451,6 +472,17 @@ impl ModelSpec {
             (Some(e), _) | (None, Some(e)) => e.max(1),
             (None, None) => 1,
         };
+        if num("shared_expert_intermediate_size")?.is_some_and(|n| n > 0) {
+            return Err(format!(
+                "{shown}: shared experts (`shared_expert_intermediate_size`, Qwen-MoE) are not modelled yet"
+            ));
+        }
+        // Qwen-MoE sizes its experts with `moe_intermediate_size`; Mixtral with
+        // `intermediate_size`.
+        let intermediate = match num("moe_intermediate_size")? {
+            Some(n) if n > 0 && num_experts > 1 => n,
+            _ => need("intermediate_size")?,
+        };
         let experts_per_token = num("num_experts_per_tok")?
             .unwrap_or(1)
             .clamp(1, num_experts);
@@ -469,7 +501,7 @@ impl ModelSpec {
             heads,
             kv_heads,
             head_dim,
-            intermediate: need("intermediate_size")?,
+            intermediate,
             vocab: need("vocab_size")?,
             max_position: num("max_position_embeddings")?.unwrap_or(4096).max(1),
             tied_embeddings: v
@@ -480,8 +512,9 @@ impl ModelSpec {
                 .get("rope_theta")
                 .and_then(|x| x.as_f64())
                 .unwrap_or(10000.0) as f32,
+            // A window of 0 (or none) means full attention.
             sliding_window: if uses_window {
-                num("sliding_window")?
+                num("sliding_window")?.filter(|&w| w > 0)
             } else {
                 None
             },

@@ -185,6 +185,14 @@ impl CostParams {
                 return Err(format!("{k}: must be in (0, 1], got {v}"));
             }
         }
+        if let Some(p) = self.overlap_exponent {
+            // `inf` is the plain maximum.
+            if p.is_nan() || p < 1.0 {
+                return Err(format!(
+                    "cost.overlap_exponent: must be at least 1 (inf: the plain maximum), got {p}"
+                ));
+            }
+        }
         let overheads = [
             ("cost.kernel_launch_us", self.kernel_launch_us()),
             (
@@ -591,10 +599,12 @@ impl CostModel {
             return 0.0;
         }
         let eff = self.p.allreduce_eff.unwrap_or(self.d.gpu.allreduce_eff);
+        // vLLM enables its custom all-reduce over NVLink, or on two PCIe GPUs.
+        let peer_to_peer = self.d.gpu.link_bw > self.d.gpu.pcie_bw || self.d.tp == 2;
         let custom = self
             .p
             .custom_allreduce
-            .unwrap_or(self.p.framework.has_custom_allreduce());
+            .unwrap_or(self.p.framework.has_custom_allreduce() && peer_to_peer);
         let latency = match self.p.allreduce_latency_us {
             Some(l) => l,
             None if custom && bytes <= CUSTOM_ALLREDUCE_MAX_BYTES => CUSTOM_ALLREDUCE_LATENCY_US,
@@ -853,8 +863,9 @@ impl Backend for CostModelBackend {
         Ok(StepOutcome {
             duration,
             sampled: self.sampled.clone(),
-            mbu: c.bytes / (c.seconds * d.gpu.mem_bw),
-            mfu: c.flops / (c.seconds * d.gpu.peak_flops(d.dtype)),
+            // The stages of a pipeline share the step's traffic and FLOPs.
+            mbu: c.bytes / f64::from(d.pp.max(1)) / (c.seconds * d.gpu.mem_bw),
+            mfu: c.flops / f64::from(d.pp.max(1)) / (c.seconds * d.gpu.peak_flops(d.dtype)),
         })
     }
 }

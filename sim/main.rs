@@ -330,6 +330,9 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             requests,
             prices,
         } => {
+            if requests == 0 {
+                anyhow::bail!("--requests: must be at least 1");
+            }
             if !(rate > 0.0 && rate.is_finite()) {
                 anyhow::bail!(
                     "--rate: must be a positive number of requests per second, got {rate}"
@@ -354,6 +357,12 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                     let v: f64 = v
                         .parse()
                         .map_err(|_| anyhow::anyhow!("--price: `{v}` is not a number"))?;
+                    if !(v >= 0.0 && v.is_finite()) {
+                        anyhow::bail!("--price: {g}: must be a non-negative number of USD per GPU-hour, got {v}");
+                    }
+                    if sim::catalog::find_gpu(g).is_none() {
+                        anyhow::bail!("--price: unknown GPU `{g}` (see `sim gpus`)");
+                    }
                     Ok((g.to_string(), v))
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;

@@ -41,8 +41,9 @@ impl PlanRow {
     /// USD per million output tokens at the sustained rate (`None` without a price or a
     /// sustainable rate).
     pub fn usd_per_million_tokens(&self) -> Option<f64> {
-        (self.output_tps > 0.0 && self.price_per_hour > 0.0)
-            .then(|| self.price_per_hour * f64::from(self.tp) / 3600.0 / self.output_tps * 1e6)
+        (self.output_tps > 0.0 && self.price_per_hour > 0.0).then(|| {
+            self.price_per_hour * f64::from(self.tp * self.pp) / 3600.0 / self.output_tps * 1e6
+        })
     }
 }
 
@@ -80,6 +81,12 @@ pub fn plan(scn: &Scenario, inp: &PlanInputs) -> Result<Vec<PlanRow>, SimError> 
         return Err(SimError::Scenario(crate::scenario::ScenarioError {
             file: scn.path.display().to_string(),
             msg: "slo: `sim plan` needs slo.ttft_ms (bound on p90 TTFT) and/or slo.tpot_ms (bound on p99 TPOT)".into(),
+        }));
+    }
+    if scn.base.workload.trace.is_some() {
+        return Err(SimError::Scenario(crate::scenario::ScenarioError {
+            file: scn.path.display().to_string(),
+            msg: "workload.trace: `sim plan` varies the request rate, so it needs a synthetic workload (workload.arrival and classes)".into(),
         }));
     }
     let mut rows = Vec::new();
@@ -132,10 +139,14 @@ pub fn plan(scn: &Scenario, inp: &PlanInputs) -> Result<Vec<PlanRow>, SimError> 
                 check.workload.arrival = Some(ArrivalConfig::Poisson { rate: 1.0 });
                 match scn.resolve_config("plan", check) {
                     Ok(v) => {
+                        // Prices are matched on the catalog's name of the GPU.
+                        let name = v.deployment.gpu.name;
                         row.price_per_hour = inp
                             .prices
                             .iter()
-                            .find(|(g, _)| g == gpu)
+                            .find(|(g, _)| {
+                                crate::catalog::find_gpu(g).is_some_and(|c| c.name == name)
+                            })
                             .map_or(v.deployment.gpu.price_per_hour, |&(_, p)| p);
                     }
                     Err(e) => {

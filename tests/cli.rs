@@ -426,3 +426,37 @@ fn assert_bad_cmd(args: &[&str], text: &str, needles: &[&str]) {
         assert!(err.contains(n), "`{n}` missing from: {err}");
     }
 }
+
+#[test]
+fn review_fixes_reject_bad_cost_and_gpu_values() {
+    assert_bad(
+        &GOOD.replace(
+            "[[variant]]\nname = \"static\"",
+            "[cost]\noverlap_exponent = 0\n[[variant]]\nname = \"static\"",
+        ),
+        &["cost.overlap_exponent", "at least 1"],
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gpu = std::fs::read_to_string("tests/data/h100_nvl.toml").expect("fixture")
+        + "allreduce_eff = nan\n";
+    let bad = write(dir.path(), "gpu.toml", &gpu);
+    assert_bad(
+        &GOOD.replace(
+            "gpu = \"h100-sxm\"",
+            &format!("gpu_file = {:?}", bad.display().to_string()),
+        ),
+        &["allreduce_eff", "NaN"],
+    );
+    // `sim plan` needs a synthetic workload and known GPUs for its prices.
+    let slo = GOOD.to_string() + "[slo]\nttft_ms = 300\n";
+    assert_bad_cmd(
+        &["plan", "--rate", "5", "--price", "tpu-v9=1"],
+        &slo,
+        &["--price", "tpu-v9"],
+    );
+    assert_bad_cmd(
+        &["plan", "--rate", "5", "--requests", "0"],
+        &slo,
+        &["--requests"],
+    );
+}

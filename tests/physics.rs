@@ -427,7 +427,7 @@ fn config_json_errors_name_the_key() {
     std::fs::write(&p, r#"{"hidden_size": 4096, "num_attention_heads": 32}"#).expect("write");
     let e = ModelSpec::from_hf_config(&p).expect_err("incomplete");
     assert!(
-        e.contains("config.json") && e.contains("missing `num_hidden_layers`"),
+        e.contains("config.json") && e.contains("missing `intermediate_size`"),
         "{e}"
     );
     std::fs::write(&p, r#"{"hidden_size": -1}"#).expect("write");
@@ -553,5 +553,38 @@ fn calibrating_on_measured_gemms_fits_their_efficiency() {
     assert!(
         e.contains("points.csv") && e.contains("line 2") && e.contains("tpu-v9"),
         "{e}"
+    );
+}
+
+#[test]
+fn custom_all_reduce_needs_peer_to_peer_links() {
+    // vLLM's custom all-reduce runs over NVLink (or two PCIe GPUs); four L40S over PCIe
+    // pay NCCL's fixed cost even for a small message.
+    let small = |gpu: &str, tp| {
+        CostModel::new(
+            deployment("llama-3-8b", gpu, tp, Dtype::Bf16),
+            CostParams::default(),
+        )
+        .allreduce_s(16384.0)
+    };
+    assert!(small("h100-sxm", 4) < 15e-6);
+    assert!(small("l40s", 2) < 15e-6);
+    assert!(small("l40s", 4) > 45e-6);
+}
+
+#[test]
+fn a_zero_sliding_window_in_config_json_is_full_attention() {
+    use sim::catalog::ModelSpec;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("config.json");
+    let text = std::fs::read_to_string("tests/data/mixtral_config.json")
+        .expect("fixture")
+        .replace("\"sliding_window\": null", "\"sliding_window\": 0");
+    std::fs::write(&p, text).expect("write");
+    assert_eq!(
+        ModelSpec::from_hf_config(&p)
+            .expect("config")
+            .sliding_window,
+        None
     );
 }

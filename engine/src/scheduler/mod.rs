@@ -172,6 +172,12 @@ impl SchedulerConfig {
                 ),
             );
         }
+        if self.sliding_window == Some(0) {
+            return bad(
+                "model.sliding_window",
+                "must be at least 1 token (omit it for full attention)".into(),
+            );
+        }
         if u64::from(self.max_model_len) > self.pool_tokens {
             return bad(
                 "engine.max_model_len",
