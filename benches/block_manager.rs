@@ -7,9 +7,7 @@
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use engine::block_manager::{
-    BlockManager, CacheBlocks, EntryKind, ReserveEntry, ReserveOrder, ReserveRequest,
-};
+use engine::block_manager::{BlockManager, CacheBlocks, EntryKind, ReserveEntry, ReserveRequest};
 use engine::eviction::EvictionKind;
 use engine::prefix::block_hashes;
 
@@ -49,12 +47,7 @@ fn admit(bm: &mut BlockManager, id: u64) -> Live {
             hashes: Some(hashes.clone()),
             write_from: 0,
         }],
-        victims: vec![],
-        order: ReserveOrder::RunningFirst,
-        want_tables: false,
-        watermark_blocks: 0,
-        priority_victims: vec![],
-        probe: vec![],
+        ..ReserveRequest::default()
     });
     assert_eq!(r.granted.len(), 1, "pool too small");
     bm.cache_blocks(&[CacheBlocks {
@@ -97,11 +90,7 @@ fn bench(c: &mut Criterion) {
                 let r = bm.reserve(&ReserveRequest {
                     entries,
                     victims,
-                    order: ReserveOrder::RunningFirst,
-                    want_tables: false,
-                    watermark_blocks: 0,
-                    priority_victims: vec![],
-                    probe: vec![],
+                    ..ReserveRequest::default()
                 });
                 debug_assert!(r.preempted.is_empty());
                 for s in &mut live {

@@ -23,6 +23,7 @@ use engine::actors::{
 };
 use engine::backend::Backend;
 use engine::block_manager::BlockManager;
+use engine::cores::Cores;
 use engine::plan::{StepOutcome, StepPlan};
 use engine::record::{RequestRecord, StepRecord};
 use engine::request::{Nanos, Request};
@@ -79,8 +80,7 @@ pub trait EngineHandle {
 
 /// Calls the cores directly.
 pub struct InlineEngine {
-    scheduler: Scheduler,
-    block_manager: BlockManager,
+    cores: Cores,
     backend: Box<dyn Backend>,
 }
 
@@ -92,8 +92,7 @@ impl InlineEngine {
         backend: Box<dyn Backend>,
     ) -> Self {
         InlineEngine {
-            scheduler,
-            block_manager,
+            cores: Cores::new(scheduler, block_manager),
             backend,
         }
     }
@@ -105,18 +104,11 @@ impl EngineHandle for InlineEngine {
         req: Request,
         now: Nanos,
     ) -> Result<Option<RequestRecord>, DriverError> {
-        Ok(self.scheduler.add_request(req, now))
+        Ok(self.cores.scheduler.add_request(req, now))
     }
 
     async fn plan(&mut self, now: Nanos) -> Result<Option<Planned>, DriverError> {
-        if !self.scheduler.has_work() {
-            return Ok(None);
-        }
-        let req = self.scheduler.propose(now);
-        let resp = self.block_manager.reserve(&req);
-        let blocks_used = resp.blocks_used;
-        let plan = self.scheduler.apply(&req, resp, now);
-        Ok(Some(Planned::new(&self.scheduler, plan, blocks_used)))
+        Ok(self.cores.plan(now))
     }
 
     async fn execute(&mut self, plan: StepPlan) -> Result<(StepPlan, StepOutcome), DriverError> {
@@ -130,23 +122,20 @@ impl EngineHandle for InlineEngine {
         outcome: StepOutcome,
         now: Nanos,
     ) -> Result<(CommitResult, Vec<Nanos>), DriverError> {
-        let result = self.scheduler.commit(&plan, &outcome, now)?;
-        self.block_manager.cache_blocks(&result.cache);
-        self.block_manager.fork_all(&result.forks);
-        self.block_manager.free_all(&result.to_free);
-        let gaps = self.scheduler.take_itl_gaps().collect();
+        let result = self.cores.commit(&plan, &outcome, now)?;
+        let gaps = self.cores.scheduler.take_itl_gaps().collect();
         Ok((result, gaps))
     }
 
     async fn block_size(&mut self) -> Result<u32, DriverError> {
-        Ok(self.block_manager.block_size())
+        Ok(self.cores.block_manager.block_size())
     }
 
     async fn pool_usage(&mut self) -> Result<(u32, u32, u64), DriverError> {
         Ok((
-            self.block_manager.num_used(),
-            self.block_manager.num_blocks(),
-            self.block_manager.evictions(),
+            self.cores.block_manager.num_used(),
+            self.cores.block_manager.num_blocks(),
+            self.cores.block_manager.evictions(),
         ))
     }
 }
@@ -362,8 +351,7 @@ pub async fn run<E: EngineHandle>(
             continue;
         };
         let p = &planned.plan;
-        let transfers =
-            !p.swap_in.is_empty() || !p.swap_out.is_empty() || !p.block_copies.is_empty();
+        let transfers = p.has_transfers();
         if p.is_empty() && !transfers && !p.preempted.is_empty() {
             // Nothing runs, but the preemptions changed the pool (a contiguous allocator
             // that could not grow a sequence in place): record them and plan again now.

@@ -6,41 +6,48 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use engine::block_manager::BlockManager;
+use engine::cores::Cores;
 use engine::eviction::EvictionKind;
-use engine::plan::StepOutcome;
-use engine::scheduler::{
-    AdmissionPolicy, QueuePolicy, Scheduler, SchedulerConfig, SchedulerKind, VictimPolicy,
-};
+use engine::request::Request;
+use engine::scheduler::{Scheduler, SchedulerConfig};
 use sim::workload::{TraceConfig, TraceFormat, Workload, WorkloadConfig};
 
 const TRACE: &str = "traces/mooncake_conversation_trace.jsonl";
 const REQUESTS: usize = 1500;
 const BLOCK: u32 = 16;
 
-/// Prefix hit tokens computed from the hash ids alone: a request reuses its leading
-/// 512-token blocks whose id prefix appeared before, up to its last full 16-token block
-/// before the last token (which is always recomputed).
-fn expected_hits() -> (u64, u64) {
+/// The trace's rows: (prompt tokens, hash ids of its 512-token blocks).
+fn trace_rows() -> Vec<(u64, Vec<u64>)> {
     let text = std::fs::read_to_string(TRACE).expect("trace");
-    let mut seen: HashSet<Vec<u64>> = HashSet::new();
+    text.lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).expect("json");
+            let ids = v["hash_ids"]
+                .as_array()
+                .expect("hash_ids")
+                .iter()
+                .map(|x| x.as_u64().expect("id"))
+                .collect();
+            (v["input_length"].as_u64().expect("input_length"), ids)
+        })
+        .collect()
+}
+
+/// Prefix hit tokens computed from the hash ids alone, and the prompt tokens, over `rows`
+/// served in order: a request reuses its leading 512-token blocks whose id prefix appeared
+/// before, up to its last full `block`-token block before the last token (which is always
+/// recomputed).
+fn expected_hits(rows: &[(u64, Vec<u64>)], block: u64) -> (u64, u64) {
+    let mut seen: HashSet<&[u64]> = HashSet::new();
     let (mut hit, mut total) = (0u64, 0u64);
-    for line in text.lines().take(REQUESTS) {
-        let v: serde_json::Value = serde_json::from_str(line).expect("json");
-        let n = v["input_length"].as_u64().expect("input_length");
-        let ids: Vec<u64> = v["hash_ids"]
-            .as_array()
-            .expect("hash_ids")
-            .iter()
-            .map(|x| x.as_u64().expect("id"))
-            .collect();
+    for (n, ids) in rows {
+        let n = (*n).max(1);
         let k = (1..=ids.len())
             .take_while(|&i| seen.contains(&ids[..i]))
             .count() as u64;
-        for i in 1..=ids.len() {
-            seen.insert(ids[..i].to_vec());
-        }
+        seen.extend((1..=ids.len()).map(|i| &ids[..i]));
         total += n;
-        hit += (k * 512).min((n - 1) / u64::from(BLOCK) * u64::from(BLOCK));
+        hit += (k * 512).min((n - 1) / block * block);
     }
     (hit, total)
 }
@@ -62,57 +69,33 @@ fn unbounded_cache_hits_what_the_trace_repeats() {
     };
     let workload = Workload::open(&cfg, Path::new("."), 0).expect("workload");
     let sched_cfg = SchedulerConfig {
-        kind: SchedulerKind::Chunked,
         max_num_seqs: 1,
         max_num_batched_tokens: 65_536,
         max_model_len: 1 << 20,
         pool_tokens: 1 << 30,
-        eos_token: None,
-        want_block_tables: false,
-        keep_tokens: false,
         block_size: BLOCK,
         prefix_caching: true,
-        queue: QueuePolicy::Fcfs,
         queue_aging_ns: 1,
-        admission: AdmissionPolicy::Optimistic,
-        victim: VictimPolicy::Newest,
-        watermark_blocks: 0,
-        sliding_window: None,
+        ..SchedulerConfig::default()
     };
-    let mut sched = Scheduler::new(sched_cfg).expect("scheduler");
     // Room for every prompt of the slice: nothing is ever evicted.
-    let mut bm = BlockManager::with_prefix_caching(2_000_000, BLOCK, EvictionKind::Lru.policy());
-    let (mut hit, mut total) = (0u64, 0u64);
-    for req in workload {
-        let mut req = req.expect("request");
-        req.max_tokens = 1; // only the prompts matter here
-        total += u64::from(req.prompt_len);
-        assert!(sched.add_request(req, 0).is_none());
-        while sched.has_work() {
-            let r = sched.propose(0);
-            let resp = bm.reserve(&r);
-            let plan = sched.apply(&r, resp, 0);
-            let sampled = vec![0; plan.num_samples()];
-            let out = StepOutcome {
-                duration: 1,
-                sampled,
-                mbu: 0.0,
-                mfu: 0.0,
-            };
-            let res = sched.commit(&plan, &out, 0).expect("commit");
-            bm.cache_blocks(&res.cache);
-            bm.free_all(&res.to_free);
-            for rec in res.finished {
-                hit += u64::from(rec.cached_tokens);
-            }
-        }
-    }
+    let bm = BlockManager::with_prefix_caching(2_000_000, BLOCK, EvictionKind::Lru.policy());
+    let mut cores = Cores::new(Scheduler::new(sched_cfg).expect("scheduler"), bm);
+    // One request at a time, one output token each: only the prompts matter here.
+    let requests = workload.enumerate().map(|(i, req)| Request {
+        arrival: i as u64 * 1_000_000_000,
+        max_tokens: 1,
+        ..req.expect("request")
+    });
+    let records = cores.replay(requests, 1, false).expect("replay");
+    let hit: u64 = records.iter().map(|r| u64::from(r.cached_tokens)).sum();
+    let total: u64 = records.iter().map(|r| u64::from(r.prompt_len)).sum();
     assert_eq!(
-        bm.evictions(),
+        cores.block_manager.evictions(),
         0,
         "the cache must be large enough to keep everything"
     );
-    let (want_hit, want_total) = expected_hits();
+    let (want_hit, want_total) = expected_hits(&trace_rows()[..REQUESTS], u64::from(BLOCK));
     assert_eq!(total, want_total);
     let (rate, want) = (
         hit as f64 / total as f64,
@@ -136,30 +119,13 @@ fn whole_trace_hits_its_repeated_blocks() {
     use engine::block_manager::{CacheBlocks, EntryKind, ReserveEntry, ReserveRequest};
     use engine::prefix::chain_hash;
     const B: u64 = 512;
-    let text = std::fs::read_to_string(TRACE).expect("trace");
+    let rows = trace_rows();
+    let (want, total) = expected_hits(&rows, B);
     let mut bm = BlockManager::with_prefix_caching(400_000, B as u32, EvictionKind::Lru.policy());
-    let mut seen: HashSet<Vec<u64>> = HashSet::new();
-    let (mut hit, mut want, mut total, mut refs, mut repeats) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut hit, mut refs, mut repeats) = (0u64, 0u64, 0u64);
     let mut ids_seen: HashSet<u64> = HashSet::new();
-    for (seq, line) in text.lines().enumerate() {
-        let v: serde_json::Value = serde_json::from_str(line).expect("json");
-        let n = v["input_length"].as_u64().expect("input_length").max(1);
-        let ids: Vec<u64> = v["hash_ids"]
-            .as_array()
-            .expect("hash_ids")
-            .iter()
-            .map(|x| x.as_u64().expect("id"))
-            .collect();
-        // Expected: the leading ids whose prefix appeared before, capped below the last
-        // token (a full hit recomputes it).
-        let k = (1..=ids.len())
-            .take_while(|&i| seen.contains(&ids[..i]))
-            .count() as u64;
-        for i in 1..=ids.len() {
-            seen.insert(ids[..i].to_vec());
-        }
-        want += (k * B).min((n - 1) / B * B);
-        total += n;
+    for (seq, (n, ids)) in rows.iter().enumerate() {
+        let n = (*n).max(1);
         refs += ids.len() as u64;
         repeats += ids.iter().filter(|&&h| !ids_seen.insert(h)).count() as u64;
         // The engine: chained block hashes over the full 512-token blocks of the prompt.

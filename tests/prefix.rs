@@ -5,6 +5,7 @@
 //! back and may re-hit only what is still cached.
 
 use engine::block_manager::BlockManager;
+use engine::cores::Cores;
 use engine::eviction::EvictionKind;
 use engine::plan::StepOutcome;
 use engine::record::RequestRecord;
@@ -141,17 +142,8 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
         .map(|(i, &(gap, group, p, o))| {
             t += gap;
             Request {
-                id: i as u64,
-                arrival: t,
-                prompt_len: p,
-                prompt_tokens: tokens(group, i as u64, p),
-                max_tokens: o,
-                ignore_eos: true,
-                scripted_output: Vec::new(),
-                n: 1,
-                beam_search: false,
                 priority: i32::from(group),
-                class: 0,
+                ..Request::new(i as u64, t, p, o).with_tokens(tokens(group, i as u64, p))
             }
         })
         .collect();
@@ -184,20 +176,12 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
         let plan = sched.apply(&req, resp, now);
         prop_assert!(bm.num_used() <= c.blocks);
         bm.check_invariants().map_err(TestCaseError::fail)?;
-        let duration = 1000 + 10 * u64::from(plan.num_batched_tokens());
-        now += duration;
-        let sampled = vec![0u32; plan.num_samples()];
-        let out = StepOutcome {
-            duration,
-            sampled,
-            mbu: 0.0,
-            mfu: 0.0,
-        };
+        let out = StepOutcome::simulated(&plan, 1000 + 10 * u64::from(plan.num_batched_tokens()));
+        now += out.duration;
         let result = sched
             .commit(&plan, &out, now)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
-        bm.cache_blocks(&result.cache);
-        bm.free_all(&result.to_free);
+        bm.release(&result.cache, &result.forks, &result.to_free);
         bm.check_invariants().map_err(TestCaseError::fail)?;
         records.extend(result.finished);
         steps += 1;
@@ -268,51 +252,18 @@ fn shared_prefixes_hit() {
 /// 16 tokens and 1 ms steps; returns the records by request id.
 fn run_requests(requests: Vec<Request>, blocks: u32) -> Vec<RequestRecord> {
     let cfg = SchedulerConfig {
-        kind: SchedulerKind::Chunked,
         max_num_seqs: 64,
         max_num_batched_tokens: 4096,
         max_model_len: 16384,
         pool_tokens: u64::from(blocks) * 16,
-        eos_token: None,
-        want_block_tables: false,
-        keep_tokens: false,
-        block_size: 16,
         prefix_caching: true,
-        queue: QueuePolicy::Fcfs,
-        queue_aging_ns: 1_000_000_000,
-        admission: AdmissionPolicy::Optimistic,
-        victim: VictimPolicy::Newest,
-        watermark_blocks: 0,
-        sliding_window: None,
+        ..SchedulerConfig::default()
     };
-    let mut sched = Scheduler::new(cfg).expect("valid config");
-    let mut bm = BlockManager::with_prefix_caching(blocks, 16, EvictionKind::Lru.policy());
-    let mut pending = requests.into_iter().peekable();
-    let (mut now, mut records) = (0u64, Vec::new());
-    while pending.peek().is_some() || sched.has_work() {
-        while let Some(r) = pending.next_if(|r| r.arrival <= now) {
-            assert!(sched.add_request(r, now).is_none());
-        }
-        if !sched.has_work() {
-            now = pending.peek().map_or(now, |r| r.arrival);
-            continue;
-        }
-        let req = sched.propose(now);
-        let resp = bm.reserve(&req);
-        let plan = sched.apply(&req, resp, now);
-        now += 1_000_000;
-        let out = StepOutcome {
-            duration: 1_000_000,
-            sampled: vec![0; plan.num_samples()],
-            ..StepOutcome::default()
-        };
-        let done = sched.commit(&plan, &out, now).expect("commit");
-        bm.cache_blocks(&done.cache);
-        bm.free_all(&done.to_free);
-        records.extend(done.finished);
-    }
-    assert_eq!(bm.num_used(), 0);
-    records.sort_by_key(|r| r.request_id);
+    let bm = BlockManager::with_prefix_caching(blocks, 16, EvictionKind::Lru.policy());
+    let mut cores = Cores::new(Scheduler::new(cfg).expect("valid config"), bm);
+    let records = cores.replay(requests, 1_000_000, false).expect("replay");
+    assert!(records.iter().all(|r| !r.finish_reason.is_rejection()));
+    assert_eq!(cores.block_manager.num_used(), 0);
     records
 }
 

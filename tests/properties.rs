@@ -16,7 +16,7 @@ use std::io::Write;
 use std::rc::Rc;
 
 use analysis::{RunCollector, RunInfo};
-use engine::backend::{Backend, BackendError, SIM_TOKEN};
+use engine::backend::{Backend, BackendError};
 use engine::block_manager::{BlockManager, NULL_BLOCK};
 use engine::eviction::Lru;
 use engine::plan::{StepOutcome, StepPlan, WorkKind};
@@ -60,13 +60,10 @@ impl Backend for FakeBackend {
     }
 
     fn execute(&mut self, plan: &StepPlan) -> Result<StepOutcome, BackendError> {
-        let samples = plan.num_samples();
-        Ok(StepOutcome {
-            duration: 1000 + 10 * u64::from(plan.num_batched_tokens()),
-            sampled: vec![SIM_TOKEN; samples],
-            mbu: 0.0,
-            mfu: 0.0,
-        })
+        Ok(StepOutcome::simulated(
+            plan,
+            1000 + 10 * u64::from(plan.num_batched_tokens()),
+        ))
     }
 }
 
@@ -165,17 +162,9 @@ fn requests_from(spec: &[(Nanos, u32, u32)]) -> Vec<Request> {
                 })
                 .collect();
             Request {
-                id: i as SeqId,
-                arrival: t,
-                prompt_len,
                 prompt_tokens,
-                max_tokens,
-                ignore_eos: true,
-                scripted_output: Vec::new(),
-                n: 1,
-                beam_search: false,
                 priority: (i % 4) as i32,
-                class: 0,
+                ..Request::new(i as SeqId, t, prompt_len, max_tokens)
             }
         })
         .collect()
@@ -455,9 +444,8 @@ impl<'a> Harness<'a> {
                         return Err(fail("StepDone without a step in flight"));
                     };
                     let result = self.sched.commit(&plan, &outcome, now).map_err(fail)?;
-                    self.bm.cache_blocks(&result.cache);
-                    self.bm.fork_all(&result.forks);
-                    self.bm.free_all(&result.to_free);
+                    self.bm
+                        .release(&result.cache, &result.forks, &result.to_free);
                     let _gaps: Vec<Nanos> = self.sched.take_itl_gaps().collect();
                     for rec in result.finished {
                         self.on_end(rec)?;
@@ -488,9 +476,7 @@ impl<'a> Harness<'a> {
                 self.run.steps.len(),
                 max_steps
             );
-            let transfers = !plan.swap_in.is_empty()
-                || !plan.swap_out.is_empty()
-                || !plan.block_copies.is_empty();
+            let transfers = plan.has_transfers();
             if plan.is_empty() && !transfers && !plan.preempted.is_empty() {
                 // Only preemptions (a contiguous run that could not grow): the driver
                 // records them and plans again at once.

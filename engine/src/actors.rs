@@ -60,9 +60,7 @@ pub struct Release {
 impl Handler<Release> for BlockManagerActor {
     type Result = u32;
     fn handle(&mut self, msg: Release, _: &mut Context<Self>) -> u32 {
-        self.core.cache_blocks(&msg.cache);
-        self.core.fork_all(&msg.fork);
-        self.core.free_all(&msg.free);
+        self.core.release(&msg.cache, &msg.fork, &msg.free);
         self.core.num_used()
     }
 }

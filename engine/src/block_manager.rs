@@ -364,7 +364,7 @@ impl BlockManager {
             if self.copy_sources.contains(&b) {
                 self.deferred.push(b);
             } else {
-                self.release(b);
+                self.release_block(b);
             }
         }
     }
@@ -767,7 +767,7 @@ impl BlockManager {
     }
 
     /// Puts a block whose ref count dropped to 0 back in the free pool.
-    fn release(&mut self, b: u32) {
+    fn release_block(&mut self, b: u32) {
         if self.extents.is_some() {
             self.release_extent(b);
             return;
@@ -780,6 +780,15 @@ impl BlockManager {
             }
             _ => self.free_queue.push_back(b),
         }
+    }
+
+    /// The block manager's side of a step's commit, in its required order: register the
+    /// newly full blocks in the prefix cache, fork new sequences (they share their parents'
+    /// blocks), then free the finished sequences.
+    pub fn release(&mut self, cache: &[CacheBlocks], forks: &[(SeqId, SeqId)], free: &[SeqId]) {
+        self.cache_blocks(cache);
+        self.fork_all(forks);
+        self.free_all(free);
     }
 
     /// Frees several sequences (the per-step commit message).
@@ -1024,7 +1033,7 @@ impl BlockManager {
         }
         self.copy_sources.clear();
         for b in std::mem::take(&mut self.deferred) {
-            self.release(b);
+            self.release_block(b);
         }
         if self.extents.is_some() && self.extent_free > 0 {
             resp.external_fragmentation =
@@ -1174,12 +1183,8 @@ mod tests {
         let mut bm = BlockManager::new(8, 16);
         let req = ReserveRequest {
             entries: vec![entry(1, EntryKind::Waiting, 33)],
-            victims: vec![],
-            order: ReserveOrder::RunningFirst,
             want_tables: true,
-            watermark_blocks: 0,
-            priority_victims: vec![],
-            probe: vec![],
+            ..ReserveRequest::default()
         };
         let r = bm.reserve(&req);
         assert_eq!(r.granted, vec![0]);
@@ -1199,12 +1204,7 @@ mod tests {
         for s in [1, 2] {
             let r = bm.reserve(&ReserveRequest {
                 entries: vec![entry(s, EntryKind::Waiting, 8)],
-                victims: vec![],
-                order: ReserveOrder::RunningFirst,
-                want_tables: false,
-                watermark_blocks: 0,
-                priority_victims: vec![],
-                probe: vec![],
+                ..ReserveRequest::default()
             });
             assert_eq!(r.granted, vec![0]);
         }
@@ -1234,12 +1234,7 @@ mod tests {
         let mut bm = BlockManager::new(2, 4);
         bm.reserve(&ReserveRequest {
             entries: vec![entry(1, EntryKind::Waiting, 4)],
-            victims: vec![],
-            order: ReserveOrder::RunningFirst,
-            want_tables: false,
-            watermark_blocks: 0,
-            priority_victims: vec![],
-            probe: vec![],
+            ..ReserveRequest::default()
         });
         let r = bm.reserve(&ReserveRequest {
             entries: vec![
@@ -1279,12 +1274,8 @@ mod prefix_tests {
     fn admit(bm: &mut BlockManager, e: ReserveEntry) -> ReserveResponse {
         bm.reserve(&ReserveRequest {
             entries: vec![e],
-            victims: vec![],
-            order: ReserveOrder::RunningFirst,
             want_tables: true,
-            watermark_blocks: 0,
-            priority_victims: vec![],
-            probe: vec![],
+            ..ReserveRequest::default()
         })
     }
 

@@ -14,21 +14,16 @@
 //!
 //! ```
 //! use engine::block_manager::BlockManager;
-//! use engine::scheduler::{Scheduler, SchedulerConfig, SchedulerKind};
+//! use engine::scheduler::{Scheduler, SchedulerConfig};
 //! use engine::request::Request;
 //!
 //! let cfg = SchedulerConfig {
-//!     kind: SchedulerKind::Chunked, max_num_seqs: 8, max_num_batched_tokens: 64,
-//!     max_model_len: 256, pool_tokens: 1024, eos_token: None,
-//!     want_block_tables: false, keep_tokens: false, block_size: 16, prefix_caching: false,
-//!     queue: Default::default(), queue_aging_ns: 10_000_000_000,
-//!     admission: Default::default(), victim: Default::default(), watermark_blocks: 0,
-//!     sliding_window: None,
+//!     max_num_seqs: 8, max_num_batched_tokens: 64, max_model_len: 256, pool_tokens: 1024,
+//!     ..SchedulerConfig::default()
 //! };
 //! let mut sched = Scheduler::new(cfg).unwrap();
 //! let mut bm = BlockManager::new(64, 16);
-//! sched.add_request(Request { id: 0, arrival: 0, prompt_len: 100, prompt_tokens: vec![],
-//!     max_tokens: 4, ignore_eos: true, scripted_output: vec![], n: 1, beam_search: false, priority: 0, class: 0 }, 0);
+//! sched.add_request(Request::new(0, 0, 100, 4), 0);
 //! let req = sched.propose(0);
 //! let resp = bm.reserve(&req);
 //! let plan = sched.apply(&req, resp, 0);
@@ -39,6 +34,7 @@
 pub mod actors;
 pub mod backend;
 pub mod block_manager;
+pub mod cores;
 pub mod error;
 pub mod eviction;
 pub mod plan;

@@ -91,6 +91,11 @@ impl StepPlan {
             .sum()
     }
 
+    /// True when the plan moves KV blocks (swaps or copies) before its work.
+    pub fn has_transfers(&self) -> bool {
+        !self.swap_in.is_empty() || !self.swap_out.is_empty() || !self.block_copies.is_empty()
+    }
+
     /// True when the step has no work.
     pub fn is_empty(&self) -> bool {
         self.work.is_empty()
@@ -108,4 +113,17 @@ pub struct StepOutcome {
     pub mbu: f64,
     /// Model FLOPs utilisation (0 when unknown).
     pub mfu: f64,
+}
+
+impl StepOutcome {
+    /// An outcome of `duration` with a placeholder token for every sample `plan` asks for
+    /// (what a simulated backend returns).
+    pub fn simulated(plan: &StepPlan, duration: Nanos) -> Self {
+        StepOutcome {
+            duration,
+            sampled: vec![crate::backend::SIM_TOKEN; plan.num_samples()],
+            mbu: 0.0,
+            mfu: 0.0,
+        }
+    }
 }

@@ -49,6 +49,35 @@ pub struct Request {
     pub class: u16,
 }
 
+impl Request {
+    /// A request as simulation workloads make them: `prompt_len` tokens without ids, exactly
+    /// `max_tokens` generated (EOS ignored), one sequence, priority 0, class 0.
+    pub fn new(id: SeqId, arrival: Nanos, prompt_len: u32, max_tokens: u32) -> Self {
+        Request {
+            id,
+            arrival,
+            prompt_len,
+            prompt_tokens: Vec::new(),
+            max_tokens,
+            ignore_eos: true,
+            scripted_output: Vec::new(),
+            n: 1,
+            beam_search: false,
+            priority: 0,
+            class: 0,
+        }
+    }
+
+    /// The same request with these prompt token ids (its prompt length is theirs).
+    pub fn with_tokens(self, prompt_tokens: Vec<u32>) -> Self {
+        Request {
+            prompt_len: prompt_tokens.len() as u32,
+            prompt_tokens,
+            ..self
+        }
+    }
+}
+
 /// Lifecycle state of a sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

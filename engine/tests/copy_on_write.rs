@@ -1,64 +1,44 @@
 //! Parallel sampling (`n > 1`): the prompt is computed once, the sequence forks into `n`
 //! that share its blocks, and the first write into a shared block copies it.
 
-use engine::backend::SIM_TOKEN;
 use engine::block_manager::BlockManager;
+use engine::cores::Cores;
 use engine::plan::{StepOutcome, StepPlan};
 use engine::record::RequestRecord;
 use engine::request::Request;
-use engine::scheduler::{
-    AdmissionPolicy, QueuePolicy, Scheduler, SchedulerConfig, SchedulerKind, VictimPolicy,
-};
+use engine::scheduler::{Scheduler, SchedulerConfig};
 
-fn config() -> SchedulerConfig {
-    SchedulerConfig {
-        kind: SchedulerKind::Chunked,
+/// Runs one request to the end; returns every plan, the blocks in use after each, and the
+/// request's record.
+fn run(req: Request, num_blocks: u32) -> (Vec<StepPlan>, Vec<usize>, RequestRecord) {
+    let cfg = SchedulerConfig {
         max_num_seqs: 8,
         max_num_batched_tokens: 64,
         max_model_len: 64,
         block_size: 4,
         pool_tokens: 256,
-        eos_token: None,
         want_block_tables: true,
-        keep_tokens: false,
-        prefix_caching: false,
-        queue: QueuePolicy::Fcfs,
-        queue_aging_ns: 1_000_000_000,
-        admission: AdmissionPolicy::Optimistic,
-        victim: VictimPolicy::Newest,
-        watermark_blocks: 0,
-        sliding_window: None,
-    }
-}
-
-/// Runs one request to the end; returns every plan and the record.
-fn run(req: Request, num_blocks: u32) -> (Vec<StepPlan>, Vec<usize>, RequestRecord) {
-    let mut sched = Scheduler::new(config()).expect("config");
-    let mut bm = BlockManager::new(num_blocks, 4);
-    assert!(sched.add_request(req, 0).is_none());
+        ..SchedulerConfig::default()
+    };
+    let mut cores = Cores::new(
+        Scheduler::new(cfg).expect("config"),
+        BlockManager::new(num_blocks, 4),
+    );
+    assert!(cores.scheduler.add_request(req, 0).is_none());
     let (mut plans, mut used, mut records) = (Vec::new(), Vec::new(), Vec::new());
     let mut now = 0;
-    while sched.has_work() {
-        let r = sched.propose(now);
-        let resp = bm.reserve(&r);
-        let plan = sched.apply(&r, resp, now);
-        bm.check_invariants().expect("invariants");
-        used.push(bm.num_used() as usize);
-        let out = StepOutcome {
-            duration: 1000,
-            sampled: vec![SIM_TOKEN; plan.num_samples()],
-            ..StepOutcome::default()
-        };
+    while let Some(planned) = cores.plan(now) {
+        cores.block_manager.check_invariants().expect("invariants");
+        used.push(cores.block_manager.num_used() as usize);
         now += 1000;
-        let done = sched.commit(&plan, &out, now).expect("commit");
-        bm.fork_all(&done.forks);
-        bm.free_all(&done.to_free);
-        bm.check_invariants().expect("invariants");
+        let out = StepOutcome::simulated(&planned.plan, 1000);
+        let done = cores.commit(&planned.plan, &out, now).expect("commit");
+        cores.block_manager.check_invariants().expect("invariants");
         records.extend(done.finished);
-        plans.push(plan);
+        plans.push(planned.plan);
         assert!(plans.len() < 1000);
     }
-    assert_eq!(bm.num_used(), 0, "leak");
+    assert_eq!(cores.block_manager.num_used(), 0, "leak");
     assert_eq!(records.len(), 1, "one record per request");
     (plans, used, records.remove(0))
 }
@@ -69,17 +49,9 @@ fn request(prompt_len: u32, max_tokens: u32, n: u32) -> Request {
 
 fn beam(prompt_len: u32, max_tokens: u32, n: u32, beam_search: bool) -> Request {
     Request {
-        id: 0,
-        arrival: 0,
-        prompt_len,
-        prompt_tokens: Vec::new(),
-        max_tokens,
-        ignore_eos: true,
-        scripted_output: Vec::new(),
         n,
         beam_search,
-        priority: 0,
-        class: 0,
+        ..Request::new(0, 0, prompt_len, max_tokens)
     }
 }
 

@@ -8,9 +8,8 @@ use std::collections::HashMap;
 /// What a KV slot holds in the shadow model: (sequence, position, prompt token if any).
 type Slot = (u64, u32, Option<u32>);
 
-use engine::block_manager::{
-    BlockManager, CacheBlocks, EntryKind, ReserveEntry, ReserveOrder, ReserveRequest,
-};
+use engine::block_manager::{BlockManager, CacheBlocks, EntryKind, ReserveEntry, ReserveRequest};
+use engine::cores::Cores;
 use engine::eviction::{Belady, EvictionKind, EvictionPolicy, Lru};
 use engine::plan::StepOutcome;
 use engine::prefix::block_hashes;
@@ -35,12 +34,8 @@ fn waiting(seq: u64, tokens: &[u32], bs: u32) -> ReserveEntry {
 fn admit(bm: &mut BlockManager, e: ReserveEntry) -> engine::block_manager::ReserveResponse {
     bm.reserve(&ReserveRequest {
         entries: vec![e],
-        victims: vec![],
-        order: ReserveOrder::RunningFirst,
         want_tables: true,
-        watermark_blocks: 0,
-        priority_victims: vec![],
-        probe: vec![],
+        ..ReserveRequest::default()
     })
 }
 
@@ -166,17 +161,8 @@ fn run_fuzz(seed: u64) -> Result<(), String> {
             })
             .collect();
         reqs.push(Request {
-            id: i,
-            arrival: t,
-            prompt_len: p,
-            prompt_tokens: toks,
-            max_tokens: o,
-            ignore_eos: true,
-            scripted_output: Vec::new(),
-            n: 1,
-            beam_search: false,
             priority: group as i32,
-            class: 0,
+            ..Request::new(i, t, p, o).with_tokens(toks)
         });
     }
     let cfg = SchedulerConfig {
@@ -282,18 +268,10 @@ fn run_fuzz(seed: u64) -> Result<(), String> {
                 content[b as usize][(p % bs) as usize] = Some((w.seq, p, tok));
             }
         }
-        let duration = 1000 + 10 * u64::from(plan.num_batched_tokens());
-        now += duration;
-        let sampled = vec![0u32; plan.num_samples()];
-        let out = StepOutcome {
-            duration,
-            sampled,
-            mbu: 0.0,
-            mfu: 0.0,
-        };
+        let out = StepOutcome::simulated(&plan, 1000 + 10 * u64::from(plan.num_batched_tokens()));
+        now += out.duration;
         let result = sched.commit(&plan, &out, now).map_err(|e| e.to_string())?;
-        bm.cache_blocks(&result.cache);
-        bm.free_all(&result.to_free);
+        bm.release(&result.cache, &result.forks, &result.to_free);
         bm.check_invariants().map_err(|e| format!("{desc}: {e}"))?;
         steps += 1;
         if steps > 100_000 {
@@ -381,63 +359,39 @@ fn belady_protects_unhittable_last_prompt_block() {
 fn prompt_tokens_longer_than_prompt_len_poison_the_cache() {
     let bs = 4;
     let cfg = SchedulerConfig {
-        kind: SchedulerKind::Chunked,
         max_num_seqs: 4,
         max_num_batched_tokens: 64,
         max_model_len: 64,
         pool_tokens: 64,
-        eos_token: None,
-        want_block_tables: false,
-        keep_tokens: false,
         block_size: bs,
         prefix_caching: true,
-        queue: QueuePolicy::Fcfs,
         queue_aging_ns: 1,
-        admission: AdmissionPolicy::Optimistic,
-        victim: VictimPolicy::Newest,
-        watermark_blocks: 0,
-        sliding_window: None,
+        ..SchedulerConfig::default()
     };
-    let mut sched = Scheduler::new(cfg).unwrap();
-    let mut bm = BlockManager::with_prefix_caching(16, bs, Box::<Lru>::default());
+    let bm = BlockManager::with_prefix_caching(16, bs, Box::<Lru>::default());
+    let mut cores = Cores::new(Scheduler::new(cfg).unwrap(), bm);
+    // Prompt token lists longer than the prompts (the ids are not re-counted).
     let mk = |id: u64, len: u32, toks: Vec<u32>, out: u32| Request {
-        id,
-        arrival: 0,
-        prompt_len: len,
         prompt_tokens: toks,
-        max_tokens: out,
-        ignore_eos: true,
-        scripted_output: Vec::new(),
-        n: 1,
-        beam_search: false,
-        priority: 0,
-        class: 0,
+        ..Request::new(id, 0, len, out)
     };
     let mut cached = Vec::new();
     let mut now = 0;
-    assert!(sched
+    assert!(cores
+        .scheduler
         .add_request(mk(0, 4, (0..8).collect(), 6), 0)
         .is_none());
     let mut second_added = false;
-    while sched.has_work() {
-        let req = sched.propose(now);
-        let resp = bm.reserve(&req);
-        let plan = sched.apply(&req, resp, now);
+    while let Some(planned) = cores.plan(now) {
         now += 10;
-        let sampled = vec![0u32; plan.num_samples()];
-        let out = StepOutcome {
-            duration: 10,
-            sampled,
-            mbu: 0.0,
-            mfu: 0.0,
-        };
-        let res = sched.commit(&plan, &out, now).unwrap();
-        bm.cache_blocks(&res.cache);
-        bm.free_all(&res.to_free);
+        let out = StepOutcome::simulated(&planned.plan, 10);
+        let res = cores.commit(&planned.plan, &out, now).unwrap();
         cached.extend(res.finished.iter().map(|r| (r.request_id, r.cached_tokens)));
-        if !sched.has_work() && !second_added {
+        if !cores.scheduler.has_work() && !second_added {
             second_added = true;
-            sched.add_request(mk(1, 9, (0..9).collect(), 1), now);
+            cores
+                .scheduler
+                .add_request(mk(1, 9, (0..9).collect(), 1), now);
         }
     }
     // Request 0's prompt is 4 tokens: only 4 tokens of request 1 can really be cached.

@@ -1,98 +1,46 @@
 //! Queue policies that reorder or preempt: priority scheduling with priority preemption,
 //! and SGLang's longest-prefix-match, on hand-made traces whose right answer is known.
 
-use engine::backend::SIM_TOKEN;
 use engine::block_manager::BlockManager;
+use engine::cores::Cores;
 use engine::eviction::Lru;
-use engine::plan::StepOutcome;
 use engine::record::RequestRecord;
 use engine::request::Request;
-use engine::scheduler::{
-    AdmissionPolicy, QueuePolicy, Scheduler, SchedulerConfig, SchedulerKind, VictimPolicy,
-};
+use engine::scheduler::{QueuePolicy, Scheduler, SchedulerConfig};
 
 const STEP_NS: u64 = 1000;
 
 fn config(queue: QueuePolicy, max_num_seqs: u32, pool_tokens: u64) -> SchedulerConfig {
     SchedulerConfig {
-        kind: SchedulerKind::Chunked,
         max_num_seqs,
         max_num_batched_tokens: 64,
         max_model_len: 40,
         block_size: 4,
         pool_tokens,
-        eos_token: None,
-        want_block_tables: false,
-        keep_tokens: false,
         prefix_caching: true,
         queue,
         queue_aging_ns: 1_000_000_000,
-        admission: AdmissionPolicy::Optimistic,
-        victim: VictimPolicy::Newest,
-        watermark_blocks: 0,
-        sliding_window: None,
+        ..SchedulerConfig::default()
     }
 }
 
 fn request(id: u64, arrival: u64, prompt: Vec<u32>, max_tokens: u32, priority: i32) -> Request {
     Request {
-        id,
-        arrival,
-        prompt_len: prompt.len() as u32,
-        prompt_tokens: prompt,
-        max_tokens,
-        ignore_eos: true,
-        scripted_output: Vec::new(),
-        n: 1,
-        beam_search: false,
         priority,
-        class: 0,
+        ..Request::new(id, arrival, 0, max_tokens).with_tokens(prompt)
     }
 }
 
 /// Runs the cores with steps of `STEP_NS`; returns the records by request id.
 fn drive(cfg: SchedulerConfig, num_blocks: u32, requests: Vec<Request>) -> Vec<RequestRecord> {
-    let mut bm =
-        BlockManager::with_prefix_caching(num_blocks, cfg.block_size, Box::<Lru>::default());
-    let mut sched = Scheduler::new(cfg).expect("valid config");
-    let mut pending = requests.into_iter().peekable();
-    let mut records = Vec::new();
-    let mut now = 0;
-    for _ in 0..100_000 {
-        while let Some(r) = pending.next_if(|r| r.arrival <= now) {
-            assert!(sched.add_request(r, now).is_none(), "rejected");
-        }
-        if !sched.has_work() {
-            match pending.peek() {
-                Some(r) => {
-                    now = r.arrival;
-                    continue;
-                }
-                None => break,
-            }
-        }
-        let req = sched.propose(now);
-        let resp = bm.reserve(&req);
-        let plan = sched.apply(&req, resp, now);
-        bm.check_invariants().expect("pool invariants");
-        let samples = plan.num_samples();
-        let outcome = StepOutcome {
-            duration: STEP_NS,
-            sampled: vec![SIM_TOKEN; samples],
-            ..StepOutcome::default()
-        };
-        now += STEP_NS;
-        let done = sched.commit(&plan, &outcome, now).expect("commit");
-        bm.cache_blocks(&done.cache);
-        bm.free_all(&done.to_free);
-        records.extend(done.finished);
-    }
+    let bm = BlockManager::with_prefix_caching(num_blocks, cfg.block_size, Box::<Lru>::default());
+    let mut cores = Cores::new(Scheduler::new(cfg).expect("valid config"), bm);
+    let records = cores.replay(requests, STEP_NS, true).expect("replay");
     assert!(
-        !sched.has_work() && pending.peek().is_none(),
-        "did not drain"
+        records.iter().all(|r| !r.finish_reason.is_rejection()),
+        "rejected"
     );
-    assert_eq!(bm.num_used(), 0, "leak");
-    records.sort_by_key(|r| r.request_id);
+    assert_eq!(cores.block_manager.num_used(), 0, "leak");
     records
 }
 

@@ -128,6 +128,32 @@ pub struct SchedulerConfig {
     pub sliding_window: Option<u32>,
 }
 
+impl Default for SchedulerConfig {
+    /// vLLM V1's serving defaults (chunked prefill, 256 sequences, a 2,048-token budget,
+    /// 16-token blocks, FCFS, optimistic admission, newest victim), a 4,096-token model on
+    /// a 64k-token pool, prefix caching off.
+    fn default() -> Self {
+        SchedulerConfig {
+            kind: SchedulerKind::Chunked,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            max_model_len: 4096,
+            block_size: 16,
+            pool_tokens: 65_536,
+            eos_token: None,
+            want_block_tables: false,
+            keep_tokens: false,
+            prefix_caching: false,
+            queue: QueuePolicy::Fcfs,
+            queue_aging_ns: 10_000_000_000,
+            admission: AdmissionPolicy::Optimistic,
+            victim: VictimPolicy::Newest,
+            watermark_blocks: 0,
+            sliding_window: None,
+        }
+    }
+}
+
 impl SchedulerConfig {
     /// KV tokens a sequence with `computed` tokens holds: all of them, or under a sliding
     /// window those not yet freed (whole blocks before the window are).
@@ -289,7 +315,6 @@ pub struct Scheduler {
     itl_gaps: Vec<Nanos>,
     last_admitted_arrival: Option<(Nanos, SeqId)>,
     fcfs_violations: u64,
-    kv_tokens: u64,
     new_token_ratio: f64,
     last: StepStats,
     groups: FxHashMap<SeqId, Group>,
@@ -324,7 +349,6 @@ impl Scheduler {
             itl_gaps: Vec::new(),
             last_admitted_arrival: None,
             fcfs_violations: 0,
-            kv_tokens: 0,
             new_token_ratio: policy::NEW_TOKEN_RATIO.0,
             last: StepStats::default(),
             groups: FxHashMap::default(),
@@ -367,7 +391,6 @@ impl Scheduler {
             self.groups.insert(
                 id,
                 Group {
-                    live: 1,
                     beam: req.beam_search,
                     members: vec![id],
                     next_child: req.n,
@@ -436,7 +459,7 @@ impl Scheduler {
 
     /// Tokens the running sequences hold in the KV cache after the last planned step.
     pub fn kv_tokens(&self) -> u64 {
-        self.kv_tokens
+        self.last.kv_tokens
     }
 
     /// Facts about the last planned step.
@@ -672,7 +695,7 @@ impl Scheduler {
         }
         // Tokens the running sequences hold once this step has run (fragmentation metric).
         let seqs = &self.seqs;
-        self.kv_tokens = self
+        let kv_tokens = self
             .running
             .iter()
             .filter_map(|id| seqs.get(id))
@@ -687,7 +710,7 @@ impl Scheduler {
             .sum::<u64>()
             + work.iter().map(|w| u64::from(w.len)).sum::<u64>();
         self.last = StepStats {
-            kv_tokens: self.kv_tokens,
+            kv_tokens,
             recomputed_tokens: recomputed,
             num_swapped: resp.swapped.len() as u32,
             external_fragmentation: resp.external_fragmentation,
@@ -782,7 +805,6 @@ impl Scheduler {
                     children.push((id, c, t));
                 }
                 if let Some(g) = self.groups.get_mut(&s.request.id) {
-                    g.live += children.len() as u32;
                     g.members.extend(children.iter().map(|(id, _, _)| *id));
                 }
             }
@@ -904,7 +926,6 @@ impl Scheduler {
             }
         }
         if let Some(g) = self.groups.get_mut(&rid) {
-            g.live = next_members.len() as u32;
             g.members = next_members;
             g.preemptions += killed_preemptions;
         }
@@ -932,14 +953,13 @@ impl Scheduler {
         let Some(g) = self.groups.get_mut(&rec.request_id) else {
             return Some(rec);
         };
-        g.live = g.live.saturating_sub(1);
         g.members.retain(|&m| m != id);
         g.output_len = g.output_len.max(s.output_len);
         g.preemptions += s.num_preemptions;
         if id == rec.request_id {
             g.first = Some(rec.clone());
         }
-        if g.live > 0 {
+        if !g.members.is_empty() {
             return None;
         }
         let g = self.groups.remove(&rec.request_id)?;
@@ -1000,7 +1020,6 @@ fn append_token(
 /// The sequences of a parallel-sampling or beam-search request, until all have finished.
 #[derive(Debug, Clone, Default)]
 struct Group {
-    live: u32,
     /// Tokens sampled for the request, over all its sequences.
     generated: u32,
     output_len: u32,

@@ -1162,7 +1162,7 @@ impl Backend for CudaBackend {
     }
 
     fn execute(&mut self, plan: &StepPlan) -> Result<StepOutcome, BackendError> {
-        if !plan.swap_in.is_empty() || !plan.swap_out.is_empty() || !plan.block_copies.is_empty() {
+        if plan.has_transfers() {
             // Refuse rather than attend to KV that was never moved.
             return Err(BackendError {
                 backend: "cuda".into(),
