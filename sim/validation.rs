@@ -397,7 +397,7 @@ pub fn calibration_checks(path: &Path) -> Result<Vec<Check>, ValidationError> {
 /// Vidur's operator profiles of Llama-2-7B: per number of tokens and TP degree, the layer's
 /// four linear layers; and its NCCL all-reduce times per message size and GPU count.
 pub fn profile_checks(dir: &Path) -> Result<Vec<Check>, ValidationError> {
-    let mut out = gemm_profile_checks(dir, &CostParams::default())?;
+    let mut out = gemm_point_checks(&gemm_profile_points(dir)?, &CostParams::default());
     for (g, file) in [
         ("a100-80gb", "vidur_a100_dgx_allreduce.csv"),
         ("h100-sxm", "vidur_h100_dgx_allreduce.csv"),
@@ -662,6 +662,32 @@ output = {{ dist = "fixed", value = {output} }}
     Ok(out)
 }
 
+/// The GEMM grid of `sim calibrate`: compute efficiency 0.60-0.95 and memory efficiency
+/// 0.70-0.95 in steps of 0.05, and the overlap exponents; `median_error` scores one
+/// setting. Returns (error, compute eff, memory eff, exponent) of the best, the first on
+/// ties (a fixed order, so the fit is reproducible).
+fn grid_fit(mut median_error: impl FnMut(&CostParams) -> f64) -> (f64, f64, f64, Option<f64>) {
+    let mut best = (f64::INFINITY, 0.0, 0.0, None);
+    for ec in (12..=19).map(|i| f64::from(i) / 20.0) {
+        for em in (14..=19).map(|i| f64::from(i) / 20.0) {
+            for p in [None, Some(1.0), Some(1.5), Some(2.0), Some(3.0)] {
+                let params = CostParams {
+                    gemm_compute_eff: ec,
+                    gemm_memory_eff: em,
+                    overlap_exponent: p,
+                    kernel_launch_us: Some(EAGER_LAUNCH_US),
+                    ..CostParams::default()
+                };
+                let e = median_error(&params);
+                if e < best.0 - 1e-12 {
+                    best = (e, ec, em, p);
+                }
+            }
+        }
+    }
+    best
+}
+
 /// Efficiencies fitted by [`calibrate`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fit {
@@ -682,33 +708,16 @@ pub struct Fit {
 /// efficiency and latency to its NCCL profile, by exhaustive search over fixed grids (so
 /// the fit is reproducible). The shipped defaults are this fit.
 pub fn calibrate(dir: &Path) -> Result<Fit, ValidationError> {
-    let mut best: Option<(f64, f64, f64, Option<f64>)> = None;
-    let exponents = [None, Some(1.0), Some(1.5), Some(2.0), Some(3.0)];
-    for ec in (12..=18).map(|i| f64::from(i) / 20.0) {
-        for em in (14..=19).map(|i| f64::from(i) / 20.0) {
-            for p in exponents {
-                let params = CostParams {
-                    gemm_compute_eff: ec,
-                    gemm_memory_eff: em,
-                    overlap_exponent: p,
-                    ..CostParams::default()
-                };
-                let checks = gemm_profile_checks(dir, &params)?;
-                let (median, _, _) = error_stats(checks.iter());
-                if best.is_none_or(|b| median < b.0 - 1e-12) {
-                    best = Some((median, ec, em, p));
-                }
-            }
-        }
-    }
-    let Some((gemm_median_error, gemm_compute_eff, gemm_memory_eff, overlap_exponent)) = best
-    else {
+    let points = gemm_profile_points(dir)?;
+    if points.is_empty() {
         return Err(ValidationError::Row {
             path: dir.display().to_string(),
             line: 0,
             msg: "no GEMM profile rows".into(),
         });
-    };
+    }
+    let (gemm_median_error, gemm_compute_eff, gemm_memory_eff, overlap_exponent) =
+        grid_fit(|params| error_stats(gemm_point_checks(&points, params).iter()).0);
     let mut allreduce = Vec::new();
     for (g, file) in [
         ("a100-80gb", "vidur_a100_dgx_allreduce.csv"),
@@ -785,49 +794,27 @@ pub fn calibrate_points(path: &Path) -> Result<Fit, ValidationError> {
             msg: "no measured points (columns gpu,m,k,n,ms)".into(),
         });
     }
-    let mut best: Option<(f64, f64, f64, Option<f64>)> = None;
-    for ec in (12..=19).map(|i| f64::from(i) / 20.0) {
-        for em in (14..=19).map(|i| f64::from(i) / 20.0) {
-            for p in [None, Some(1.0), Some(1.5), Some(2.0), Some(3.0)] {
-                let params = CostParams {
-                    gemm_compute_eff: ec,
-                    gemm_memory_eff: em,
-                    overlap_exponent: p,
-                    kernel_launch_us: Some(EAGER_LAUNCH_US),
-                    ..CostParams::default()
-                };
-                let mut errors: Vec<f64> = points
-                    .iter()
-                    .map(|(g, m, k, n, ms)| {
-                        let model = CostModel::new(
-                            Deployment {
-                                model: model("llama-2-7b"),
-                                gpu: g.clone(),
-                                tp: 1,
-                                pp: 1,
-                                dtype: Dtype::Bf16,
-                                kv_dtype: Dtype::Bf16,
-                            },
-                            params.clone(),
-                        );
-                        (model.gemm_s(*m, *k, *n) * 1e3 - ms).abs() / ms
-                    })
-                    .collect();
-                let median = median_of(&mut errors);
-                if best.is_none_or(|b| median < b.0 - 1e-12) {
-                    best = Some((median, ec, em, p));
-                }
-            }
-        }
-    }
-    let Some((gemm_median_error, gemm_compute_eff, gemm_memory_eff, overlap_exponent)) = best
-    else {
-        return Err(ValidationError::Row {
-            path: path.display().to_string(),
-            line: 1,
-            msg: "no fit".into(),
+    let (gemm_median_error, gemm_compute_eff, gemm_memory_eff, overlap_exponent) =
+        grid_fit(|params| {
+            let mut errors: Vec<f64> = points
+                .iter()
+                .map(|(g, m, k, n, ms)| {
+                    let model = CostModel::new(
+                        Deployment {
+                            model: model("llama-2-7b"),
+                            gpu: g.clone(),
+                            tp: 1,
+                            pp: 1,
+                            dtype: Dtype::Bf16,
+                            kv_dtype: Dtype::Bf16,
+                        },
+                        params.clone(),
+                    );
+                    (model.gemm_s(*m, *k, *n) * 1e3 - ms).abs() / ms
+                })
+                .collect();
+            median_of(&mut errors)
         });
-    };
     Ok(Fit {
         gemm_compute_eff,
         gemm_memory_eff,
@@ -837,8 +824,12 @@ pub fn calibrate_points(path: &Path) -> Result<Fit, ValidationError> {
     })
 }
 
-/// The GEMM rows of Vidur's layer profiles with the given parameters (eager launch cost).
-fn gemm_profile_checks(dir: &Path, params: &CostParams) -> Result<Vec<Check>, ValidationError> {
+/// One row of Vidur's layer profiles: (file, GPU, tokens, TP, measured ms of the four
+/// linear layers).
+type GemmPoint = (&'static str, &'static str, u32, u32, f64);
+
+/// The rows of Vidur's A100 and H100 layer profiles, read once.
+fn gemm_profile_points(dir: &Path) -> Result<Vec<GemmPoint>, ValidationError> {
     let mut out = Vec::new();
     for (g, file) in [
         ("a100-80gb", "vidur_a100_Llama-2-7b-hf_mlp.csv"),
@@ -847,12 +838,28 @@ fn gemm_profile_checks(dir: &Path, params: &CostParams) -> Result<Vec<Check>, Va
         let path = dir.join(file);
         for (line, r) in read_rows(&path)? {
             let num = |k: &str| column(&r, k, &path, line);
-            let tokens = num("num_tokens")? as u32;
-            let tp = num("num_tensor_parallel_workers")? as u32;
             let measured = num("time_stats.attn_pre_proj.median")?
                 + num("time_stats.attn_post_proj.median")?
                 + num("time_stats.mlp_up_proj.median")?
                 + num("time_stats.mlp_down_proj.median")?;
+            out.push((
+                file,
+                g,
+                num("num_tokens")? as u32,
+                num("num_tensor_parallel_workers")? as u32,
+                measured,
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// The profile rows predicted with `params` (eager launch cost: each operator is timed
+/// alone in eager PyTorch).
+fn gemm_point_checks(points: &[GemmPoint], params: &CostParams) -> Vec<Check> {
+    points
+        .iter()
+        .map(|&(file, g, tokens, tp, measured)| {
             let m = CostModel::new(
                 Deployment {
                     model: model("llama-2-7b"),
@@ -868,7 +875,7 @@ fn gemm_profile_checks(dir: &Path, params: &CostParams) -> Result<Vec<Check>, Va
                 },
             );
             let c = m.step_cost(std::iter::once((0, tokens)), std::iter::empty(), 0, 1);
-            out.push(Check {
+            Check {
                 id: file.into(),
                 what: format!("layer linears, {tokens} tokens, TP{tp}, {g}"),
                 how: "QKV + O + gate/up + down of one layer".into(),
@@ -876,10 +883,9 @@ fn gemm_profile_checks(dir: &Path, params: &CostParams) -> Result<Vec<Check>, Va
                 measured,
                 predicted: c.linear_s / 32.0 * 1e3,
                 unit: "ms",
-            });
-        }
-    }
-    Ok(out)
+            }
+        })
+        .collect()
 }
 
 /// Single-node rank-0 rows of an NCCL profile: (GPUs, bytes, measured ms).
