@@ -249,7 +249,7 @@ impl Gpu {
         }
         let display = f.display.clone().unwrap_or_else(|| f.name.clone());
         Ok(Gpu {
-            // Loaded once per scenario variant; the catalog's entries are static.
+            // Read once per process (`gpu_from_file`), like the catalog's static entries.
             name: Box::leak(f.name.into_boxed_str()),
             display: Box::leak(display.into_boxed_str()),
             mem_bytes: f.memory_gib * 1024.0 * MIB,
@@ -493,7 +493,7 @@ impl ModelSpec {
             .filter(|s| !s.is_empty())
             .map_or_else(|| shown.to_string(), str::to_string);
         Ok(ModelSpec {
-            // Loaded once per scenario variant; the catalog's entries are static.
+            // Read once per process (`model_from_file`), like the catalog's static entries.
             name: Box::leak(name.clone().into_boxed_str()),
             hf_id: Box::leak(name.into_boxed_str()),
             layers: need("num_hidden_layers")?,
@@ -592,6 +592,41 @@ impl ModelSpec {
             + heads * self.embedding_params()
             + norms
     }
+}
+
+/// Files already read by [`model_from_file`] and [`gpu_from_file`]: a scenario's variants
+/// and `sim plan`'s probes resolve the same file many times; it is read (and its strings
+/// kept for the process) once.
+type FileCache<T> = std::sync::Mutex<std::collections::HashMap<std::path::PathBuf, &'static T>>;
+
+fn cached<T>(
+    cache: &'static std::sync::OnceLock<FileCache<T>>,
+    path: &std::path::Path,
+    load: impl FnOnce(&std::path::Path) -> Result<T, String>,
+) -> Result<&'static T, String> {
+    let map = cache.get_or_init(Default::default);
+    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut map = map
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(&t) = map.get(&key) {
+        return Ok(t);
+    }
+    let t: &'static T = Box::leak(Box::new(load(path)?));
+    map.insert(key, t);
+    Ok(t)
+}
+
+/// A model from a Hugging Face `config.json` ([`ModelSpec::from_hf_config`]), read once.
+pub fn model_from_file(path: &std::path::Path) -> Result<&'static ModelSpec, String> {
+    static CACHE: std::sync::OnceLock<FileCache<ModelSpec>> = std::sync::OnceLock::new();
+    cached(&CACHE, path, ModelSpec::from_hf_config)
+}
+
+/// A GPU from a TOML file ([`Gpu::from_toml_file`]), read once.
+pub fn gpu_from_file(path: &std::path::Path) -> Result<&'static Gpu, String> {
+    static CACHE: std::sync::OnceLock<FileCache<Gpu>> = std::sync::OnceLock::new();
+    cached(&CACHE, path, Gpu::from_toml_file)
 }
 
 /// The model catalog (figures from each model's `config.json`).

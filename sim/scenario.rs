@@ -31,7 +31,7 @@ use engine::scheduler::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::{find_gpu, find_model, Dtype, Gpu, ModelSpec, GPUS, MODELS};
+use crate::catalog::{find_gpu, find_model, gpu_from_file, model_from_file, Dtype, GPUS, MODELS};
 use crate::cost_model::{memory_plan, CostParams, Deployment, MemoryInputs, MemoryPlan};
 use crate::workload::WorkloadConfig;
 
@@ -419,50 +419,56 @@ impl Scenario {
     }
 }
 
+/// A catalog entry named by `keys.0` or one described in the file `keys.1` (relative to
+/// `base_dir`): exactly one must be given; errors name the key.
+fn catalog_or_file<T: 'static>(
+    keys: (&str, &str, &str),
+    (name, file): (&Option<String>, &Option<PathBuf>),
+    base_dir: &Path,
+    find: impl Fn(&str) -> Result<&'static T, String>,
+    load: impl Fn(&Path) -> Result<&'static T, String>,
+) -> Result<&'static T, String> {
+    let (name_key, file_key, file_what) = keys;
+    match (name, file) {
+        (Some(n), None) => find(n).map_err(|e| format!("{name_key}: {e}; or give {file_key}")),
+        (None, Some(path)) => load(&base_dir.join(path)).map_err(|e| format!("{file_key}: {e}")),
+        (Some(_), Some(_)) => Err(format!("give {name_key} or {file_key}, not both")),
+        (None, None) => Err(format!(
+            "missing: give {name_key} (the catalog) or {file_key} ({file_what})"
+        )),
+    }
+}
+
 /// Checks one configuration and computes its deployment, memory plan and scheduler limits.
 fn resolve(name: &str, config: ScenarioConfig, base_dir: &Path) -> Result<Variant, String> {
-    let loaded;
-    let model = match (&config.model.name, &config.model.config) {
-        (Some(n), None) => find_model(n).ok_or_else(|| {
-            let names: Vec<&str> = MODELS.iter().map(|m| m.name).collect();
-            format!(
-                "model.name: unknown model `{n}` (known: {}; or give model.config = \"config.json\")",
-                names.join(", ")
-            )
-        })?,
-        (None, Some(path)) => {
-            loaded = ModelSpec::from_hf_config(&base_dir.join(path))
-                .map_err(|e| format!("model.config: {e}"))?;
-            &loaded
-        }
-        (Some(_), Some(_)) => {
-            return Err("model: give model.name (catalog) or model.config (a config.json), not both".into())
-        }
-        (None, None) => {
-            return Err("model: missing: give model.name (a catalog model, see `sim models`) or model.config (a Hugging Face config.json)".into())
-        }
-    };
-    let loaded_gpu;
-    let gpu = match (&config.hardware.gpu, &config.hardware.gpu_file) {
-        (Some(g), None) => find_gpu(g).ok_or_else(|| {
-            let names: Vec<&str> = GPUS.iter().map(|g| g.name).collect();
-            format!(
-                "hardware.gpu: unknown GPU `{g}` (known: {}; or describe it in hardware.gpu_file)",
-                names.join(", ")
-            )
-        })?,
-        (None, Some(path)) => {
-            loaded_gpu = Gpu::from_toml_file(&base_dir.join(path))
-                .map_err(|e| format!("hardware.gpu_file: {e}"))?;
-            &loaded_gpu
-        }
-        (Some(_), Some(_)) => {
-            return Err("hardware: give hardware.gpu (catalog) or hardware.gpu_file, not both".into())
-        }
-        (None, None) => {
-            return Err("hardware: missing: give hardware.gpu (see `sim gpus`) or hardware.gpu_file (a TOML file)".into())
-        }
-    };
+    let model = catalog_or_file(
+        ("model.name", "model.config", "a Hugging Face config.json"),
+        (&config.model.name, &config.model.config),
+        base_dir,
+        |n| {
+            find_model(n).ok_or_else(|| {
+                let names: Vec<&str> = MODELS.iter().map(|m| m.name).collect();
+                format!("unknown model `{n}` (known: {})", names.join(", "))
+            })
+        },
+        model_from_file,
+    )?;
+    let gpu = catalog_or_file(
+        (
+            "hardware.gpu",
+            "hardware.gpu_file",
+            "a GPU described in TOML",
+        ),
+        (&config.hardware.gpu, &config.hardware.gpu_file),
+        base_dir,
+        |g| {
+            find_gpu(g).ok_or_else(|| {
+                let names: Vec<&str> = GPUS.iter().map(|g| g.name).collect();
+                format!("unknown GPU `{g}` (known: {})", names.join(", "))
+            })
+        },
+        gpu_from_file,
+    )?;
     let tp = config.hardware.tp;
     if tp == 0 || model.heads % tp != 0 {
         return Err(format!(
