@@ -1691,9 +1691,7 @@ impl Workload {
                     expected,
                 )
             }
-            (None, Some(arrival))
-                if cfg.multi_turn.is_some() || cfg.generated_shared_prefix.is_some() =>
-            {
+            (None, Some(arrival)) => {
                 let gaps = Self::gaps(arrival)?;
                 match (&cfg.multi_turn, &cfg.generated_shared_prefix) {
                     (Some(m), _) => (
@@ -1709,16 +1707,14 @@ impl Workload {
                             Some(cfg.num_requests.map_or(n, |r| r.min(n))),
                         )
                     }
-                    (None, None) => unreachable!("guarded above"),
+                    (None, None) => (
+                        Source::Synthetic(Box::new(Self::open_synthetic(
+                            cfg, gaps, base_dir, seed,
+                        )?)),
+                        cfg.classes.iter().map(|c| c.name.clone()).collect(),
+                        cfg.num_requests,
+                    ),
                 }
-            }
-            (None, Some(arrival)) => {
-                let synthetic = Self::open_synthetic(cfg, arrival, base_dir, seed)?;
-                (
-                    Source::Synthetic(Box::new(synthetic)),
-                    cfg.classes.iter().map(|c| c.name.clone()).collect(),
-                    cfg.num_requests,
-                )
             }
             (None, None) => {
                 return Err(WorkloadError::config(
@@ -1757,11 +1753,10 @@ impl Workload {
 
     fn open_synthetic(
         cfg: &WorkloadConfig,
-        arrival: &ArrivalConfig,
+        gaps: Gaps,
         base_dir: &Path,
         seed: u64,
     ) -> Result<Synthetic, WorkloadError> {
-        let gaps = Self::gaps(arrival)?;
         let class_index = WeightedIndex::new(cfg.classes.iter().map(|c| c.weight))
             .map_err(|e| WorkloadError::config("workload.class.weight", format!("{e}")))?;
         let mut classes = Vec::with_capacity(cfg.classes.len());
