@@ -93,6 +93,33 @@ struct Knobs {
     watermark: u32,
 }
 
+impl Knobs {
+    /// Plain knobs: FCFS, no prefix caching, swap, window, contiguous allocator or
+    /// watermark, no block tables.
+    fn plain(
+        block_size: u32,
+        num_blocks: u32,
+        max_model_len: u32,
+        max_num_seqs: u32,
+        budget: u32,
+    ) -> Self {
+        Knobs {
+            block_size,
+            num_blocks,
+            max_model_len,
+            max_num_seqs,
+            budget,
+            want_tables: false,
+            prefix: false,
+            swap_blocks: None,
+            queue: QueuePolicy::Fcfs,
+            window: None,
+            contiguous: false,
+            watermark: 0,
+        }
+    }
+}
+
 /// The block manager the knobs ask for.
 fn block_manager(k: &Knobs) -> BlockManager {
     if k.contiguous {
@@ -1159,20 +1186,7 @@ proptest! {
             .iter()
             .map(|r| (r.prompt_len + r.max_tokens).div_ceil(block_size))
             .sum();
-        let knobs = Knobs {
-            block_size,
-            num_blocks: blocks.max(max_model_len.div_ceil(block_size)) + 1,
-            max_model_len,
-            max_num_seqs: seats.min(budget),
-            budget,
-            want_tables: false,
-            prefix: false,
-            swap_blocks: None,
-            queue: QueuePolicy::Fcfs,
-            window: None,
-            contiguous: false,
-            watermark: 0,
-        };
+        let knobs = Knobs::plain(block_size, blocks.max(max_model_len.div_ceil(block_size)) + 1, max_model_len, seats.min(budget), budget);
         let run = check_case(&knobs, SchedulerKind::Chunked, &requests)?;
         prop_assert_eq!(run.preemptions, 0, "pool holds every request: no preemption expected");
         let mixed = run.steps.iter().any(|s| {
@@ -1205,19 +1219,17 @@ proptest! {
         }
         let requests = requests_from(&spec);
         let knobs = Knobs {
-            block_size,
-            num_blocks: max_model_len / block_size,
-            max_model_len,
-            max_num_seqs: seats,
-            budget: max_model_len.max(seats) + extra_budget,
             want_tables: true,
             prefix,
             // Room for one whole max-length sequence.
             swap_blocks: swap.then_some(max_model_len / block_size),
-            queue: QueuePolicy::Fcfs,
-            window: None,
-            contiguous: false,
-            watermark: 0,
+            ..Knobs::plain(
+                block_size,
+                max_model_len / block_size,
+                max_model_len,
+                seats,
+                max_model_len.max(seats) + extra_budget,
+            )
         };
         for kind in SchedulerKind::ALL {
             let run = check_case(&knobs, kind, &requests)?;
@@ -1275,20 +1287,7 @@ proptest! {
             .map(|(i, &(g, p, o))| (if i % tie_every == 0 { 0 } else { g }, p, o))
             .collect();
         let requests = requests_from(&spec);
-        let knobs = Knobs {
-            block_size: 16,
-            num_blocks,
-            max_model_len: 512,
-            max_num_seqs,
-            budget,
-            want_tables: false,
-            prefix: false,
-            swap_blocks: None,
-            queue: QueuePolicy::Fcfs,
-            window: None,
-            contiguous: false,
-            watermark: 0,
-        };
+        let knobs = Knobs::plain(16, num_blocks, 512, max_num_seqs, budget);
         let inline = drive(DriverKind::Inline, &knobs, kind, &requests, cost_model_backend())?;
         let actors = drive(DriverKind::Actors, &knobs, kind, &requests, cost_model_backend())?;
         let rows = inline.0.iter().filter(|&&b| b == b'\n').count();
