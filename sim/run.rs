@@ -477,7 +477,12 @@ fn cuda_runtime(
     let fit =
         kernels::cuda::CudaRuntime::blocks_that_fit(&shape, m.block_size, free.max(0.0) as u64);
     let blocks = m.num_blocks.min(fit);
-    let rt = kernels::cuda::CudaRuntime::synthetic(shape, seed, m.block_size, blocks)
+    let mut rt = kernels::cuda::CudaRuntime::synthetic(shape, seed, m.block_size, blocks)
         .map_err(cuda_err)?;
+    rt.set_sliding_window(variant.scheduler.sliding_window);
+    if variant.config.engine.preemption_mode == PreemptionMode::Swap {
+        rt.with_swap_space(m.num_cpu_blocks).map_err(cuda_err)?;
+    }
+    rt.warm_up().map_err(cuda_err)?;
     Ok((rt, blocks))
 }

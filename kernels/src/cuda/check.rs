@@ -71,6 +71,8 @@ struct Problem {
     head_dim: u32,
     block_size: u32,
     num_blocks: u32,
+    /// Sliding window in tokens (0: none); blocks wholly before it are NULL in the tables.
+    window: u32,
     q: Vec<bf16>,
     k: Vec<bf16>,
     v: Vec<bf16>,
@@ -83,6 +85,7 @@ fn random_problem(
     head_dim: u32,
     block_size: u32,
     seqs: &[(u32, u32)],
+    window: u32,
 ) -> Problem {
     // seqs: (context after the step, tokens computed in the step).
     let blocks_needed: u32 = seqs.iter().map(|&(c, _)| c.div_ceil(block_size)).sum();
@@ -98,8 +101,16 @@ fn random_problem(
         .enumerate()
         .map(|(i, &(ctx, len))| {
             let n = ctx.div_ceil(block_size) as usize;
-            let table = pool[next..next + n].to_vec();
+            let mut table = pool[next..next + n].to_vec();
             next += n;
+            if window > 0 {
+                // As the block manager does: blocks wholly before the first written token's
+                // window are freed and NULL in the table.
+                let lo = (ctx - len + 1).saturating_sub(window);
+                for b in table.iter_mut().take((lo / block_size) as usize) {
+                    *b = engine::block_manager::NULL_BLOCK;
+                }
+            }
             SeqWork {
                 seq: i as u64,
                 kind: if len == 1 {
@@ -131,6 +142,7 @@ fn random_problem(
         head_dim,
         block_size,
         num_blocks,
+        window,
         q: gen(rng, (tokens * heads * head_dim) as usize),
         k: gen(rng, cache),
         v: gen(rng, cache),
@@ -159,7 +171,12 @@ fn reference(p: &Problem) -> Vec<f64> {
                     ((blk * hk + kh) * bs + j % bs) * d
                 };
                 let n = pos as usize + 1;
-                let scores: Vec<f64> = (0..n)
+                let lo = if p.window > 0 {
+                    n.saturating_sub(p.window as usize)
+                } else {
+                    0
+                };
+                let scores: Vec<f64> = (lo..n)
                     .map(|j| {
                         let k = &p.k[key(j)..][..d];
                         q.iter()
@@ -173,8 +190,8 @@ fn reference(p: &Problem) -> Vec<f64> {
                 let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
                 let z: f64 = e.iter().sum();
                 for dd in 0..d {
-                    let acc: f64 = (0..n)
-                        .map(|j| e[j] * f64::from(p.v[key(j) + dd].to_f32()))
+                    let acc: f64 = (lo..n)
+                        .map(|j| e[j - lo] * f64::from(p.v[key(j) + dd].to_f32()))
                         .sum();
                     out.push(acc / z);
                 }
@@ -213,6 +230,7 @@ fn run_attention(
         v,
         [p.heads, p.kv_heads, p.head_dim, p.block_size],
         splits,
+        p.window as i32,
     )
 }
 
@@ -278,7 +296,15 @@ pub fn attention_check(seed: u64) -> Result<Vec<AttentionCase>, CudaError> {
             let c = rng.range(100, 300);
             seqs.push((c, c));
             seqs.push((rng.range(1, 3), 1));
-            let p = random_problem(&mut rng, heads, kv_heads, head_dim, block_size, &seqs);
+            // Sliding windows shorter and longer than the contexts, on 16-token blocks.
+            let window = if block_size == 16 {
+                rng.range(20, 120)
+            } else {
+                0
+            };
+            let p = random_problem(
+                &mut rng, heads, kv_heads, head_dim, block_size, &seqs, window,
+            );
             let want = reference(&p);
             for splits in [1u32, 4] {
                 let mut d = upload(&stream, &p, splits)?;
@@ -314,10 +340,16 @@ pub fn attention_check(seed: u64) -> Result<Vec<AttentionCase>, CudaError> {
                     den += w * w;
                 }
                 cases.push(AttentionCase {
-                    name: format!(
-                        "heads {heads}/{kv_heads} d{head_dim} block {block_size} (blocks {})",
-                        p.num_blocks
-                    ),
+                    name: if window > 0 {
+                        format!(
+                            "heads {heads}/{kv_heads} d{head_dim} block {block_size} window {window}"
+                        )
+                    } else {
+                        format!(
+                            "heads {heads}/{kv_heads} d{head_dim} block {block_size} (blocks {})",
+                            p.num_blocks
+                        )
+                    },
                     rel_err: (num / den.max(1e-300)).sqrt(),
                     bad,
                     splits,
@@ -474,6 +506,7 @@ fn bench_attention(
         head_dim: shape.head_dim,
         block_size,
         num_blocks: blocks,
+        window: 0,
         q: Vec::new(),
         k: Vec::new(),
         v: Vec::new(),
@@ -597,13 +630,54 @@ pub fn bench_steps(
     let mut lines = Vec::new();
     let weights = shape.weight_bytes() as f64;
     let decode1 = single_seq_plan(511, 1, block_size);
+    // The embedding table is not read by a decode step (one row is); the floor
+    // counts all weight bytes, the tighter one does not.
+    let embed = f64::from(shape.vocab) * f64::from(shape.hidden) * 2.0;
+    rt.set_skinny_max_tokens(super::SKINNY_MAX_TOKENS);
+    rt.set_graphs(false);
     let ms = time_ms(&ctx, &stream, 3, 20, || rt.forward(&decode1).map(|_| ()))?;
     lines.push(BenchLine {
-        name: "decode step, batch 1, ctx 512".into(),
+        name: "decode step, batch 1, ctx 512, skinny_gemm, eager launches".into(),
         ms,
         floor_ms: weights / ceil.hbm_bw * 1e3,
         floor: format!("{:.2} GB of weights / HBM bw", weights / 1e9),
     });
+    rt.set_graphs(true);
+    let ms = time_ms(&ctx, &stream, 3, 20, || rt.forward(&decode1).map(|_| ()))?;
+    lines.push(BenchLine {
+        name: "decode step, batch 1, ctx 512, skinny_gemm, CUDA graph".into(),
+        ms,
+        floor_ms: weights / ceil.hbm_bw * 1e3,
+        floor: format!("{:.2} GB of weights / HBM bw", weights / 1e9),
+    });
+    lines.push(BenchLine {
+        name: "  the same against the bytes a decode step reads".into(),
+        ms,
+        floor_ms: (weights - embed) / ceil.hbm_bw * 1e3,
+        floor: format!(
+            "{:.2} GB of weights less the embedding table / HBM bw",
+            (weights - embed) / 1e9
+        ),
+    });
+    // Where skinny_gemm stops paying: batches of 1-8 decodes, both GEMM paths, graphs on.
+    for batch in [1u32, 2, 4, 8] {
+        let plan = batch_decode_plan(batch, 2048, block_size);
+        let kv = f64::from(batch) * 2048.0 * shape.kv_bytes_per_token() as f64;
+        for (gemm, max) in [("skinny_gemm", super::SKINNY_MAX_TOKENS), ("cuBLAS", 0)] {
+            rt.set_skinny_max_tokens(max);
+            let ms = time_ms(&ctx, &stream, 3, 20, || rt.forward(&plan).map(|_| ()))?;
+            lines.push(BenchLine {
+                name: format!("decode step, batch {batch}, ctx 2048, {gemm}, CUDA graph"),
+                ms,
+                floor_ms: (weights - embed + kv) / ceil.hbm_bw * 1e3,
+                floor: format!(
+                    "{:.2} GB weights (less embedding) + KV / HBM bw",
+                    (weights - embed + kv) / 1e9
+                ),
+            });
+        }
+    }
+    rt.set_skinny_max_tokens(super::SKINNY_DEFAULT_TOKENS);
     let decode64 = batch_decode_plan(64, 1024, block_size);
     let kv = 64.0 * 1024.0 * shape.kv_bytes_per_token() as f64;
     let ms = time_ms(&ctx, &stream, 3, 20, || rt.forward(&decode64).map(|_| ()))?;
@@ -767,4 +841,233 @@ pub fn oracle_check(gguf: &Gguf, oracle: &Path) -> Result<Vec<OracleCase>, CudaE
         });
     }
     Ok(out)
+}
+
+/// A check of the runtime's own machinery (block moves, CUDA graphs) against a host model.
+#[derive(Debug, Clone)]
+pub struct RuntimeCase {
+    /// What was checked.
+    pub name: String,
+    /// Relative error (0 where the check is exact).
+    pub rel_err: f64,
+    /// Elements that differ from the expectation (exact checks) or are not finite.
+    pub bad: usize,
+    /// Elements compared.
+    pub total: usize,
+}
+
+/// A small Llama shape for runtime checks (two layers, GQA 2, head size 64).
+fn tiny_shape() -> LlamaShape {
+    LlamaShape {
+        layers: 2,
+        hidden: 256,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 64,
+        intermediate: 512,
+        vocab: 1000,
+        rope_theta: 10_000.0,
+        rms_eps: 1e-5,
+        tied_embeddings: false,
+        rope_interleaved: false,
+    }
+}
+
+/// Block moves (`copy_blocks`): swap-outs to the pinned CPU pool, copy-on-write copies and
+/// swap-ins, in one step and across steps, on caches of fresh random values; every block of
+/// every layer's K and V cache is compared with a host model of the same moves (exact).
+pub fn transfer_check(seed: u64) -> Result<Vec<RuntimeCase>, CudaError> {
+    let (block_size, num_blocks, cpu_blocks) = (16u32, 32u32, 8u32);
+    let mut rt = CudaRuntime::synthetic(tiny_shape(), seed, block_size, num_blocks)?;
+    rt.with_swap_space(cpu_blocks)?;
+    let mut rng = SplitMix::new(seed);
+    let elems = rt.block_elems();
+    let layers = rt.shape.layers as usize;
+    // Host model: caches[layer * 2 + kv][block], pool[layer * 2 + kv][cpu block].
+    let mut caches: Vec<Vec<bf16>> = Vec::new();
+    for li in 0..layers {
+        for kv in 0..2 {
+            let v: Vec<bf16> = (0..elems * num_blocks as usize)
+                .map(|_| bf16::from_f32(rng.uniform()))
+                .collect();
+            let dev = if kv == 0 {
+                &mut rt.k_cache[li]
+            } else {
+                &mut rt.v_cache[li]
+            };
+            rt.stream.memcpy_htod(&v, dev)?;
+            caches.push(v);
+        }
+    }
+    let mut pool = vec![vec![bf16::ZERO; elems * cpu_blocks as usize]; 2 * layers];
+    type Pairs = Vec<(u32, u32)>;
+    // (swap-outs, copies, swap-ins) of each step.
+    let steps: [(Pairs, Pairs, Pairs); 2] = [
+        // Swap out 3 and 5, copy 7 to 9 and 10, swap in what was just swapped out of 3.
+        (vec![(3, 0), (5, 1)], vec![(7, 9), (7, 10)], vec![(0, 20)]),
+        // Reuse freed block 3 for a copy, bring 5 back from the previous step's swap-out.
+        (vec![(11, 2)], vec![(12, 3)], vec![(1, 21), (2, 22)]),
+    ];
+    let mut cases = Vec::new();
+    for (i, (out, copies, back)) in steps.into_iter().enumerate() {
+        let plan = StepPlan {
+            step: i as u64,
+            swap_out: out.clone(),
+            block_copies: copies.clone(),
+            swap_in: back.clone(),
+            ..StepPlan::default()
+        };
+        rt.forward(&plan)?;
+        for c in 0..2 * layers {
+            let (cache, cpu) = (&mut caches[c], &mut pool[c]);
+            for &(g, p) in &out {
+                let src = cache[g as usize * elems..][..elems].to_vec();
+                cpu[p as usize * elems..][..elems].copy_from_slice(&src);
+            }
+            for &(a, b) in &copies {
+                let src = cache[a as usize * elems..][..elems].to_vec();
+                cache[b as usize * elems..][..elems].copy_from_slice(&src);
+            }
+            for &(p, g) in &back {
+                let src = cpu[p as usize * elems..][..elems].to_vec();
+                cache[g as usize * elems..][..elems].copy_from_slice(&src);
+            }
+        }
+        let mut bad = 0;
+        let mut total = 0;
+        for li in 0..layers {
+            for kv in 0..2 {
+                let dev = if kv == 0 {
+                    &rt.k_cache[li]
+                } else {
+                    &rt.v_cache[li]
+                };
+                let got = rt.stream.clone_dtoh(dev)?;
+                let want = &caches[li * 2 + kv];
+                total += want.len();
+                bad += got
+                    .iter()
+                    .zip(want)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+            }
+        }
+        cases.push(RuntimeCase {
+            name: format!(
+                "step {i}: {} swap-out, {} copy, {} swap-in blocks",
+                out.len(),
+                copies.len(),
+                back.len()
+            ),
+            rel_err: 0.0,
+            bad,
+            total,
+        });
+    }
+    Ok(cases)
+}
+
+/// CUDA graphs and `skinny_gemm`: the same prefill and 40 teacher-forced decode steps (their
+/// tables crossing block and padding boundaries) run three ways on one synthetic model:
+/// graphs (replays of captured decode steps), the same kernels launched eagerly (must agree
+/// bit for bit), and cuBLAS GEMMs without graphs (must agree within bf16 rounding).
+pub fn graph_check(seed: u64) -> Result<Vec<RuntimeCase>, CudaError> {
+    let shape = tiny_shape();
+    let block_size = 16u32;
+    let mut rng = SplitMix::new(seed ^ 0x5eed);
+    let prompt = 23u32;
+    let total = prompt + 40;
+    let ids: Vec<u32> = (0..total).map(|_| rng.range(0, shape.vocab)).collect();
+    // Two sequences decoding together (batch 2), shuffled tables.
+    let tables: Vec<Vec<u32>> = vec![
+        (0..8).map(|b| 2 * b + 1).collect(),
+        (0..8).map(|b| 2 * b).collect(),
+    ];
+    let run = |graphs: bool, skinny: bool| -> Result<Vec<f32>, CudaError> {
+        let mut rt = CudaRuntime::synthetic(shape.clone(), seed, block_size, 16)?;
+        rt.set_graphs(graphs);
+        if !skinny {
+            rt.set_skinny_max_tokens(0);
+        }
+        rt.keep_logits(true);
+        let mut logits = Vec::new();
+        let mut pos = 0u32;
+        while pos < total {
+            let len = if pos == 0 { prompt } else { 1 };
+            let work = tables
+                .iter()
+                .enumerate()
+                .map(|(s, t)| SeqWork {
+                    seq: s as u64,
+                    kind: if len == 1 {
+                        WorkKind::Decode
+                    } else {
+                        WorkKind::Prefill
+                    },
+                    start: pos,
+                    len,
+                    sample: true,
+                    num_samples: 1,
+                    block_table: t[..(pos + len).div_ceil(block_size) as usize].to_vec(),
+                    token_ids: ids[pos as usize..(pos + len) as usize]
+                        .iter()
+                        .map(|&i| (i + s as u32) % shape.vocab)
+                        .collect(),
+                })
+                .collect();
+            let plan = StepPlan {
+                step: u64::from(pos),
+                work,
+                ..StepPlan::default()
+            };
+            rt.forward(&plan)?;
+            if pos > 0 {
+                logits.extend_from_slice(rt.last_logits());
+            }
+            pos += len;
+        }
+        Ok(logits)
+    };
+    let graphs = run(true, true)?;
+    let eager = run(false, true)?;
+    let cublas = run(false, false)?;
+    let cublas_graphs = run(true, false)?;
+    let compare = |name: &str, a: &[f32], b: &[f32], exact: bool| {
+        let mut num = 0.0f64;
+        let mut den = 0.0f64;
+        let mut bad = usize::from(a.len() != b.len());
+        for (x, y) in a.iter().zip(b) {
+            if !x.is_finite() || (exact && x.to_bits() != y.to_bits()) {
+                bad += 1;
+            }
+            num += f64::from(x - y).powi(2);
+            den += f64::from(*y).powi(2);
+        }
+        RuntimeCase {
+            name: name.into(),
+            rel_err: (num / den.max(1e-300)).sqrt(),
+            bad,
+            total: a.len(),
+        }
+    };
+    Ok(vec![
+        compare(
+            "decode logits: graph replays vs eager",
+            &graphs,
+            &eager,
+            true,
+        ),
+        compare(
+            "decode logits: skinny_gemm vs cuBLAS",
+            &eager,
+            &cublas,
+            false,
+        ),
+        compare(
+            "decode logits: cuBLAS graph replays vs eager",
+            &cublas_graphs,
+            &cublas,
+            true,
+        ),
+    ])
 }

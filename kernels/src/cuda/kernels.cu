@@ -191,7 +191,7 @@ paged_attention(__nv_bfloat16* out, float* part_acc, float* part_ml,
                 const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
                 const __nv_bfloat16* v_cache, const int* block_tables, int max_blocks,
                 const int* tiles, const int* positions, int heads, int kv_heads,
-                int block_size, int num_splits, float scale) {
+                int block_size, int num_splits, float scale, int window) {
     __shared__ float q_s[ROWS][HEAD_DIM];
     __shared__ __align__(16) __nv_bfloat16 k_s[K_TILE][K_STRIDE];
     __shared__ __align__(16) __nv_bfloat16 v_s[K_TILE][HEAD_DIM];
@@ -203,8 +203,12 @@ paged_attention(__nv_bfloat16* out, float* part_acc, float* part_ml,
     const int rows = ntok * GQA_GROUP;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ctx = positions[tok0 + ntok - 1] + 1;  // keys needed by the last token
-    const int per_split = ((ctx + num_splits - 1) / num_splits + K_TILE - 1) / K_TILE * K_TILE;
-    const int k_begin = split * per_split;
+    // Sliding window: the first token needs keys from lo on (earlier blocks may be NULL).
+    const int lo = window > 0 ? max(0, positions[tok0] + 1 - window) : 0;
+    const int lo_tile = lo / K_TILE * K_TILE;
+    const int span = ctx - lo_tile;
+    const int per_split = ((span + num_splits - 1) / num_splits + K_TILE - 1) / K_TILE * K_TILE;
+    const int k_begin = lo_tile + split * per_split;
     const int k_end = min(ctx, k_begin + per_split);
     const int* table = block_tables + (long long)seq * max_blocks;
 
@@ -231,7 +235,7 @@ paged_attention(__nv_bfloat16* out, float* part_acc, float* part_ml,
             const int k = idx / CHUNKS_PER_ROW, ch = idx % CHUNKS_PER_ROW;
             const int kpos = kt + k;
             uint4 kz = make_uint4(0, 0, 0, 0), vz = make_uint4(0, 0, 0, 0);
-            if (kpos < k_end) {
+            if (kpos >= lo && kpos < k_end) {
                 const long long blk = table[kpos / block_size];
                 const long long base =
                     ((blk * kv_heads + kvh) * block_size + kpos % block_size) * HEAD_DIM;
@@ -285,7 +289,7 @@ paged_attention(__nv_bfloat16* out, float* part_acc, float* part_ml,
             if (r >= rows) break;
             const int qpos = positions[tok0 + r / GQA_GROUP];
             float s = NEG_INF;
-            if (kpos < k_end && kpos <= qpos) {
+            if (kpos < k_end && kpos <= qpos && (window <= 0 || kpos > qpos - window)) {
                 s = 0.0f;
 #pragma unroll 16
                 for (int d = 0; d < HEAD_DIM; d += 2) {
@@ -393,7 +397,7 @@ extern "C" __global__ void __launch_bounds__(PWARPS * 32)
 prefill_attention(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
                   const __nv_bfloat16* v_cache, const int* block_tables, int max_blocks,
                   const int* tiles, const int* positions, int heads, int kv_heads,
-                  int block_size, float scale) {
+                  int block_size, float scale, int window) {
     using namespace nvcuda;
     extern __shared__ __align__(128) unsigned char smem[];
     __nv_bfloat16 (*q_s)[PLD] = reinterpret_cast<__nv_bfloat16 (*)[PLD]>(smem);
@@ -414,6 +418,9 @@ prefill_attention(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat1
     const int rows = ntok * GQA_GROUP;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ctx = positions[tok0 + ntok - 1] + 1;
+    // Sliding window: keys before lo are outside every row's window (their blocks may be NULL).
+    const int lo = window > 0 ? max(0, positions[tok0] + 1 - window) : 0;
+    const int k0 = lo / PKT * PKT;
     const int* table = block_tables + (long long)seq * max_blocks;
 
     for (int i = threadIdx.x; i < PM * HEAD_DIM; i += PWARPS * 32) {
@@ -438,7 +445,7 @@ prefill_attention(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat1
             const int k = idx / CHUNKS_PER_ROW, ch = idx % CHUNKS_PER_ROW;
             const int kpos = kt + k;
             uint4 kz = make_uint4(0, 0, 0, 0), vz = make_uint4(0, 0, 0, 0);
-            if (kpos < ctx) {
+            if (kpos >= lo && kpos < ctx) {
                 const long long blk = table[kpos / block_size];
                 const long long base =
                     ((blk * kv_heads + kvh) * block_size + kpos % block_size) * HEAD_DIM;
@@ -486,15 +493,16 @@ prefill_attention(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat1
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const int kpos = kt + quarter * 8 + i;
-            sv[i] = (kpos < ctx && kpos <= my_qpos) ? raw[i] * scale : NEG_INF;
+            const bool in_window = window <= 0 || kpos > my_qpos - window;
+            sv[i] = (kpos < ctx && kpos <= my_qpos && in_window) ? raw[i] * scale : NEG_INF;
         }
     };
     float m_r = NEG_INF, l_r = 0.0f;
     __syncthreads();
 
     // Pass 1: softmax max and sum of every row.
-    fetch(0, false);
-    for (int kt = 0; kt < ctx; kt += PKT) {
+    fetch(k0, false);
+    for (int kt = k0; kt < ctx; kt += PKT) {
         put(false);
         __syncthreads();
         if (kt + PKT < ctx) fetch(kt + PKT, false);
@@ -530,8 +538,8 @@ prefill_attention(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat1
 #pragma unroll
     for (int j = 0; j < CB; j++) wmma::fill_fragment(o[j], 0.0f);
     const int om = warp & 3, on = (warp >> 2) * CB;
-    fetch(0, true);
-    for (int kt = 0; kt < ctx; kt += PKT) {
+    fetch(k0, true);
+    for (int kt = k0; kt < ctx; kt += PKT) {
         put(true);
         __syncthreads();
         if (kt + PKT < ctx) fetch(kt + PKT, true);
@@ -609,4 +617,99 @@ extern "C" __global__ void argmax_rows(int* ids, const float* logits, int vocab)
             if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) { bv = best_v[w]; bi = best_i[w]; }
         ids[blockIdx.x] = bi;
     }
+}
+
+__device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_out(__nv_bfloat16* p, float v) { *p = to_bf(v); }
+
+// Skinny GEMM for decode steps: out[t][n] = sum_k x[t][k] w[n][k] for t < tokens <= T.
+// Weight-streaming bound (each weight is used T times at most): one warp per output row,
+// each lane reading 16 bytes (8 weights) per load with several loads in flight, the
+// activations (T x k, a few KB) served from L1/L2. k is a multiple of 8 (host-checked).
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+    uint4 v;
+    // Streamed once: do not keep the weights in L1.
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// acc[t] += dot(8 weights, 8 activations of row t at chunk i).
+template <int T>
+__device__ __forceinline__ void skinny_dot(float (&acc)[T], const uint4 wv, const __nv_bfloat16* x,
+                                           int tokens, int k, int i) {
+    const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv);
+    float2 wf[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) wf[j] = __bfloat1622float2(wp[j]);
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        if (t < tokens) {
+            const uint4 xv = reinterpret_cast<const uint4*>(x + (long long)t * k)[i];
+            const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float2 xf = __bfloat1622float2(xp[j]);
+                acc[t] += wf[j].x * xf.x + wf[j].y * xf.y;
+            }
+        }
+    }
+}
+
+template <int T, typename OutT>
+__device__ __forceinline__ void skinny_gemm(OutT* out, const __nv_bfloat16* x,
+                                            const __nv_bfloat16* w, int tokens, int k, int n) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (row >= n) return;
+    const uint4* wr = reinterpret_cast<const uint4*>(w + (long long)row * k);
+    const int k8 = k >> 3;
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    // Four 16-byte weight loads in flight per lane before the first use.
+    constexpr int U = 4;
+    int i = lane;
+    for (; i + 32 * (U - 1) < k8; i += 32 * U) {
+        uint4 wv[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) wv[u] = load_stream(wr + i + 32 * u);
+#pragma unroll
+        for (int u = 0; u < U; u++) skinny_dot<T>(acc, wv[u], x, tokens, k, i + 32 * u);
+    }
+    for (; i < k8; i += 32) skinny_dot<T>(acc, load_stream(wr + i), x, tokens, k, i);
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0 && t < tokens) store_out(out + (long long)t * n + row, v);
+    }
+}
+
+#define SKINNY(T)                                                                             \
+    extern "C" __global__ void skinny_gemm_bf16_##T(__nv_bfloat16* out,                      \
+                                                    const __nv_bfloat16* x,                  \
+                                                    const __nv_bfloat16* w, int tokens,      \
+                                                    int k, int n) {                          \
+        skinny_gemm<T, __nv_bfloat16>(out, x, w, tokens, k, n);                               \
+    }                                                                                         \
+    extern "C" __global__ void skinny_gemm_f32_##T(float* out, const __nv_bfloat16* x,       \
+                                                   const __nv_bfloat16* w, int tokens, int k, \
+                                                   int n) {                                   \
+        skinny_gemm<T, float>(out, x, w, tokens, k, n);                                       \
+    }
+SKINNY(1)
+SKINNY(2)
+SKINNY(4)
+SKINNY(8)
+
+// Copies whole KV blocks of one layer's K or V cache: pairs[2 i] of src to pairs[2 i + 1] of
+// dst, block_elems bf16 each (a multiple of 8). Copy-on-write uses src == dst (the GPU
+// cache); swapping uses the mapped pinned host pool on one side. One thread block per pair.
+extern "C" __global__ void copy_blocks(__nv_bfloat16* dst, const __nv_bfloat16* src,
+                                       const int* pairs, long long block_elems) {
+    const long long s = pairs[2 * blockIdx.x], d = pairs[2 * blockIdx.x + 1];
+    const uint4* from = reinterpret_cast<const uint4*>(src + s * block_elems);
+    uint4* to = reinterpret_cast<uint4*>(dst + d * block_elems);
+    for (long long i = threadIdx.x; i < block_elems / 8; i += blockDim.x) to[i] = from[i];
 }

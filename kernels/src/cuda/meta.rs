@@ -5,7 +5,7 @@
 use engine::plan::StepPlan;
 
 /// Offsets (in `i32`s) of each array inside the packed metadata buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct MetaLayout {
     /// Tokens in the step.
     pub tokens: usize,
@@ -59,15 +59,33 @@ impl StepMeta {
     /// Builds the metadata of `plan` for a KV cache of `block_size`-token blocks, attention
     /// tiles of up to `q_tile` tokens and a vocabulary of `vocab` ids.
     pub fn build(plan: &StepPlan, block_size: u32, q_tile: u32, vocab: u32) -> StepMeta {
+        Self::build_padded(plan, block_size, q_tile, vocab, false)
+    }
+
+    /// As [`StepMeta::build`]; with `pad_tables`, the block-table width is rounded up to a
+    /// power of two, so that decode steps keep one layout (and one CUDA graph) while their
+    /// contexts grow.
+    pub fn build_padded(
+        plan: &StepPlan,
+        block_size: u32,
+        q_tile: u32,
+        vocab: u32,
+        pad_tables: bool,
+    ) -> StepMeta {
         let tokens: usize = plan.work.iter().map(|w| w.len as usize).sum();
         let seqs = plan.work.len();
-        let max_blocks = plan
+        let widest = plan
             .work
             .iter()
             .map(|w| w.block_table.len())
             .max()
             .unwrap_or(0)
             .max(1);
+        let max_blocks = if pad_tables {
+            widest.next_power_of_two()
+        } else {
+            widest
+        };
         let q_tile = q_tile.max(1);
         let tile_counts = |w: &engine::plan::SeqWork| {
             let full = w.len / q_tile;
@@ -262,6 +280,31 @@ mod tests {
         // Token ids are stable and within the vocabulary.
         assert!(m.data[..15].iter().all(|&id| (0..1000).contains(&id)));
         assert_eq!(m, StepMeta::build(&plan, 8, 4, 1000));
+    }
+
+    #[test]
+    fn padded_tables_keep_one_layout_while_contexts_grow() {
+        let decode = |pos: u32, table: Vec<u32>| StepPlan {
+            work: vec![work(1, pos, 1, true, table)],
+            ..StepPlan::default()
+        };
+        // Contexts of 3, 4 and 5 blocks of 8: one padded layout (width 4, then 8).
+        let a = StepMeta::build_padded(&decode(20, vec![7, 8, 9]), 8, 1, 100, true);
+        let b = StepMeta::build_padded(&decode(30, vec![7, 8, 9, 10]), 8, 1, 100, true);
+        let c = StepMeta::build_padded(&decode(33, vec![7, 8, 9, 10, 11]), 8, 1, 100, true);
+        assert_eq!(a.layout, b.layout);
+        assert_eq!(a.layout.max_blocks, 4);
+        assert_eq!(c.layout.max_blocks, 8);
+        // The real entries are unchanged, the padding is zero, and nothing else moves.
+        let l = a.layout;
+        assert_eq!(a.data[l.block_tables..l.block_tables + 4], [7, 8, 9, 0]);
+        let plain = StepMeta::build(&decode(20, vec![7, 8, 9]), 8, 1, 100);
+        assert_eq!(plain.layout.max_blocks, 3);
+        assert_eq!(
+            plain.data[..plain.layout.block_tables],
+            a.data[..l.block_tables]
+        );
+        assert_eq!(a.data[l.sample_rows..], [0]);
     }
 
     #[test]

@@ -18,12 +18,14 @@
 pub mod check;
 pub mod meta;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, LaunchConfig,
+    PushKernelArg,
 };
 use cudarc::nvrtc::CompileOptions;
 use engine::backend::{Backend, BackendError};
@@ -37,7 +39,7 @@ use crate::gguf::Gguf;
 pub const KERNELS_CU: &str = include_str!("kernels.cu");
 
 /// Names of the kernels in [`KERNELS_CU`].
-pub const KERNEL_NAMES: [&str; 11] = [
+pub const KERNEL_NAMES: [&str; 20] = [
     "fill_uniform_bf16",
     "fill_const_bf16",
     "embed_gather",
@@ -49,7 +51,68 @@ pub const KERNEL_NAMES: [&str; 11] = [
     "prefill_attention",
     "gather_rows",
     "argmax_rows",
+    "skinny_gemm_bf16_1",
+    "skinny_gemm_bf16_2",
+    "skinny_gemm_bf16_4",
+    "skinny_gemm_bf16_8",
+    "skinny_gemm_f32_1",
+    "skinny_gemm_f32_2",
+    "skinny_gemm_f32_4",
+    "skinny_gemm_f32_8",
+    "copy_blocks",
 ];
+
+/// Largest step (in tokens) that `skinny_gemm` (weight streaming, one warp per output row)
+/// is compiled for; [`CudaRuntime::set_skinny_max_tokens`] picks where it replaces cuBLAS.
+pub const SKINNY_MAX_TOKENS: usize = 8;
+/// Default of [`CudaRuntime::set_skinny_max_tokens`]: on the H100 `skinny_gemm` beats cuBLAS
+/// at one token (6.96 vs 7.79 ms a Llama-3-8B step) and loses from two on (BENCHMARKS.md).
+pub const SKINNY_DEFAULT_TOKENS: usize = 1;
+/// Decode-only steps of at most this many tokens replay a CUDA graph.
+pub const GRAPH_MAX_TOKENS: usize = 8;
+/// cuBLAS workspace owned by the runtime (set explicitly so that graph capture never makes
+/// cuBLAS allocate).
+pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
+/// Warps (output rows) per block of `skinny_gemm`.
+pub const SKINNY_WARPS: u32 = 8;
+/// CUDA graphs kept (one per step shape); the cache is emptied when it would grow past this.
+pub const MAX_GRAPHS: usize = 64;
+
+/// The `skinny_gemm` instance for `tokens` rows (the smallest compiled T >= tokens) with a
+/// bf16 or an fp32 output; None above [`SKINNY_MAX_TOKENS`].
+pub fn skinny_kernel(tokens: usize, f32_out: bool) -> Option<&'static str> {
+    let names = if f32_out {
+        [
+            "skinny_gemm_f32_1",
+            "skinny_gemm_f32_2",
+            "skinny_gemm_f32_4",
+            "skinny_gemm_f32_8",
+        ]
+    } else {
+        [
+            "skinny_gemm_bf16_1",
+            "skinny_gemm_bf16_2",
+            "skinny_gemm_bf16_4",
+            "skinny_gemm_bf16_8",
+        ]
+    };
+    match tokens {
+        0 | 1 => Some(names[0]),
+        2 => Some(names[1]),
+        3 | 4 => Some(names[2]),
+        5..=SKINNY_MAX_TOKENS => Some(names[3]),
+        _ => None,
+    }
+}
+
+/// Launch configuration of `skinny_gemm` for `n` output rows.
+pub fn skinny_config(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((n as u32).div_ceil(SKINNY_WARPS), 1, 1),
+        block_dim: (SKINNY_WARPS * 32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
 
 /// Threads per block of the attention kernel (must match `ATTN_THREADS` in the source).
 pub const ATTN_THREADS: u32 = 128;
@@ -450,6 +513,19 @@ pub struct CudaRuntime {
     end: CudaEvent,
     keep_logits: bool,
     logits: Vec<f32>,
+    /// Every GEMM's reduction size is a multiple of 8 (`skinny_gemm` applies).
+    skinny_ok: bool,
+    /// Steps of at most this many tokens use `skinny_gemm` (0: never).
+    skinny_max: usize,
+    _blas_workspace: CudaSlice<u8>,
+    use_graphs: bool,
+    /// CUDA graphs of decode steps by (layout, splits).
+    graphs: HashMap<(meta::MetaLayout, u32), CudaGraph>,
+    /// Sliding attention window in tokens (0: none).
+    window: i32,
+    swap: Option<SwapPool>,
+    /// Device copy of the block moves of a step.
+    xfer: CudaSlice<i32>,
 }
 
 fn grid_for(n: u64, threads: u32) -> LaunchConfig {
@@ -493,11 +569,27 @@ impl CudaRuntime {
     ) -> Result<CudaRuntime, CudaError> {
         shape.validate()?;
         let ctx = open_device()?;
-        // One stream, no cross-stream tracking needed.
+        // One stream, no cross-stream tracking needed. Not the legacy default stream: that
+        // one cannot be captured into a CUDA graph.
         // SAFETY: every buffer of this runtime is used on `stream` only.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        let stream = ctx.new_stream()?;
         let blas = CudaBlas::new(stream.clone())?;
+        let blas_workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE_BYTES)?;
+        {
+            use cudarc::driver::DevicePtr;
+            let (ws, _g) = blas_workspace.device_ptr(&stream);
+            // SAFETY: the workspace lives as long as the handle (both in the runtime) and
+            // is used on the handle's stream only.
+            unsafe {
+                cudarc::cublas::sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    ws as *mut _,
+                    CUBLAS_WORKSPACE_BYTES,
+                )
+                .result()?;
+            }
+        }
         let k = compile(&ctx, shape.head_dim, shape.group())?;
         let sm_count = ctx.attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
@@ -650,8 +742,24 @@ impl CudaRuntime {
         let meta = stream.alloc_zeros::<i32>(1)?;
         let part_acc = stream.alloc_zeros::<f32>(1)?;
         let part_ml = stream.alloc_zeros::<f32>(1)?;
+        let xfer = stream.alloc_zeros::<i32>(1)?;
         stream.synchronize()?;
+        let skinny_ok = [
+            shape.hidden,
+            shape.heads * shape.head_dim,
+            shape.intermediate,
+        ]
+        .iter()
+        .all(|k| k.is_multiple_of(8));
         Ok(CudaRuntime {
+            skinny_ok,
+            skinny_max: SKINNY_DEFAULT_TOKENS,
+            _blas_workspace: blas_workspace,
+            use_graphs: true,
+            graphs: HashMap::new(),
+            window: 0,
+            swap: None,
+            xfer,
             q_tile: q_tile_for_group(shape.group()),
             ctx,
             stream,
@@ -720,7 +828,9 @@ impl CudaRuntime {
                 return Ok(());
             }
         }
-        // Grow to the next power of two so that a run settles after a few steps.
+        // Grow to the next power of two so that a run settles after a few steps. Captured
+        // graphs hold the old buffers' addresses.
+        self.graphs.clear();
         let tokens = tokens.next_power_of_two().max(16);
         let samples = samples.next_power_of_two().max(16);
         let s = &self.shape;
@@ -745,9 +855,477 @@ impl CudaRuntime {
         Ok(())
     }
 
+    /// Replays a CUDA graph for decode steps of up to [`SKINNY_MAX_TOKENS`] tokens (on by
+    /// default); off, every kernel is launched one by one.
+    pub fn set_graphs(&mut self, on: bool) {
+        self.use_graphs = on;
+        self.graphs.clear();
+    }
+
+    /// Runs a prefill and a decode step through the first KV blocks (that the engine later
+    /// overwrites) so that cuBLAS's lazy kernel loading and the first graph capture happen
+    /// before the timed run, as vLLM's start-up profiling does: the first real step would
+    /// otherwise take ~100 ms more.
+    pub fn warm_up(&mut self) -> Result<(), CudaError> {
+        let len = (4 * self.block_size).min(self.num_blocks.saturating_mul(self.block_size));
+        if len < 2 {
+            return Ok(());
+        }
+        let blocks: Vec<u32> = (0..len.div_ceil(self.block_size)).collect();
+        let step = |start: u32, len: u32| StepPlan {
+            work: vec![engine::plan::SeqWork {
+                seq: 0,
+                kind: if len == 1 {
+                    engine::plan::WorkKind::Decode
+                } else {
+                    engine::plan::WorkKind::Prefill
+                },
+                start,
+                len,
+                sample: true,
+                num_samples: 1,
+                block_table: blocks.clone(),
+                token_ids: Vec::new(),
+            }],
+            ..StepPlan::default()
+        };
+        self.forward(&step(0, len - 1))?;
+        self.forward(&step(len - 1, 1))?;
+        Ok(())
+    }
+
+    /// Steps of at most `tokens` tokens multiply by the weights with `skinny_gemm`, larger
+    /// ones with cuBLAS (0: cuBLAS always; capped at [`SKINNY_MAX_TOKENS`]).
+    pub fn set_skinny_max_tokens(&mut self, tokens: usize) {
+        self.skinny_max = tokens.min(SKINNY_MAX_TOKENS);
+        self.graphs.clear();
+    }
+
+    /// Sliding-window attention over the last `window` positions (Mistral); the block
+    /// tables may then hold NULL blocks before the window.
+    pub fn set_sliding_window(&mut self, window: Option<u32>) {
+        self.window = window.map_or(0, |w| w.min(i32::MAX as u32) as i32);
+        self.graphs.clear();
+    }
+
+    /// Adds a CPU swap pool of `cpu_blocks` KV blocks (all layers, K and V) in pinned host
+    /// memory mapped into the device's address space, for swap preemption.
+    pub fn with_swap_space(&mut self, cpu_blocks: u32) -> Result<(), CudaError> {
+        self.swap = None;
+        if cpu_blocks == 0 {
+            return Ok(());
+        }
+        let len = cpu_blocks as usize * self.block_elems() * 2 * self.shape.layers as usize;
+        let flags = cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP
+            | cudarc::driver::sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: the pool is only read where swap-outs wrote it first (the block manager
+        // swaps in only blocks it swapped out).
+        let mut host = unsafe { self.ctx.alloc_pinned_with_flags::<bf16>(len, flags) }?;
+        let ptr = host.as_mut_ptr()?;
+        let mut dev: cudarc::driver::sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is a live pinned allocation made with DEVICEMAP.
+        unsafe {
+            cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut dev, ptr.cast(), 0).result()?;
+        }
+        self.swap = Some(SwapPool {
+            _host: host,
+            dev,
+            blocks: cpu_blocks,
+        });
+        Ok(())
+    }
+
+    /// bf16 elements of one KV block of one layer's K (or V) cache.
+    fn block_elems(&self) -> usize {
+        (self.shape.kv_heads * self.block_size * self.shape.head_dim) as usize
+    }
+
+    /// Moves KV blocks before a step, in the plan's order: swap-outs to the CPU pool, then
+    /// copy-on-write block copies, then swap-ins. One `copy_blocks` launch per layer, K and
+    /// V, and kind of move.
+    fn transfers(&mut self, plan: &StepPlan) -> Result<(), CudaError> {
+        if !plan.has_transfers() {
+            return Ok(());
+        }
+        let cpu_blocks = self.swap.as_ref().map_or(0, |s| s.blocks);
+        let swaps = plan.swap_in.len() + plan.swap_out.len();
+        if swaps > 0 && self.swap.is_none() {
+            return Err(CudaError::Config(format!(
+                "step {}: the plan swaps {swaps} blocks but the runtime has no CPU swap pool (engine.swap_space_gib)",
+                plan.step
+            )));
+        }
+        let check = |what: &str, b: u32, limit: u32| {
+            if b >= limit {
+                Err(CudaError::Config(format!(
+                    "step {}: {what} block {b} is outside its pool ({limit} blocks)",
+                    plan.step
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        let mut data = Vec::with_capacity(2 * (swaps + plan.block_copies.len()));
+        for &(g, c) in &plan.swap_out {
+            check("swap-out GPU", g, self.num_blocks)?;
+            check("swap-out CPU", c, cpu_blocks)?;
+            data.extend([g as i32, c as i32]);
+        }
+        for &(s, d) in &plan.block_copies {
+            check("copy source", s, self.num_blocks)?;
+            check("copy destination", d, self.num_blocks)?;
+            data.extend([s as i32, d as i32]);
+        }
+        for &(c, g) in &plan.swap_in {
+            check("swap-in CPU", c, cpu_blocks)?;
+            check("swap-in GPU", g, self.num_blocks)?;
+            data.extend([c as i32, g as i32]);
+        }
+        if self.xfer.len() < data.len() {
+            self.xfer = self
+                .stream
+                .alloc_zeros::<i32>(data.len().next_power_of_two())?;
+        }
+        self.stream.memcpy_htod(&data, &mut self.xfer)?;
+        use cudarc::driver::DevicePtr;
+        let elems = self.block_elems();
+        let block_elems = elems as i64;
+        let bytes_per_layer_kv = u64::from(cpu_blocks) * elems as u64 * 2;
+        let pool = self.swap.as_ref().map_or(0, |s| s.dev);
+        let st = &self.stream;
+        let f = self.k.get("copy_blocks");
+        let groups = [
+            (0usize, plan.swap_out.len(), 0u8),
+            (plan.swap_out.len(), plan.block_copies.len(), 1),
+            (
+                plan.swap_out.len() + plan.block_copies.len(),
+                plan.swap_in.len(),
+                2,
+            ),
+        ];
+        for (first, n, kind) in groups {
+            if n == 0 {
+                continue;
+            }
+            let pairs = self.xfer.slice(2 * first..2 * (first + n));
+            for li in 0..self.shape.layers as usize {
+                for (kv, cache) in [&self.k_cache[li], &self.v_cache[li]]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let (gpu, _g) = cache.device_ptr(st);
+                    let cpu = pool + (2 * li as u64 + kv as u64) * bytes_per_layer_kv;
+                    let (dst, src) = match kind {
+                        0 => (cpu, gpu),
+                        1 => (gpu, gpu),
+                        _ => (gpu, cpu),
+                    };
+                    let mut b = st.launch_builder(f);
+                    b.arg(&dst).arg(&src).arg(&pairs).arg(&block_elems);
+                    let cfg = LaunchConfig {
+                        grid_dim: (n as u32, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    // SAFETY: every pair was checked against its pool above; a block of
+                    // block_elems bf16 (a multiple of 8: head_dim is) starts at each index.
+                    unsafe { b.launch(cfg) }?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one step of the forward pass (after the plan's block moves); returns its
+    /// duration (CUDA events, ns) and the greedy token of each sampling sequence.
+    pub fn forward(&mut self, plan: &StepPlan) -> Result<(u64, Vec<u32>), CudaError> {
+        let null = engine::block_manager::NULL_BLOCK;
+        for w in &plan.work {
+            if let Some(&b) = w
+                .block_table
+                .iter()
+                .find(|&&b| b != null && b >= self.num_blocks)
+            {
+                return Err(CudaError::Config(format!(
+                    "block {b} of sequence {} is outside the KV cache ({} blocks)",
+                    w.seq, self.num_blocks
+                )));
+            }
+            if self.window == 0 && w.block_table.contains(&null) {
+                return Err(CudaError::Config(format!(
+                    "sequence {} has NULL (out-of-window) blocks but the runtime has no sliding window",
+                    w.seq
+                )));
+            }
+        }
+        let (bs, q_tile, vocab) = (self.block_size, self.q_tile, self.shape.vocab);
+        let mut meta = StepMeta::build(plan, bs, q_tile, vocab);
+        let graph = self.use_graphs
+            && meta.layout.ptiles == 0
+            && meta.layout.tokens <= GRAPH_MAX_TOKENS
+            && meta.layout.samples <= GRAPH_MAX_TOKENS;
+        if graph {
+            meta = StepMeta::build_padded(plan, bs, q_tile, vocab, true);
+        }
+        let l = meta.layout;
+        if l.tokens == 0 {
+            // A step of block moves only (swap-outs of preempted sequences).
+            self.start.record(&self.stream)?;
+            self.transfers(plan)?;
+            self.end.record(&self.stream)?;
+            self.stream.synchronize()?;
+            let ms = self.start.elapsed_ms(&self.end)?;
+            return Ok(((f64::from(ms) * 1e6).round() as u64, Vec::new()));
+        }
+        self.ensure_activations(l.tokens, l.samples)?;
+        if self.meta.len() < l.len {
+            self.meta = self.stream.alloc_zeros::<i32>(l.len.next_power_of_two())?;
+            self.graphs.clear();
+        }
+        let s = &self.shape;
+        // Graph steps size their splits for the padded table, so that one graph serves
+        // contexts up to its width.
+        let max_context = if graph {
+            (l.max_blocks as u32).saturating_mul(bs)
+        } else {
+            meta.max_context()
+        };
+        let splits = if l.tiles == 0 {
+            1
+        } else {
+            attention_splits(
+                l.tiles,
+                s.kv_heads,
+                max_context,
+                DECODE_BLOCKS_PER_SM * self.sm_count,
+                4 * K_TILE,
+            )
+        };
+        if splits > 1 {
+            let rows = l.tiles * s.heads as usize * splits as usize;
+            if self.part_acc.len() < rows * s.head_dim as usize {
+                self.part_acc = self
+                    .stream
+                    .alloc_zeros::<f32>((rows * s.head_dim as usize).next_power_of_two())?;
+                self.part_ml = self
+                    .stream
+                    .alloc_zeros::<f32>((2 * rows).next_power_of_two())?;
+                self.graphs.clear();
+            }
+        }
+        // Capture before the timed region: vLLM captures its graphs at start-up.
+        if graph && !self.graphs.contains_key(&(l, splits)) {
+            if self.graphs.len() >= MAX_GRAPHS {
+                self.graphs.clear();
+            }
+            self.stream.begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )?;
+            let enqueued = self.enqueue(&l, splits);
+            let captured = self
+                .stream
+                .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+            enqueued?;
+            let g = captured?.ok_or_else(|| {
+                CudaError::Config("CUDA graph capture of a decode step returned no graph".into())
+            })?;
+            g.upload()?;
+            self.graphs.insert((l, splits), g);
+        }
+        self.start.record(&self.stream)?;
+        self.transfers(plan)?;
+        self.stream.memcpy_htod(&meta.data, &mut self.meta)?;
+        match self.graphs.get(&(l, splits)).filter(|_| graph) {
+            Some(g) => g.launch()?,
+            None => self.enqueue(&l, splits)?,
+        }
+        self.end.record(&self.stream)?;
+        let mut sampled = Vec::new();
+        if l.samples > 0 {
+            let Some(a) = self.act.as_ref() else {
+                return Err(CudaError::Config("activation buffers missing".into()));
+            };
+            let mut host = vec![0i32; a.ids.len()];
+            self.stream.memcpy_dtoh(&a.ids, &mut host)?;
+            if self.keep_logits {
+                let n = l.samples * self.shape.vocab as usize;
+                let all = self.stream.clone_dtoh(&a.logits)?;
+                self.logits = all[..n].to_vec();
+            }
+            sampled = host[..l.samples].iter().map(|&x| x.max(0) as u32).collect();
+        }
+        self.stream.synchronize()?;
+        let ms = self.start.elapsed_ms(&self.end)?;
+        Ok(((f64::from(ms) * 1e6).round().max(1.0) as u64, sampled))
+    }
+
+    /// Enqueues the kernels of one step whose metadata (layout `l`) is in `self.meta`:
+    /// embedding, the layers, and for sampled rows the final norm, LM head and argmax.
+    fn enqueue(&mut self, l: &meta::MetaLayout, splits: u32) -> Result<(), CudaError> {
+        let Some(a) = self.act.as_mut() else {
+            return Err(CudaError::Config("activation buffers missing".into()));
+        };
+        let ids = self.meta.slice(l.ids..l.ids + l.tokens);
+        let positions = self.meta.slice(l.positions..l.positions + l.tokens);
+        let slots = self.meta.slice(l.slots..l.slots + l.tokens);
+        let sample_rows = self
+            .meta
+            .slice(l.sample_rows..l.sample_rows + l.samples.max(1));
+        let s = &self.shape;
+        let t = l.tokens;
+        let (h, qd) = (s.hidden as usize, (s.heads * s.head_dim) as usize);
+        let inter = s.intermediate as usize;
+        let hidden = s.hidden as i32;
+        let tok_cfg = |threads: u32| LaunchConfig {
+            grid_dim: (t as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let st = &self.stream;
+        let kf = &self.k;
+        let ops = Ops {
+            blas: &self.blas,
+            st,
+            kf,
+            skinny_max: if self.skinny_ok { self.skinny_max } else { 0 },
+        };
+        {
+            let mut b = st.launch_builder(kf.get("embed_gather"));
+            b.arg(&mut a.residual)
+                .arg(&self.embed)
+                .arg(&ids)
+                .arg(&hidden);
+            // SAFETY: t rows of `hidden`; ids < vocab.
+            unsafe { b.launch(tok_cfg(256)) }?;
+        }
+        let (heads, kv_heads, bs) = (s.heads as i32, s.kv_heads as i32, self.block_size as i32);
+        let (eps, theta) = (s.rms_eps, s.rope_theta);
+        let interleaved = i32::from(s.rope_interleaved);
+        for (li, lw) in self.layers.iter().enumerate() {
+            // Layer 0 normalises the embeddings; later layers first add the MLP output.
+            add_rmsnorm(st, kf, a, li > 0, &lw.attn_norm, t, hidden, eps)?;
+            ops.linear(&mut a.qkv, &a.h, &lw.wqkv, t, h, s.qkv_dim() as usize)?;
+            {
+                let mut b = st.launch_builder(kf.get("rope_write_kv"));
+                b.arg(&a.qkv)
+                    .arg(&mut a.q)
+                    .arg(&mut self.k_cache[li])
+                    .arg(&mut self.v_cache[li])
+                    .arg(&positions)
+                    .arg(&slots)
+                    .arg(&heads)
+                    .arg(&kv_heads)
+                    .arg(&bs)
+                    .arg(&theta)
+                    .arg(&interleaved);
+                // SAFETY: slots address blocks < num_blocks (checked in forward).
+                unsafe { b.launch(tok_cfg(128)) }?;
+            }
+            launch_attention(
+                st,
+                kf,
+                l,
+                &self.meta,
+                &mut a.attn,
+                &mut self.part_acc,
+                &mut self.part_ml,
+                &a.q,
+                &self.k_cache[li],
+                &self.v_cache[li],
+                [s.heads, s.kv_heads, s.head_dim, self.block_size],
+                splits,
+                self.window,
+            )?;
+            ops.linear(&mut a.delta, &a.attn, &lw.wo, t, qd, h)?;
+            add_rmsnorm(st, kf, a, true, &lw.mlp_norm, t, hidden, eps)?;
+            ops.linear(&mut a.gate_up, &a.h, &lw.w_gate_up, t, h, 2 * inter)?;
+            {
+                let tl = t as i64;
+                let it = inter as i32;
+                let mut b = st.launch_builder(kf.get("silu_mul"));
+                b.arg(&mut a.act).arg(&a.gate_up).arg(&tl).arg(&it);
+                // SAFETY: t x inter outputs from t x 2 inter inputs.
+                unsafe { b.launch(grid_for((t * inter) as u64, 256)) }?;
+            }
+            ops.linear(&mut a.delta, &a.act, &lw.w_down, t, inter, h)?;
+        }
+        if l.samples > 0 {
+            add_rmsnorm(st, kf, a, true, &self.final_norm, t, hidden, eps)?;
+            {
+                let mut b = st.launch_builder(kf.get("gather_rows"));
+                b.arg(&mut a.last).arg(&a.h).arg(&sample_rows).arg(&hidden);
+                let cfg = LaunchConfig {
+                    grid_dim: (l.samples as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: sample rows index tokens of this step.
+                unsafe { b.launch(cfg) }?;
+            }
+            let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+            ops.linear_f32_out(&mut a.logits, &a.last, head, l.samples, h, s.vocab as usize)?;
+            {
+                let vocab = s.vocab as i32;
+                let mut b = st.launch_builder(kf.get("argmax_rows"));
+                b.arg(&mut a.ids).arg(&a.logits).arg(&vocab);
+                let cfg = LaunchConfig {
+                    grid_dim: (l.samples as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: samples rows of `vocab` logits.
+                unsafe { b.launch(cfg) }?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The CPU swap pool: pinned host memory laid out `[layer][K, V][cpu block][block]`, and
+/// its address on the device.
+struct SwapPool {
+    _host: cudarc::driver::PinnedHostSlice<bf16>,
+    dev: cudarc::driver::sys::CUdeviceptr,
+    blocks: u32,
+}
+
+/// The GEMM paths of a step: `skinny_gemm` for a few tokens, cuBLAS otherwise.
+struct Ops<'a> {
+    blas: &'a CudaBlas,
+    st: &'a CudaStream,
+    kf: &'a Kernels,
+    /// Largest token count that takes `skinny_gemm` (0: none).
+    skinny_max: usize,
+}
+
+impl Ops<'_> {
+    /// Launches `skinny_gemm` when `t` is small enough and `k` a multiple of 8; false when
+    /// the caller must use cuBLAS.
+    fn skinny<O: cudarc::driver::DeviceRepr>(
+        &self,
+        out: &mut CudaSlice<O>,
+        x: &CudaSlice<bf16>,
+        w: &CudaSlice<bf16>,
+        [t, k, n]: [usize; 3],
+        f32_out: bool,
+    ) -> Result<bool, CudaError> {
+        let Some(name) =
+            skinny_kernel(t, f32_out).filter(|_| t <= self.skinny_max && k.is_multiple_of(8))
+        else {
+            return Ok(false);
+        };
+        let (ti, ki, ni) = (t as i32, k as i32, n as i32);
+        let mut b = self.st.launch_builder(self.kf.get(name));
+        b.arg(out).arg(x).arg(w).arg(&ti).arg(&ki).arg(&ni);
+        // SAFETY: w holds n x k, x at least t x k, out at least t x n elements; rows of k
+        // bf16 are 16-byte aligned since k is a multiple of 8.
+        unsafe { b.launch(skinny_config(n)) }?;
+        Ok(true)
+    }
+
     /// `out[t x n] = x[t x k] * w[n x k]^T` (row-major, as PyTorch's Linear).
     fn linear(
-        blas: &CudaBlas,
+        &self,
         out: &mut CudaSlice<bf16>,
         x: &CudaSlice<bf16>,
         w: &CudaSlice<bf16>,
@@ -755,6 +1333,9 @@ impl CudaRuntime {
         k: usize,
         n: usize,
     ) -> Result<(), CudaError> {
+        if self.skinny(out, x, w, [t, k, n], false)? {
+            return Ok(());
+        }
         let cfg = GemmConfig {
             transa: cublasOperation_t::CUBLAS_OP_T,
             transb: cublasOperation_t::CUBLAS_OP_N,
@@ -768,16 +1349,14 @@ impl CudaRuntime {
             ldc: n as i32,
         };
         // SAFETY: w holds n x k, x at least t x k, out at least t x n elements.
-        unsafe { blas.gemm(cfg, w, x, out) }?;
+        unsafe { self.blas.gemm(cfg, w, x, out) }?;
         Ok(())
     }
 
     /// `out[t x n] = x[t x k] * w[n x k]^T` with fp32 output (the logits: bf16 logits would
     /// round values near 20 to steps of 0.125 and tie greedy choices).
-    #[allow(clippy::too_many_arguments)]
     fn linear_f32_out(
-        blas: &CudaBlas,
-        st: &CudaStream,
+        &self,
         out: &mut CudaSlice<f32>,
         x: &CudaSlice<bf16>,
         w: &CudaSlice<bf16>,
@@ -785,8 +1364,12 @@ impl CudaRuntime {
         k: usize,
         n: usize,
     ) -> Result<(), CudaError> {
+        if self.skinny(out, x, w, [t, k, n], true)? {
+            return Ok(());
+        }
         use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType_t};
         use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let st = self.st;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (wp, _gw) = w.device_ptr(st);
         let (xp, _gx) = x.device_ptr(st);
@@ -795,7 +1378,7 @@ impl CudaRuntime {
         // beta are host f32 as CUBLAS_COMPUTE_32F expects.
         unsafe {
             cudarc::cublas::result::gemm_ex(
-                *blas.handle(),
+                *self.blas.handle(),
                 cublasOperation_t::CUBLAS_OP_T,
                 cublasOperation_t::CUBLAS_OP_N,
                 n as i32,
@@ -817,201 +1400,6 @@ impl CudaRuntime {
             )
         }?;
         Ok(())
-    }
-
-    /// Runs one step of the forward pass; returns its duration (CUDA events, ns) and the
-    /// greedy token of each sampling sequence.
-    pub fn forward(&mut self, plan: &StepPlan) -> Result<(u64, Vec<u32>), CudaError> {
-        let meta = StepMeta::build(plan, self.block_size, self.q_tile, self.shape.vocab);
-        let l = meta.layout;
-        if l.tokens == 0 {
-            return Ok((0, Vec::new()));
-        }
-        for w in &plan.work {
-            if let Some(&b) = w.block_table.iter().find(|&&b| b >= self.num_blocks) {
-                return Err(CudaError::Config(format!(
-                    "block {b} of sequence {} is outside the KV cache ({} blocks)",
-                    w.seq, self.num_blocks
-                )));
-            }
-        }
-        self.ensure_activations(l.tokens, l.samples)?;
-        if self.meta.len() < l.len {
-            self.meta = self.stream.alloc_zeros::<i32>(l.len.next_power_of_two())?;
-        }
-        let s = self.shape.clone();
-        let splits = if l.tiles == 0 {
-            1
-        } else {
-            attention_splits(
-                l.tiles,
-                s.kv_heads,
-                meta.max_context(),
-                DECODE_BLOCKS_PER_SM * self.sm_count,
-                4 * K_TILE,
-            )
-        };
-        if splits > 1 {
-            let rows = l.tiles * s.heads as usize * splits as usize;
-            if self.part_acc.len() < rows * s.head_dim as usize {
-                self.part_acc = self
-                    .stream
-                    .alloc_zeros::<f32>((rows * s.head_dim as usize).next_power_of_two())?;
-                self.part_ml = self
-                    .stream
-                    .alloc_zeros::<f32>((2 * rows).next_power_of_two())?;
-            }
-        }
-        let Some(a) = self.act.as_mut() else {
-            return Err(CudaError::Config("activation buffers missing".into()));
-        };
-        self.start.record(&self.stream)?;
-        self.stream.memcpy_htod(&meta.data, &mut self.meta)?;
-        let ids = self.meta.slice(l.ids..l.ids + l.tokens);
-        let positions = self.meta.slice(l.positions..l.positions + l.tokens);
-        let slots = self.meta.slice(l.slots..l.slots + l.tokens);
-        let sample_rows = self
-            .meta
-            .slice(l.sample_rows..l.sample_rows + l.samples.max(1));
-
-        let t = l.tokens;
-        let (h, qd) = (s.hidden as usize, (s.heads * s.head_dim) as usize);
-        let inter = s.intermediate as usize;
-        let hidden = s.hidden as i32;
-        let tok_cfg = |threads: u32| LaunchConfig {
-            grid_dim: (t as u32, 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let st = &self.stream;
-        let kf = &self.k;
-        {
-            let mut b = st.launch_builder(kf.get("embed_gather"));
-            b.arg(&mut a.residual)
-                .arg(&self.embed)
-                .arg(&ids)
-                .arg(&hidden);
-            // SAFETY: t rows of `hidden`; ids < vocab.
-            unsafe { b.launch(tok_cfg(256)) }?;
-        }
-        let (heads, kv_heads, bs) = (s.heads as i32, s.kv_heads as i32, self.block_size as i32);
-        let (eps, theta) = (s.rms_eps, s.rope_theta);
-        let interleaved = i32::from(s.rope_interleaved);
-        for (li, lw) in self.layers.iter().enumerate() {
-            // Layer 0 normalises the embeddings; later layers first add the MLP output.
-            add_rmsnorm(st, kf, a, li > 0, &lw.attn_norm, t, hidden, eps)?;
-            Self::linear(
-                &self.blas,
-                &mut a.qkv,
-                &a.h,
-                &lw.wqkv,
-                t,
-                h,
-                s.qkv_dim() as usize,
-            )?;
-            {
-                let mut b = st.launch_builder(kf.get("rope_write_kv"));
-                b.arg(&a.qkv)
-                    .arg(&mut a.q)
-                    .arg(&mut self.k_cache[li])
-                    .arg(&mut self.v_cache[li])
-                    .arg(&positions)
-                    .arg(&slots)
-                    .arg(&heads)
-                    .arg(&kv_heads)
-                    .arg(&bs)
-                    .arg(&theta)
-                    .arg(&interleaved);
-                // SAFETY: slots address blocks < num_blocks (checked above).
-                unsafe { b.launch(tok_cfg(128)) }?;
-            }
-            launch_attention(
-                st,
-                kf,
-                &l,
-                &self.meta,
-                &mut a.attn,
-                &mut self.part_acc,
-                &mut self.part_ml,
-                &a.q,
-                &self.k_cache[li],
-                &self.v_cache[li],
-                [s.heads, s.kv_heads, s.head_dim, self.block_size],
-                splits,
-            )?;
-            Self::linear(&self.blas, &mut a.delta, &a.attn, &lw.wo, t, qd, h)?;
-            add_rmsnorm(st, kf, a, true, &lw.mlp_norm, t, hidden, eps)?;
-            Self::linear(
-                &self.blas,
-                &mut a.gate_up,
-                &a.h,
-                &lw.w_gate_up,
-                t,
-                h,
-                2 * inter,
-            )?;
-            {
-                let tl = t as i64;
-                let it = inter as i32;
-                let mut b = st.launch_builder(kf.get("silu_mul"));
-                b.arg(&mut a.act).arg(&a.gate_up).arg(&tl).arg(&it);
-                // SAFETY: t x inter outputs from t x 2 inter inputs.
-                unsafe { b.launch(grid_for((t * inter) as u64, 256)) }?;
-            }
-            Self::linear(&self.blas, &mut a.delta, &a.act, &lw.w_down, t, inter, h)?;
-        }
-        let mut sampled = Vec::new();
-        if l.samples > 0 {
-            add_rmsnorm(st, kf, a, true, &self.final_norm, t, hidden, eps)?;
-            {
-                let mut b = st.launch_builder(kf.get("gather_rows"));
-                b.arg(&mut a.last).arg(&a.h).arg(&sample_rows).arg(&hidden);
-                let cfg = LaunchConfig {
-                    grid_dim: (l.samples as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: sample rows index tokens of this step.
-                unsafe { b.launch(cfg) }?;
-            }
-            let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-            Self::linear_f32_out(
-                &self.blas,
-                st,
-                &mut a.logits,
-                &a.last,
-                head,
-                l.samples,
-                h,
-                s.vocab as usize,
-            )?;
-            {
-                let vocab = s.vocab as i32;
-                let mut b = st.launch_builder(kf.get("argmax_rows"));
-                b.arg(&mut a.ids).arg(&a.logits).arg(&vocab);
-                let cfg = LaunchConfig {
-                    grid_dim: (l.samples as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: samples rows of `vocab` logits.
-                unsafe { b.launch(cfg) }?;
-            }
-            let mut host = vec![0i32; a.ids.len()];
-            self.end.record(st)?;
-            st.memcpy_dtoh(&a.ids, &mut host)?;
-            if self.keep_logits {
-                let n = l.samples * s.vocab as usize;
-                let all = st.clone_dtoh(&a.logits)?;
-                self.logits = all[..n].to_vec();
-            }
-            sampled = host[..l.samples].iter().map(|&x| x.max(0) as u32).collect();
-        } else {
-            self.end.record(st)?;
-        }
-        st.synchronize()?;
-        let ms = self.start.elapsed_ms(&self.end)?;
-        Ok(((f64::from(ms) * 1e6).round().max(1.0) as u64, sampled))
     }
 }
 
@@ -1063,6 +1451,7 @@ pub(crate) fn launch_attention(
     v_cache: &CudaSlice<bf16>,
     dims: [u32; 4],
     splits: u32,
+    window: i32,
 ) -> Result<(), CudaError> {
     let [heads_u, kv_heads_u, head_dim, block_size] = dims;
     let positions = meta.slice(l.positions..l.positions + l.tokens);
@@ -1088,7 +1477,8 @@ pub(crate) fn launch_attention(
             .arg(&kv_heads)
             .arg(&bs)
             .arg(&nsplit)
-            .arg(&scale);
+            .arg(&scale)
+            .arg(&window);
         let cfg = LaunchConfig {
             grid_dim: (l.tiles as u32, kv_heads_u, splits),
             block_dim: (ATTN_THREADS, 1, 1),
@@ -1128,7 +1518,8 @@ pub(crate) fn launch_attention(
             .arg(&heads)
             .arg(&kv_heads)
             .arg(&bs)
-            .arg(&scale);
+            .arg(&scale)
+            .arg(&window);
         let cfg = LaunchConfig {
             grid_dim: (l.ptiles as u32, kv_heads_u, 1),
             block_dim: (256, 1, 1),
@@ -1162,29 +1553,6 @@ impl Backend for CudaBackend {
     }
 
     fn execute(&mut self, plan: &StepPlan) -> Result<StepOutcome, BackendError> {
-        if plan.has_transfers() {
-            // Refuse rather than attend to KV that was never moved.
-            return Err(BackendError {
-                backend: "cuda".into(),
-                message: format!(
-                    "step {}: the CUDA runtime has no swap or block-copy kernels yet ({} swap-in, {} swap-out, {} copy-on-write blocks); use preemption_mode = \"recompute\" and n = 1",
-                    plan.step,
-                    plan.swap_in.len(),
-                    plan.swap_out.len(),
-                    plan.block_copies.len()
-                ),
-            });
-        }
-        let null = engine::block_manager::NULL_BLOCK;
-        if plan.work.iter().any(|w| w.block_table.contains(&null)) {
-            return Err(BackendError {
-                backend: "cuda".into(),
-                message: format!(
-                    "step {}: the CUDA runtime has no sliding-window attention yet; set engine.disable_sliding_window = true",
-                    plan.step
-                ),
-            });
-        }
         let (duration, greedy) = self.rt.forward(plan).map_err(|e| BackendError {
             backend: "cuda".into(),
             message: e.to_string(),
@@ -1237,6 +1605,36 @@ mod tests {
         assert_eq!(arch_for((9, 0)), "sm_90");
         assert_eq!(arch_for((8, 0)), "sm_80");
         assert_eq!(arch_for((8, 9)), "sm_89");
+    }
+
+    #[test]
+    fn skinny_kernels_cover_their_token_counts() {
+        for t in 1..=SKINNY_MAX_TOKENS {
+            for f32_out in [false, true] {
+                let Some(name) = skinny_kernel(t, f32_out) else {
+                    panic!("no skinny_gemm for {t} tokens");
+                };
+                assert!(KERNEL_NAMES.contains(&name), "{name} is not loaded");
+                let cap: usize = name
+                    .rsplit('_')
+                    .next()
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(0);
+                // The smallest compiled instance that holds t rows (powers of two).
+                assert!(cap >= t && cap < 2 * t, "{t} tokens -> {name}");
+                assert_eq!(name.contains("f32"), f32_out);
+            }
+        }
+        assert_eq!(skinny_kernel(SKINNY_MAX_TOKENS + 1, false), None);
+        assert!(
+            SKINNY_DEFAULT_TOKENS <= SKINNY_MAX_TOKENS && GRAPH_MAX_TOKENS <= SKINNY_MAX_TOKENS
+        );
+        // One warp per output row, every row covered, no block beyond the last row.
+        for n in [1usize, 8, 576, 4097, 128_256] {
+            let c = skinny_config(n);
+            let rows = c.grid_dim.0 as usize * (c.block_dim.0 / 32) as usize;
+            assert!(rows >= n && rows < n + SKINNY_WARPS as usize, "{n}");
+        }
     }
 
     #[test]
