@@ -70,6 +70,7 @@ pub const SKINNY_MAX_TOKENS: usize = 8;
 pub const SKINNY_DEFAULT_TOKENS: usize = 1;
 /// Decode-only steps of at most this many tokens replay a CUDA graph.
 pub const GRAPH_MAX_TOKENS: usize = 8;
+const _: () = assert!(SKINNY_DEFAULT_TOKENS <= SKINNY_MAX_TOKENS);
 /// cuBLAS workspace owned by the runtime (set explicitly so that graph capture never makes
 /// cuBLAS allocate).
 pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
