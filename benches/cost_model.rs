@@ -38,6 +38,7 @@ fn plan(chunk: bool) -> StepPlan {
                 num_samples: 1,
                 block_table: Vec::new(),
                 token_ids: Vec::new(),
+                sampling: Default::default(),
             }
         })
         .collect();

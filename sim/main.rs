@@ -517,9 +517,10 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             }
             let mut runtime = kernels::cuda::check::transfer_check(seed)?;
             runtime.extend(kernels::cuda::check::graph_check(seed)?);
+            runtime.extend(kernels::cuda::check::sampling_check(seed)?);
             outln!(
                 out,
-                "{:<51} {:>10} {:>10}  verdict",
+                "{:<78} {:>10} {:>10}  verdict",
                 "runtime case",
                 "rel err",
                 "bad/total"
@@ -531,7 +532,7 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                 failed += usize::from(!ok);
                 outln!(
                     out,
-                    "{:<51} {:>10.2e} {:>10}  {}",
+                    "{:<78} {:>10.2e} {:>10}  {}",
                     c.name,
                     c.rel_err,
                     format!("{}/{}", c.bad, c.total),
@@ -612,6 +613,13 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                 ceil.gemm_flops,
             )?);
             lines.extend(kernels::cuda::check::bench_steps(&shape, ceil, block_size)?);
+            for draws in [1usize, 64, 256] {
+                lines.push(kernels::cuda::check::bench_sampling(
+                    draws,
+                    shape.vocab,
+                    ceil.hbm_bw,
+                )?);
+            }
             outln!(
                 out,
                 "{:<58} {:>10} {:>10} {:>8}  floor",

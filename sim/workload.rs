@@ -20,7 +20,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use chrono::NaiveDateTime;
-use engine::request::{Request, NANOS_PER_SEC};
+use engine::request::{Request, SamplingParams, NANOS_PER_SEC};
 
 /// Latest arrival time accepted, in seconds (1e9 s, about 31 years): simulated time is kept
 /// in `u64` nanoseconds, and a horizon far below `u64::MAX` leaves room for the run itself.
@@ -250,6 +250,15 @@ pub struct ClassConfig {
     /// every token, so some end and others fork copy-on-write (choices are synthetic).
     #[serde(default)]
     pub beam_search: bool,
+    /// Sampling temperature of real backends (default 0: greedy); the cost model ignores it.
+    #[serde(default)]
+    pub temperature: f32,
+    /// Top-k cut of real backends' sampling (default 0: none).
+    #[serde(default)]
+    pub top_k: u32,
+    /// Top-p (nucleus) cut of real backends' sampling, in (0, 1] (default 1: none).
+    #[serde(default = "default_top_p")]
+    pub top_p: f32,
     /// A system prompt shared by the class's requests: each request draws one of `groups`
     /// prefixes of `tokens` tokens and puts it before its own prompt (whose length the
     /// `prompt` distribution gives), so the prefix cache sees real sharing.
@@ -274,6 +283,10 @@ fn one_group() -> u32 {
 
 fn one_seq() -> u32 {
     1
+}
+
+fn default_top_p() -> f32 {
+    1.0
 }
 
 /// Token `j` of a synthetic prompt part: a fixed hash of (`a`, `b`, `j`) into a 32,000-token
@@ -744,6 +757,18 @@ impl WorkloadConfig {
                 return Err(WorkloadError::config(
                     format!("{key}.n"),
                     "beam search needs a beam width n of at least 2",
+                ));
+            }
+            if !class.temperature.is_finite() || class.temperature < 0.0 {
+                return Err(WorkloadError::config(
+                    format!("{key}.temperature"),
+                    format!("must be 0 (greedy) or positive, got {}", class.temperature),
+                ));
+            }
+            if !(class.top_p > 0.0 && class.top_p <= 1.0) {
+                return Err(WorkloadError::config(
+                    format!("{key}.top_p"),
+                    format!("must be in (0, 1], got {}", class.top_p),
                 ));
             }
             if !(1..=256).contains(&class.n) {
@@ -1638,6 +1663,9 @@ pub struct Workload {
     class_priorities: Vec<i32>,
     class_n: Vec<u32>,
     class_beam: Vec<bool>,
+    class_sampling: Vec<SamplingParams>,
+    /// Seeds each request's sampling (with its id).
+    seed: u64,
     num_requests: Option<u64>,
     duration_s: Option<f64>,
     expected_len: Option<u64>,
@@ -1728,6 +1756,17 @@ impl Workload {
             class_priorities: cfg.classes.iter().map(|c| c.priority).collect(),
             class_n: cfg.classes.iter().map(|c| c.n).collect(),
             class_beam: cfg.classes.iter().map(|c| c.beam_search).collect(),
+            class_sampling: cfg
+                .classes
+                .iter()
+                .map(|c| SamplingParams {
+                    temperature: c.temperature,
+                    top_k: c.top_k,
+                    top_p: c.top_p,
+                    seed: 0,
+                })
+                .collect(),
+            seed,
             class_names,
             num_requests: cfg.num_requests,
             duration_s: cfg.duration_s,
@@ -1954,6 +1993,14 @@ impl Workload {
                 .copied()
                 .unwrap_or(0),
             class,
+            sampling: SamplingParams {
+                seed: splitmix64(self.seed ^ splitmix64(id)),
+                ..self
+                    .class_sampling
+                    .get(usize::from(class))
+                    .copied()
+                    .unwrap_or_default()
+            },
         }))
     }
 }
@@ -2015,6 +2062,9 @@ mod tests {
             shared_prefix: None,
             n: 1,
             beam_search: false,
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
         }
     }
 
@@ -2146,6 +2196,54 @@ mod tests {
     }
 
     #[test]
+    fn sampling_parameters_reach_requests_with_a_seed_per_request() {
+        let mut class = fixed_class("hot", 1.0);
+        class.temperature = 0.8;
+        class.top_k = 40;
+        class.top_p = 0.95;
+        let cfg = synthetic(ArrivalConfig::Poisson { rate: 5.0 }, 4, vec![class]);
+        let reqs: Vec<Request> = Workload::open(&cfg, Path::new("."), 9)
+            .expect("workload")
+            .map(|r| r.expect("request"))
+            .collect();
+        assert_eq!(reqs.len(), 4);
+        for r in &reqs {
+            assert_eq!(
+                (r.sampling.temperature, r.sampling.top_k, r.sampling.top_p),
+                (0.8, 40, 0.95)
+            );
+        }
+        // Seeds differ per request and follow the scenario seed.
+        assert_ne!(reqs[0].sampling.seed, reqs[1].sampling.seed);
+        let again: Vec<u64> = Workload::open(&cfg, Path::new("."), 9)
+            .expect("workload")
+            .map(|r| r.expect("request").sampling.seed)
+            .collect();
+        assert_eq!(
+            again,
+            reqs.iter().map(|r| r.sampling.seed).collect::<Vec<_>>()
+        );
+        let other = Workload::open(&cfg, Path::new("."), 10)
+            .expect("workload")
+            .map(|r| r.expect("request").sampling.seed)
+            .next();
+        assert_ne!(other, Some(reqs[0].sampling.seed));
+        // The uniform numbers: in [0, 1), a function of (seed, seq, position, sample).
+        let sp = reqs[0].sampling;
+        let u = sp.uniform(3, 17, 0);
+        assert!((0.0..1.0).contains(&u));
+        assert_eq!(u, sp.uniform(3, 17, 0));
+        assert_ne!(u, sp.uniform(3, 17, 1));
+        assert_ne!(u, sp.uniform(4, 17, 0));
+        assert!(!sp.is_greedy());
+        let mean = (0..10_000)
+            .map(|p| f64::from(sp.uniform(1, p, 0)))
+            .sum::<f64>()
+            / 1e4;
+        assert!((mean - 0.5).abs() < 0.01, "{mean}");
+    }
+
+    #[test]
     fn validation_names_keys() {
         let check = |cfg: &WorkloadConfig, key: &str| {
             let err = cfg.validate().expect_err(key).to_string();
@@ -2182,6 +2280,14 @@ mod tests {
         check(&cfg, "workload.class[0].prompt.std");
         cfg.classes[0].prompt = Some(LengthDist::Fixed { value: 0 });
         check(&cfg, "workload.class[0].prompt.value");
+        cfg.classes[0].prompt = Some(LengthDist::Fixed { value: 10 });
+        cfg.classes[0].temperature = -0.5;
+        check(&cfg, "workload.class[0].temperature");
+        cfg.classes[0].temperature = 0.7;
+        cfg.classes[0].top_p = 0.0;
+        check(&cfg, "workload.class[0].top_p");
+        cfg.classes[0].top_p = 1.0;
+        assert!(cfg.validate().is_ok());
         cfg.classes[0].prompt = None;
         check(&cfg, "workload.class[0].prompt");
         cfg.classes = vec![fixed_class("a", 1.0), fixed_class("a", 1.0)];
@@ -2379,6 +2485,9 @@ mod tests {
                     shared_prefix: None,
                     n: 1,
                     beam_search: false,
+                    temperature: 0.0,
+                    top_k: 0,
+                    top_p: 1.0,
                 },
                 ClassConfig {
                     name: "code".into(),
@@ -2395,6 +2504,9 @@ mod tests {
                     shared_prefix: None,
                     n: 1,
                     beam_search: false,
+                    temperature: 0.0,
+                    top_k: 0,
+                    top_p: 1.0,
                 },
             ],
         )
@@ -2711,6 +2823,9 @@ mod tests {
                     shared_prefix: None,
                     n: 1,
                     beam_search: false,
+                    temperature: 0.0,
+                    top_k: 0,
+                    top_p: 1.0,
                 },
                 ClassConfig {
                     name: "joint".into(),
@@ -2726,6 +2841,9 @@ mod tests {
                     shared_prefix: None,
                     n: 1,
                     beam_search: false,
+                    temperature: 0.0,
+                    top_k: 0,
+                    top_p: 1.0,
                 },
             ],
         );
@@ -2792,6 +2910,9 @@ mod tests {
                 shared_prefix: None,
                 n: 1,
                 beam_search: false,
+                temperature: 0.0,
+                top_k: 0,
+                top_p: 1.0,
             }],
         );
         let reqs = collect(&cfg, Path::new("."), 1);

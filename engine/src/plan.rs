@@ -34,6 +34,8 @@ pub struct SeqWork {
     /// Input token ids of positions `[start, start + len)` (filled only for real backends;
     /// empty when the prompt carries no ids, e.g. synthetic workloads).
     pub token_ids: Vec<u32>,
+    /// How the sampled tokens are drawn (the request's parameters).
+    pub sampling: crate::request::SamplingParams,
 }
 
 impl SeqWork {

@@ -12,6 +12,54 @@ pub type SeqId = u64;
 /// Nanoseconds per second, for converting user-facing seconds.
 pub const NANOS_PER_SEC: f64 = 1e9;
 
+/// How a sequence's next token is drawn from the model's logits (real backends: the cost
+/// model has none). Greedy by default. The order is vLLM's: temperature, then top-k, then
+/// top-p over the top-k renormalised distribution; ties at a cut are kept.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; 0 (or `top_k` = 1) is greedy.
+    pub temperature: f32,
+    /// Keep the `top_k` largest logits (0: all).
+    pub top_k: u32,
+    /// Keep the smallest set of top tokens whose probability reaches `top_p` (1: all).
+    pub top_p: f32,
+    /// Seed of the request's draws.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Whether the draw is the argmax.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0 || self.top_k == 1
+    }
+
+    /// The uniform number in [0, 1) that draws sample `j` of sequence `seq` at `position`:
+    /// a hash of (seed, seq, position, j), so a draw depends neither on the rest of the
+    /// batch nor on chunking or preemption (DESIGN invariant 10), and every backend draws
+    /// with the same number. 24 bits: exact in an f32.
+    pub fn uniform(&self, seq: SeqId, position: u32, j: u32) -> f32 {
+        let mix = |mut z: u64| {
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        let z = mix(mix(mix(self.seed) ^ seq) ^ (u64::from(position) << 32 | u64::from(j)));
+        (z >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
 /// One inference request as the workload yields it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
@@ -47,6 +95,8 @@ pub struct Request {
     pub priority: i32,
     /// Index of the request class in the workload (for per-class metrics).
     pub class: u16,
+    /// How tokens are drawn (real backends).
+    pub sampling: SamplingParams,
 }
 
 impl Request {
@@ -65,6 +115,7 @@ impl Request {
             beam_search: false,
             priority: 0,
             class: 0,
+            sampling: SamplingParams::default(),
         }
     }
 

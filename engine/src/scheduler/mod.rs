@@ -691,6 +691,7 @@ impl Scheduler {
                 },
                 block_table: tables.next().unwrap_or_default(),
                 token_ids,
+                sampling: s.request.sampling,
             });
         }
         // Tokens the running sequences hold once this step has run (fragmentation metric).

@@ -124,6 +124,7 @@ fn random_problem(
                 num_samples: 1,
                 block_table: table,
                 token_ids: Vec::new(),
+                sampling: Default::default(),
             }
         })
         .collect();
@@ -576,6 +577,49 @@ pub fn bench_prefill_attention(
     })
 }
 
+/// `sample_draws` on `draws` rows of a `vocab` vocabulary with temperature 0.8, top-k 50
+/// and top-p 0.95 (both cuts: the slowest case); floor: one read of the logits.
+pub fn bench_sampling(draws: usize, vocab: u32, hbm_bw: f64) -> Result<BenchLine, CudaError> {
+    let ctx = open_device()?;
+    let stream = ctx.default_stream();
+    let kernels = compile(&ctx, 64, 1)?;
+    let mut rng = SplitMix::new(7);
+    let v = vocab as usize;
+    let logits: Vec<f32> = (0..draws * v).map(|_| rng.uniform() * 12.0).collect();
+    let mut data = Vec::new();
+    for r in 0..draws {
+        data.extend([
+            r as i32,
+            50,
+            0.8f32.to_bits() as i32,
+            0.95f32.to_bits() as i32,
+            0.5f32.to_bits() as i32,
+        ]);
+    }
+    let logits_dev = stream.clone_htod(&logits)?;
+    let data_dev = stream.clone_htod(&data)?;
+    let mut ids = stream.alloc_zeros::<i32>(draws)?;
+    let view = data_dev.slice(0..data.len());
+    let ms = time_ms(&ctx, &stream, 3, 20, || {
+        super::launch_sampling(
+            &stream,
+            &kernels,
+            &mut ids,
+            &logits_dev,
+            &view,
+            draws,
+            vocab,
+        )
+    })?;
+    let bytes = (draws * v * 4) as f64;
+    Ok(BenchLine {
+        name: format!("sampling, {draws} draws x vocab {vocab}, T 0.8 top-k 50 top-p 0.95"),
+        ms,
+        floor_ms: bytes / hbm_bw * 1e3,
+        floor: format!("{:.1} MB of logits read once / HBM bw", bytes / 1e6),
+    })
+}
+
 fn single_seq_plan(start: u32, len: u32, block_size: u32) -> StepPlan {
     let n = (start + len).div_ceil(block_size);
     StepPlan {
@@ -592,6 +636,7 @@ fn single_seq_plan(start: u32, len: u32, block_size: u32) -> StepPlan {
             num_samples: 1,
             block_table: (0..n).collect(),
             token_ids: Vec::new(),
+            sampling: Default::default(),
         }],
         ..StepPlan::default()
     }
@@ -610,6 +655,7 @@ fn batch_decode_plan(batch: u32, ctx: u32, block_size: u32) -> StepPlan {
                 num_samples: 1,
                 block_table: (i * n..(i + 1) * n).collect(),
                 token_ids: Vec::new(),
+                sampling: Default::default(),
             })
             .collect(),
         ..StepPlan::default()
@@ -986,9 +1032,7 @@ pub fn graph_check(seed: u64) -> Result<Vec<RuntimeCase>, CudaError> {
     let run = |graphs: bool, skinny: bool| -> Result<Vec<f32>, CudaError> {
         let mut rt = CudaRuntime::synthetic(shape.clone(), seed, block_size, 16)?;
         rt.set_graphs(graphs);
-        if !skinny {
-            rt.set_skinny_max_tokens(0);
-        }
+        rt.set_skinny_max_tokens(if skinny { super::SKINNY_MAX_TOKENS } else { 0 });
         rt.keep_logits(true);
         let mut logits = Vec::new();
         let mut pos = 0u32;
@@ -1013,6 +1057,7 @@ pub fn graph_check(seed: u64) -> Result<Vec<RuntimeCase>, CudaError> {
                         .iter()
                         .map(|&i| (i + s as u32) % shape.vocab)
                         .collect(),
+                    sampling: Default::default(),
                 })
                 .collect();
             let plan = StepPlan {
@@ -1070,4 +1115,164 @@ pub fn graph_check(seed: u64) -> Result<Vec<RuntimeCase>, CudaError> {
             true,
         ),
     ])
+}
+
+/// Whether `g` is a correct draw (`sample_draws`) from `row` with the uniform number `u`,
+/// by a float64 reference: `g` must pass the top-k and top-p cuts, and its interval of the
+/// kept mass (accumulated in vocabulary order) must hold `u` times the total, within `tol`
+/// of the total (float32 sums on the device). None when a top-p cut lies within `tol` of its
+/// target, where float32 rounding may legitimately cut one level higher or lower.
+fn reference_accepts(
+    row: &[f32],
+    [temperature, top_p, u]: [f32; 3],
+    top_k: u32,
+    g: usize,
+) -> Option<bool> {
+    let tol = 1e-5;
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    if temperature <= 0.0 || top_k == 1 {
+        return Some(g == best);
+    }
+    let m = f64::from(row[best]);
+    let weight = |v: f32| ((f64::from(v) - m) / f64::from(temperature)).exp();
+    let mut sorted: Vec<f32> = row.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let mut cut = if top_k > 0 && (top_k as usize) < row.len() {
+        sorted[top_k as usize - 1]
+    } else {
+        f32::NEG_INFINITY
+    };
+    if top_p < 1.0 {
+        let z: f64 = sorted
+            .iter()
+            .filter(|&&v| v >= cut)
+            .map(|&v| weight(v))
+            .sum();
+        let target = f64::from(top_p) * z;
+        let mut acc = 0.0;
+        let mut i = 0;
+        while i < sorted.len() && sorted[i] >= cut {
+            let v = sorted[i];
+            // A level holds every tie of its value.
+            let before = acc;
+            while i < sorted.len() && sorted[i] == v {
+                acc += weight(v);
+                i += 1;
+            }
+            if acc >= target {
+                if (acc - target).abs() < tol * z || (before - target).abs() < tol * z {
+                    return None;
+                }
+                cut = v;
+                break;
+            }
+        }
+    }
+    if g >= row.len() || row[g] < cut {
+        return Some(false);
+    }
+    let z: f64 = row.iter().filter(|&&v| v >= cut).map(|&v| weight(v)).sum();
+    let below: f64 = row[..g]
+        .iter()
+        .filter(|&&v| v >= cut)
+        .map(|&v| weight(v))
+        .sum();
+    let t = f64::from(u) * z;
+    Some(below - tol * z <= t && t <= below + weight(row[g]) + tol * z)
+}
+
+/// `sample_draws` against a float64 inverse CDF with the same uniform numbers: greedy,
+/// temperature alone, top-k, top-p and both, on vocabularies of 1,000 to 128,256 with fresh
+/// random logits (some rounded to create ties at the cuts), 32 draws on each of 8 rows. Rows whose
+/// top-p cut is within float32 rounding of its target are skipped, not compared.
+pub fn sampling_check(seed: u64) -> Result<Vec<RuntimeCase>, CudaError> {
+    let ctx = open_device()?;
+    let stream = ctx.default_stream();
+    let kernels = compile(&ctx, 64, 1)?;
+    let mut rng = SplitMix::new(seed ^ 0x5a3);
+    let mut cases = Vec::new();
+    // (vocab, temperature, top_k, top_p, logits rounded to 1/8)
+    let params: [(u32, f32, u32, f32, bool); 8] = [
+        (1000, 0.0, 0, 1.0, false),
+        (1000, 1.0, 0, 1.0, false),
+        (5000, 1.0, 1, 1.0, true),
+        (49_152, 0.7, 50, 1.0, false),
+        (49_152, 1.0, 0, 0.9, false),
+        (32_000, 1.5, 0, 0.5, true),
+        (128_256, 0.8, 40, 0.95, false),
+        (128_256, 1.0, 200, 0.8, true),
+    ];
+    let (rows, per_row) = (8usize, 32usize);
+    for (vocab, temperature, top_k, top_p, ties) in params {
+        let v = vocab as usize;
+        let logits: Vec<f32> = (0..rows * v)
+            .map(|_| {
+                // Roughly normal (sum of four uniforms), scale 3, as real logits spread.
+                let x: f32 = (0..4).map(|_| rng.uniform()).sum::<f32>() * 3.0;
+                if ties {
+                    (x * 8.0).round() / 8.0
+                } else {
+                    x
+                }
+            })
+            .collect();
+        let mut draws = Vec::with_capacity(rows * per_row * super::meta::DRAW_INTS);
+        let mut us = Vec::new();
+        for r in 0..rows {
+            for _ in 0..per_row {
+                let u = (rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+                us.push((r, u));
+                draws.extend([
+                    r as i32,
+                    top_k as i32,
+                    temperature.to_bits() as i32,
+                    top_p.to_bits() as i32,
+                    u.to_bits() as i32,
+                ]);
+            }
+        }
+        let n = us.len();
+        let logits_dev = stream.clone_htod(&logits)?;
+        let draws_dev = stream.clone_htod(&draws)?;
+        let mut ids = stream.clone_htod(&vec![-7i32; n])?;
+        super::launch_sampling(
+            &stream,
+            &kernels,
+            &mut ids,
+            &logits_dev,
+            &draws_dev.slice(0..draws.len()),
+            n,
+            vocab,
+        )?;
+        stream.synchronize()?;
+        let got = stream.clone_dtoh(&ids)?;
+        let (mut bad, mut compared) = (0, 0);
+        for (&(r, u), &g) in us.iter().zip(&got) {
+            let row = &logits[r * v..(r + 1) * v];
+            let g = usize::try_from(g).unwrap_or(usize::MAX);
+            if let Some(ok) = reference_accepts(row, [temperature, top_p, u], top_k, g) {
+                compared += 1;
+                bad += usize::from(!ok);
+            }
+        }
+        // Too many skipped rows would make the check vacuous. (With 49,152 tokens a level
+        // near a top-p cut holds ~1/50,000 of the mass, so some rows are skipped.)
+        bad += usize::from(compared * 2 < n);
+        cases.push(RuntimeCase {
+            name: format!(
+                "sampling: vocab {vocab} T {temperature} top-k {top_k} top-p {top_p}{} ({} of {n} compared)",
+                if ties { " ties" } else { "" },
+                compared
+            ),
+            rel_err: 0.0,
+            bad,
+            total: compared,
+        });
+    }
+    Ok(cases)
 }

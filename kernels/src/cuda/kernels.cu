@@ -593,11 +593,10 @@ extern "C" __global__ void gather_rows(__nv_bfloat16* out, const __nv_bfloat16* 
         out[(long long)i * hidden + j] = in[(long long)rows[i] * hidden + j];
 }
 
-// Greedy sampling: ids[i] = argmax_j logits[i][j] (lowest index on ties). One block per row.
-extern "C" __global__ void argmax_rows(int* ids, const float* logits, int vocab) {
+// Block-wide argmax of a row (lowest index on ties); every thread gets the result.
+__device__ void row_argmax(const float* row, int vocab, float& best, int& index) {
     __shared__ float best_v[32];
     __shared__ int best_i[32];
-    const float* row = logits + (long long)blockIdx.x * vocab;
     float bv = NEG_INF;
     int bi = 0x7fffffff;
     for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
@@ -612,11 +611,138 @@ extern "C" __global__ void argmax_rows(int* ids, const float* logits, int vocab)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) { best_v[warp] = bv; best_i[warp] = bi; }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-            if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) { bv = best_v[w]; bi = best_i[w]; }
-        ids[blockIdx.x] = bi;
+    bv = best_v[0];
+    bi = best_i[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+        if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) { bv = best_v[w]; bi = best_i[w]; }
+    __syncthreads();
+    best = bv;
+    index = bi;
+}
+
+// Order-preserving integer key of a float (larger float, larger key).
+__device__ __forceinline__ unsigned int fkey(const float f) {
+    const unsigned int b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// Calls f(index, value) for this thread's share of a row: 16-byte loads when the row is
+// 16-byte aligned (vocab a multiple of 4), so each pass of the cut searches issues a
+// quarter of the loads.
+template <typename F>
+__device__ __forceinline__ void for_row(const float* row, int vocab, F f) {
+    if ((vocab & 3) == 0) {
+        const float4* r4 = reinterpret_cast<const float4*>(row);
+        for (int j = threadIdx.x; j < (vocab >> 2); j += blockDim.x) {
+            const float4 v = r4[j];
+            f(4 * j, v.x);
+            f(4 * j + 1, v.y);
+            f(4 * j + 2, v.z);
+            f(4 * j + 3, v.w);
+        }
+    } else {
+        for (int j = threadIdx.x; j < vocab; j += blockDim.x) f(j, row[j]);
     }
+}
+
+// Token draws: draws[5 i .. 5 i + 5] = (logits row, top_k, temperature, top_p, u), the floats
+// as bits. Temperature 0 or top_k 1: the argmax. Otherwise vLLM's order: softmax at the
+// temperature, keep the top_k largest logits (0: all; ties at the cut kept), then the
+// smallest top set whose renormalised mass reaches top_p, and take the token where the
+// kept mass, accumulated in vocabulary order, passes u times its total (inverse CDF: the
+// same u always gives the same token). Both cuts are exact thresholds on the logits' order
+// keys, found bit by bit (32 passes over the row each) without sorting. One block per draw.
+extern "C" __global__ void __launch_bounds__(1024)
+sample_draws(int* ids, const float* logits, const int* draws, int vocab) {
+    __shared__ float chunk_mass[1024];
+    __shared__ float total_s;
+    __shared__ int pick, last_kept;
+    if (threadIdx.x == 0) {
+        pick = -1;
+        last_kept = -1;
+    }
+    const int* d = draws + 5 * blockIdx.x;
+    const float* row = logits + (long long)d[0] * vocab;
+    const int top_k = d[1];
+    const float temp = __int_as_float(d[2]), top_p = __int_as_float(d[3]);
+    const float u = __int_as_float(d[4]);
+    float m;
+    int best;
+    row_argmax(row, vocab, m, best);
+    if (!(temp > 0.0f) || top_k == 1) {
+        if (threadIdx.x == 0) ids[blockIdx.x] = best;
+        return;
+    }
+    const float inv_t = 1.0f / temp;
+    // Top-k: the largest key K with count(key >= K) >= top_k.
+    unsigned int kk = 0;
+    if (top_k > 0 && top_k < vocab) {
+        for (int bit = 31; bit >= 0; bit--) {
+            const unsigned int cand = kk | (1u << bit);
+            float c = 0.0f;
+            for_row(row, vocab, [&](int, float x) { c += fkey(x) >= cand ? 1.0f : 0.0f; });
+            if (block_sum(c) >= (float)top_k) kk = cand;
+        }
+    }
+    // Top-p: the largest key K >= kk whose kept mass reaches top_p of the top-k mass.
+    unsigned int cut = kk;
+    if (top_p < 1.0f) {
+        float z = 0.0f;
+        for_row(row, vocab, [&](int, float x) {
+            if (fkey(x) >= kk) z += __expf((x - m) * inv_t);
+        });
+        const float target = top_p * block_sum(z);
+        unsigned int kp = 0;
+        for (int bit = 31; bit >= 0; bit--) {
+            const unsigned int cand = kp | (1u << bit);
+            const unsigned int th = max(cand, kk);
+            float s = 0.0f;
+            for_row(row, vocab, [&](int, float x) {
+                if (fkey(x) >= th) s += __expf((x - m) * inv_t);
+            });
+            if (block_sum(s) >= target) kp = cand;
+        }
+        cut = max(kp, kk);
+    }
+    // Inverse CDF in vocabulary order over contiguous per-thread chunks: thread 0 scans
+    // the chunk masses, the chunk holding u * total finds the token.
+    const int chunk = (vocab + blockDim.x - 1) / blockDim.x;
+    const int lo = min(vocab, (int)threadIdx.x * chunk), hi = min(vocab, lo + chunk);
+    float mass = 0.0f;
+    int last = -1;
+    for (int j = lo; j < hi; j++)
+        if (fkey(row[j]) >= cut) { mass += __expf((row[j] - m) * inv_t); last = j; }
+    chunk_mass[threadIdx.x] = mass;
+    atomicMax(&last_kept, last);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int t = 0; t < (int)blockDim.x; t++) {
+            const float c = chunk_mass[t];
+            chunk_mass[t] = total;  // exclusive prefix
+            total += c;
+        }
+        total_s = total;
+    }
+    __syncthreads();
+    const float target = u * total_s;
+    const float prefix = chunk_mass[threadIdx.x];
+    const float next = threadIdx.x + 1 < blockDim.x ? chunk_mass[threadIdx.x + 1] : total_s;
+    // Exactly one chunk owns the target (next is the same float sum the scan made).
+    if (mass > 0.0f && prefix <= target && target < next) {
+        float acc = prefix;
+        int got = last;
+        for (int j = lo; j < hi; j++) {
+            if (fkey(row[j]) >= cut) {
+                acc += __expf((row[j] - m) * inv_t);
+                if (acc > target) { got = j; break; }
+            }
+        }
+        pick = got;
+    }
+    __syncthreads();
+    // u * total rounded up to the total: the last kept token.
+    if (threadIdx.x == 0) ids[blockIdx.x] = pick >= 0 ? pick : last_kept;
 }
 
 __device__ __forceinline__ void store_out(float* p, float v) { *p = v; }

@@ -33,9 +33,17 @@ pub struct MetaLayout {
     pub block_tables: usize,
     /// Offset of the sampled rows.
     pub sample_rows: usize,
+    /// Tokens drawn: one per sampled row, `n` where a parallel-sampling prompt forks.
+    pub draws: usize,
+    /// Offset of the draws ([`DRAW_INTS`] `i32` each: logits row, top-k, temperature,
+    /// top-p and the uniform number, the floats as their bits).
+    pub draw_data: usize,
     /// Total length.
     pub len: usize,
 }
+
+/// `i32`s per draw in the metadata.
+pub const DRAW_INTS: usize = 5;
 
 /// Step metadata, host side.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -105,6 +113,12 @@ impl StepMeta {
             .map(tile_counts)
             .fold((0, 0), |(a, b), (x, y)| (a + x, b + y));
         let samples = plan.work.iter().filter(|w| w.sample).count();
+        let draws: usize = plan
+            .work
+            .iter()
+            .filter(|w| w.sample)
+            .map(|w| w.num_samples.max(1) as usize)
+            .sum();
         let mut l = MetaLayout {
             tokens,
             tiles,
@@ -112,6 +126,7 @@ impl StepMeta {
             seqs,
             max_blocks,
             samples,
+            draws,
             ..MetaLayout::default()
         };
         l.ids = 0;
@@ -121,9 +136,11 @@ impl StepMeta {
         l.ptile_data = l.tile_data + 4 * tiles;
         l.block_tables = l.ptile_data + 4 * ptiles;
         l.sample_rows = l.block_tables + seqs * max_blocks;
-        l.len = l.sample_rows + samples;
+        l.draw_data = l.sample_rows + samples;
+        l.len = l.draw_data + DRAW_INTS * draws;
         let mut data = vec![0i32; l.len];
         let (mut t, mut tile, mut ptile, mut sample) = (0usize, 0usize, 0usize, 0usize);
+        let mut draw = 0usize;
         for (s, w) in plan.work.iter().enumerate() {
             let row = &mut data[l.block_tables + s * max_blocks..][..w.block_table.len()];
             for (dst, &b) in row.iter_mut().zip(&w.block_table) {
@@ -164,6 +181,23 @@ impl StepMeta {
             }
             if w.sample {
                 data[l.sample_rows + sample] = (t - 1) as i32;
+                let sp = &w.sampling;
+                // The drawn token's position is the one after the step's last.
+                let pos = w.start + w.len;
+                for j in 0..w.num_samples.max(1) {
+                    let d = &mut data[l.draw_data + DRAW_INTS * draw..][..DRAW_INTS];
+                    d[0] = sample as i32;
+                    d[1] = sp.top_k.min(i32::MAX as u32) as i32;
+                    d[2] = if sp.is_greedy() {
+                        0.0f32
+                    } else {
+                        sp.temperature
+                    }
+                    .to_bits() as i32;
+                    d[3] = sp.top_p.to_bits() as i32;
+                    d[4] = sp.uniform(w.seq, pos, j).to_bits() as i32;
+                    draw += 1;
+                }
                 sample += 1;
             }
         }
@@ -232,6 +266,7 @@ mod tests {
             num_samples: 1,
             block_table: table,
             token_ids: Vec::new(),
+            sampling: Default::default(),
         }
     }
 
@@ -273,13 +308,55 @@ mod tests {
         assert_eq!(m.data[l.slots + 10], 28);
         assert_eq!(m.data[l.positions + 10], 20);
         // Sampled rows: the last token of seq 7 (row 9) and the decode (row 10).
-        assert_eq!(m.data[l.sample_rows..], [9, 10]);
+        assert_eq!(m.data[l.sample_rows..l.draw_data], [9, 10]);
+        // One greedy draw per sampled row: (row, top-k 0, temperature 0, top-p 1, u).
+        assert_eq!(l.draws, 2);
+        let d = &m.data[l.draw_data..];
+        assert_eq!(d[..4], [0, 0, 0, 1.0f32.to_bits() as i32]);
+        assert_eq!(d[5..9], [1, 0, 0, 1.0f32.to_bits() as i32]);
+        assert!((0.0..1.0).contains(&f32::from_bits(d[4] as u32)));
         // Block tables are padded to the widest.
         assert_eq!(m.data[l.block_tables..l.block_tables + 3], [5, 9, 0]);
         assert_eq!(m.max_context(), 21);
         // Token ids are stable and within the vocabulary.
         assert!(m.data[..15].iter().all(|&id| (0..1000).contains(&id)));
         assert_eq!(m, StepMeta::build(&plan, 8, 4, 1000));
+    }
+
+    #[test]
+    fn parallel_sampling_draws_n_tokens_with_their_own_numbers() {
+        let mut w = work(4, 0, 6, true, vec![2]);
+        w.num_samples = 3;
+        w.sampling = engine::request::SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.9,
+            seed: 11,
+        };
+        let plan = StepPlan {
+            work: vec![work(1, 9, 1, true, vec![0, 1]), w.clone()],
+            ..StepPlan::default()
+        };
+        let m = StepMeta::build(&plan, 8, 4, 100);
+        let l = m.layout;
+        assert_eq!((l.samples, l.draws), (2, 4));
+        assert_eq!(l.len, l.draw_data + 4 * DRAW_INTS);
+        let draw = |i: usize| &m.data[l.draw_data + i * DRAW_INTS..][..DRAW_INTS];
+        // The greedy row first, then three draws of the second sampled row.
+        assert_eq!(draw(0)[..3], [0, 0, 0]);
+        for j in 0..3 {
+            let d = draw(1 + j);
+            assert_eq!(
+                d[..4],
+                [1, 40, 0.8f32.to_bits() as i32, 0.9f32.to_bits() as i32]
+            );
+            // Position 6 is the token after the prompt's six.
+            assert_eq!(
+                f32::from_bits(d[4] as u32),
+                w.sampling.uniform(4, 6, j as u32)
+            );
+        }
+        assert_ne!(draw(1)[4], draw(2)[4]);
     }
 
     #[test]
@@ -304,7 +381,7 @@ mod tests {
             plain.data[..plain.layout.block_tables],
             a.data[..l.block_tables]
         );
-        assert_eq!(a.data[l.sample_rows..], [0]);
+        assert_eq!(a.data[l.sample_rows..l.draw_data], [0]);
     }
 
     #[test]

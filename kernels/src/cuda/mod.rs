@@ -50,7 +50,7 @@ pub const KERNEL_NAMES: [&str; 20] = [
     "attn_combine",
     "prefill_attention",
     "gather_rows",
-    "argmax_rows",
+    "sample_draws",
     "skinny_gemm_bf16_1",
     "skinny_gemm_bf16_2",
     "skinny_gemm_bf16_4",
@@ -887,6 +887,7 @@ impl CudaRuntime {
                 num_samples: 1,
                 block_table: blocks.clone(),
                 token_ids: Vec::new(),
+                sampling: Default::default(),
             }],
             ..StepPlan::default()
         };
@@ -1038,7 +1039,8 @@ impl CudaRuntime {
     }
 
     /// Runs one step of the forward pass (after the plan's block moves); returns its
-    /// duration (CUDA events, ns) and the greedy token of each sampling sequence.
+    /// duration (CUDA events, ns) and the drawn tokens: `num_samples` for each sampling
+    /// sequence, in plan order (argmax, or as its sampling parameters say).
     pub fn forward(&mut self, plan: &StepPlan) -> Result<(u64, Vec<u32>), CudaError> {
         let null = engine::block_manager::NULL_BLOCK;
         for w in &plan.work {
@@ -1064,7 +1066,7 @@ impl CudaRuntime {
         let graph = self.use_graphs
             && meta.layout.ptiles == 0
             && meta.layout.tokens <= GRAPH_MAX_TOKENS
-            && meta.layout.samples <= GRAPH_MAX_TOKENS;
+            && meta.layout.draws <= GRAPH_MAX_TOKENS;
         if graph {
             meta = StepMeta::build_padded(plan, bs, q_tile, vocab, true);
         }
@@ -1078,7 +1080,7 @@ impl CudaRuntime {
             let ms = self.start.elapsed_ms(&self.end)?;
             return Ok(((f64::from(ms) * 1e6).round() as u64, Vec::new()));
         }
-        self.ensure_activations(l.tokens, l.samples)?;
+        self.ensure_activations(l.tokens, l.samples.max(l.draws))?;
         if self.meta.len() < l.len {
             self.meta = self.stream.alloc_zeros::<i32>(l.len.next_power_of_two())?;
             self.graphs.clear();
@@ -1153,7 +1155,7 @@ impl CudaRuntime {
                 let all = self.stream.clone_dtoh(&a.logits)?;
                 self.logits = all[..n].to_vec();
             }
-            sampled = host[..l.samples].iter().map(|&x| x.max(0) as u32).collect();
+            sampled = host[..l.draws].iter().map(|&x| x.max(0) as u32).collect();
         }
         self.stream.synchronize()?;
         let ms = self.start.elapsed_ms(&self.end)?;
@@ -1265,21 +1267,40 @@ impl CudaRuntime {
             }
             let head = self.lm_head.as_ref().unwrap_or(&self.embed);
             ops.linear_f32_out(&mut a.logits, &a.last, head, l.samples, h, s.vocab as usize)?;
-            {
-                let vocab = s.vocab as i32;
-                let mut b = st.launch_builder(kf.get("argmax_rows"));
-                b.arg(&mut a.ids).arg(&a.logits).arg(&vocab);
-                let cfg = LaunchConfig {
-                    grid_dim: (l.samples as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: samples rows of `vocab` logits.
-                unsafe { b.launch(cfg) }?;
-            }
+            let draws = self
+                .meta
+                .slice(l.draw_data..l.draw_data + meta::DRAW_INTS * l.draws);
+            launch_sampling(st, kf, &mut a.ids, &a.logits, &draws, l.draws, s.vocab)?;
         }
         Ok(())
     }
+}
+
+/// Draws `draws` tokens (`sample_draws`: argmax, or temperature / top-k / top-p with the
+/// draw's uniform number) from rows of `logits` into `ids`.
+pub(crate) fn launch_sampling(
+    st: &CudaStream,
+    kf: &Kernels,
+    ids: &mut CudaSlice<i32>,
+    logits: &CudaSlice<f32>,
+    draws: &cudarc::driver::CudaView<'_, i32>,
+    n: usize,
+    vocab: u32,
+) -> Result<(), CudaError> {
+    if n == 0 {
+        return Ok(());
+    }
+    let vocab = vocab as i32;
+    let mut b = st.launch_builder(kf.get("sample_draws"));
+    b.arg(ids).arg(logits).arg(draws).arg(&vocab);
+    let cfg = LaunchConfig {
+        grid_dim: (n as u32, 1, 1),
+        block_dim: (1024, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: each draw names a row of `vocab` logits; ids holds at least n entries.
+    unsafe { b.launch(cfg) }?;
+    Ok(())
 }
 
 /// The CPU swap pool: pinned host memory laid out `[layer][K, V][cpu block][block]`, and
@@ -1554,17 +1575,11 @@ impl Backend for CudaBackend {
     }
 
     fn execute(&mut self, plan: &StepPlan) -> Result<StepOutcome, BackendError> {
-        let (duration, greedy) = self.rt.forward(plan).map_err(|e| BackendError {
+        // One token per draw: `num_samples` of them for each sampled position, in order.
+        let (duration, sampled) = self.rt.forward(plan).map_err(|e| BackendError {
             backend: "cuda".into(),
             message: e.to_string(),
         })?;
-        // Greedy decoding: every one of a position's `num_samples` samples is its argmax.
-        let mut sampled = Vec::with_capacity(plan.num_samples());
-        let mut tokens = greedy.into_iter();
-        for w in plan.work.iter().filter(|w| w.sample) {
-            let t = tokens.next().unwrap_or_default();
-            sampled.extend(std::iter::repeat_n(t, w.num_samples.max(1) as usize));
-        }
         Ok(StepOutcome {
             duration,
             sampled,
