@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # One lent-GPU session of the CUDA runtime (issue 8; figures go to BENCHMARKS.md):
-# correctness checks, benchmarks against the measured ceilings, and the scenarios that run
-# the engine on real kernels. Runs a prebuilt `sim` (SIM, default .binc/sim: build it with
-# `cargo build --release` and `strip -o .binc/sim target/release/sim` on the dev machine)
-# and writes its logs under OUT (default /tmp/gpu-session).
-#   kernels/gpu-session.sh [check] [bench] [scenarios] [oracle MODEL.gguf]
+# correctness checks, benchmarks against the measured ceilings, the scenarios that run
+# the engine on real kernels, and the real model. Runs a prebuilt `sim` (SIM, default
+# .binc/sim, or .binc/sim.gz unpacked: build it with `cargo build --release`, then
+# `strip -o .binc/sim target/release/sim` and `gzip -9 .binc/sim` on the dev machine) and
+# writes its logs under OUT (default /tmp/gpu-session).
+#   kernels/gpu-session.sh [check] [bench] [scenarios] [oracle MODEL.gguf] [generate MODEL.gguf]
 set -uo pipefail
+if [ -z "${SIM:-}" ] && [ ! -x .binc/sim ] && [ -f .binc/sim.gz ]; then
+  gunzip -c .binc/sim.gz > /tmp/sim && chmod +x /tmp/sim && SIM=/tmp/sim
+fi
 SIM=${SIM:-.binc/sim}
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
@@ -35,6 +39,15 @@ while [ $# -gt 0 ]; do
     oracle)
       shift
       "$SIM" cuda-oracle --model "$1" 2>&1 | tee "$OUT/oracle.txt" || status=1
+      ;;
+    generate)
+      shift
+      {
+        "$SIM" generate --model "$1" --prompt "The capital of France is" --max-tokens 24 --ids &&
+        "$SIM" generate --model "$1" --chat --prompt "What is the capital of France? Answer in one sentence." --max-tokens 64 &&
+        "$SIM" generate --model "$1" --chat --prompt "Write a haiku about the sea." --max-tokens 64 --temperature 0.8 --top-p 0.95 --seed 1 &&
+        "$SIM" generate --model "$1" --prompt "Once upon a time" --max-tokens 400
+      } 2>&1 | tee "$OUT/generate.txt" || status=1
       ;;
     *) echo "unknown step $1"; status=1 ;;
   esac

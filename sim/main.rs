@@ -45,6 +45,44 @@ enum Command {
         #[arg(long)]
         quiet: bool,
     },
+    /// Generate a completion with a real GGUF model (e.g. SmolLM2-135M-Instruct Q4_1): the
+    /// prompt goes through the model's tokenizer (and chat template with --chat); the text
+    /// streams to stdout, the token counts and speeds follow.
+    Generate {
+        /// The GGUF model file.
+        #[arg(long)]
+        model: PathBuf,
+        /// The prompt.
+        #[arg(long)]
+        prompt: String,
+        /// Send the prompt as a user message through the model's chat template.
+        #[arg(long)]
+        chat: bool,
+        /// A system message (with --chat; default: the template's own).
+        #[arg(long)]
+        system: Option<String>,
+        /// Most tokens to generate (generation also stops at end-of-sequence).
+        #[arg(long, default_value_t = 128)]
+        max_tokens: u32,
+        /// Sampling temperature (0: greedy).
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        /// Top-k cut (0: none).
+        #[arg(long, default_value_t = 0)]
+        top_k: u32,
+        /// Top-p cut in (0, 1] (1: none).
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        /// Seed of the draws.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Backend that runs the model (the CPU runtime is still to come).
+        #[arg(long, value_enum, default_value_t = BackendKind::Cuda)]
+        backend: BackendKind,
+        /// Print the prompt's and the completion's token ids too.
+        #[arg(long)]
+        ids: bool,
+    },
     /// Report the GPU, driver, compute capability, memory, and whether NVRTC and cuBLAS
     /// load and the kernels compile.
     Doctor,
@@ -459,6 +497,110 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                 ),
                 None => outln!(out, "peak RSS n/a ({driver:?} driver)"),
             }
+            Ok(())
+        }
+        Command::Generate {
+            model,
+            prompt,
+            chat,
+            system,
+            max_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            backend,
+            ids,
+        } => {
+            if backend != BackendKind::Cuda {
+                anyhow::bail!(
+                    "--backend model: the cost model has no logits to generate from; use --backend cuda (the CPU runtime is still to come)"
+                );
+            }
+            if !temperature.is_finite() || temperature < 0.0 {
+                anyhow::bail!("--temperature: must be 0 (greedy) or positive, got {temperature}");
+            }
+            if !(top_p > 0.0 && top_p <= 1.0) {
+                anyhow::bail!("--top-p: must be in (0, 1], got {top_p}");
+            }
+            let gguf = kernels::gguf::Gguf::open(&model)?;
+            let tok = kernels::tokenizer::Tokenizer::from_gguf(&gguf)?;
+            let text = if chat {
+                let mut messages = Vec::new();
+                if let Some(s) = system {
+                    messages.push(kernels::tokenizer::Message {
+                        role: "system".into(),
+                        content: s,
+                    });
+                }
+                messages.push(kernels::tokenizer::Message {
+                    role: "user".into(),
+                    content: prompt,
+                });
+                tok.apply_chat_template(&messages, true)?
+            } else {
+                prompt
+            };
+            let mut prompt_ids = Vec::new();
+            if tok.add_bos {
+                prompt_ids.extend(tok.bos);
+            }
+            prompt_ids.extend(tok.encode(&text, true));
+            let block_size = 16u32;
+            let blocks = (prompt_ids.len() as u32 + max_tokens).div_ceil(block_size) + 1;
+            let mut rt = kernels::cuda::CudaRuntime::from_gguf(&gguf, block_size, blocks)?;
+            rt.warm_up()?;
+            let sampling = engine::request::SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                seed,
+            };
+            // Stream the text: decode everything drawn so far and print what is new, holding
+            // back a trailing partial UTF-8 character.
+            let mut stdout = std::io::stdout().lock();
+            let mut drawn = Vec::new();
+            let mut printed = 0usize;
+            let gen = rt.generate(&prompt_ids, max_tokens, sampling, tok.eos, |t| {
+                drawn.push(t);
+                let s = tok.decode(&drawn, false);
+                if s.len() > printed && !s.ends_with('\u{FFFD}') {
+                    let _ = std::io::Write::write_all(
+                        &mut stdout,
+                        s.as_bytes().get(printed..).unwrap_or_default(),
+                    );
+                    let _ = std::io::Write::flush(&mut stdout);
+                    printed = s.len();
+                }
+            })?;
+            let s = tok.decode(&gen.tokens, false);
+            if s.len() > printed {
+                let _ = std::io::Write::write_all(
+                    &mut stdout,
+                    s.as_bytes().get(printed..).unwrap_or_default(),
+                );
+            }
+            let _ = std::io::Write::write_all(&mut stdout, b"\n");
+            let stop = if gen.tokens.last().copied() == tok.eos && tok.eos.is_some() {
+                "end of sequence"
+            } else {
+                "max tokens"
+            };
+            if ids {
+                outln!(out, "prompt ids: {prompt_ids:?}");
+                outln!(out, "completion ids: {:?}", gen.tokens);
+            }
+            let ms = |ns: u64| ns as f64 / 1e6;
+            outln!(
+                out,
+                "prompt {} tokens, prefill {:.1} ms ({:.0} tok/s); generated {} tokens, decode {:.1} ms ({:.1} tok/s); stopped at {stop}",
+                prompt_ids.len(),
+                ms(gen.prefill_ns),
+                prompt_ids.len() as f64 / (gen.prefill_ns.max(1) as f64 / 1e9),
+                gen.tokens.len(),
+                ms(gen.decode_ns),
+                f64::from(gen.decode_steps) / (gen.decode_ns.max(1) as f64 / 1e9)
+            );
             Ok(())
         }
         Command::Doctor => {

@@ -190,6 +190,25 @@ fn missing_file_is_an_error_not_a_panic() {
 }
 
 #[test]
+fn generate_rejects_bad_input_with_one_line() {
+    for (model, extra, needle) in [
+        ("/nonexistent/m.gguf", "--seed=1", "/nonexistent/m.gguf"),
+        ("m.gguf", "--backend=model", "no logits"),
+        ("m.gguf", "--top-p=1.5", "--top-p"),
+        ("m.gguf", "--temperature=-1", "--temperature"),
+    ] {
+        let args = ["generate", "--model", model, "--prompt", "hi", extra];
+        let out = sim(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(needle) && err.lines().count() == 1,
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
 fn run_writes_the_outputs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = write(dir.path(), "scenario.toml", GOOD);

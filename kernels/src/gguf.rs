@@ -493,7 +493,7 @@ fn dequant_nibbles(qs: &[u8], out: &mut Vec<f32>, f: impl Fn(u8) -> f32) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::Write;
 

@@ -8,11 +8,15 @@
 //!   Llama-architecture shape. It builds on machines without CUDA; at run time a missing
 //!   driver is a clear error, never a panic.
 //!
-//! The CPU runtime, the GGUF reader and the tokenizer are still to come (issue 6); the CUDA
-//! runtime will load real weights through them.
+//! - [`gguf`]: the GGUF reader (metadata, tensors, dequantization), through which the CUDA
+//!   runtime loads real weights.
+//! - [`tokenizer`]: the model file's byte-level BPE tokenizer and chat template.
+//!
+//! The CPU runtime is still to come (issue 6).
 #![warn(missing_docs)]
 
 pub mod cuda;
 pub mod gguf;
+pub mod tokenizer;
 
 pub use engine::backend::Backend;

@@ -621,25 +621,21 @@ pub fn bench_sampling(draws: usize, vocab: u32, hbm_bw: f64) -> Result<BenchLine
 }
 
 fn single_seq_plan(start: u32, len: u32, block_size: u32) -> StepPlan {
-    let n = (start + len).div_ceil(block_size);
-    StepPlan {
-        work: vec![SeqWork {
-            seq: 0,
-            kind: if len == 1 {
-                WorkKind::Decode
-            } else {
-                WorkKind::Prefill
-            },
-            start,
-            len,
-            sample: true,
-            num_samples: 1,
-            block_table: (0..n).collect(),
-            token_ids: Vec::new(),
-            sampling: Default::default(),
-        }],
-        ..StepPlan::default()
-    }
+    let table: Vec<u32> = (0..(start + len).div_ceil(block_size)).collect();
+    super::one_sequence_step(start, len, &table, &[], Default::default())
+}
+
+/// The token ids of a JSON array (the oracle files' `prompt_ids`, `greedy_ids`); empty when
+/// `v` is not an array.
+pub(crate) fn json_ids(v: Option<&serde_json::Value>) -> Vec<u32> {
+    v.and_then(|a| a.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_u64())
+                .map(|x| x as u32)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn batch_decode_plan(batch: u32, ctx: u32, block_size: u32) -> StepPlan {
@@ -782,17 +778,7 @@ pub fn oracle_check(gguf: &Gguf, oracle: &Path) -> Result<Vec<OracleCase>, CudaE
         .get("cases")
         .and_then(|c| c.as_array())
         .ok_or_else(|| CudaError::Config(format!("{}: no `cases` array", oracle.display())))?;
-    let ids = |v: &serde_json::Value, key: &str| -> Vec<u32> {
-        v.get(key)
-            .and_then(|a| a.as_array())
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_u64())
-                    .map(|x| x as u32)
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let ids = |v: &serde_json::Value, key: &str| json_ids(v.get(key));
     let block_size = 16u32;
     let blocks = 256u32; // 4096 tokens
     let mut rt = CudaRuntime::from_gguf(gguf, block_size, blocks)?;

@@ -873,27 +873,59 @@ impl CudaRuntime {
             return Ok(());
         }
         let blocks: Vec<u32> = (0..len.div_ceil(self.block_size)).collect();
-        let step = |start: u32, len: u32| StepPlan {
-            work: vec![engine::plan::SeqWork {
-                seq: 0,
-                kind: if len == 1 {
-                    engine::plan::WorkKind::Decode
-                } else {
-                    engine::plan::WorkKind::Prefill
-                },
-                start,
-                len,
-                sample: true,
-                num_samples: 1,
-                block_table: blocks.clone(),
-                token_ids: Vec::new(),
-                sampling: Default::default(),
-            }],
-            ..StepPlan::default()
-        };
-        self.forward(&step(0, len - 1))?;
-        self.forward(&step(len - 1, 1))?;
+        let greedy = engine::request::SamplingParams::default();
+        self.forward(&one_sequence_step(0, len - 1, &blocks, &[], greedy))?;
+        self.forward(&one_sequence_step(len - 1, 1, &blocks, &[], greedy))?;
         Ok(())
+    }
+
+    /// Generates a completion of `prompt` (token ids) for one sequence: one prefill step,
+    /// then a decode step per token, through the paged KV cache (blocks 0, 1, ... in order),
+    /// drawing with `sampling`, until `eos` or `max_tokens`. `on_token` sees each token as
+    /// it is drawn.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        max_tokens: u32,
+        sampling: engine::request::SamplingParams,
+        eos: Option<u32>,
+        mut on_token: impl FnMut(u32),
+    ) -> Result<Generation, CudaError> {
+        if prompt.is_empty() {
+            return Err(CudaError::Config("the prompt has no tokens".into()));
+        }
+        let total = prompt.len() as u64 + u64::from(max_tokens);
+        let capacity = u64::from(self.num_blocks) * u64::from(self.block_size);
+        if total > capacity {
+            return Err(CudaError::Config(format!(
+                "{} prompt tokens + {max_tokens} new tokens do not fit the KV cache of {capacity} tokens",
+                prompt.len()
+            )));
+        }
+        let blocks: Vec<u32> = (0..self.num_blocks).collect();
+        let block_size = self.block_size;
+        let step = |start: u32, ids: &[u32]| {
+            let used = (start + ids.len() as u32).div_ceil(block_size) as usize;
+            one_sequence_step(start, ids.len() as u32, &blocks[..used], ids, sampling)
+        };
+        let mut out = Generation::default();
+        let (ns, first) = self.forward(&step(0, prompt))?;
+        out.prefill_ns = ns;
+        let mut next = first.first().copied();
+        let mut pos = prompt.len() as u32;
+        while let Some(tok) = next {
+            out.tokens.push(tok);
+            on_token(tok);
+            if Some(tok) == eos || out.tokens.len() as u32 >= max_tokens {
+                break;
+            }
+            let (ns, drawn) = self.forward(&step(pos, &[tok]))?;
+            out.decode_ns += ns;
+            out.decode_steps += 1;
+            next = drawn.first().copied();
+            pos += 1;
+        }
+        Ok(out)
     }
 
     /// Steps of at most `tokens` tokens multiply by the weights with `skinny_gemm`, larger
@@ -1301,6 +1333,48 @@ pub(crate) fn launch_sampling(
     // SAFETY: each draw names a row of `vocab` logits; ids holds at least n entries.
     unsafe { b.launch(cfg) }?;
     Ok(())
+}
+
+/// A step of one sequence (id 0) computing positions `[start, start + len)` of `token_ids`
+/// (empty: synthetic ids) over `table`, and drawing one token after them.
+pub(crate) fn one_sequence_step(
+    start: u32,
+    len: u32,
+    table: &[u32],
+    token_ids: &[u32],
+    sampling: engine::request::SamplingParams,
+) -> StepPlan {
+    StepPlan {
+        work: vec![engine::plan::SeqWork {
+            seq: 0,
+            kind: if len == 1 && start > 0 {
+                engine::plan::WorkKind::Decode
+            } else {
+                engine::plan::WorkKind::Prefill
+            },
+            start,
+            len,
+            sample: true,
+            num_samples: 1,
+            block_table: table.to_vec(),
+            token_ids: token_ids.to_vec(),
+            sampling,
+        }],
+        ..StepPlan::default()
+    }
+}
+
+/// What [`CudaRuntime::generate`] produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Generation {
+    /// Tokens drawn, the end-of-sequence token included when it came.
+    pub tokens: Vec<u32>,
+    /// Time of the prefill step (CUDA events), ns.
+    pub prefill_ns: u64,
+    /// Time of the decode steps, ns.
+    pub decode_ns: u64,
+    /// Decode steps run (tokens after the first).
+    pub decode_steps: u32,
 }
 
 /// The CPU swap pool: pinned host memory laid out `[layer][K, V][cpu block][block]`, and
