@@ -117,7 +117,18 @@ pub enum Framework {
     /// llama.cpp server: C++ with CUDA graphs for batch-1 decode; ~0.2 ms a step.
     #[serde(rename = "llama.cpp")]
     LlamaCpp,
+    /// Early vLLM (0.1.x, mid-2023), as Splitwise measured it on 8 x H100: Ray workers,
+    /// no CUDA graphs, pre-FlashAttention-2 prefill attention. Its overheads and prefill
+    /// attention efficiency are fitted by `sim calibrate` to those measurements
+    /// (calibration.csv V22, V23; see VALIDATION.md).
+    #[serde(rename = "vllm-2023")]
+    Vllm2023,
 }
+
+/// The fitted profile of [`Framework::Vllm2023`]: (step overhead, per-sequence overhead,
+/// kernel launch) in microseconds and the prefill attention efficiency relative to
+/// FlashAttention-2. `sim calibrate` reproduces these (a test pins them).
+pub const VLLM_2023_PROFILE: (f64, f64, f64, f64) = (18_000.0, 175.0, 6.0, 0.05);
 
 /// Fixed cost of handing a batch's hidden states to the next pipeline stage, microseconds.
 pub const P2P_LATENCY_US: f64 = 10.0;
@@ -144,6 +155,20 @@ impl Framework {
             Framework::TensorrtLlm => (100.0, 1.0, 1.5),
             Framework::HfTransformers => (3000.0, 20.0, 10.0),
             Framework::LlamaCpp => (200.0, 8.0, 3.0),
+            Framework::Vllm2023 => (
+                VLLM_2023_PROFILE.0,
+                VLLM_2023_PROFILE.1,
+                VLLM_2023_PROFILE.2,
+            ),
+        }
+    }
+
+    /// Prefill attention efficiency relative to `attn_compute_eff` (FlashAttention-2):
+    /// 1, except for frameworks whose attention kernels predate it.
+    pub fn prefill_attention_scale(self) -> f64 {
+        match self {
+            Framework::Vllm2023 => VLLM_2023_PROFILE.3,
+            _ => 1.0,
         }
     }
 }
@@ -711,7 +736,7 @@ impl CostModel {
             attn_s += self.roofline(
                 pf_flops,
                 pf_bytes,
-                self.p.attn_compute_eff,
+                self.p.attn_compute_eff * self.p.framework.prefill_attention_scale(),
                 self.p.attn_memory_eff,
                 peak16,
             );

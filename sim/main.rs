@@ -449,7 +449,9 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             let calibration = sim::validation::calibration_checks(&data.join("calibration.csv"))?;
             let profiles = sim::validation::profile_checks(&data)?;
             let throughput = sim::validation::throughput_checks(&data.join("calibration.csv"))?;
-            let text = sim::validation::report(&calibration, &profiles, &throughput);
+            let splitwise = sim::validation::splitwise_measurements(&data.join("calibration.csv"))?;
+            let held_out = sim::validation::vllm_2023_held_out(&splitwise);
+            let text = sim::validation::report(&calibration, &profiles, &throughput, &held_out);
             std::fs::write(&path, &text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             if let Some(summary) = text.split("## Summary").nth(1) {
                 outln!(out, "{}", summary.trim());
