@@ -321,6 +321,46 @@ fn line_col(src: &str, at: usize) -> (usize, usize) {
     (line, col)
 }
 
+/// Replaces `cost.calibration = "file.toml"` (a `sim calibrate` output, relative to the
+/// scenario's folder) by that file's `[cost]` keys, under the scenario's own `[cost]` keys,
+/// which win. Returns whether a file was read.
+fn expand_calibration(table: &mut toml::Table, base_dir: &Path) -> Result<bool, String> {
+    let Some(toml::Value::Table(cost)) = table.get_mut("cost") else {
+        return Ok(false);
+    };
+    let Some(value) = cost.remove("calibration") else {
+        return Ok(false);
+    };
+    let toml::Value::String(rel) = value else {
+        return Err(
+            "cost.calibration: expected the path of a TOML file with a [cost] table (a `sim calibrate` output)"
+                .into(),
+        );
+    };
+    let file = base_dir.join(&rel);
+    let shown = file.display();
+    let text = std::fs::read_to_string(&file)
+        .map_err(|e| format!("cost.calibration: {shown}: cannot read: {e}"))?;
+    let parsed: toml::Table = toml::from_str(&text)
+        .map_err(|e| format!("cost.calibration: {shown}: {}", e.message().trim()))?;
+    let Some(toml::Value::Table(from_file)) = parsed.get("cost") else {
+        return Err(format!("cost.calibration: {shown}: no [cost] table"));
+    };
+    // Check the file's keys on their own, so that an error names the file.
+    serde_path_to_error::deserialize::<_, CostParams>(toml::Value::Table(from_file.clone()))
+        .map_err(|e| {
+            let key = e.path().to_string();
+            format!(
+                "cost.calibration: {shown}: [cost] {key}: {}",
+                e.into_inner().message().trim()
+            )
+        })?;
+    let mut merged = from_file.clone();
+    merge(&mut merged, cost);
+    *cost = merged;
+    Ok(true)
+}
+
 /// Merges `over` into `base` recursively (tables merge, other values replace).
 fn merge(base: &mut toml::Table, over: &toml::Table) {
     for (k, v) in over {
@@ -342,7 +382,7 @@ impl Scenario {
             msg,
         };
         let src = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
-        let base: ScenarioConfig = toml::from_str(&src).map_err(|e| {
+        let at_line = |e: toml::de::Error| {
             let msg = e.message().trim().replace('\n', " ");
             match e.span() {
                 Some(span) => {
@@ -351,12 +391,21 @@ impl Scenario {
                 }
                 None => err(msg),
             }
-        })?;
-        let raw: toml::Table = toml::from_str(&src).map_err(|e| err(e.message().to_string()))?;
+        };
+        let mut raw: toml::Table = toml::from_str(&src).map_err(at_line)?;
         let base_dir = path
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("."));
+        let base: ScenarioConfig = if expand_calibration(&mut raw, &base_dir).map_err(err)? {
+            serde_path_to_error::deserialize(toml::Value::Table(raw.clone())).map_err(|e| {
+                let path = e.path().to_string();
+                err(format!("{path}: {}", e.into_inner().message().trim()))
+            })?
+        } else {
+            // Without a calibration file, errors keep the file's line and column.
+            toml::from_str(&src).map_err(at_line)?
+        };
         let name = base.name.clone().unwrap_or_else(|| {
             path.file_stem()
                 .map_or_else(|| "scenario".into(), |s| s.to_string_lossy().into_owned())
@@ -390,6 +439,8 @@ impl Scenario {
             let mut merged = raw.clone();
             merged.remove("variant");
             merge(&mut merged, &over);
+            expand_calibration(&mut merged, &base_dir)
+                .map_err(|m| err(format!("variant `{vname}`: {m}")))?;
             let cfg: ScenarioConfig = serde_path_to_error::deserialize(toml::Value::Table(merged))
                 .map_err(|e| {
                     let path = e.path().to_string();

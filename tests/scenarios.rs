@@ -244,3 +244,67 @@ fn lpm_hits_more_than_fcfs_on_sglang_shared_prefix() {
     assert!(lpm.request_throughput > fcfs.request_throughput);
     assert!(fcfs.request_throughput > get("no-cache").request_throughput);
 }
+
+#[test]
+fn a_calibration_file_supplies_cost_keys_under_the_scenario_s_own() {
+    let dir = std::env::temp_dir().join(format!("sim-calib-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::write(
+        dir.join("fit.toml"),
+        "# from sim calibrate\n[cost]\ngemm_compute_eff = 0.55\ngemm_memory_eff = 0.65\n",
+    )
+    .expect("write fit");
+    let scenario = |cost: &str| {
+        format!(
+            "name = \"c\"\n[model]\nname = \"llama-3-8b\"\n[hardware]\ngpu = \"h100-sxm\"\n[workload]\nnum_requests = 5\narrival = {{ process = \"poisson\", rate = 1.0 }}\n[[workload.class]]\nname = \"a\"\nprompt = {{ dist = \"fixed\", value = 10 }}\noutput = {{ dist = \"fixed\", value = 5 }}\n[cost]\n{cost}\n[[variant]]\nname = \"base\"\n[[variant]]\nname = \"own\"\ncost.gemm_compute_eff = 0.9\n"
+        )
+    };
+    let path = dir.join("s.toml");
+    std::fs::write(
+        &path,
+        scenario("calibration = \"fit.toml\"\ngemm_memory_eff = 0.7"),
+    )
+    .expect("write scenario");
+    let s = Scenario::load(&path, None).expect("loads");
+    let cost = |i: usize| &s.variants[i].config.cost;
+    // The file's keys apply; the scenario's [cost] and a variant's override win.
+    assert_eq!(
+        (cost(0).gemm_compute_eff, cost(0).gemm_memory_eff),
+        (0.55, 0.7)
+    );
+    assert_eq!(
+        (cost(1).gemm_compute_eff, cost(1).gemm_memory_eff),
+        (0.9, 0.7)
+    );
+    // Errors name the file and the key.
+    std::fs::write(dir.join("bad.toml"), "[cost]\ngemm_computer_eff = 0.5\n").expect("write");
+    std::fs::write(&path, scenario("calibration = \"bad.toml\"")).expect("write");
+    let e = Scenario::load(&path, None)
+        .expect_err("bad key")
+        .to_string();
+    assert!(
+        e.contains("bad.toml") && e.contains("gemm_computer_eff"),
+        "{e}"
+    );
+    std::fs::write(&path, scenario("calibration = \"missing.toml\"")).expect("write");
+    let e = Scenario::load(&path, None)
+        .expect_err("missing")
+        .to_string();
+    assert!(e.contains("missing.toml"), "{e}");
+    // The shipped fit loads from a scenario's folder.
+    let shipped = std::fs::canonicalize("calibration/fitted.toml").expect("fitted.toml");
+    std::fs::write(
+        &path,
+        scenario(&format!(
+            "calibration = {:?}",
+            shipped.display().to_string()
+        )),
+    )
+    .expect("write");
+    let s = Scenario::load(&path, None).expect("shipped fit loads");
+    assert_eq!(
+        s.variants[0].config.cost.gemm_compute_eff,
+        sim::cost_model::CostParams::default().gemm_compute_eff
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
