@@ -523,6 +523,38 @@ impl ModelSpec {
         })
     }
 
+    /// Reads the metadata of a GGUF Llama model (`general.architecture = llama`): the
+    /// shape through [`kernels::cuda::gguf_shape`], `llama.context_length` (default 4096)
+    /// and the name. Errors name the file.
+    pub fn from_gguf(path: &std::path::Path) -> Result<ModelSpec, String> {
+        let g = kernels::gguf::Gguf::open(path).map_err(|e| e.to_string())?;
+        let s = kernels::cuda::gguf_shape(&g).map_err(|e| e.to_string())?;
+        let name = g
+            .metadata
+            .get("general.name")
+            .and_then(kernels::gguf::Value::as_str)
+            .filter(|n| !n.is_empty())
+            .map_or_else(|| path.display().to_string(), str::to_string);
+        Ok(ModelSpec {
+            // Read once per process (`model_from_gguf`), like the catalog's static entries.
+            name: Box::leak(name.clone().into_boxed_str()),
+            hf_id: Box::leak(name.into_boxed_str()),
+            layers: s.layers,
+            hidden: s.hidden,
+            heads: s.heads,
+            kv_heads: s.kv_heads,
+            head_dim: s.head_dim,
+            intermediate: s.intermediate,
+            vocab: s.vocab,
+            max_position: g.meta_u32("llama.context_length").unwrap_or(4096).max(1),
+            tied_embeddings: s.tied_embeddings,
+            rope_theta: s.rope_theta,
+            sliding_window: None,
+            num_experts: 1,
+            experts_per_token: 1,
+        })
+    }
+
     /// The shape the real runtimes need (Llama architecture, RMSNorm epsilon 1e-5).
     pub fn llama_shape(&self) -> kernels::cuda::LlamaShape {
         kernels::cuda::LlamaShape {
@@ -621,6 +653,12 @@ fn cached<T>(
 pub fn model_from_file(path: &std::path::Path) -> Result<&'static ModelSpec, String> {
     static CACHE: std::sync::OnceLock<FileCache<ModelSpec>> = std::sync::OnceLock::new();
     cached(&CACHE, path, ModelSpec::from_hf_config)
+}
+
+/// A model from a GGUF file's metadata ([`ModelSpec::from_gguf`]), read once.
+pub fn model_from_gguf(path: &std::path::Path) -> Result<&'static ModelSpec, String> {
+    static CACHE: std::sync::OnceLock<FileCache<ModelSpec>> = std::sync::OnceLock::new();
+    cached(&CACHE, path, ModelSpec::from_gguf)
 }
 
 /// A GPU from a TOML file ([`Gpu::from_toml_file`]), read once.

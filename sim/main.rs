@@ -76,8 +76,8 @@ enum Command {
         /// Seed of the draws.
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Backend that runs the model (the CPU runtime is still to come).
-        #[arg(long, value_enum, default_value_t = BackendKind::Cuda)]
+        /// Backend that runs the model: cpu (the reference runtime) or cuda.
+        #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
         backend: BackendKind,
         /// Print the prompt's and the completion's token ids too.
         #[arg(long)]
@@ -514,9 +514,9 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             backend,
             ids,
         } => {
-            if backend != BackendKind::Cuda {
+            if backend == BackendKind::Model {
                 anyhow::bail!(
-                    "--backend model: the cost model has no logits to generate from; use --backend cuda (the CPU runtime is still to come)"
+                    "--backend model: the cost model has no logits to generate from; use --backend cpu or cuda"
                 );
             }
             if !temperature.is_finite() || temperature < 0.0 {
@@ -550,8 +550,6 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             prompt_ids.extend(tok.encode(&text, true));
             let block_size = 16u32;
             let blocks = (prompt_ids.len() as u32 + max_tokens).div_ceil(block_size) + 1;
-            let mut rt = kernels::cuda::CudaRuntime::from_gguf(&gguf, block_size, blocks)?;
-            rt.warm_up()?;
             let sampling = engine::request::SamplingParams {
                 temperature,
                 top_k,
@@ -563,7 +561,7 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             let mut stdout = std::io::stdout().lock();
             let mut drawn = Vec::new();
             let mut printed = 0usize;
-            let gen = rt.generate(&prompt_ids, max_tokens, sampling, tok.eos, |t| {
+            let on_token = |t| {
                 drawn.push(t);
                 let s = tok.decode(&drawn, false);
                 if s.len() > printed && !s.ends_with('\u{FFFD}') {
@@ -574,7 +572,18 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                     let _ = std::io::Write::flush(&mut stdout);
                     printed = s.len();
                 }
-            })?;
+            };
+            use kernels::generate::StepRuntime as _;
+            let gen = if backend == BackendKind::Cpu {
+                let mut rt = kernels::cpu::CpuRuntime::from_gguf(&gguf, block_size, blocks)?;
+                rt.generate(&prompt_ids, max_tokens, sampling, tok.eos, on_token)
+                    .map_err(anyhow::Error::msg)?
+            } else {
+                let mut rt = kernels::cuda::CudaRuntime::from_gguf(&gguf, block_size, blocks)?;
+                rt.warm_up()?;
+                rt.generate(&prompt_ids, max_tokens, sampling, tok.eos, on_token)
+                    .map_err(anyhow::Error::msg)?
+            };
             let s = tok.decode(&gen.tokens, false);
             if s.len() > printed {
                 let _ = std::io::Write::write_all(
@@ -719,6 +728,37 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             outln!(
                 out,
                 "{full} of {total} prompts reproduce llama.cpp's greedy tokens in full"
+            );
+            let pairs = kernels::cuda::check::cpu_cuda_agreement(&gguf, &oracle)?;
+            outln!(
+                out,
+                "\nCUDA (bf16) against the CPU runtime (f32), teacher-forced on llama.cpp's tokens:"
+            );
+            outln!(
+                out,
+                "{:<42} {:>12} {:>12} {:>14}",
+                "prompt",
+                "same argmax",
+                "gap at diff",
+                "max |dlogit|"
+            );
+            let (mut same, mut positions) = (0, 0);
+            for p in &pairs {
+                same += p.same_argmax;
+                positions += p.positions;
+                outln!(
+                    out,
+                    "{:<42} {:>6}/{:<5} {:>12.3} {:>14.3}",
+                    p.prompt,
+                    p.same_argmax,
+                    p.positions,
+                    p.gap_at_difference,
+                    p.max_logit_diff
+                );
+            }
+            outln!(
+                out,
+                "{same} of {positions} positions: the same argmax on both runtimes"
             );
             Ok(())
         }

@@ -26,6 +26,9 @@ pub enum BackendKind {
     Model,
     /// Real kernels on the local NVIDIA GPU (synthetic weights of the scenario's model).
     Cuda,
+    /// The CPU reference runtime: the weights of `model.gguf`, or synthetic weights of the
+    /// scenario's model shape.
+    Cpu,
 }
 
 /// How to run.
@@ -169,6 +172,12 @@ pub fn run_variant(
             sched_cfg.pool_tokens = u64::from(blocks) * u64::from(variant.memory.block_size);
             Box::new(kernels::cuda::CudaBackend::new(rt))
         }
+        BackendKind::Cpu => {
+            let (rt, blocks) = cpu_runtime(variant, scenario, scenario.seed)?;
+            num_blocks = blocks;
+            sched_cfg.pool_tokens = u64::from(blocks) * u64::from(variant.memory.block_size);
+            Box::new(kernels::cpu::CpuBackend::new(rt))
+        }
     };
     // Real runtimes read and write KV through the block tables and consume token ids.
     sched_cfg.want_block_tables = backend.needs_block_tables();
@@ -223,6 +232,7 @@ pub fn run_variant(
         backend: match backend_kind {
             BackendKind::Model => "model".into(),
             BackendKind::Cuda => "cuda".into(),
+            BackendKind::Cpu => "cpu".into(),
         },
         kv_pool_blocks: stats.pool_blocks,
         kv_blocks_in_use_at_end: stats.blocks_in_use_at_end,
@@ -424,6 +434,59 @@ fn belady_oracle(
         s.block_size,
         requests,
     )))
+}
+
+/// Host memory the CPU runtime's KV cache may take (f32 K and V of every layer).
+const CPU_KV_BUDGET_BYTES: u64 = 2 << 30;
+
+/// Builds the CPU runtime of a variant: the weights of `model.gguf` (dequantized to f32),
+/// or synthetic weights of its model's shape, with the memory plan's KV pool capped at
+/// [`CPU_KV_BUDGET_BYTES`] of host memory.
+fn cpu_runtime(
+    variant: &Variant,
+    scenario: &Scenario,
+    seed: u64,
+) -> Result<(kernels::cpu::CpuRuntime, u32), SimError> {
+    let cpu_err = |message: String| SimError::Run {
+        variant: variant.name.clone(),
+        source: Box::new(crate::driver::DriverError::Backend(
+            engine::backend::BackendError {
+                backend: "cpu".into(),
+                message,
+            },
+        )),
+    };
+    let d = &variant.deployment;
+    if d.tp != 1 || d.pp != 1 || d.model.is_moe() {
+        return Err(cpu_err(format!(
+            "model {} with tp = {}, pp = {}: the CPU runtime runs dense models on one device",
+            d.model.name, d.tp, d.pp
+        )));
+    }
+    let m = &variant.memory;
+    let shape = d.model.llama_shape();
+    let per_block = u64::from(m.block_size)
+        * 2
+        * u64::from(shape.layers)
+        * u64::from(shape.kv_heads * shape.head_dim)
+        * 4;
+    let blocks = m
+        .num_blocks
+        .min((CPU_KV_BUDGET_BYTES / per_block.max(1)).max(1) as u32);
+    let mut rt = match &variant.config.model.gguf {
+        Some(path) => {
+            let g = kernels::gguf::Gguf::open(&scenario.base_dir.join(path))
+                .map_err(|e| cpu_err(e.to_string()))?;
+            kernels::cpu::CpuRuntime::from_gguf(&g, m.block_size, blocks)
+        }
+        None => kernels::cpu::CpuRuntime::synthetic(shape, seed, m.block_size, blocks),
+    }
+    .map_err(|e| cpu_err(e.to_string()))?;
+    rt.set_sliding_window(variant.scheduler.sliding_window);
+    if variant.config.engine.preemption_mode == PreemptionMode::Swap {
+        rt.with_swap_space(m.num_cpu_blocks);
+    }
+    Ok((rt, blocks))
 }
 
 /// Builds the CUDA runtime of a variant (synthetic weights of its model) and the number of

@@ -56,6 +56,10 @@ pub struct ModelConfig {
     /// scenario file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<PathBuf>,
+    /// A GGUF Llama model file instead (relative to the scenario file): its metadata is
+    /// the model, and `--backend cpu` runs its weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gguf: Option<PathBuf>,
     /// Weight format.
     #[serde(default = "default_dtype")]
     pub dtype: Dtype,
@@ -492,18 +496,29 @@ fn catalog_or_file<T: 'static>(
 
 /// Checks one configuration and computes its deployment, memory plan and scheduler limits.
 fn resolve(name: &str, config: ScenarioConfig, base_dir: &Path) -> Result<Variant, String> {
-    let model = catalog_or_file(
-        ("model.name", "model.config", "a Hugging Face config.json"),
-        (&config.model.name, &config.model.config),
-        base_dir,
-        |n| {
-            find_model(n).ok_or_else(|| {
-                let names: Vec<&str> = MODELS.iter().map(|m| m.name).collect();
-                format!("unknown model `{n}` (known: {})", names.join(", "))
-            })
-        },
-        model_from_file,
-    )?;
+    let model = match (&config.model.gguf, &config.model.name, &config.model.config) {
+        (Some(path), None, None) => crate::catalog::model_from_gguf(&base_dir.join(path))
+            .map_err(|e| format!("model.gguf: {e}"))?,
+        (Some(_), _, _) => {
+            return Err("give one of model.name, model.config and model.gguf".into());
+        }
+        _ => catalog_or_file(
+            (
+                "model.name",
+                "model.config",
+                "a Hugging Face config.json, or model.gguf",
+            ),
+            (&config.model.name, &config.model.config),
+            base_dir,
+            |n| {
+                find_model(n).ok_or_else(|| {
+                    let names: Vec<&str> = MODELS.iter().map(|m| m.name).collect();
+                    format!("unknown model `{n}` (known: {})", names.join(", "))
+                })
+            },
+            model_from_file,
+        )?,
+    };
     let gpu = catalog_or_file(
         (
             "hardware.gpu",

@@ -308,3 +308,48 @@ fn a_calibration_file_supplies_cost_keys_under_the_scenario_s_own() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The real SmolLM2 GGUF, when present (`.ci/run` fetches it).
+fn smollm2() -> Option<std::path::PathBuf> {
+    let p = std::env::var_os("SIM_SMOLLM2_GGUF")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| {
+                std::path::PathBuf::from(h)
+                    .join(".cache/sim-models/SmolLM2-135M-Instruct.Q4_1.gguf")
+            })
+        })?;
+    p.exists().then_some(p)
+}
+
+#[test]
+fn the_cpu_runtime_serves_a_gguf_scenario_through_the_engine() {
+    let Some(model) = smollm2() else {
+        eprintln!("skipped: no SmolLM2 GGUF (SIM_SMOLLM2_GGUF or ~/.cache/sim-models)");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("sim-cpu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("cpu.toml");
+    // Chunked prefill over a 12-block cache, with prefix caching and a shared system
+    // prompt, so that chunks, cache hits and preemptions all reach the real model.
+    std::fs::write(
+        &path,
+        format!(
+            "name = \"cpu\"\nseed = 2\n[model]\ngguf = {:?}\ndtype = \"q4_1\"\n[hardware]\ngpu = \"h100-sxm\"\n[engine]\nscheduler = \"chunked\"\nmax_num_batched_tokens = 24\nmax_num_seqs = 4\nnum_gpu_blocks_override = 12\nmax_model_len = 96\nenable_prefix_caching = true\n[workload]\nnum_requests = 6\narrival = {{ process = \"all-at-once\" }}\n[[workload.class]]\nname = \"chat\"\nprompt = {{ dist = \"uniform\", min = 8, max = 30 }}\noutput = {{ dist = \"uniform\", min = 4, max = 10 }}\nshared_prefix = {{ tokens = 16, groups = 1 }}\n",
+            model.display().to_string()
+        ),
+    )
+    .expect("write scenario");
+    let scn = Scenario::load(&path, None).expect("scenario loads");
+    assert_eq!(scn.variants[0].deployment.model.layers, 30);
+    let opts = RunOptions {
+        backend: sim::run::BackendKind::Cpu,
+        ..RunOptions::default()
+    };
+    let results = run_scenario(&scn, &opts).expect("runs on the CPU");
+    let s = &results[0].summary;
+    assert_eq!(s.completed, 6);
+    assert_eq!(s.leaked_blocks, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

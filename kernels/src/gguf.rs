@@ -14,6 +14,25 @@ use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
 
+/// The tensors of layer `l` of a Llama GGUF model as the runtimes stack them, each as
+/// ((name, rows) parts, fan-in): attention norm, QKV, output projection, MLP norm, gate
+/// and up, down. `dims` = (hidden, query width, KV width, intermediate).
+pub fn llama_layer(l: u32, dims: [u64; 4]) -> [(Vec<(String, u64)>, u64); 6] {
+    let [h, qd, kvd, inter] = dims;
+    let n = |t: &str| format!("blk.{l}.{t}.weight");
+    [
+        (vec![(n("attn_norm"), 1)], h),
+        (
+            vec![(n("attn_q"), qd), (n("attn_k"), kvd), (n("attn_v"), kvd)],
+            h,
+        ),
+        (vec![(n("attn_output"), h)], qd),
+        (vec![(n("ffn_norm"), 1)], h),
+        (vec![(n("ffn_gate"), inter), (n("ffn_up"), inter)], h),
+        (vec![(n("ffn_down"), h)], inter),
+    ]
+}
+
 /// Errors reading a GGUF file.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
@@ -433,6 +452,30 @@ impl Gguf {
             tensor: name.into(),
             what: "not in the file".into(),
         })
+    }
+
+    /// The rows of several tensors stacked (e.g. Q, K and V into one QKV weight), each
+    /// checked to be `fan_in` wide with the given number of rows (1: a vector), and
+    /// dequantized to f32, row-major `[row][fan_in]`.
+    pub fn stacked(&self, parts: &[(String, u64)], fan_in: u64) -> Result<Vec<f32>, GgufError> {
+        let mut all = Vec::new();
+        for (name, rows) in parts {
+            let t = self.tensor(name)?;
+            let want = if *rows == 1 {
+                vec![fan_in]
+            } else {
+                vec![fan_in, *rows]
+            };
+            if t.dims != want {
+                return Err(GgufError::Tensor {
+                    path: self.path.clone(),
+                    tensor: name.clone(),
+                    what: format!("extents {:?}, expected {want:?}", t.dims),
+                });
+            }
+            all.extend(self.dequantize(name)?);
+        }
+        Ok(all)
     }
 
     /// Dequantizes a tensor to f32 (row-major, `dims[0]` fastest).

@@ -15,8 +15,12 @@
 //! The CPU runtime is still to come (issue 6).
 #![warn(missing_docs)]
 
+pub mod cpu;
 pub mod cuda;
+pub mod generate;
 pub mod gguf;
+pub mod oracle;
+pub mod sampling;
 pub mod tokenizer;
 
 pub use engine::backend::Backend;

@@ -461,27 +461,6 @@ mod tests {
         assert_eq!(split("café naïve"), ["café", " naïve"]);
     }
 
-    /// The oracle's prompts (llama.cpp: `tokenize(add_bos=False, special=True)`) and
-    /// greedy continuations.
-    fn oracle() -> Vec<(String, Vec<u32>, Vec<u32>, String)> {
-        let text = include_str!("../../tests/data/oracle/smollm2_q4_1_llamacpp.json");
-        let json: serde_json::Value = serde_json::from_str(text).expect("oracle json");
-        let ids = |v: &serde_json::Value| crate::cuda::check::json_ids(Some(v));
-        json["cases"]
-            .as_array()
-            .expect("cases")
-            .iter()
-            .map(|c| {
-                (
-                    c["prompt"].as_str().unwrap_or_default().to_string(),
-                    ids(&c["prompt_ids"]),
-                    ids(&c["greedy_ids"]),
-                    c["greedy_text"].as_str().unwrap_or_default().to_string(),
-                )
-            })
-            .collect()
-    }
-
     #[test]
     #[ignore = "needs the SmolLM2 GGUF (SIM_SMOLLM2_GGUF or ~/.cache/sim-models); .ci/run fetches it"]
     fn smollm2_matches_llama_cpp_on_the_oracle_prompts() {
@@ -490,7 +469,14 @@ mod tests {
         let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
         assert_eq!(tok.vocab_size(), 49_152);
         assert_eq!((tok.bos, tok.eos, tok.add_bos), (Some(1), Some(2), false));
-        for (prompt, prompt_ids, greedy_ids, greedy_text) in oracle() {
+        // The oracle's prompts: llama.cpp's `tokenize(add_bos=False, special=True)`.
+        for case in crate::oracle::smollm2() {
+            let (prompt, prompt_ids, greedy_ids, greedy_text) = (
+                case.prompt,
+                case.prompt_ids,
+                case.greedy_ids,
+                case.greedy_text,
+            );
             assert_eq!(tok.encode(&prompt, true), prompt_ids, "{prompt:?}");
             // Decoding is the inverse of encoding, special tokens kept.
             assert_eq!(tok.decode(&prompt_ids, true), prompt, "{prompt:?}");

@@ -625,19 +625,6 @@ fn single_seq_plan(start: u32, len: u32, block_size: u32) -> StepPlan {
     super::one_sequence_step(start, len, &table, &[], Default::default())
 }
 
-/// The token ids of a JSON array (the oracle files' `prompt_ids`, `greedy_ids`); empty when
-/// `v` is not an array.
-pub(crate) fn json_ids(v: Option<&serde_json::Value>) -> Vec<u32> {
-    v.and_then(|a| a.as_array())
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x.as_u64())
-                .map(|x| x as u32)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn batch_decode_plan(batch: u32, ctx: u32, block_size: u32) -> StepPlan {
     let n = ctx.div_ceil(block_size);
     StepPlan {
@@ -770,52 +757,20 @@ pub struct OracleCase {
 /// `greedy_ids`, `top_logits`) through the CUDA runtime with the model's real weights: one
 /// prefill step of the prompt, then greedy decode steps, each through the paged KV cache.
 pub fn oracle_check(gguf: &Gguf, oracle: &Path) -> Result<Vec<OracleCase>, CudaError> {
-    let text = std::fs::read_to_string(oracle)
-        .map_err(|e| CudaError::Config(format!("{}: {e}", oracle.display())))?;
-    let json: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| CudaError::Config(format!("{}: {e}", oracle.display())))?;
-    let cases = json
-        .get("cases")
-        .and_then(|c| c.as_array())
-        .ok_or_else(|| CudaError::Config(format!("{}: no `cases` array", oracle.display())))?;
-    let ids = |v: &serde_json::Value, key: &str| json_ids(v.get(key));
+    let cases = crate::oracle::read(oracle).map_err(CudaError::Config)?;
     let block_size = 16u32;
     let blocks = 256u32; // 4096 tokens
     let mut rt = CudaRuntime::from_gguf(gguf, block_size, blocks)?;
     rt.keep_logits(true);
     let vocab = rt.shape().vocab as usize;
     let mut out = Vec::new();
-    for case in cases {
-        let prompt_ids = ids(case, "prompt_ids");
-        let want = ids(case, "greedy_ids");
+    for case in &cases {
+        let (prompt_ids, want, tops) = (&case.prompt_ids, &case.greedy_ids, &case.tops);
         if prompt_ids.is_empty() || prompt_ids.len() + want.len() > (blocks * block_size) as usize {
             continue;
         }
         // Oracle top logits per generated position index (0 = after the prompt).
         let p0 = prompt_ids.len() as u64 - 1;
-        let tops: Vec<(u64, Vec<u32>, Vec<f32>)> = case
-            .get("top_logits")
-            .and_then(|t| t.as_array())
-            .map(|a| {
-                a.iter()
-                    .map(|t| {
-                        let pos = t.get("position").and_then(|p| p.as_u64()).unwrap_or(0);
-                        let ids = ids(t, "top_ids");
-                        let vals = t
-                            .get("top_logits")
-                            .and_then(|v| v.as_array())
-                            .map(|v| {
-                                v.iter()
-                                    .filter_map(|x| x.as_f64())
-                                    .map(|x| x as f32)
-                                    .collect()
-                            })
-                            .unwrap_or_default();
-                        (pos, ids, vals)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
         let mut tokens = prompt_ids.clone();
         let mut generated = Vec::new();
         let mut margin_at_divergence = None;
@@ -831,7 +786,7 @@ pub fn oracle_check(gguf: &Gguf, oracle: &Path) -> Result<Vec<OracleCase>, CudaE
             let (_, sampled) = rt.forward(&plan)?;
             let tok = sampled.first().copied().unwrap_or(0);
             let logits = rt.last_logits();
-            let agree_so_far = generated.iter().zip(&want).all(|(a, b)| a == b);
+            let agree_so_far = generated.iter().zip(want).all(|(a, b)| a == b);
             if agree_so_far {
                 if let Some((_, top_ids, top_vals)) =
                     tops.iter().find(|(pos, _, _)| *pos == p0 + step as u64)
@@ -853,19 +808,11 @@ pub fn oracle_check(gguf: &Gguf, oracle: &Path) -> Result<Vec<OracleCase>, CudaE
         }
         let matched = generated
             .iter()
-            .zip(&want)
+            .zip(want)
             .take_while(|(a, b)| a == b)
             .count();
-        let prompt = case
-            .get("prompt")
-            .and_then(|p| p.as_str())
-            .unwrap_or("")
-            .chars()
-            .take(40)
-            .collect::<String>()
-            .replace('\n', "\\n");
         out.push(OracleCase {
-            prompt,
+            prompt: case.label(),
             generated: generated.len(),
             matched,
             margin_at_divergence,
@@ -1261,4 +1208,81 @@ pub fn sampling_check(seed: u64) -> Result<Vec<RuntimeCase>, CudaError> {
         });
     }
     Ok(cases)
+}
+
+/// The CUDA runtime against the CPU runtime on one oracle prompt, both fed llama.cpp's
+/// greedy tokens (teacher forcing) for up to 16 positions.
+#[derive(Debug, Clone)]
+pub struct RuntimePair {
+    /// The prompt (shortened for display).
+    pub prompt: String,
+    /// Positions compared.
+    pub positions: usize,
+    /// Positions where both runtimes' argmax agree.
+    pub same_argmax: usize,
+    /// Largest gap (CPU logits) between the CPU's argmax and the CUDA runtime's choice
+    /// where they differ.
+    pub gap_at_difference: f32,
+    /// Largest difference of logits relative to the top one, over the CPU's top 8.
+    pub max_logit_diff: f32,
+}
+
+/// Runs every oracle prompt through both real runtimes ([`crate::cpu::CpuRuntime`] in f32
+/// and the CUDA runtime in bf16) and compares their logits position by position.
+pub fn cpu_cuda_agreement(gguf: &Gguf, oracle: &Path) -> Result<Vec<RuntimePair>, CudaError> {
+    let cases = crate::oracle::read(oracle).map_err(CudaError::Config)?;
+    let (block_size, blocks) = (16u32, 64u32);
+    let cpu_err = |e: crate::cpu::CpuError| CudaError::Config(e.to_string());
+    let mut out = Vec::new();
+    for case in &cases {
+        let (prompt, want) = (&case.prompt_ids, &case.greedy_ids);
+        if prompt.is_empty() || prompt.len() + want.len() > (blocks * block_size) as usize {
+            continue;
+        }
+        let mut gpu = CudaRuntime::from_gguf(gguf, block_size, blocks)?;
+        gpu.keep_logits(true);
+        let mut cpu =
+            crate::cpu::CpuRuntime::from_gguf(gguf, block_size, blocks).map_err(cpu_err)?;
+        cpu.keep_logits(true);
+        let table: Vec<u32> = (0..blocks).collect();
+        let mut ids = prompt.clone();
+        let mut pair = RuntimePair {
+            prompt: case.label(),
+            positions: 0,
+            same_argmax: 0,
+            gap_at_difference: 0.0,
+            max_logit_diff: 0.0,
+        };
+        for (k, &tok) in want.iter().take(16).enumerate() {
+            let start = if k == 0 { 0 } else { ids.len() - 1 };
+            let len = (ids.len() - start) as u32;
+            let used = (start as u32 + len).div_ceil(block_size) as usize;
+            let plan = super::one_sequence_step(
+                start as u32,
+                len,
+                &table[..used],
+                &ids[start..],
+                Default::default(),
+            );
+            let (_, g) = gpu.forward(&plan)?;
+            let (_, c) = cpu.forward(&plan).map_err(cpu_err)?;
+            let (lg, lc) = (gpu.last_logits(), cpu.last_logits());
+            pair.positions += 1;
+            let top = crate::sampling::argmax(lc) as usize;
+            if g == c {
+                pair.same_argmax += 1;
+            } else if let Some(&gi) = g.first() {
+                pair.gap_at_difference = pair.gap_at_difference.max(lc[top] - lc[gi as usize]);
+            }
+            let mut order: Vec<usize> = (0..lc.len()).collect();
+            order.sort_by(|&a, &b| lc[b].total_cmp(&lc[a]));
+            for &i in order.iter().take(8) {
+                let d = ((lg[i] - lg[top]) - (lc[i] - lc[top])).abs();
+                pair.max_logit_diff = pair.max_logit_diff.max(d);
+            }
+            ids.push(tok);
+        }
+        out.push(pair);
+    }
+    Ok(out)
 }

@@ -28,11 +28,11 @@ use cudarc::driver::{
     PushKernelArg,
 };
 use cudarc::nvrtc::CompileOptions;
-use engine::backend::{Backend, BackendError};
-use engine::plan::{StepOutcome, StepPlan};
+use engine::plan::StepPlan;
 use half::bf16;
 
 use self::meta::{attention_splits, q_tile_for_group, StepMeta};
+pub use crate::generate::{one_sequence_step, Generation};
 use crate::gguf::Gguf;
 
 /// The kernel sources, compiled at run time.
@@ -647,74 +647,43 @@ impl CudaRuntime {
             let host: Vec<bf16> = v.into_iter().map(bf16::from_f32).collect();
             Ok(stream.clone_htod(&host)?)
         };
-        // A weight: random, or the concatenation (rows) of GGUF tensors checked against
-        // their expected [in, out] extents.
+        // A weight: random, or the stacked rows of GGUF tensors ([`Gguf::stacked`]).
         let mut weight =
-            |names: &[(String, u64)], fan_in: usize| -> Result<CudaSlice<bf16>, CudaError> {
+            |names: &[(String, u64)], fan_in: u64| -> Result<CudaSlice<bf16>, CudaError> {
                 let rows: u64 = names.iter().map(|(_, r)| r).sum();
                 match weights {
                     Weights::Synthetic(_) => {
-                        let mut w = alloc(rows as usize * fan_in)?;
-                        fill(&mut w, fan_in)?;
+                        let mut w = alloc((rows * fan_in) as usize)?;
+                        fill(&mut w, fan_in as usize)?;
                         Ok(w)
                     }
-                    Weights::Gguf(g) => {
-                        let mut all = Vec::with_capacity(rows as usize * fan_in);
-                        for (name, r) in names {
-                            let t = g
-                                .tensor(name)
-                                .map_err(|e| CudaError::Config(e.to_string()))?;
-                            let want = if *r == 1 {
-                                vec![fan_in as u64]
-                            } else {
-                                vec![fan_in as u64, *r]
-                            };
-                            if t.dims != want {
-                                return Err(CudaError::Config(format!(
-                                    "{}: tensor `{name}` has extents {:?}, expected {want:?}",
-                                    g.path().display(),
-                                    t.dims
-                                )));
-                            }
-                            all.extend(
-                                g.dequantize(name)
-                                    .map_err(|e| CudaError::Config(e.to_string()))?,
-                            );
-                        }
-                        upload(all)
-                    }
+                    Weights::Gguf(g) => upload(
+                        g.stacked(names, fan_in)
+                            .map_err(|e| CudaError::Config(e.to_string()))?,
+                    ),
                 }
             };
         let (vocab_u, h_u) = (vocab as u64, h as u64);
-        let embed = weight(&[("token_embd.weight".into(), vocab_u)], h)?;
+        let embed = weight(&[("token_embd.weight".into(), vocab_u)], h_u)?;
         let lm_head = if shape.tied_embeddings {
             None
         } else {
-            Some(weight(&[("output.weight".into(), vocab_u)], h)?)
+            Some(weight(&[("output.weight".into(), vocab_u)], h_u)?)
         };
         let kvd = u64::from(shape.kv_heads * shape.head_dim);
         let mut layers = Vec::with_capacity(shape.layers as usize);
         for l in 0..shape.layers {
-            let n = |t: &str| format!("blk.{l}.{t}.weight");
-            let wqkv = weight(
-                &[
-                    (n("attn_q"), qd as u64),
-                    (n("attn_k"), kvd),
-                    (n("attn_v"), kvd),
-                ],
-                h,
-            )?;
-            let wo = weight(&[(n("attn_output"), h_u)], qd)?;
-            let w_gate_up = weight(
-                &[(n("ffn_gate"), inter as u64), (n("ffn_up"), inter as u64)],
-                h,
-            )?;
-            let w_down = weight(&[(n("ffn_down"), h_u)], inter)?;
+            let [attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down] =
+                crate::gguf::llama_layer(l, [h_u, qd as u64, kvd, inter as u64]);
+            let wqkv = weight(&wqkv.0, wqkv.1)?;
+            let wo = weight(&wo.0, wo.1)?;
+            let w_gate_up = weight(&w_gate_up.0, w_gate_up.1)?;
+            let w_down = weight(&w_down.0, w_down.1)?;
             let (attn_norm, mlp_norm) = match weights {
                 Weights::Synthetic(_) => (ones(h)?, ones(h)?),
                 Weights::Gguf(_) => (
-                    weight(&[(n("attn_norm"), 1)], h)?,
-                    weight(&[(n("ffn_norm"), 1)], h)?,
+                    weight(&attn_norm.0, attn_norm.1)?,
+                    weight(&mlp_norm.0, mlp_norm.1)?,
                 ),
             };
             layers.push(LayerWeights {
@@ -728,7 +697,7 @@ impl CudaRuntime {
         }
         let final_norm = match weights {
             Weights::Synthetic(_) => ones(h)?,
-            Weights::Gguf(_) => weight(&[("output_norm.weight".into(), 1)], h)?,
+            Weights::Gguf(_) => weight(&[("output_norm.weight".into(), 1)], h_u)?,
         };
         let cache_len =
             num_blocks as usize * block_size as usize * (shape.kv_heads * shape.head_dim) as usize;
@@ -877,55 +846,6 @@ impl CudaRuntime {
         self.forward(&one_sequence_step(0, len - 1, &blocks, &[], greedy))?;
         self.forward(&one_sequence_step(len - 1, 1, &blocks, &[], greedy))?;
         Ok(())
-    }
-
-    /// Generates a completion of `prompt` (token ids) for one sequence: one prefill step,
-    /// then a decode step per token, through the paged KV cache (blocks 0, 1, ... in order),
-    /// drawing with `sampling`, until `eos` or `max_tokens`. `on_token` sees each token as
-    /// it is drawn.
-    pub fn generate(
-        &mut self,
-        prompt: &[u32],
-        max_tokens: u32,
-        sampling: engine::request::SamplingParams,
-        eos: Option<u32>,
-        mut on_token: impl FnMut(u32),
-    ) -> Result<Generation, CudaError> {
-        if prompt.is_empty() {
-            return Err(CudaError::Config("the prompt has no tokens".into()));
-        }
-        let total = prompt.len() as u64 + u64::from(max_tokens);
-        let capacity = u64::from(self.num_blocks) * u64::from(self.block_size);
-        if total > capacity {
-            return Err(CudaError::Config(format!(
-                "{} prompt tokens + {max_tokens} new tokens do not fit the KV cache of {capacity} tokens",
-                prompt.len()
-            )));
-        }
-        let blocks: Vec<u32> = (0..self.num_blocks).collect();
-        let block_size = self.block_size;
-        let step = |start: u32, ids: &[u32]| {
-            let used = (start + ids.len() as u32).div_ceil(block_size) as usize;
-            one_sequence_step(start, ids.len() as u32, &blocks[..used], ids, sampling)
-        };
-        let mut out = Generation::default();
-        let (ns, first) = self.forward(&step(0, prompt))?;
-        out.prefill_ns = ns;
-        let mut next = first.first().copied();
-        let mut pos = prompt.len() as u32;
-        while let Some(tok) = next {
-            out.tokens.push(tok);
-            on_token(tok);
-            if Some(tok) == eos || out.tokens.len() as u32 >= max_tokens {
-                break;
-            }
-            let (ns, drawn) = self.forward(&step(pos, &[tok]))?;
-            out.decode_ns += ns;
-            out.decode_steps += 1;
-            next = drawn.first().copied();
-            pos += 1;
-        }
-        Ok(out)
     }
 
     /// Steps of at most `tokens` tokens multiply by the weights with `skinny_gemm`, larger
@@ -1335,48 +1255,6 @@ pub(crate) fn launch_sampling(
     Ok(())
 }
 
-/// A step of one sequence (id 0) computing positions `[start, start + len)` of `token_ids`
-/// (empty: synthetic ids) over `table`, and drawing one token after them.
-pub(crate) fn one_sequence_step(
-    start: u32,
-    len: u32,
-    table: &[u32],
-    token_ids: &[u32],
-    sampling: engine::request::SamplingParams,
-) -> StepPlan {
-    StepPlan {
-        work: vec![engine::plan::SeqWork {
-            seq: 0,
-            kind: if len == 1 && start > 0 {
-                engine::plan::WorkKind::Decode
-            } else {
-                engine::plan::WorkKind::Prefill
-            },
-            start,
-            len,
-            sample: true,
-            num_samples: 1,
-            block_table: table.to_vec(),
-            token_ids: token_ids.to_vec(),
-            sampling,
-        }],
-        ..StepPlan::default()
-    }
-}
-
-/// What [`CudaRuntime::generate`] produced.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Generation {
-    /// Tokens drawn, the end-of-sequence token included when it came.
-    pub tokens: Vec<u32>,
-    /// Time of the prefill step (CUDA events), ns.
-    pub prefill_ns: u64,
-    /// Time of the decode steps, ns.
-    pub decode_ns: u64,
-    /// Decode steps run (tokens after the first).
-    pub decode_steps: u32,
-}
-
 /// The CPU swap pool: pinned host memory laid out `[layer][K, V][cpu block][block]`, and
 /// its address on the device.
 struct SwapPool {
@@ -1627,41 +1505,18 @@ pub(crate) fn launch_attention(
     Ok(())
 }
 
+impl crate::generate::StepRuntime for CudaRuntime {
+    const NAME: &'static str = "cuda";
+    fn step(&mut self, plan: &StepPlan) -> Result<(u64, Vec<u32>), String> {
+        self.forward(plan).map_err(|e| e.to_string())
+    }
+    fn kv_geometry(&self) -> (u32, u32) {
+        (self.num_blocks, self.block_size)
+    }
+}
+
 /// The CUDA runtime as an engine backend.
-pub struct CudaBackend {
-    rt: CudaRuntime,
-}
-
-impl CudaBackend {
-    /// Wraps a runtime.
-    pub fn new(rt: CudaRuntime) -> Self {
-        CudaBackend { rt }
-    }
-}
-
-impl Backend for CudaBackend {
-    fn name(&self) -> &str {
-        "cuda"
-    }
-
-    fn needs_block_tables(&self) -> bool {
-        true
-    }
-
-    fn execute(&mut self, plan: &StepPlan) -> Result<StepOutcome, BackendError> {
-        // One token per draw: `num_samples` of them for each sampled position, in order.
-        let (duration, sampled) = self.rt.forward(plan).map_err(|e| BackendError {
-            backend: "cuda".into(),
-            message: e.to_string(),
-        })?;
-        Ok(StepOutcome {
-            duration,
-            sampled,
-            mbu: 0.0,
-            mfu: 0.0,
-        })
-    }
-}
+pub type CudaBackend = crate::generate::RuntimeBackend<CudaRuntime>;
 
 #[cfg(test)]
 mod tests {
