@@ -1,5 +1,6 @@
 //! A GGUF reader: header, metadata of every value type, tensor infos, alignment, and
-//! memory-mapped tensor data with dequantization to f32.
+//! memory-mapped tensor data with dequantization to f32 (F32, F16, BF16, Q4_0, Q4_1, Q8_0,
+//! and the K-quants Q4_K, Q5_K, Q6_K of llama.cpp's `ggml-quants.c` layouts).
 //!
 //! Format (llama.cpp's `gguf.h`, version 2 and 3): magic `GGUF`, version `u32`, tensor count
 //! and metadata count `u64`; metadata as (string key, `u32` type, value); tensor infos as
@@ -156,6 +157,14 @@ pub enum GgmlType {
     Q4_1,
     /// 8-bit, blocks of 32: f16 scale d, values q * d.
     Q8_0,
+    /// K-quant, 4-bit: super-blocks of 256 in 8 sub-blocks of 32 with 6-bit scales and
+    /// mins under f16 super-scales (144 bytes).
+    Q4K,
+    /// K-quant, 5-bit: as Q4_K with a fifth bit per value (176 bytes).
+    Q5K,
+    /// K-quant, 6-bit: super-blocks of 256 in 16 sub-blocks of 16 with 8-bit scales under
+    /// an f16 super-scale (210 bytes).
+    Q6K,
     /// Any other type (listed, but not dequantized here).
     Other(u32),
 }
@@ -168,6 +177,9 @@ impl GgmlType {
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
             8 => GgmlType::Q8_0,
+            12 => GgmlType::Q4K,
+            13 => GgmlType::Q5K,
+            14 => GgmlType::Q6K,
             30 => GgmlType::BF16,
             other => GgmlType::Other(other),
         }
@@ -181,6 +193,9 @@ impl GgmlType {
             GgmlType::Q4_0 => Some((32, 18)),
             GgmlType::Q4_1 => Some((32, 20)),
             GgmlType::Q8_0 => Some((32, 34)),
+            GgmlType::Q4K => Some((256, 144)),
+            GgmlType::Q5K => Some((256, 176)),
+            GgmlType::Q6K => Some((256, 210)),
             GgmlType::Other(_) => None,
         }
     }
@@ -516,6 +531,21 @@ impl Gguf {
                     out.extend(b[2..34].iter().map(|&q| f32::from(q as i8) * d));
                 }
             }
+            GgmlType::Q4K => {
+                for b in data.chunks_exact(144) {
+                    dequant_k4(b, None, &b[16..144], &mut out);
+                }
+            }
+            GgmlType::Q5K => {
+                for b in data.chunks_exact(176) {
+                    dequant_k4(b, Some(&b[16..48]), &b[48..176], &mut out);
+                }
+            }
+            GgmlType::Q6K => {
+                for b in data.chunks_exact(210) {
+                    dequant_q6k(b, &mut out);
+                }
+            }
             GgmlType::Other(ty) => {
                 return Err(GgufError::Tensor {
                     path: self.path.clone(),
@@ -526,6 +556,69 @@ impl Gguf {
         }
         debug_assert_eq!(out.len(), n);
         Ok(out)
+    }
+}
+
+/// The 6-bit scale and min of sub-block `j` (0-7) of a Q4_K/Q5_K super-block, packed in
+/// 12 bytes: sub-blocks 0-3 in the low 6 bits of bytes j and j + 4, sub-blocks 4-7 in the
+/// nibbles of bytes 8-11 with their top 2 bits in the high bits of bytes j - 4 and j.
+fn k4_scale_min(j: usize, q: &[u8]) -> (f32, f32) {
+    if j < 4 {
+        (f32::from(q[j] & 63), f32::from(q[j + 4] & 63))
+    } else {
+        let d = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        let m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        (f32::from(d), f32::from(m))
+    }
+}
+
+/// One Q4_K (no `qh`) or Q5_K super-block: f16 d and dmin, 12 bytes of scales, then per
+/// 64 values one 32-byte run of nibbles: low nibbles are the first 32 values (sub-block
+/// 2i), high nibbles the next 32 (2i + 1); Q5_K's fifth bits sit in `qh`, bit 2i and
+/// 2i + 1 of byte l for value l of those sub-blocks. Value = d * scale * q - dmin * min.
+fn dequant_k4(b: &[u8], qh: Option<&[u8]>, qs: &[u8], out: &mut Vec<f32>) {
+    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let dmin = f16::from_le_bytes([b[2], b[3]]).to_f32();
+    let scales = &b[4..16];
+    for (i, run) in qs.chunks_exact(32).enumerate() {
+        for half in 0..2 {
+            let j = 2 * i + half;
+            let (sc, m) = k4_scale_min(j, scales);
+            let (dj, mj) = (d * sc, dmin * m);
+            for (l, &byte) in run.iter().enumerate() {
+                let low = if half == 0 { byte & 0x0f } else { byte >> 4 };
+                let high = qh.map_or(0, |h| ((h[l] >> j) & 1) << 4);
+                out.push(dj * f32::from(low | high) - mj);
+            }
+        }
+    }
+}
+
+/// One Q6_K super-block: `ql` (128 bytes of low nibbles), `qh` (64 bytes of 2-bit highs),
+/// 16 signed 8-bit scales and an f16 d; in each half of 128 values, value l + 32 k (k =
+/// 0-3) takes nibble k / 2 of ql[l + 32 (k % 2)] and bits 2k-2k+1 of qh[l], minus 32,
+/// times d and the scale of its 16-value sub-block.
+fn dequant_q6k(b: &[u8], out: &mut Vec<f32>) {
+    let (ql, qh, scales) = (&b[..128], &b[128..192], &b[192..208]);
+    let d = f16::from_le_bytes([b[208], b[209]]).to_f32();
+    for h in 0..2 {
+        let (ql, qh, sc) = (&ql[64 * h..], &qh[32 * h..], &scales[8 * h..]);
+        let mut vals = [0.0f32; 128];
+        for l in 0..32 {
+            let is = l / 16;
+            let hi = qh[l];
+            let q = [
+                (ql[l] & 0x0f) | ((hi & 3) << 4),
+                (ql[l + 32] & 0x0f) | (((hi >> 2) & 3) << 4),
+                (ql[l] >> 4) | (((hi >> 4) & 3) << 4),
+                (ql[l + 32] >> 4) | (((hi >> 6) & 3) << 4),
+            ];
+            for (k, &qk) in q.iter().enumerate() {
+                let scale = f32::from(sc[is + 2 * k] as i8);
+                vals[l + 32 * k] = d * scale * f32::from(qk as i8 - 32);
+            }
+        }
+        out.extend_from_slice(&vals);
     }
 }
 
@@ -619,6 +712,91 @@ pub(crate) mod tests {
         assert_eq!(e[0], -4.0);
         assert_eq!(e[31], 3.75);
         assert!(g.dequantize("missing").is_err());
+    }
+
+    /// Packs 6-bit scales and mins of 8 sub-blocks as Q4_K/Q5_K store them.
+    fn k4_pack(sc: [u8; 8], m: [u8; 8]) -> [u8; 12] {
+        let mut q = [0u8; 12];
+        for j in 0..4 {
+            q[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+            q[j + 4] = m[j] | ((m[j + 4] >> 4) << 6);
+            q[j + 8] = (sc[j + 4] & 0x0f) | ((m[j + 4] & 0x0f) << 4);
+        }
+        q
+    }
+
+    #[test]
+    fn k_quants_dequantize_by_their_layouts() {
+        let half = |x: f32| f16::from_f32(x).to_le_bytes();
+        // Scales above 15 and 31 exercise the packed high bits.
+        let sc = [1u8, 2, 3, 4, 40, 41, 42, 63];
+        let m = [0u8, 2, 4, 6, 50, 51, 52, 33];
+        for five in [false, true] {
+            let q: Vec<u8> = (0..256u32)
+                .map(|v| {
+                    if five {
+                        (v * 11 % 32) as u8
+                    } else {
+                        (v * 7 % 16) as u8
+                    }
+                })
+                .collect();
+            let mut b = Vec::new();
+            b.extend(half(1.0));
+            b.extend(half(0.5));
+            b.extend(k4_pack(sc, m));
+            if five {
+                let mut qh = [0u8; 32];
+                for (v, &x) in q.iter().enumerate() {
+                    qh[v % 32] |= (x >> 4) << (v / 32);
+                }
+                b.extend(qh);
+            }
+            for i in 0..4 {
+                for l in 0..32 {
+                    b.push((q[64 * i + l] & 0x0f) | ((q[64 * i + 32 + l] & 0x0f) << 4));
+                }
+            }
+            let mut out = Vec::new();
+            let (qh, qs) = if five {
+                (Some(&b[16..48]), &b[48..176])
+            } else {
+                (None, &b[16..144])
+            };
+            dequant_k4(&b, qh, qs, &mut out);
+            assert_eq!(out.len(), 256);
+            for (v, (&x, &got)) in q.iter().zip(&out).enumerate() {
+                let j = v / 32;
+                let want = f32::from(sc[j]) * f32::from(x) - 0.5 * f32::from(m[j]);
+                assert_eq!(got, want, "five {five}, value {v}");
+            }
+        }
+        // Q6_K: signed scales per 16 values, values q - 32.
+        let scales: Vec<i8> = (0..16).map(|i| i as i8 - 5).collect();
+        let q: Vec<u8> = (0..256u32).map(|v| (v * 13 % 64) as u8).collect();
+        let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
+        for (v, &x) in q.iter().enumerate() {
+            let (h, w) = (v / 128, v % 128);
+            let (k, l) = (w / 32, w % 32);
+            let at = 64 * h + l + 32 * (k % 2);
+            ql[at] |= if k < 2 { x & 0x0f } else { (x & 0x0f) << 4 };
+            qh[32 * h + l] |= (x >> 4) << (2 * k);
+        }
+        let mut b = Vec::new();
+        b.extend(ql);
+        b.extend(qh);
+        b.extend(scales.iter().map(|&s| s as u8));
+        b.extend(half(0.25));
+        let mut out = Vec::new();
+        dequant_q6k(&b, &mut out);
+        assert_eq!(out.len(), 256);
+        for (v, (&x, &got)) in q.iter().zip(&out).enumerate() {
+            let want = 0.25 * f32::from(scales[v / 16]) * (f32::from(x) - 32.0);
+            assert_eq!(got, want, "q6_k value {v}");
+        }
+        assert_eq!(GgmlType::from_u32(12).block(), Some((256, 144)));
+        assert_eq!(GgmlType::from_u32(13).block(), Some((256, 176)));
+        assert_eq!(GgmlType::from_u32(14).block(), Some((256, 210)));
     }
 
     #[test]
