@@ -5,4 +5,5 @@ mod mooncake;
 mod physics;
 mod prefix;
 mod properties;
+mod real_runtime;
 mod scenarios;

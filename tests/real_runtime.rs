@@ -1,0 +1,179 @@
+//! The CPU runtime under the engine (DESIGN §3 invariant 10): a prompt's greedy output is
+//! the same alone, batched with others, chunked in prefill, with prefix-cache hits and
+//! after a preemption and recompute. Each configuration drives the same scheduler and
+//! block-manager cores with the real SmolLM2 model.
+
+use std::collections::HashMap;
+
+use engine::backend::Backend;
+use engine::block_manager::BlockManager;
+use engine::cores::Cores;
+use engine::eviction::EvictionKind;
+use engine::record::RequestRecord;
+use engine::request::Request;
+use engine::scheduler::{Scheduler, SchedulerConfig, SchedulerKind};
+
+/// The real SmolLM2 GGUF, when present (`.ci/run` fetches it).
+fn smollm2() -> Option<std::path::PathBuf> {
+    let p = std::env::var_os("SIM_SMOLLM2_GGUF")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| {
+                std::path::PathBuf::from(h)
+                    .join(".cache/sim-models/SmolLM2-135M-Instruct.Q4_1.gguf")
+            })
+        })?;
+    p.exists().then_some(p)
+}
+
+/// One engine configuration.
+struct Setup {
+    kind: SchedulerKind,
+    budget: u32,
+    blocks: u32,
+    prefix_caching: bool,
+}
+
+/// Serves `requests` on the CPU runtime under `setup`; returns each request's generated
+/// tokens and its record.
+fn serve(
+    g: &kernels::gguf::Gguf,
+    setup: &Setup,
+    requests: &[Request],
+) -> (HashMap<u64, Vec<u32>>, Vec<RequestRecord>) {
+    let block_size = 4;
+    let rt = kernels::cpu::CpuRuntime::from_gguf(g, block_size, setup.blocks).expect("runtime");
+    let mut backend = kernels::cpu::CpuBackend::new(rt);
+    let cfg = SchedulerConfig {
+        kind: setup.kind,
+        max_num_seqs: 4,
+        max_num_batched_tokens: setup.budget,
+        max_model_len: 40,
+        block_size,
+        pool_tokens: u64::from(setup.blocks * block_size),
+        want_block_tables: true,
+        keep_tokens: true,
+        prefix_caching: setup.prefix_caching,
+        ..SchedulerConfig::default()
+    };
+    let bm = if setup.prefix_caching {
+        BlockManager::with_prefix_caching(setup.blocks, block_size, EvictionKind::Lru.policy())
+    } else {
+        BlockManager::new(setup.blocks, block_size)
+    };
+    let mut cores = Cores::new(Scheduler::new(cfg).expect("config"), bm);
+    let mut tokens: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut records = Vec::new();
+    let mut pending = requests.iter().cloned().peekable();
+    let mut now = 0u64;
+    for _ in 0..10_000 {
+        while let Some(r) = pending.next_if(|r| r.arrival <= now) {
+            records.extend(cores.scheduler.add_request(r, now));
+        }
+        let Some(planned) = cores.plan(now) else {
+            match pending.peek() {
+                Some(r) => {
+                    now = r.arrival;
+                    continue;
+                }
+                None => break,
+            }
+        };
+        let outcome = backend.execute(&planned.plan).expect("step");
+        let mut drawn = outcome.sampled.iter();
+        for w in planned.plan.work.iter().filter(|w| w.sample) {
+            for _ in 0..w.num_samples.max(1) {
+                if let Some(&t) = drawn.next() {
+                    tokens.entry(w.seq).or_default().push(t);
+                }
+            }
+        }
+        now += 1_000_000;
+        let result = cores.commit(&planned.plan, &outcome, now).expect("commit");
+        records.extend(result.finished);
+        cores
+            .block_manager
+            .check_invariants()
+            .expect("pool invariants");
+    }
+    records.sort_by_key(|r| r.request_id);
+    (tokens, records)
+}
+
+#[test]
+fn greedy_output_does_not_depend_on_batching_chunking_caching_or_preemption() {
+    let Some(path) = smollm2() else {
+        eprintln!("skipped: no SmolLM2 GGUF (SIM_SMOLLM2_GGUF or ~/.cache/sim-models)");
+        return;
+    };
+    let g = kernels::gguf::Gguf::open(&path).expect("gguf");
+    let tok = kernels::tokenizer::Tokenizer::from_gguf(&g).expect("tokenizer");
+    let system = "You are a helpful assistant. Answer briefly.";
+    let prompts = [
+        format!("{system} The capital of France is"),
+        format!("{system} Photosynthesis is the process by which"),
+        "1, 2, 3, 4, 5, 6,".to_string(),
+        format!("{system} Once upon a time"),
+    ];
+    let requests: Vec<Request> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Request::new(i as u64, 0, 0, 10).with_tokens(tok.encode(p, true)))
+        .collect();
+    // Alone: one request at a time, whole prompts, a roomy cache.
+    let roomy = Setup {
+        kind: SchedulerKind::Continuous,
+        budget: 256,
+        blocks: 64,
+        prefix_caching: false,
+    };
+    let alone: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| {
+            let (t, _) = serve(&g, &roomy, std::slice::from_ref(r));
+            t[&r.id].clone()
+        })
+        .collect();
+    assert!(alone.iter().all(|t| t.len() == 10));
+    // Batched together; chunked in 7-token pieces with prefix caching (the requests share
+    // the system prompt's blocks); and on a cache too small for all of them at once, so
+    // that some are preempted and recomputed.
+    let setups = [
+        ("batched", roomy),
+        (
+            "chunked + prefix cache",
+            Setup {
+                kind: SchedulerKind::Chunked,
+                budget: 7,
+                blocks: 64,
+                prefix_caching: true,
+            },
+        ),
+        (
+            "preempted",
+            Setup {
+                kind: SchedulerKind::Chunked,
+                budget: 16,
+                blocks: 14,
+                prefix_caching: false,
+            },
+        ),
+    ];
+    for (name, setup) in &setups {
+        let (tokens, records) = serve(&g, setup, &requests);
+        for (r, want) in requests.iter().zip(&alone) {
+            assert_eq!(&tokens[&r.id], want, "{name}: request {}", r.id);
+        }
+        match *name {
+            "chunked + prefix cache" => assert!(
+                records.iter().any(|r| r.cached_tokens > 0),
+                "{name}: no prefix-cache hit"
+            ),
+            "preempted" => assert!(
+                records.iter().any(|r| r.num_preemptions > 0),
+                "{name}: nothing was preempted"
+            ),
+            _ => {}
+        }
+    }
+}
