@@ -34,6 +34,10 @@ pub struct CostParams {
     pub attn_memory_eff: f64,
     /// Fraction of bandwidth reached by element-wise kernels (norms, RoPE, activation).
     pub elementwise_memory_eff: f64,
+    /// Prefill attention efficiency relative to `attn_compute_eff` (default: the
+    /// framework's: 1 with FlashAttention-2, lower for older kernels).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill_attention_scale: Option<f64>,
     /// The serving framework whose CPU and launch overheads apply (`vllm-v1`, `vllm-v0`,
     /// `tensorrt-llm`, `hf-transformers`, `llama.cpp`); the three overheads below override
     /// its figures one by one.
@@ -82,6 +86,7 @@ impl Default for CostParams {
             attn_compute_eff: 0.50,
             attn_memory_eff: 0.70,
             elementwise_memory_eff: 0.60,
+            prefill_attention_scale: None,
             framework: Framework::VllmV1,
             kernel_launch_us: None,
             allreduce_eff: None,
@@ -200,6 +205,10 @@ impl CostParams {
             ("cost.attn_compute_eff", self.attn_compute_eff),
             ("cost.attn_memory_eff", self.attn_memory_eff),
             ("cost.elementwise_memory_eff", self.elementwise_memory_eff),
+            (
+                "cost.prefill_attention_scale",
+                self.prefill_attention_scale.unwrap_or(1.0),
+            ),
             ("cost.allreduce_eff", self.allreduce_eff.unwrap_or(1.0)),
             ("cost.dequant_compute_eff", self.dequant_compute_eff),
             ("cost.w8_memory_eff", self.w8_memory_eff),
@@ -736,7 +745,11 @@ impl CostModel {
             attn_s += self.roofline(
                 pf_flops,
                 pf_bytes,
-                self.p.attn_compute_eff * self.p.framework.prefill_attention_scale(),
+                self.p.attn_compute_eff
+                    * self
+                        .p
+                        .prefill_attention_scale
+                        .unwrap_or(self.p.framework.prefill_attention_scale()),
                 self.p.attn_memory_eff,
                 peak16,
             );

@@ -549,7 +549,17 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             }
             prompt_ids.extend(tok.encode(&text, true));
             let block_size = 16u32;
-            let blocks = (prompt_ids.len() as u32 + max_tokens).div_ceil(block_size) + 1;
+            let need = prompt_ids.len() as u64 + u64::from(max_tokens);
+            let context = gguf
+                .meta_u32("llama.context_length")
+                .map_or(u64::from(u32::MAX), u64::from);
+            if need > context {
+                anyhow::bail!(
+                    "{} prompt tokens + --max-tokens {max_tokens} = {need} exceed the model's context of {context} tokens",
+                    prompt_ids.len()
+                );
+            }
+            let blocks = (need.div_ceil(u64::from(block_size)) + 1) as u32;
             let sampling = engine::request::SamplingParams {
                 temperature,
                 top_k,

@@ -484,7 +484,8 @@ fn cpu_runtime(
     .map_err(|e| cpu_err(e.to_string()))?;
     rt.set_sliding_window(variant.scheduler.sliding_window);
     if variant.config.engine.preemption_mode == PreemptionMode::Swap {
-        rt.with_swap_space(m.num_cpu_blocks);
+        // Host memory too: the swap pool is capped like the KV cache.
+        rt.with_swap_space(m.num_cpu_blocks.min(blocks));
     }
     Ok((rt, blocks))
 }

@@ -401,6 +401,9 @@ impl Scenario {
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("."));
+        // Variants merge into the file as written: their own `cost.calibration` must not
+        // lose to keys the base's calibration file brought in.
+        let unexpanded = raw.clone();
         let base: ScenarioConfig = if expand_calibration(&mut raw, &base_dir).map_err(err)? {
             serde_path_to_error::deserialize(toml::Value::Table(raw.clone())).map_err(|e| {
                 let path = e.path().to_string();
@@ -440,7 +443,7 @@ impl Scenario {
                     )));
                 }
             }
-            let mut merged = raw.clone();
+            let mut merged = unexpanded.clone();
             merged.remove("variant");
             merge(&mut merged, &over);
             expand_calibration(&mut merged, &base_dir)

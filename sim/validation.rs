@@ -534,10 +534,11 @@ pub fn report(
     let (step, seq, _, scale) = crate::cost_model::VLLM_2023_PROFILE;
     let _ = writeln!(
         s,
-        "\n## The fitted framework profile `vllm-2023`\n\nThe Splitwise rows (V22, V23) are early vLLM (0.1.x, mid-2023: Ray workers, no CUDA graphs, attention kernels before FlashAttention-2) serving Llama-2-70B on 8 x H100. They run 1.4-3.5x slower than the roofline with the modern defaults (at 8,192 prompt tokens they imply 17% of the H100's bf16 peak). `sim calibrate` fits that framework's profile to them: a step overhead of {:.0} ms, {:.0} us per sequence, and prefill attention at {:.0}% of FlashAttention-2's efficiency (kernel launches at eager PyTorch's 6 us). The fit minimises the mean absolute error among the profiles that keep every row within 35%. Those ten rows are in-sample. Each row's held-out error below comes from the profile fitted to the other nine:\n\n| row | measured | held-out prediction | held-out error |\n|---|---|---|---|",
+        "\n## The fitted framework profile `vllm-2023`\n\nThe Splitwise rows (V22, V23) are early vLLM (0.1.x, mid-2023: Ray workers, no CUDA graphs, attention kernels before FlashAttention-2) serving Llama-2-70B on 8 x H100. They run 1.4-3.5x slower than the roofline with the modern defaults (at 8,192 prompt tokens they imply 17% of the H100's bf16 peak). `sim calibrate` fits that framework's profile to them: a step overhead of {:.0} ms, {:.0} us per sequence, and prefill attention at {:.0}% of FlashAttention-2's efficiency (kernel launches at eager PyTorch's 6 us). The fit minimises the mean absolute error among the profiles that keep every row within 35%. Those {} rows are in-sample. Each row's held-out error below comes from the profile fitted to the others:\n\n| row | measured | held-out prediction | held-out error |\n|---|---|---|---|",
         step / 1e3,
         seq,
-        100.0 * scale
+        100.0 * scale,
+        held_out.len()
     );
     for (r, ms, err) in held_out {
         let _ = writeln!(
@@ -559,9 +560,19 @@ pub fn report(
     } else {
         "not met"
     };
+    let worst = held_out
+        .iter()
+        .max_by(|a, b| a.2.abs().total_cmp(&b.2.abs()))
+        .map_or_else(String::new, |(r, _, _)| {
+            format!(
+                " The worst is the {} ({:.1} ms measured), the outlier of that data.",
+                r.describe().0,
+                r.measured
+            )
+        });
     let _ = writeln!(
         s,
-        "\nHeld out, the Splitwise rows' median error is {:.1}% and the largest {:.1}%. The 128-token prefill (58.2 ms, against 77.9 ms for 1,024 tokens) is the outlier of that data: no profile that fits the decode rows reaches it.",
+        "\nHeld out, the Splitwise rows' median error is {:.1}% and the largest {:.1}%.{worst}",
         100.0 * ho_med,
         100.0 * ho_max
     );
@@ -836,16 +847,13 @@ pub const MAX_E2E_ERROR: f64 = 0.35;
 
 /// Cost parameters of early vLLM with these overheads and attention scale.
 fn vllm_2023_params(step_us: f64, seq_us: f64, scale: f64) -> CostParams {
-    let base = CostParams::default();
-    let framework = Framework::Vllm2023;
     CostParams {
-        framework,
+        framework: Framework::Vllm2023,
         step_overhead_us: Some(step_us),
         per_seq_overhead_us: Some(seq_us),
         kernel_launch_us: Some(EAGER_LAUNCH_US),
-        // The framework scales prefill attention by its own figure: replace it by `scale`.
-        attn_compute_eff: base.attn_compute_eff * scale / framework.prefill_attention_scale(),
-        ..base
+        prefill_attention_scale: Some(scale),
+        ..CostParams::default()
     }
 }
 

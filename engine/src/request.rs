@@ -39,9 +39,26 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// Temperatures below this are greedy (vLLM's `_SAMPLING_EPS`): dividing logits by
+    /// them would overflow.
+    pub const GREEDY_BELOW: f32 = 1e-5;
+
     /// Whether the draw is the argmax.
     pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0 || self.top_k == 1
+        // NaN is greedy too.
+        self.temperature.is_nan() || self.temperature < Self::GREEDY_BELOW || self.top_k == 1
+    }
+
+    /// The top-p cut in force: in (0, 1] (a non-positive or NaN `top_p` keeps the top
+    /// token only, 1e-6 of the mass).
+    pub fn top_p(&self) -> f32 {
+        if self.top_p >= 1.0 {
+            1.0
+        } else if self.top_p > 1e-6 {
+            self.top_p
+        } else {
+            1e-6
+        }
     }
 
     /// The uniform number in [0, 1) that draws sample `j` of sequence `seq` at `position`:

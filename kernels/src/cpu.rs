@@ -377,6 +377,27 @@ impl CpuRuntime {
         // Tokens of the step: (work index, position, id).
         let mut toks = Vec::new();
         for (wi, w) in plan.work.iter().enumerate() {
+            if w.sample && w.len == 0 {
+                return Err(CpuError::Config(format!(
+                    "sequence {} samples from an empty chunk",
+                    w.seq
+                )));
+            }
+            // Every key the chunk attends to (from the window's start) needs its block.
+            let lo = self
+                .window
+                .map_or(0, |win| (w.start + 1).saturating_sub(win));
+            for p in (lo / bs * bs..w.start).step_by(bs as usize) {
+                match w.block_table.get((p / bs) as usize) {
+                    Some(&b) if b != NULL_BLOCK && b < self.num_blocks => {}
+                    _ => {
+                        return Err(CpuError::Config(format!(
+                        "sequence {}: cached position {p} has no KV block below {} in its table",
+                        w.seq, self.num_blocks
+                    )))
+                    }
+                }
+            }
             for p in w.start..w.start + w.len {
                 let id = w
                     .token_ids
@@ -490,7 +511,7 @@ impl CpuRuntime {
         let mut i = 0usize;
         for (wi, w) in plan.work.iter().enumerate() {
             i += w.len as usize;
-            if w.sample && w.len > 0 {
+            if w.sample {
                 rows.push((wi, i - 1));
             }
         }

@@ -133,6 +133,9 @@ pub fn check_fits(prompt: usize, max_tokens: u32, capacity: u64) -> Result<(), S
     if prompt == 0 {
         return Err("the prompt has no tokens".into());
     }
+    if max_tokens == 0 {
+        return Err("max_tokens must be at least 1".into());
+    }
     if prompt as u64 + u64::from(max_tokens) > capacity {
         return Err(format!(
             "{prompt} prompt tokens + {max_tokens} new tokens do not fit the KV cache of {capacity} tokens"

@@ -11,8 +11,9 @@
 //! - [`gguf`]: the GGUF reader (metadata, tensors, dequantization), through which the CUDA
 //!   runtime loads real weights.
 //! - [`tokenizer`]: the model file's byte-level BPE tokenizer and chat template.
-//!
-//! The CPU runtime is still to come (issue 6).
+//! - [`cpu`]: the CPU reference runtime (f32, rayon) over the same paged KV layout.
+//! - [`sampling`], [`generate`], [`oracle`]: token draws, the generation loop and engine
+//!   backend shared by both runtimes, and llama.cpp's reference outputs.
 #![warn(missing_docs)]
 
 pub mod cpu;

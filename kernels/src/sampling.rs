@@ -8,12 +8,13 @@
 
 use engine::request::SamplingParams;
 
-/// The argmax of a row (lowest index on ties; 0 for an empty row).
+/// The argmax of a row (lowest index on ties; NaN never wins; 0 for a row without a
+/// value above -infinity), as the CUDA kernel computes it.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
+    let (mut best, mut value) = (0usize, f32::NEG_INFINITY);
     for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
+        if v > value {
+            (best, value) = (i, v);
         }
     }
     best as u32
@@ -26,25 +27,30 @@ pub fn draw(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
         return best;
     }
     let m = f64::from(logits[best as usize]);
+    if !m.is_finite() {
+        return best;
+    }
     let inv_t = 1.0 / f64::from(params.temperature);
     let weight = |v: f32| ((f64::from(v) - m) * inv_t).exp();
     let mut cut = f32::NEG_INFINITY;
     let k = params.top_k as usize;
     let mut sorted: Vec<f32> = Vec::new();
-    if (k > 0 && k < logits.len()) || params.top_p < 1.0 {
-        sorted = logits.to_vec();
+    let top_p = params.top_p();
+    if (k > 0 && k < logits.len()) || top_p < 1.0 {
+        // NaN is never kept (every comparison with it is false).
+        sorted = logits.iter().copied().filter(|v| !v.is_nan()).collect();
         sorted.sort_by(|a, b| b.total_cmp(a));
     }
     if k > 0 && k < logits.len() {
         cut = sorted[k - 1];
     }
-    if params.top_p < 1.0 {
+    if top_p < 1.0 {
         let z: f64 = sorted
             .iter()
             .filter(|&&v| v >= cut)
             .map(|&v| weight(v))
             .sum();
-        let target = f64::from(params.top_p) * z;
+        let target = f64::from(top_p) * z;
         let mut acc = 0.0;
         let mut i = 0;
         while i < sorted.len() && sorted[i] >= cut {
@@ -109,6 +115,19 @@ mod tests {
         // Without cuts every token can come out, in vocabulary order of u.
         assert_eq!(draw(&logits, &params(1.0, 0, 1.0), 0.0), 0);
         assert_eq!(draw(&logits, &params(1.0, 0, 1.0), 0.999_999), 4);
+    }
+
+    #[test]
+    fn degenerate_inputs_fall_back_to_the_argmax() {
+        let logits = [0.5f32, 2.0, f32::NAN, 1.0];
+        // A temperature that would overflow 1 / T, a top-p of 0, NaN: the argmax (NaN
+        // never wins).
+        assert_eq!(draw(&logits, &params(1e-45, 0, 1.0), 0.7), 1);
+        assert_eq!(draw(&logits, &params(1.0, 0, 0.0), 0.99), 1);
+        assert_eq!(argmax(&[f32::NAN, 1.0, 3.0]), 2);
+        // No finite value: token 0, as the CUDA kernel answers.
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 4]), 0);
+        assert_eq!(draw(&[f32::NEG_INFINITY; 4], &params(1.0, 0, 1.0), 0.5), 0);
     }
 
     #[test]

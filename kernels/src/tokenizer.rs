@@ -62,8 +62,10 @@ pub struct Tokenizer {
     ids: HashMap<String, u32>,
     /// Merge rank of each (left, right) pair of token ids, and the merged id.
     merges: HashMap<(u32, u32), (u32, u32)>,
-    /// Control and user-defined tokens, longest first (matched literally in text).
-    specials: Vec<(String, u32)>,
+    /// Control and user-defined tokens, longest first (matched literally in text), with
+    /// whether each is a control token (user-defined ones match even without `special`,
+    /// as in llama.cpp).
+    specials: Vec<(String, u32, bool)>,
     /// Control tokens (not text: left out of decoded output unless asked for).
     control: Vec<bool>,
     split_digits: bool,
@@ -125,12 +127,13 @@ impl Tokenizer {
         // single digits split off first.
         let split_digits = match pre {
             "smollm" | "starcoder" | "refact" | "codeshell" | "command-r" | "exaone" => true,
-            "gpt2" | "default" | "gpt-2" => false,
+            "gpt2" | "gpt-2" => false,
+            // llama.cpp's default (also for a missing key) chains four other patterns.
             other => {
                 return Err(TokenizerError::Unsupported {
                     path,
                     what: format!(
-                        "tokenizer.ggml.pre = {other:?}: supported are smollm, starcoder, refact, codeshell, command-r, exaone, gpt2 and default"
+                        "tokenizer.ggml.pre = {other:?}: supported are smollm, starcoder, refact, codeshell, command-r, exaone and gpt2"
                     ),
                 })
             }
@@ -188,14 +191,14 @@ impl Tokenizer {
             };
             merges.entry((l, r)).or_insert((rank as u32, out));
         }
-        let mut specials: Vec<(String, u32)> = tokens
+        let mut specials: Vec<(String, u32, bool)> = tokens
             .iter()
             .zip(&types)
             .enumerate()
             .filter(|(_, (t, &ty))| {
                 (ty == TOKEN_CONTROL || ty == TOKEN_USER_DEFINED) && !t.is_empty()
             })
-            .map(|(i, (t, _))| (t.clone(), i as u32))
+            .map(|(i, (t, &ty))| (t.clone(), i as u32, ty == TOKEN_CONTROL))
             .collect();
         specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
         let control = types.iter().map(|&t| t == TOKEN_CONTROL).collect();
@@ -239,22 +242,20 @@ impl Tokenizer {
         self.tokens.len()
     }
 
-    /// The token ids of `text`. With `special`, control and user-defined tokens written in
-    /// the text (`<|im_start|>`) become their ids; otherwise they are ordinary text. BOS is
-    /// not added (see [`Tokenizer::add_bos`]).
+    /// The token ids of `text`. With `special`, control tokens written in the text
+    /// (`<|im_start|>`) become their ids; otherwise they are ordinary text. User-defined
+    /// tokens always do (as in llama.cpp). BOS is not added (see [`Tokenizer::add_bos`]).
     pub fn encode(&self, text: &str, special: bool) -> Vec<u32> {
         let mut out = Vec::new();
         let mut rest = text;
         while !rest.is_empty() {
             // The earliest special token in the rest (the longest at equal positions).
-            let next = if special {
-                self.specials
-                    .iter()
-                    .filter_map(|(s, id)| rest.find(s.as_str()).map(|at| (at, s.len(), *id)))
-                    .min_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
-            } else {
-                None
-            };
+            let next = self
+                .specials
+                .iter()
+                .filter(|(_, _, control)| special || !control)
+                .filter_map(|(s, id, _)| rest.find(s.as_str()).map(|at| (at, s.len(), *id)))
+                .min_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
             match next {
                 Some((at, len, id)) => {
                     self.encode_text(&rest[..at], &mut out);
@@ -316,31 +317,63 @@ impl Tokenizer {
     }
 
     /// Byte-level BPE of one piece: start from one symbol per byte, merge the adjacent pair
-    /// of lowest rank until none merges.
+    /// of lowest rank (leftmost on ties) until none merges. The symbols are a linked list
+    /// and the candidate pairs a heap, so a long piece costs O(n log n), not O(n^2).
     fn bpe(&self, piece: &str, out: &mut Vec<u32>) {
-        let mut syms: Vec<u32> = Vec::with_capacity(piece.len());
-        for &b in piece.as_bytes() {
-            let c = self.byte_char[b as usize].to_string();
-            match self.ids.get(&c) {
-                Some(&id) => syms.push(id),
-                // A vocabulary without this byte: it cannot be encoded (skip, as llama.cpp
-                // does for unknown bytes without <unk>).
-                None => continue,
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        // A vocabulary without a byte cannot encode it: skip it, as llama.cpp does for
+        // unknown bytes without <unk>.
+        let mut sym: Vec<Option<u32>> = piece
+            .as_bytes()
+            .iter()
+            .filter_map(|&b| {
+                self.ids
+                    .get(&self.byte_char[b as usize].to_string())
+                    .copied()
+            })
+            .map(Some)
+            .collect();
+        let n = sym.len();
+        let mut next: Vec<usize> = (1..=n).collect();
+        let mut prev: Vec<usize> = (0..n).map(|i| i.wrapping_sub(1)).collect();
+        // (rank, left position, left id, right id): stale entries are skipped when popped.
+        let mut heap = BinaryHeap::new();
+        let push = |heap: &mut BinaryHeap<_>, i: usize, l: u32, r: u32| {
+            if let Some(&(rank, _)) = self.merges.get(&(l, r)) {
+                heap.push(Reverse((rank, i, l, r)));
+            }
+        };
+        for i in 0..n.saturating_sub(1) {
+            if let (Some(l), Some(r)) = (sym[i], sym[i + 1]) {
+                push(&mut heap, i, l, r);
             }
         }
-        loop {
-            let best = syms
-                .windows(2)
-                .enumerate()
-                .filter_map(|(i, w)| self.merges.get(&(w[0], w[1])).map(|&(r, id)| (r, i, id)))
-                .min();
-            let Some((_, i, id)) = best else {
-                break;
+        while let Some(Reverse((_, i, l, r))) = heap.pop() {
+            let j = next[i];
+            if j >= n || sym[i] != Some(l) || sym[j] != Some(r) {
+                continue;
+            }
+            let Some(&(_, merged)) = self.merges.get(&(l, r)) else {
+                continue;
             };
-            syms[i] = id;
-            syms.remove(i + 1);
+            sym[i] = Some(merged);
+            sym[j] = None;
+            next[i] = next[j];
+            if next[i] < n {
+                prev[next[i]] = i;
+                if let Some(r2) = sym[next[i]] {
+                    push(&mut heap, i, merged, r2);
+                }
+            }
+            let p = prev[i];
+            if p < n {
+                if let Some(l2) = sym[p] {
+                    push(&mut heap, p, l2, merged);
+                }
+            }
         }
-        out.extend(syms);
+        out.extend(sym.into_iter().flatten());
     }
 
     /// The text of `ids` (invalid UTF-8 replaced). Control tokens are left out unless
@@ -357,7 +390,7 @@ impl Tokenizer {
                 }
                 continue;
             }
-            if self.specials.iter().any(|(_, s)| *s == id) {
+            if self.specials.iter().any(|(_, s, _)| *s == id) {
                 bytes.extend_from_slice(tok.as_bytes());
                 continue;
             }
@@ -490,6 +523,9 @@ mod tests {
                 "{prompt:?}"
             );
         }
+        // One 20,000-symbol piece (BPE over a heap, not quadratic) round-trips.
+        let long = "!".repeat(20_000);
+        assert_eq!(tok.decode(&tok.encode(&long, true), true), long);
         // Without special parsing, <|im_start|> is text.
         let plain = tok.encode("<|im_start|>", false);
         assert!(plain.len() > 1 && !plain.contains(&1));

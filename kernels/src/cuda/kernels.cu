@@ -597,12 +597,14 @@ extern "C" __global__ void gather_rows(__nv_bfloat16* out, const __nv_bfloat16* 
 __device__ void row_argmax(const float* row, int vocab, float& best, int& index) {
     __shared__ float best_v[32];
     __shared__ int best_i[32];
+    // NaN never wins; a row without a finite maximum gives 0 (as the CPU runtime).
     float bv = NEG_INF;
     int bi = 0x7fffffff;
     for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
         const float v = row[j];
         if (v > bv || (v == bv && j < bi)) { bv = v; bi = j; }
     }
+    if (bv == NEG_INF) bi = 0x7fffffff;
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
         const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -617,7 +619,7 @@ __device__ void row_argmax(const float* row, int vocab, float& best, int& index)
         if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) { bv = best_v[w]; bi = best_i[w]; }
     __syncthreads();
     best = bv;
-    index = bi;
+    index = (bv == NEG_INF) ? 0 : bi;
 }
 
 // Order-preserving integer key of a float (larger float, larger key).
@@ -741,8 +743,8 @@ sample_draws(int* ids, const float* logits, const int* draws, int vocab) {
         pick = got;
     }
     __syncthreads();
-    // u * total rounded up to the total: the last kept token.
-    if (threadIdx.x == 0) ids[blockIdx.x] = pick >= 0 ? pick : last_kept;
+    // u * total rounded up to the total: the last kept token (the argmax if none is).
+    if (threadIdx.x == 0) ids[blockIdx.x] = pick >= 0 ? pick : (last_kept >= 0 ? last_kept : best);
 }
 
 __device__ __forceinline__ void store_out(float* p, float v) { *p = v; }

@@ -194,7 +194,7 @@ impl StepMeta {
                         sp.temperature
                     }
                     .to_bits() as i32;
-                    d[3] = sp.top_p.to_bits() as i32;
+                    d[3] = sp.top_p().to_bits() as i32;
                     d[4] = sp.uniform(w.seq, pos, j).to_bits() as i32;
                     draw += 1;
                 }

@@ -7,9 +7,9 @@
 //! laid out as the block manager's blocks (`[block][kv_head][slot][head_dim]`), so the block
 //! tables in a [`StepPlan`] address it directly. Steps are timed with CUDA events.
 //!
-//! Weights are synthetic for now (random bf16 generated on the device for any catalog
-//! shape, so e.g. Llama-3-8B can be timed on an H100 without downloading weights); the GGUF
-//! loader of the CPU runtime will feed the same buffers.
+//! Weights are synthetic (random bf16 generated on the device for any catalog shape, so
+//! e.g. Llama-3-8B can be timed on an H100 without downloading weights) or a GGUF model's,
+//! dequantized to bf16 at load ([`CudaRuntime::from_gguf`]).
 //!
 //! Without a GPU, [`probe`] and [`CudaRuntime::new`] return [`CudaError::NoDriver`] (or the
 //! library that is missing) instead of panicking: cudarc panics on first use of a library it
@@ -889,6 +889,59 @@ impl CudaRuntime {
         Ok(())
     }
 
+    /// Rejects a plan the kernels cannot run safely: a position (written, or read within
+    /// the attention window) whose block is missing, NULL or outside the cache; a token id
+    /// outside the vocabulary; an empty sampled chunk.
+    fn check_plan(&self, plan: &StepPlan) -> Result<(), CudaError> {
+        let null = engine::block_manager::NULL_BLOCK;
+        let bs = self.block_size;
+        for w in &plan.work {
+            if let Some(&b) = w
+                .block_table
+                .iter()
+                .find(|&&b| b != null && b >= self.num_blocks)
+            {
+                return Err(CudaError::Config(format!(
+                    "block {b} of sequence {} is outside the KV cache ({} blocks)",
+                    w.seq, self.num_blocks
+                )));
+            }
+            if w.sample && w.len == 0 {
+                return Err(CudaError::Config(format!(
+                    "sequence {} samples from an empty chunk",
+                    w.seq
+                )));
+            }
+            // Keys from the window's start (or 0) up to the chunk's last token.
+            let lo = if self.window > 0 {
+                (w.start + 1).saturating_sub(self.window as u32)
+            } else {
+                0
+            };
+            let (first, last) = (lo / bs, (w.start + w.len).div_ceil(bs));
+            for i in first..last {
+                match w.block_table.get(i as usize) {
+                    Some(&b) if b != null => {}
+                    _ => {
+                        return Err(CudaError::Config(format!(
+                            "sequence {}: positions {}-{} have no KV block (table entry {i})",
+                            w.seq,
+                            i * bs,
+                            (i + 1) * bs - 1
+                        )))
+                    }
+                }
+            }
+            if let Some(&id) = w.token_ids.iter().find(|&&id| id >= self.shape.vocab) {
+                return Err(CudaError::Config(format!(
+                    "sequence {}: token id {id} is outside the vocabulary ({})",
+                    w.seq, self.shape.vocab
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// bf16 elements of one KV block of one layer's K (or V) cache.
     fn block_elems(&self) -> usize {
         (self.shape.kv_heads * self.block_size * self.shape.head_dim) as usize
@@ -994,25 +1047,7 @@ impl CudaRuntime {
     /// duration (CUDA events, ns) and the drawn tokens: `num_samples` for each sampling
     /// sequence, in plan order (argmax, or as its sampling parameters say).
     pub fn forward(&mut self, plan: &StepPlan) -> Result<(u64, Vec<u32>), CudaError> {
-        let null = engine::block_manager::NULL_BLOCK;
-        for w in &plan.work {
-            if let Some(&b) = w
-                .block_table
-                .iter()
-                .find(|&&b| b != null && b >= self.num_blocks)
-            {
-                return Err(CudaError::Config(format!(
-                    "block {b} of sequence {} is outside the KV cache ({} blocks)",
-                    w.seq, self.num_blocks
-                )));
-            }
-            if self.window == 0 && w.block_table.contains(&null) {
-                return Err(CudaError::Config(format!(
-                    "sequence {} has NULL (out-of-window) blocks but the runtime has no sliding window",
-                    w.seq
-                )));
-            }
-        }
+        self.check_plan(plan)?;
         let (bs, q_tile, vocab) = (self.block_size, self.q_tile, self.shape.vocab);
         let mut meta = StepMeta::build(plan, bs, q_tile, vocab);
         let graph = self.use_graphs
@@ -1107,7 +1142,17 @@ impl CudaRuntime {
                 let all = self.stream.clone_dtoh(&a.logits)?;
                 self.logits = all[..n].to_vec();
             }
-            sampled = host[..l.draws].iter().map(|&x| x.max(0) as u32).collect();
+            sampled = host[..l.draws]
+                .iter()
+                .map(|&x| {
+                    u32::try_from(x)
+                        .ok()
+                        .filter(|&t| t < self.shape.vocab)
+                        .ok_or_else(|| {
+                            CudaError::Config(format!("the sampling kernel returned token {x}"))
+                        })
+                })
+                .collect::<Result<_, _>>()?;
         }
         self.stream.synchronize()?;
         let ms = self.start.elapsed_ms(&self.end)?;
