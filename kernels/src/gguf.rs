@@ -493,6 +493,32 @@ impl Gguf {
         Ok(all)
     }
 
+    /// The rows of several tensors stacked as in [`Gguf::stacked`], but kept in their
+    /// 32-value block format (the raw bytes) when every part is Q4_0, Q4_1 or Q8_0 of one
+    /// type and `fan_in` is a multiple of 32; `None` otherwise.
+    pub fn stacked_blocks(
+        &self,
+        parts: &[(String, u64)],
+        fan_in: u64,
+    ) -> Result<Option<(GgmlType, Vec<u8>)>, GgufError> {
+        let mut ty = None;
+        let mut all = Vec::new();
+        for (name, rows) in parts {
+            let t = self.tensor(name)?;
+            let blocky = matches!(t.ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
+            if !blocky
+                || ty.is_some_and(|x| x != t.ty)
+                || !fan_in.is_multiple_of(32)
+                || t.dims != [fan_in, *rows]
+            {
+                return Ok(None);
+            }
+            ty = Some(t.ty);
+            all.extend_from_slice(&self.map[t.offset as usize..(t.offset + t.bytes) as usize]);
+        }
+        Ok(ty.map(|t| (t, all)))
+    }
+
     /// Dequantizes a tensor to f32 (row-major, `dims[0]` fastest).
     pub fn dequantize(&self, name: &str) -> Result<Vec<f32>, GgufError> {
         let t = self.tensor(name)?;
