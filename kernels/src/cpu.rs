@@ -41,6 +41,30 @@ struct Q8 {
     qs: [i8; 32],
 }
 
+/// `out[t][n]` over block rows (`k / 32` blocks each): `f(block, its 32 activations of
+/// token ti, index of that block of x)` is a block's share of the product; rows are
+/// split over the threads.
+fn block_matmul<B: Sync>(
+    blocks: &[B],
+    x: &[f32],
+    [t, k, n]: [usize; 3],
+    f: impl Fn(&B, &[f32], usize) -> f32 + Sync,
+) -> Vec<f32> {
+    let nb = k / 32;
+    let mut out_t = vec![0.0f32; n * t];
+    out_t
+        .par_chunks_mut(t)
+        .zip(blocks.par_chunks(nb))
+        .for_each(|(col, row)| {
+            for (b, blk) in row.iter().enumerate() {
+                for (ti, o) in col.iter_mut().enumerate() {
+                    *o += f(blk, &x[ti * k + 32 * b..][..32], ti * nb + b);
+                }
+            }
+        });
+    transpose(&out_t, t, n)
+}
+
 /// A weight matrix, row-major `[out][in]` as PyTorch's Linear: f32, or the GGUF file's
 /// 32-value blocks (Q4_0/Q4_1, Q8_0) with their scales decoded at load, multiplied
 /// block by block so that a step streams 4.5-8.5 bits per weight instead of 32: a block's
@@ -118,40 +142,18 @@ impl Weight {
         if t == 0 || n == 0 {
             return Vec::new();
         }
-        let nb = k / 32;
         match self {
             Weight::F32(w) => matmul(x, w, t, k, n),
             Weight::Q4(blocks) => {
                 // Each token's activation sum per block, shared by every row.
                 let xsum: Vec<f32> = x.chunks_exact(32).map(|c| c.iter().sum()).collect();
-                let mut out_t = vec![0.0f32; n * t];
-                out_t
-                    .par_chunks_mut(t)
-                    .zip(blocks.par_chunks(nb))
-                    .for_each(|(col, row)| {
-                        for (b, blk) in row.iter().enumerate() {
-                            for (ti, o) in col.iter_mut().enumerate() {
-                                let xb = &x[ti * k + 32 * b..][..32];
-                                *o += blk.d * dot_q4(&blk.qs, xb) + blk.m * xsum[ti * nb + b];
-                            }
-                        }
-                    });
-                transpose(&out_t, t, n)
+                block_matmul(blocks, x, [t, k, n], |blk, xb, at| {
+                    blk.d * dot_q4(&blk.qs, xb) + blk.m * xsum[at]
+                })
             }
-            Weight::Q8(blocks) => {
-                let mut out_t = vec![0.0f32; n * t];
-                out_t
-                    .par_chunks_mut(t)
-                    .zip(blocks.par_chunks(nb))
-                    .for_each(|(col, row)| {
-                        for (b, blk) in row.iter().enumerate() {
-                            for (ti, o) in col.iter_mut().enumerate() {
-                                *o += blk.d * dot_q8(&blk.qs, &x[ti * k + 32 * b..][..32]);
-                            }
-                        }
-                    });
-                transpose(&out_t, t, n)
-            }
+            Weight::Q8(blocks) => block_matmul(blocks, x, [t, k, n], |blk, xb, _| {
+                blk.d * dot_q8(&blk.qs, xb)
+            }),
         }
     }
 
