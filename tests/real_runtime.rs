@@ -1,7 +1,11 @@
-//! The CPU runtime under the engine (DESIGN §3 invariant 10): a prompt's greedy output is
-//! the same alone, batched with others, chunked in prefill, with prefix-cache hits and
-//! after a preemption and recompute. Each configuration drives the same scheduler and
-//! block-manager cores with the real SmolLM2 model.
+//! Real runtimes under the engine.
+//!
+//! - Invariant 10 (DESIGN §3): a prompt's greedy output from the CPU runtime is the same
+//!   alone, batched with others, chunked in prefill, with prefix-cache hits and after a
+//!   preemption and recompute.
+//! - Backend conformance: any backend, given the same step durations, leads the scheduler
+//!   and block manager to the same decisions as the simulation, leaks no block and ends
+//!   every request ([`conformance`]; run here on the cost model and the CPU runtime).
 
 use std::collections::HashMap;
 
@@ -98,6 +102,161 @@ fn serve(
     }
     records.sort_by_key(|r| r.request_id);
     (tokens, records)
+}
+
+/// Every step a backend executes under a fixed clock: `(plans, records)` from serving
+/// `requests` on `cores` with `backend`, each step's duration replaced by `step_ns` so
+/// that only the backend's tokens could change what the engine does.
+fn conformance(
+    cores: &mut Cores,
+    backend: &mut dyn Backend,
+    requests: &[Request],
+    step_ns: u64,
+) -> (Vec<engine::plan::StepPlan>, Vec<RequestRecord>) {
+    let mut plans = Vec::new();
+    let mut records = Vec::new();
+    let mut pending = requests.iter().cloned().peekable();
+    let mut now = 0u64;
+    for _ in 0..10_000 {
+        while let Some(r) = pending.next_if(|r| r.arrival <= now) {
+            records.extend(cores.scheduler.add_request(r, now));
+        }
+        let Some(planned) = cores.plan(now) else {
+            match pending.peek() {
+                Some(r) => {
+                    now = r.arrival;
+                    continue;
+                }
+                None => break,
+            }
+        };
+        let mut outcome = backend.execute(&planned.plan).expect("step");
+        assert_eq!(
+            outcome.sampled.len(),
+            planned.plan.num_samples(),
+            "{}: one token per draw",
+            backend.name()
+        );
+        outcome.duration = step_ns;
+        now += step_ns;
+        let result = cores.commit(&planned.plan, &outcome, now).expect("commit");
+        records.extend(result.finished);
+        cores
+            .block_manager
+            .check_invariants()
+            .expect("pool invariants");
+        // Token ids differ between backends; the decisions must not.
+        let mut p = planned.plan;
+        for w in &mut p.work {
+            w.token_ids.clear();
+        }
+        plans.push(p);
+    }
+    records.sort_by_key(|r| r.request_id);
+    (plans, records)
+}
+
+#[test]
+fn backends_conform_to_the_engine() {
+    let Some(path) = smollm2() else {
+        eprintln!("skipped: no SmolLM2 GGUF (SIM_SMOLLM2_GGUF or ~/.cache/sim-models)");
+        return;
+    };
+    let g = kernels::gguf::Gguf::open(&path).expect("gguf");
+    let (block_size, blocks) = (4u32, 12u32);
+    // Staggered arrivals, prompts of 5-21 tokens (ids inside the vocabulary), a cache too
+    // small for all of them: chunked prefill, preemption and recompute all happen.
+    let requests: Vec<Request> = (0..6u64)
+        .map(|i| {
+            let ids: Vec<u32> = (0..5 + 3 * i as u32)
+                .map(|j| 100 + 37 * j + i as u32)
+                .collect();
+            Request::new(i, i * 2_000_000, 0, 6 + i as u32 % 3).with_tokens(ids)
+        })
+        .collect();
+    let cores = || {
+        let cfg = SchedulerConfig {
+            kind: SchedulerKind::Chunked,
+            max_num_seqs: 4,
+            max_num_batched_tokens: 12,
+            max_model_len: 40,
+            block_size,
+            pool_tokens: u64::from(blocks * block_size),
+            want_block_tables: true,
+            keep_tokens: true,
+            ..SchedulerConfig::default()
+        };
+        Cores::new(
+            Scheduler::new(cfg).expect("config"),
+            BlockManager::new(blocks, block_size),
+        )
+    };
+    let step_ns = 1_000_000;
+    // The reference: the simulation's placeholder tokens.
+    struct Simulated;
+    impl Backend for Simulated {
+        fn name(&self) -> &str {
+            "simulated"
+        }
+        fn needs_block_tables(&self) -> bool {
+            true
+        }
+        fn execute(
+            &mut self,
+            plan: &engine::plan::StepPlan,
+        ) -> Result<engine::plan::StepOutcome, engine::backend::BackendError> {
+            Ok(engine::plan::StepOutcome::simulated(plan, 1))
+        }
+    }
+    let (want_plans, want_records) = conformance(&mut cores(), &mut Simulated, &requests, step_ns);
+    // The cost model (its own durations are replaced too).
+    let model = sim::catalog::find_model("smollm2-135m")
+        .expect("catalog model")
+        .clone();
+    let gpu = sim::catalog::find_gpu("h100-sxm")
+        .expect("catalog gpu")
+        .clone();
+    let mut costed = sim::cost_model::CostModelBackend::new(sim::cost_model::CostModel::new(
+        sim::cost_model::Deployment {
+            model,
+            gpu,
+            tp: 1,
+            pp: 1,
+            dtype: sim::catalog::Dtype::Bf16,
+            kv_dtype: sim::catalog::Dtype::Bf16,
+        },
+        sim::cost_model::CostParams::default(),
+    ));
+    let (plans, _) = conformance(&mut cores(), &mut costed, &requests, step_ns);
+    assert_eq!(
+        plans, want_plans,
+        "the cost model changed the engine's decisions"
+    );
+    let rt = kernels::cpu::CpuRuntime::from_gguf(&g, block_size, blocks).expect("runtime");
+    let mut cpu = kernels::cpu::CpuBackend::new(rt);
+    let mut served = cores();
+    let (plans, records) = conformance(&mut served, &mut cpu, &requests, step_ns);
+    // No leak: every block is back in the pool.
+    assert_eq!(served.block_manager.num_used(), 0);
+    assert_eq!(
+        plans, want_plans,
+        "the CPU runtime changed the engine's decisions"
+    );
+    assert_eq!(records.len(), requests.len());
+    assert_eq!(
+        records
+            .iter()
+            .map(|r| (r.request_id, r.num_preemptions, r.output_len))
+            .collect::<Vec<_>>(),
+        want_records
+            .iter()
+            .map(|r| (r.request_id, r.num_preemptions, r.output_len))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        records.iter().any(|r| r.num_preemptions > 0),
+        "nothing was preempted"
+    );
 }
 
 #[test]
