@@ -66,54 +66,37 @@ fn serve(
         BlockManager::new(setup.blocks, block_size)
     };
     let mut cores = Cores::new(Scheduler::new(cfg).expect("config"), bm);
+    let (plans, outcomes, records) = drive(&mut cores, &mut backend, requests, 1_000_000);
     let mut tokens: HashMap<u64, Vec<u32>> = HashMap::new();
-    let mut records = Vec::new();
-    let mut pending = requests.iter().cloned().peekable();
-    let mut now = 0u64;
-    for _ in 0..10_000 {
-        while let Some(r) = pending.next_if(|r| r.arrival <= now) {
-            records.extend(cores.scheduler.add_request(r, now));
-        }
-        let Some(planned) = cores.plan(now) else {
-            match pending.peek() {
-                Some(r) => {
-                    now = r.arrival;
-                    continue;
-                }
-                None => break,
-            }
-        };
-        let outcome = backend.execute(&planned.plan).expect("step");
-        let mut drawn = outcome.sampled.iter();
-        for w in planned.plan.work.iter().filter(|w| w.sample) {
+    for (plan, sampled) in plans.iter().zip(&outcomes) {
+        let mut drawn = sampled.iter();
+        for w in plan.work.iter().filter(|w| w.sample) {
             for _ in 0..w.num_samples.max(1) {
                 if let Some(&t) = drawn.next() {
                     tokens.entry(w.seq).or_default().push(t);
                 }
             }
         }
-        now += 1_000_000;
-        let result = cores.commit(&planned.plan, &outcome, now).expect("commit");
-        records.extend(result.finished);
-        cores
-            .block_manager
-            .check_invariants()
-            .expect("pool invariants");
     }
-    records.sort_by_key(|r| r.request_id);
     (tokens, records)
 }
 
-/// Every step a backend executes under a fixed clock: `(plans, records)` from serving
-/// `requests` on `cores` with `backend`, each step's duration replaced by `step_ns` so
-/// that only the backend's tokens could change what the engine does.
-fn conformance(
+/// Every step a backend executes under a fixed clock: `(plans, sampled tokens, records)`
+/// from serving `requests` on `cores` with `backend`, each step's duration replaced by
+/// `step_ns` so that only the backend's tokens could change what the engine does. The pool
+/// invariants are checked after every step.
+fn drive(
     cores: &mut Cores,
     backend: &mut dyn Backend,
     requests: &[Request],
     step_ns: u64,
-) -> (Vec<engine::plan::StepPlan>, Vec<RequestRecord>) {
+) -> (
+    Vec<engine::plan::StepPlan>,
+    Vec<Vec<u32>>,
+    Vec<RequestRecord>,
+) {
     let mut plans = Vec::new();
+    let mut sampled = Vec::new();
     let mut records = Vec::new();
     let mut pending = requests.iter().cloned().peekable();
     let mut now = 0u64;
@@ -145,14 +128,25 @@ fn conformance(
             .block_manager
             .check_invariants()
             .expect("pool invariants");
-        // Token ids differ between backends; the decisions must not.
-        let mut p = planned.plan;
-        for w in &mut p.work {
-            w.token_ids.clear();
-        }
-        plans.push(p);
+        sampled.push(outcome.sampled);
+        plans.push(planned.plan);
     }
     records.sort_by_key(|r| r.request_id);
+    (plans, sampled, records)
+}
+
+/// [`drive`]'s plans without their token ids (which differ between backends; the
+/// decisions must not) and its records.
+fn conformance(
+    cores: &mut Cores,
+    backend: &mut dyn Backend,
+    requests: &[Request],
+    step_ns: u64,
+) -> (Vec<engine::plan::StepPlan>, Vec<RequestRecord>) {
+    let (mut plans, _, records) = drive(cores, backend, requests, step_ns);
+    for w in plans.iter_mut().flat_map(|p| p.work.iter_mut()) {
+        w.token_ids.clear();
+    }
     (plans, records)
 }
 
