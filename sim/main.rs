@@ -102,6 +102,19 @@ enum Command {
         #[arg(long, default_value = "tests/data/oracle/smollm2_q4_1_llamacpp.json")]
         oracle: PathBuf,
     },
+    /// Time the CPU runtime on a GGUF model: a prefill, and decode steps of 1, 8, 16 and
+    /// 32 sequences (aggregate tokens/s).
+    CpuBench {
+        /// The GGUF model file.
+        #[arg(long)]
+        model: PathBuf,
+        /// Prompt length, and the decodes' context.
+        #[arg(long, default_value_t = 128)]
+        prompt: u32,
+        /// Timed steps per line (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+    },
     /// Measure the GPU's ceilings and the CUDA runtime against them (synthetic weights).
     CudaBench {
         /// Catalog model whose shape is timed.
@@ -770,6 +783,35 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                 out,
                 "{same} of {positions} positions: the same argmax on both runtimes"
             );
+            Ok(())
+        }
+        Command::CpuBench {
+            model,
+            prompt,
+            reps,
+        } => {
+            if prompt == 0 {
+                anyhow::bail!("--prompt: must be at least 1");
+            }
+            let gguf = kernels::gguf::Gguf::open(&model)?;
+            let blocks = (prompt + 1).div_ceil(16) * 32;
+            let mut rt = kernels::cpu::CpuRuntime::from_gguf(&gguf, 16, blocks)?;
+            let lines = rt.bench(prompt, reps)?;
+            outln!(
+                out,
+                "{} threads; median of {reps} steps",
+                rayon::current_num_threads()
+            );
+            outln!(out, "{:<44} {:>10} {:>12}", "measurement", "ms", "tokens/s");
+            for l in &lines {
+                outln!(
+                    out,
+                    "{:<44} {:>10.1} {:>12.1}",
+                    l.name,
+                    l.ms,
+                    f64::from(l.tokens) / (l.ms / 1e3)
+                );
+            }
             Ok(())
         }
         Command::CudaBench { model, block_size } => {

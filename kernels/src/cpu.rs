@@ -41,14 +41,15 @@ struct Q8 {
     qs: [i8; 32],
 }
 
-/// `out[t][n]` over block rows (`k / 32` blocks each): `f(block, its 32 activations of
-/// token ti, index of that block of x)` is a block's share of the product; rows are
+/// `out[t][n]` over block rows (`k / 32` blocks each): each block is unpacked to 32 f32
+/// weights once and multiplied with every token's 32 activations (one arithmetic path
+/// whatever the batch, so a sequence's numbers do not depend on its neighbours); rows are
 /// split over the threads.
 fn block_matmul<B: Sync>(
     blocks: &[B],
     x: &[f32],
     [t, k, n]: [usize; 3],
-    f: impl Fn(&B, &[f32], usize) -> f32 + Sync,
+    unpack: impl Fn(&B) -> [f32; 32] + Sync,
 ) -> Vec<f32> {
     let nb = k / 32;
     let mut out_t = vec![0.0f32; n * t];
@@ -57,42 +58,39 @@ fn block_matmul<B: Sync>(
         .zip(blocks.par_chunks(nb))
         .for_each(|(col, row)| {
             for (b, blk) in row.iter().enumerate() {
+                let w = unpack(blk);
                 for (ti, o) in col.iter_mut().enumerate() {
-                    *o += f(blk, &x[ti * k + 32 * b..][..32], ti * nb + b);
+                    *o += dot(&w, &x[ti * k + 32 * b..][..32]);
                 }
             }
         });
     transpose(&out_t, t, n)
 }
 
+impl Q4 {
+    fn unpack(&self) -> [f32; 32] {
+        let mut w = [0.0f32; 32];
+        for j in 0..16 {
+            w[j] = f32::from(self.qs[j] & 0x0f) * self.d + self.m;
+            w[j + 16] = f32::from(self.qs[j] >> 4) * self.d + self.m;
+        }
+        w
+    }
+}
+
+impl Q8 {
+    fn unpack(&self) -> [f32; 32] {
+        self.qs.map(|q| f32::from(q) * self.d)
+    }
+}
+
 /// A weight matrix, row-major `[out][in]` as PyTorch's Linear: f32, or the GGUF file's
-/// 32-value blocks (Q4_0/Q4_1, Q8_0) with their scales decoded at load, multiplied
-/// block by block so that a step streams 4.5-8.5 bits per weight instead of 32: a block's
-/// dot product with activations x is d * sum(q x) + m * sum(x).
+/// 32-value blocks (Q4_0/Q4_1, Q8_0) with their scales decoded at load, unpacked block by
+/// block inside the products so that a step streams 4.5-8.5 bits per weight instead of 32.
 enum Weight {
     F32(Vec<f32>),
     Q4(Vec<Q4>),
     Q8(Vec<Q8>),
-}
-
-/// Sum of q x over one Q4 block (`x` holds its 32 activations).
-fn dot_q4(qs: &[u8; 16], x: &[f32]) -> f32 {
-    let mut lo = [0.0f32; 16];
-    let mut hi = [0.0f32; 16];
-    for j in 0..16 {
-        lo[j] = f32::from(qs[j] & 0x0f);
-        hi[j] = f32::from(qs[j] >> 4);
-    }
-    dot(&lo, &x[..16]) + dot(&hi, &x[16..32])
-}
-
-/// Sum of q x over one Q8 block.
-fn dot_q8(qs: &[i8; 32], x: &[f32]) -> f32 {
-    let mut q = [0.0f32; 32];
-    for j in 0..32 {
-        q[j] = f32::from(qs[j]);
-    }
-    dot(&q, &x[..32])
 }
 
 impl Weight {
@@ -144,16 +142,8 @@ impl Weight {
         }
         match self {
             Weight::F32(w) => matmul(x, w, t, k, n),
-            Weight::Q4(blocks) => {
-                // Each token's activation sum per block, shared by every row.
-                let xsum: Vec<f32> = x.chunks_exact(32).map(|c| c.iter().sum()).collect();
-                block_matmul(blocks, x, [t, k, n], |blk, xb, at| {
-                    blk.d * dot_q4(&blk.qs, xb) + blk.m * xsum[at]
-                })
-            }
-            Weight::Q8(blocks) => block_matmul(blocks, x, [t, k, n], |blk, xb, _| {
-                blk.d * dot_q8(&blk.qs, xb)
-            }),
+            Weight::Q4(blocks) => block_matmul(blocks, x, [t, k, n], Q4::unpack),
+            Weight::Q8(blocks) => block_matmul(blocks, x, [t, k, n], Q8::unpack),
         }
     }
 
@@ -164,15 +154,11 @@ impl Weight {
             Weight::F32(w) => w[i * k..(i + 1) * k].to_vec(),
             Weight::Q4(blocks) => blocks[i * nb..(i + 1) * nb]
                 .iter()
-                .flat_map(|b| {
-                    let lo = b.qs.map(|q| f32::from(q & 0x0f) * b.d + b.m);
-                    let hi = b.qs.map(|q| f32::from(q >> 4) * b.d + b.m);
-                    lo.into_iter().chain(hi)
-                })
+                .flat_map(Q4::unpack)
                 .collect(),
             Weight::Q8(blocks) => blocks[i * nb..(i + 1) * nb]
                 .iter()
-                .flat_map(|b| b.qs.map(|q| f32::from(q) * b.d))
+                .flat_map(Q8::unpack)
                 .collect(),
         }
     }
@@ -706,6 +692,70 @@ impl CpuRuntime {
             self.logits = logits;
         }
         Ok((started.elapsed().as_nanos().max(1) as u64, drawn))
+    }
+}
+
+/// One line of [`CpuRuntime::bench`]: what was timed, tokens per step, median ms a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuBenchLine {
+    /// What was timed.
+    pub name: String,
+    /// Tokens the step computes.
+    pub tokens: u32,
+    /// Median wall-clock time of a step, ms.
+    pub ms: f64,
+}
+
+impl CpuRuntime {
+    /// Times a prefill of `prompt` tokens and decode steps of 1, 8, 16 and 32 sequences at
+    /// context `prompt` (median of `reps` steps each, after one warm-up); the runtime needs
+    /// 32 x `prompt` + 32 tokens of KV cache.
+    pub fn bench(&mut self, prompt: u32, reps: usize) -> Result<Vec<CpuBenchLine>, CpuError> {
+        let bs = self.block_size;
+        let per_seq = (prompt + 1).div_ceil(bs);
+        if u64::from(per_seq) * 32 > u64::from(self.num_blocks) {
+            return Err(CpuError::Config(format!(
+                "the bench needs {} KV blocks, the runtime has {}",
+                per_seq * 32,
+                self.num_blocks
+            )));
+        }
+        let mut time = |plan: &StepPlan| -> Result<f64, CpuError> {
+            self.forward(plan)?;
+            let mut t: Vec<f64> = (0..reps.max(1))
+                .map(|_| self.forward(plan).map(|(ns, _)| ns as f64 / 1e6))
+                .collect::<Result<_, _>>()?;
+            t.sort_by(f64::total_cmp);
+            Ok(t[t.len() / 2])
+        };
+        let greedy = engine::request::SamplingParams::default();
+        let table: Vec<u32> = (0..per_seq).collect();
+        let mut lines = vec![CpuBenchLine {
+            name: format!("prefill of {prompt} tokens"),
+            tokens: prompt,
+            ms: time(&crate::generate::one_sequence_step(
+                0,
+                prompt,
+                &table,
+                &[],
+                greedy,
+            ))?,
+        }];
+        for batch in [1u32, 8, 16, 32] {
+            let mut plan = StepPlan::default();
+            for i in 0..batch {
+                let t: Vec<u32> = (i * per_seq..(i + 1) * per_seq).collect();
+                let mut w = crate::generate::one_sequence_step(prompt, 1, &t, &[], greedy).work;
+                w[0].seq = u64::from(i);
+                plan.work.extend(w);
+            }
+            lines.push(CpuBenchLine {
+                name: format!("decode step, {batch} sequences at context {prompt}"),
+                tokens: batch,
+                ms: time(&plan)?,
+            });
+        }
+        Ok(lines)
     }
 }
 
