@@ -84,6 +84,8 @@ trait IntBlock {
     fn idot(&self, x: &[i8], avx2: bool) -> i32;
     /// `(d, m)`: the block's value is `d * q + m`.
     fn scales(&self) -> (f32, f32);
+    /// The 32 weights in f32.
+    fn unpack_f32(&self) -> [f32; 32];
 }
 
 impl IntBlock for Q4 {
@@ -104,6 +106,9 @@ impl IntBlock for Q4 {
     fn scales(&self) -> (f32, f32) {
         (self.d, self.m)
     }
+    fn unpack_f32(&self) -> [f32; 32] {
+        self.unpack()
+    }
 }
 
 impl IntBlock for Q8 {
@@ -122,6 +127,9 @@ impl IntBlock for Q8 {
     }
     fn scales(&self) -> (f32, f32) {
         (self.d, 0.0)
+    }
+    fn unpack_f32(&self) -> [f32; 32] {
+        self.unpack()
     }
 }
 
@@ -166,13 +174,30 @@ mod simd {
     }
 }
 
-/// `out[t][n]` over block rows (`k / 32` blocks each) with the activations rounded to
-/// 8 bits ([`quantize_acts`]): a block's share is `d dx sum(q qx) + m sx`, in integers
-/// inside the block (AVX2 where the CPU has it, the same sums otherwise); rows are split
-/// over the threads.
-fn block_matmul<B: IntBlock + Sync>(blocks: &[B], x: &[f32], [t, k, n]: [usize; 3]) -> Vec<f32> {
+/// How the CPU runtime multiplies by block weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// Activations rounded to 8 bits and integer block products, as llama.cpp (fast).
+    #[default]
+    Int8,
+    /// Blocks unpacked to f32 and f32 activations: the float reference the GPU runtime is
+    /// compared with.
+    F32,
+}
+
+/// `out[t][n]` over block rows (`k / 32` blocks each), rows split over the threads. With
+/// [`Precision::Int8`] the activations are rounded to 8 bits ([`quantize_acts`]) and a
+/// block's share is `d dx sum(q qx) + m sx`, in integers inside the block (AVX2 where
+/// the CPU has it, the same sums otherwise); with [`Precision::F32`] each block is
+/// unpacked to f32 and multiplied with the f32 activations.
+fn block_matmul<B: IntBlock + Sync>(
+    blocks: &[B],
+    x: &[f32],
+    [t, k, n]: [usize; 3],
+    precision: Precision,
+) -> Vec<f32> {
     let nb = k / 32;
-    let acts = quantize_acts(x);
+    let acts = (precision == Precision::Int8).then(|| quantize_acts(x));
     #[cfg(target_arch = "x86_64")]
     let avx2 = is_x86_feature_detected!("avx2");
     #[cfg(not(target_arch = "x86_64"))]
@@ -183,11 +208,21 @@ fn block_matmul<B: IntBlock + Sync>(blocks: &[B], x: &[f32], [t, k, n]: [usize; 
         .zip(blocks.par_chunks(nb))
         .for_each(|(col, row)| {
             for (b, blk) in row.iter().enumerate() {
-                let (d, m) = blk.scales();
-                for (ti, o) in col.iter_mut().enumerate() {
-                    let i = ti * nb + b;
-                    let isum = blk.idot(&acts.q[32 * i..32 * i + 32], avx2);
-                    *o += d * acts.d[i] * isum as f32 + m * acts.s[i];
+                match &acts {
+                    Some(acts) => {
+                        let (d, m) = blk.scales();
+                        for (ti, o) in col.iter_mut().enumerate() {
+                            let i = ti * nb + b;
+                            let isum = blk.idot(&acts.q[32 * i..32 * i + 32], avx2);
+                            *o += d * acts.d[i] * isum as f32 + m * acts.s[i];
+                        }
+                    }
+                    None => {
+                        let w = blk.unpack_f32();
+                        for (ti, o) in col.iter_mut().enumerate() {
+                            *o += dot(&w, &x[ti * k + 32 * b..][..32]);
+                        }
+                    }
                 }
             }
         });
@@ -263,14 +298,14 @@ impl Weight {
     }
 
     /// `out[t][n] = sum_k x[t][k] w[n][k]`.
-    fn matmul(&self, x: &[f32], t: usize, k: usize, n: usize) -> Vec<f32> {
+    fn matmul(&self, x: &[f32], t: usize, k: usize, n: usize, precision: Precision) -> Vec<f32> {
         if t == 0 || n == 0 {
             return Vec::new();
         }
         match self {
             Weight::F32(w) => matmul(x, w, t, k, n),
-            Weight::Q4(blocks) => block_matmul(blocks, x, [t, k, n]),
-            Weight::Q8(blocks) => block_matmul(blocks, x, [t, k, n]),
+            Weight::Q4(blocks) => block_matmul(blocks, x, [t, k, n], precision),
+            Weight::Q8(blocks) => block_matmul(blocks, x, [t, k, n], precision),
         }
     }
 
@@ -320,6 +355,7 @@ pub struct CpuRuntime {
     cpu_blocks: u32,
     keep_logits: bool,
     logits: Vec<f32>,
+    precision: Precision,
 }
 
 /// `out[t][n] = sum_k x[t][k] w[n][k]` for `t` rows of `k` inputs and `n` outputs, the
@@ -546,6 +582,7 @@ impl CpuRuntime {
             cpu_blocks: 0,
             keep_logits: false,
             logits: Vec::new(),
+            precision: Precision::default(),
         })
     }
 
@@ -567,6 +604,11 @@ impl CpuRuntime {
     /// Logits of the last step's sampled rows (`samples x vocab`), when kept.
     pub fn last_logits(&self) -> &[f32] {
         &self.logits
+    }
+
+    /// How block weights are multiplied (default [`Precision::Int8`]).
+    pub fn set_precision(&mut self, precision: Precision) {
+        self.precision = precision;
     }
 
     /// Sliding-window attention over the last `window` positions.
@@ -725,9 +767,10 @@ impl CpuRuntime {
         }
         let scale = 1.0 / (hd as f32).sqrt();
         let window = self.window;
+        let precision = self.precision;
         for (li, layer) in self.layers.iter().enumerate() {
             let hn = rmsnorm(&x, &layer.attn_norm, s.rms_eps);
-            let mut qkv = layer.wqkv.matmul(&hn, t, h, qd + 2 * kvd);
+            let mut qkv = layer.wqkv.matmul(&hn, t, h, qd + 2 * kvd, precision);
             // RoPE on Q and K, then K and V into the cache (every token's before any
             // attention: a chunk attends to its own earlier tokens).
             for (i, &(wi, p, _)) in toks.iter().enumerate() {
@@ -770,12 +813,12 @@ impl CpuRuntime {
                     }
                 }
             });
-            let o = layer.wo.matmul(&attn, t, qd, h);
+            let o = layer.wo.matmul(&attn, t, qd, h, precision);
             for (a, b) in x.iter_mut().zip(&o) {
                 *a += b;
             }
             let hn = rmsnorm(&x, &layer.mlp_norm, s.rms_eps);
-            let gu = layer.w_gate_up.matmul(&hn, t, h, 2 * inter);
+            let gu = layer.w_gate_up.matmul(&hn, t, h, 2 * inter, precision);
             let mut act = vec![0.0f32; t * inter];
             for (i, a) in act.chunks_mut(inter).enumerate() {
                 let row = &gu[i * 2 * inter..(i + 1) * 2 * inter];
@@ -784,7 +827,7 @@ impl CpuRuntime {
                     *v = g / (1.0 + (-g).exp()) * row[inter + j];
                 }
             }
-            let d = layer.w_down.matmul(&act, t, inter, h);
+            let d = layer.w_down.matmul(&act, t, inter, h, precision);
             for (a, b) in x.iter_mut().zip(&d) {
                 *a += b;
             }
@@ -804,7 +847,7 @@ impl CpuRuntime {
         }
         let last = rmsnorm(&last, &self.final_norm, s.rms_eps);
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let logits = head.matmul(&last, rows.len(), h, vocab);
+        let logits = head.matmul(&last, rows.len(), h, vocab, self.precision);
         let mut drawn = Vec::new();
         for (k, &(wi, _)) in rows.iter().enumerate() {
             let w = &plan.work[wi];
@@ -1096,11 +1139,19 @@ mod tests {
     fn smollm2_matches_llama_cpp_logits_and_tokens() {
         let p = crate::gguf::tests::smollm2_path().expect("SmolLM2 GGUF not found");
         let g = Gguf::open(&p).expect("gguf");
+        for precision in [Precision::Int8, Precision::F32] {
+            oracle_agreement(&g, precision);
+        }
+    }
+
+    /// Both numeric paths of the runtime against llama.cpp's oracle.
+    fn oracle_agreement(g: &Gguf, precision: Precision) {
         let (mut agree, mut total, mut worst_gap, mut worst_logit) = (0, 0, 0.0f32, 0.0f32);
         for case in crate::oracle::smollm2() {
             let (prompt, want, tops) = (case.prompt_ids, case.greedy_ids, case.tops);
-            let mut rt = CpuRuntime::from_gguf(&g, 16, 16).expect("runtime");
+            let mut rt = CpuRuntime::from_gguf(g, 16, 16).expect("runtime");
             rt.keep_logits(true);
+            rt.set_precision(precision);
             // Teacher-forced on llama.cpp's tokens: each step's logits against its choice.
             let mut ids = prompt.clone();
             for (k, &tok) in want.iter().take(16).enumerate() {
@@ -1131,7 +1182,7 @@ mod tests {
             }
         }
         eprintln!(
-            "{agree} of {total} positions agree; largest gap {worst_gap:.3}; largest logit difference {worst_logit:.3}"
+            "{precision:?}: {agree} of {total} positions agree; largest gap {worst_gap:.3}; largest logit difference {worst_logit:.3}"
         );
         assert!(
             worst_gap < NEAR_TIE,

@@ -1227,8 +1227,9 @@ pub struct RuntimePair {
     pub max_logit_diff: f32,
 }
 
-/// Runs every oracle prompt through both real runtimes ([`crate::cpu::CpuRuntime`] in f32
-/// and the CUDA runtime in bf16) and compares their logits position by position.
+/// Runs every oracle prompt through both real runtimes ([`crate::cpu::CpuRuntime`] with
+/// f32 activations, [`crate::cpu::Precision::F32`], and the CUDA runtime in bf16) and
+/// compares their logits position by position.
 pub fn cpu_cuda_agreement(gguf: &Gguf, oracle: &Path) -> Result<Vec<RuntimePair>, CudaError> {
     let cases = crate::oracle::read(oracle).map_err(CudaError::Config)?;
     let (block_size, blocks) = (16u32, 64u32);
@@ -1244,6 +1245,8 @@ pub fn cpu_cuda_agreement(gguf: &Gguf, oracle: &Path) -> Result<Vec<RuntimePair>
         let mut cpu =
             crate::cpu::CpuRuntime::from_gguf(gguf, block_size, blocks).map_err(cpu_err)?;
         cpu.keep_logits(true);
+        // The float reference: f32 activations, not the 8-bit ones of its fast path.
+        cpu.set_precision(crate::cpu::Precision::F32);
         let table: Vec<u32> = (0..blocks).collect();
         let mut ids = prompt.clone();
         let mut pair = RuntimePair {
