@@ -206,6 +206,8 @@ fn block_matmul<B: IntBlock + Sync>(
     out_t
         .par_chunks_mut(t)
         .zip(blocks.par_chunks(nb))
+        // Several rows per task: one row is too little work to hand to a thread.
+        .with_min_len(16)
         .for_each(|(col, row)| {
             for (b, blk) in row.iter().enumerate() {
                 match &acts {
@@ -369,6 +371,7 @@ fn matmul(x: &[f32], w: &[f32], t: usize, k: usize, n: usize) -> Vec<f32> {
     out_t
         .par_chunks_mut(t)
         .zip(w.par_chunks(k))
+        .with_min_len(16)
         .for_each(|(col, wr)| {
             for (ti, o) in col.iter_mut().enumerate() {
                 *o = dot(&x[ti * k..(ti + 1) * k], wr);
