@@ -439,23 +439,28 @@ fn belady_oracle(
 /// Host memory the CPU runtime's KV cache may take (f32 K and V of every layer).
 const CPU_KV_BUDGET_BYTES: u64 = 2 << 30;
 
-/// Builds the CPU runtime of a variant: the weights of `model.gguf` (dequantized to f32),
-/// or synthetic weights of its model's shape, with the memory plan's KV pool capped at
-/// [`CPU_KV_BUDGET_BYTES`] of host memory.
+/// A real runtime that cannot be built for a variant, as the run's error.
+fn runtime_err(variant: &Variant, backend: &str, message: String) -> SimError {
+    SimError::Run {
+        variant: variant.name.clone(),
+        source: Box::new(crate::driver::DriverError::Backend(
+            engine::backend::BackendError {
+                backend: backend.into(),
+                message,
+            },
+        )),
+    }
+}
+
+/// Builds the CPU runtime of a variant: the weights of `model.gguf`, or synthetic weights
+/// of its model's shape, with the memory plan's KV pool capped at [`CPU_KV_BUDGET_BYTES`]
+/// of host memory.
 fn cpu_runtime(
     variant: &Variant,
     scenario: &Scenario,
     seed: u64,
 ) -> Result<(kernels::cpu::CpuRuntime, u32), SimError> {
-    let cpu_err = |message: String| SimError::Run {
-        variant: variant.name.clone(),
-        source: Box::new(crate::driver::DriverError::Backend(
-            engine::backend::BackendError {
-                backend: "cpu".into(),
-                message,
-            },
-        )),
-    };
+    let cpu_err = |message: String| runtime_err(variant, "cpu", message);
     let d = &variant.deployment;
     if d.tp != 1 || d.pp != 1 || d.model.is_moe() {
         return Err(cpu_err(format!(
@@ -497,15 +502,7 @@ fn cuda_runtime(
     variant: &Variant,
     seed: u64,
 ) -> Result<(kernels::cuda::CudaRuntime, u32), SimError> {
-    let cuda_err = |e: kernels::cuda::CudaError| SimError::Run {
-        variant: variant.name.clone(),
-        source: Box::new(crate::driver::DriverError::Backend(
-            engine::backend::BackendError {
-                backend: "cuda".into(),
-                message: e.to_string(),
-            },
-        )),
-    };
+    let cuda_err = |e: kernels::cuda::CudaError| runtime_err(variant, "cuda", e.to_string());
     if variant.deployment.pp != 1 {
         return Err(cuda_err(kernels::cuda::CudaError::Config(format!(
             "hardware.pp = {}: the CUDA backend runs on one GPU (no pipeline stages yet)",

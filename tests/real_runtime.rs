@@ -17,19 +17,6 @@ use engine::record::RequestRecord;
 use engine::request::Request;
 use engine::scheduler::{Scheduler, SchedulerConfig, SchedulerKind};
 
-/// The real SmolLM2 GGUF, when present (`.ci/run` fetches it).
-fn smollm2() -> Option<std::path::PathBuf> {
-    let p = std::env::var_os("SIM_SMOLLM2_GGUF")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| {
-                std::path::PathBuf::from(h)
-                    .join(".cache/sim-models/SmolLM2-135M-Instruct.Q4_1.gguf")
-            })
-        })?;
-    p.exists().then_some(p)
-}
-
 /// One engine configuration.
 struct Setup {
     kind: SchedulerKind,
@@ -152,7 +139,7 @@ fn conformance(
 
 #[test]
 fn backends_conform_to_the_engine() {
-    let Some(path) = smollm2() else {
+    let Some(path) = crate::smollm2() else {
         eprintln!("skipped: no SmolLM2 GGUF (SIM_SMOLLM2_GGUF or ~/.cache/sim-models)");
         return;
     };
@@ -255,7 +242,7 @@ fn backends_conform_to_the_engine() {
 
 #[test]
 fn greedy_output_does_not_depend_on_batching_chunking_caching_or_preemption() {
-    let Some(path) = smollm2() else {
+    let Some(path) = crate::smollm2() else {
         eprintln!("skipped: no SmolLM2 GGUF (SIM_SMOLLM2_GGUF or ~/.cache/sim-models)");
         return;
     };

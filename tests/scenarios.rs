@@ -309,22 +309,9 @@ fn a_calibration_file_supplies_cost_keys_under_the_scenario_s_own() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The real SmolLM2 GGUF, when present (`.ci/run` fetches it).
-fn smollm2() -> Option<std::path::PathBuf> {
-    let p = std::env::var_os("SIM_SMOLLM2_GGUF")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| {
-                std::path::PathBuf::from(h)
-                    .join(".cache/sim-models/SmolLM2-135M-Instruct.Q4_1.gguf")
-            })
-        })?;
-    p.exists().then_some(p)
-}
-
 #[test]
 fn the_cpu_runtime_serves_a_gguf_scenario_through_the_engine() {
-    let Some(model) = smollm2() else {
+    let Some(model) = crate::smollm2() else {
         eprintln!("skipped: no SmolLM2 GGUF (SIM_SMOLLM2_GGUF or ~/.cache/sim-models)");
         return;
     };

@@ -12,7 +12,6 @@
 
 use std::time::Instant;
 
-use engine::block_manager::NULL_BLOCK;
 use engine::plan::StepPlan;
 use rayon::prelude::*;
 
@@ -424,14 +423,21 @@ fn rmsnorm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     out
 }
 
-/// Rotates one head in place at position `pos` (pairs (2i, 2i+1) when `interleaved`, as
-/// GGUF stores Llama's Q and K; (i, i + d/2) otherwise).
-fn rope(head: &mut [f32], pos: u32, theta: f32, interleaved: bool) {
-    let d = head.len();
-    let half = d / 2;
-    for i in 0..half {
-        let freq = theta.powf(-2.0 * i as f32 / d as f32);
-        let (s, c) = (pos as f32 * freq).sin_cos();
+/// RoPE's (sin, cos) of each rotation pair of a head at position `pos`.
+fn rope_angles(pos: u32, theta: f32, head_dim: usize) -> Vec<(f32, f32)> {
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = theta.powf(-2.0 * i as f32 / head_dim as f32);
+            (pos as f32 * freq).sin_cos()
+        })
+        .collect()
+}
+
+/// Rotates one head in place by `angles` ([`rope_angles`]; pairs (2i, 2i+1) when
+/// `interleaved`, as GGUF stores Llama's Q and K; (i, i + d/2) otherwise).
+fn rope(head: &mut [f32], angles: &[(f32, f32)], interleaved: bool) {
+    let half = head.len() / 2;
+    for (i, &(s, c)) in angles.iter().enumerate() {
         let (a, b) = if interleaved {
             (2 * i, 2 * i + 1)
         } else {
@@ -702,52 +708,17 @@ impl CpuRuntime {
         let inter = s.intermediate as usize;
         let vocab = s.vocab as usize;
         let bs = self.block_size;
+        crate::generate::check_plan(plan, self.num_blocks, bs, self.window, s.vocab)
+            .map_err(CpuError::Config)?;
         // Tokens of the step: (work index, position, id).
         let mut toks = Vec::new();
         for (wi, w) in plan.work.iter().enumerate() {
-            if w.sample && w.len == 0 {
-                return Err(CpuError::Config(format!(
-                    "sequence {} samples from an empty chunk",
-                    w.seq
-                )));
-            }
-            // Every key the chunk attends to (from the window's start) needs its block.
-            let lo = self
-                .window
-                .map_or(0, |win| (w.start + 1).saturating_sub(win));
-            for p in (lo / bs * bs..w.start).step_by(bs as usize) {
-                match w.block_table.get((p / bs) as usize) {
-                    Some(&b) if b != NULL_BLOCK && b < self.num_blocks => {}
-                    _ => {
-                        return Err(CpuError::Config(format!(
-                        "sequence {}: cached position {p} has no KV block below {} in its table",
-                        w.seq, self.num_blocks
-                    )))
-                    }
-                }
-            }
             for p in w.start..w.start + w.len {
                 let id = w
                     .token_ids
                     .get((p - w.start) as usize)
                     .copied()
                     .unwrap_or_else(|| crate::cuda::meta::synthetic_token(w.seq, p, s.vocab));
-                if id as usize >= vocab {
-                    return Err(CpuError::Config(format!(
-                        "sequence {}: token id {id} at position {p} is outside the vocabulary ({vocab})",
-                        w.seq
-                    )));
-                }
-                let block = w.block_table.get((p / bs) as usize).copied();
-                match block {
-                    Some(b) if b != NULL_BLOCK && b < self.num_blocks => {}
-                    _ => {
-                        return Err(CpuError::Config(format!(
-                            "sequence {}: position {p} has no KV block below {} in its table",
-                            w.seq, self.num_blocks
-                        )))
-                    }
-                }
                 toks.push((wi, p, id));
             }
         }
@@ -771,6 +742,11 @@ impl CpuRuntime {
         let scale = 1.0 / (hd as f32).sqrt();
         let window = self.window;
         let precision = self.precision;
+        // Each token's rotation, shared by every head of every layer.
+        let angles: Vec<Vec<(f32, f32)>> = toks
+            .iter()
+            .map(|&(_, p, _)| rope_angles(p, s.rope_theta, hd))
+            .collect();
         for (li, layer) in self.layers.iter().enumerate() {
             let hn = rmsnorm(&x, &layer.attn_norm, s.rms_eps);
             let mut qkv = layer.wqkv.matmul(&hn, t, h, qd + 2 * kvd, precision);
@@ -779,7 +755,7 @@ impl CpuRuntime {
             for (i, &(wi, p, _)) in toks.iter().enumerate() {
                 let row = &mut qkv[i * (qd + 2 * kvd)..(i + 1) * (qd + 2 * kvd)];
                 for head in row[..qd + kvd].chunks_mut(hd) {
-                    rope(head, p, s.rope_theta, s.rope_interleaved);
+                    rope(head, &angles[i], s.rope_interleaved);
                 }
                 let sl = slot(wi, p);
                 for kvh in 0..kv_heads {

@@ -98,6 +98,55 @@ pub struct Generation {
     pub decode_steps: u32,
 }
 
+/// Checks a plan before a real runtime runs it: every table entry is NULL or a block
+/// below `num_blocks`; every position a chunk writes or attends to (from the window's
+/// start, or 0) has a real block; token ids are inside the vocabulary; no empty chunk
+/// samples. A plan that fails would write into another sequence's KV or read freed
+/// blocks, so it is an error, not a clamp.
+pub fn check_plan(
+    plan: &StepPlan,
+    num_blocks: u32,
+    block_size: u32,
+    window: Option<u32>,
+    vocab: u32,
+) -> Result<(), String> {
+    let null = engine::block_manager::NULL_BLOCK;
+    let bs = block_size.max(1);
+    for w in &plan.work {
+        if let Some(&b) = w
+            .block_table
+            .iter()
+            .find(|&&b| b != null && b >= num_blocks)
+        {
+            return Err(format!(
+                "block {b} of sequence {} is outside the KV cache ({num_blocks} blocks)",
+                w.seq
+            ));
+        }
+        if w.sample && w.len == 0 {
+            return Err(format!("sequence {} samples from an empty chunk", w.seq));
+        }
+        let lo = window.map_or(0, |win| (w.start + 1).saturating_sub(win));
+        for i in lo / bs..(w.start + w.len).div_ceil(bs) {
+            if !matches!(w.block_table.get(i as usize), Some(&b) if b != null) {
+                return Err(format!(
+                    "sequence {}: positions {}-{} have no KV block (table entry {i})",
+                    w.seq,
+                    i * bs,
+                    (i + 1) * bs - 1
+                ));
+            }
+        }
+        if let Some(&id) = w.token_ids.iter().find(|&&id| id >= vocab) {
+            return Err(format!(
+                "sequence {}: token id {id} is outside the vocabulary ({vocab})",
+                w.seq
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A step of one sequence (id 0) computing positions `[start, start + len)` of `token_ids`
 /// (empty: synthetic ids) over `table`, and drawing one token after them.
 pub fn one_sequence_step(
@@ -181,4 +230,33 @@ pub fn generate<E>(
         pos += 1;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::block_manager::NULL_BLOCK;
+
+    #[test]
+    fn plans_that_would_touch_foreign_or_freed_kv_are_errors() {
+        let greedy = SamplingParams::default();
+        let ok = |p: &StepPlan, window| check_plan(p, 8, 4, window, 100);
+        // Positions 0-9 over blocks 3, 5, 6.
+        assert!(ok(&one_sequence_step(0, 10, &[3, 5, 6], &[], greedy), None).is_ok());
+        // A block outside the cache, a missing one, a NULL one read without a window.
+        let e = ok(&one_sequence_step(0, 10, &[3, 9, 6], &[], greedy), None).unwrap_err();
+        assert!(e.contains("block 9"), "{e}");
+        let e = ok(&one_sequence_step(0, 10, &[3, 5], &[], greedy), None).unwrap_err();
+        assert!(e.contains("positions 8-11"), "{e}");
+        let freed = [NULL_BLOCK, 5, 6];
+        let e = ok(&one_sequence_step(9, 1, &freed, &[], greedy), None).unwrap_err();
+        assert!(e.contains("positions 0-3"), "{e}");
+        // With a 4-token window position 9 reads 6-9 only: the NULL block is out of reach.
+        assert!(ok(&one_sequence_step(9, 1, &freed, &[], greedy), Some(4)).is_ok());
+        // Token ids outside the vocabulary; an empty sampled chunk.
+        let e = ok(&one_sequence_step(0, 2, &[3], &[1, 100], greedy), None).unwrap_err();
+        assert!(e.contains("token id 100"), "{e}");
+        let e = ok(&one_sequence_step(0, 0, &[3], &[], greedy), None).unwrap_err();
+        assert!(e.contains("empty chunk"), "{e}");
+    }
 }

@@ -20,62 +20,104 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// The token drawn from `logits` with `params` and the uniform number `u` in [0, 1).
-pub fn draw(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
-    let best = argmax(logits);
+/// The kept set of a non-greedy draw: tokens whose logit is at least `cut`, each weighing
+/// `exp((logit - max) / temperature)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Kept {
+    /// Smallest kept logit (`-inf`: every non-NaN token).
+    pub cut: f32,
+    /// The largest logit.
+    pub max: f64,
+    /// 1 / temperature.
+    pub inv_t: f64,
+    /// Whether the top-p cut lies within `tol` (relative) of a level boundary, where float
+    /// rounding elsewhere may legitimately cut one level higher or lower.
+    pub ambiguous: bool,
+}
+
+impl Kept {
+    /// The unnormalised probability of a logit.
+    pub fn weight(&self, v: f32) -> f64 {
+        ((f64::from(v) - self.max) * self.inv_t).exp()
+    }
+
+    /// Whether a logit is kept.
+    pub fn keeps(&self, v: f32) -> bool {
+        v >= self.cut
+    }
+}
+
+/// The top-k then top-p cuts of a non-greedy draw (None for a greedy one or a row
+/// without a finite maximum), in f64; `tol` flags a top-p target within that relative
+/// distance of a level boundary.
+pub fn kept(logits: &[f32], params: &SamplingParams, tol: f64) -> Option<Kept> {
     if params.is_greedy() || logits.is_empty() {
-        return best;
+        return None;
     }
-    let m = f64::from(logits[best as usize]);
-    if !m.is_finite() {
-        return best;
+    let max = f64::from(logits[argmax(logits) as usize]);
+    if !max.is_finite() {
+        return None;
     }
-    let inv_t = 1.0 / f64::from(params.temperature);
-    let weight = |v: f32| ((f64::from(v) - m) * inv_t).exp();
-    let mut cut = f32::NEG_INFINITY;
+    let mut out = Kept {
+        cut: f32::NEG_INFINITY,
+        max,
+        inv_t: 1.0 / f64::from(params.temperature),
+        ambiguous: false,
+    };
     let k = params.top_k as usize;
-    let mut sorted: Vec<f32> = Vec::new();
     let top_p = params.top_p();
-    if (k > 0 && k < logits.len()) || top_p < 1.0 {
-        // NaN is never kept (every comparison with it is false).
-        sorted = logits.iter().copied().filter(|v| !v.is_nan()).collect();
-        sorted.sort_by(|a, b| b.total_cmp(a));
+    if !((k > 0 && k < logits.len()) || top_p < 1.0) {
+        return Some(out);
     }
-    if k > 0 && k < logits.len() {
-        cut = sorted[k - 1];
+    // NaN is never kept (every comparison with it is false).
+    let mut sorted: Vec<f32> = logits.iter().copied().filter(|v| !v.is_nan()).collect();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    if k > 0 && k < sorted.len() {
+        out.cut = sorted[k - 1];
     }
     if top_p < 1.0 {
         let z: f64 = sorted
             .iter()
-            .filter(|&&v| v >= cut)
-            .map(|&v| weight(v))
+            .filter(|&&v| out.keeps(v))
+            .map(|&v| out.weight(v))
             .sum();
         let target = f64::from(top_p) * z;
         let mut acc = 0.0;
         let mut i = 0;
-        while i < sorted.len() && sorted[i] >= cut {
-            let v = sorted[i];
+        while i < sorted.len() && out.keeps(sorted[i]) {
+            // A level holds every tie of its value.
+            let (v, before) = (sorted[i], acc);
             while i < sorted.len() && sorted[i] == v {
-                acc += weight(v);
+                acc += out.weight(v);
                 i += 1;
             }
             if acc >= target {
-                cut = v;
+                out.ambiguous = (acc - target).abs() < tol * z || (before - target).abs() < tol * z;
+                out.cut = v;
                 break;
             }
         }
     }
+    Some(out)
+}
+
+/// The token drawn from `logits` with `params` and the uniform number `u` in [0, 1).
+pub fn draw(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
+    let best = argmax(logits);
+    let Some(kept) = kept(logits, params, 0.0) else {
+        return best;
+    };
     let z: f64 = logits
         .iter()
-        .filter(|&&v| v >= cut)
-        .map(|&v| weight(v))
+        .filter(|&&v| kept.keeps(v))
+        .map(|&v| kept.weight(v))
         .sum();
     let t = f64::from(u) * z;
     let mut acc = 0.0;
     let mut last = best;
     for (i, &v) in logits.iter().enumerate() {
-        if v >= cut {
-            acc += weight(v);
+        if kept.keeps(v) {
+            acc += kept.weight(v);
             last = i as u32;
             if acc > t {
                 return i as u32;

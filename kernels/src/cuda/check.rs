@@ -1062,61 +1062,30 @@ fn reference_accepts(
     g: usize,
 ) -> Option<bool> {
     let tol = 1e-5;
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    if temperature <= 0.0 || top_k == 1 {
-        return Some(g == best);
-    }
-    let m = f64::from(row[best]);
-    let weight = |v: f32| ((f64::from(v) - m) / f64::from(temperature)).exp();
-    let mut sorted: Vec<f32> = row.to_vec();
-    sorted.sort_by(|a, b| b.total_cmp(a));
-    let mut cut = if top_k > 0 && (top_k as usize) < row.len() {
-        sorted[top_k as usize - 1]
-    } else {
-        f32::NEG_INFINITY
+    let params = engine::request::SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        seed: 0,
     };
-    if top_p < 1.0 {
-        let z: f64 = sorted
-            .iter()
-            .filter(|&&v| v >= cut)
-            .map(|&v| weight(v))
-            .sum();
-        let target = f64::from(top_p) * z;
-        let mut acc = 0.0;
-        let mut i = 0;
-        while i < sorted.len() && sorted[i] >= cut {
-            let v = sorted[i];
-            // A level holds every tie of its value.
-            let before = acc;
-            while i < sorted.len() && sorted[i] == v {
-                acc += weight(v);
-                i += 1;
-            }
-            if acc >= target {
-                if (acc - target).abs() < tol * z || (before - target).abs() < tol * z {
-                    return None;
-                }
-                cut = v;
-                break;
-            }
-        }
+    let Some(kept) = crate::sampling::kept(row, &params, tol) else {
+        return Some(g == crate::sampling::argmax(row) as usize);
+    };
+    if kept.ambiguous {
+        return None;
     }
-    if g >= row.len() || row[g] < cut {
+    if g >= row.len() || !kept.keeps(row[g]) {
         return Some(false);
     }
-    let z: f64 = row.iter().filter(|&&v| v >= cut).map(|&v| weight(v)).sum();
-    let below: f64 = row[..g]
-        .iter()
-        .filter(|&&v| v >= cut)
-        .map(|&v| weight(v))
-        .sum();
+    let mass = |r: &[f32]| -> f64 {
+        r.iter()
+            .filter(|&&v| kept.keeps(v))
+            .map(|&v| kept.weight(v))
+            .sum()
+    };
+    let (z, below) = (mass(row), mass(&row[..g]));
     let t = f64::from(u) * z;
-    Some(below - tol * z <= t && t <= below + weight(row[g]) + tol * z)
+    Some(below - tol * z <= t && t <= below + kept.weight(row[g]) + tol * z)
 }
 
 /// `sample_draws` against a float64 inverse CDF with the same uniform numbers: greedy,

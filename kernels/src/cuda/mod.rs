@@ -538,6 +538,15 @@ fn grid_for(n: u64, threads: u32) -> LaunchConfig {
     }
 }
 
+/// One block of `threads` threads per item (token, row, draw, block pair).
+fn block_per_item(items: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (items as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 impl CudaRuntime {
     /// Loads a model of `shape` with synthetic weights (seeded, uniform in +-1/sqrt(fan-in),
     /// generated on the device), compiles the kernels, and allocates a KV cache of
@@ -889,59 +898,6 @@ impl CudaRuntime {
         Ok(())
     }
 
-    /// Rejects a plan the kernels cannot run safely: a position (written, or read within
-    /// the attention window) whose block is missing, NULL or outside the cache; a token id
-    /// outside the vocabulary; an empty sampled chunk.
-    fn check_plan(&self, plan: &StepPlan) -> Result<(), CudaError> {
-        let null = engine::block_manager::NULL_BLOCK;
-        let bs = self.block_size;
-        for w in &plan.work {
-            if let Some(&b) = w
-                .block_table
-                .iter()
-                .find(|&&b| b != null && b >= self.num_blocks)
-            {
-                return Err(CudaError::Config(format!(
-                    "block {b} of sequence {} is outside the KV cache ({} blocks)",
-                    w.seq, self.num_blocks
-                )));
-            }
-            if w.sample && w.len == 0 {
-                return Err(CudaError::Config(format!(
-                    "sequence {} samples from an empty chunk",
-                    w.seq
-                )));
-            }
-            // Keys from the window's start (or 0) up to the chunk's last token.
-            let lo = if self.window > 0 {
-                (w.start + 1).saturating_sub(self.window as u32)
-            } else {
-                0
-            };
-            let (first, last) = (lo / bs, (w.start + w.len).div_ceil(bs));
-            for i in first..last {
-                match w.block_table.get(i as usize) {
-                    Some(&b) if b != null => {}
-                    _ => {
-                        return Err(CudaError::Config(format!(
-                            "sequence {}: positions {}-{} have no KV block (table entry {i})",
-                            w.seq,
-                            i * bs,
-                            (i + 1) * bs - 1
-                        )))
-                    }
-                }
-            }
-            if let Some(&id) = w.token_ids.iter().find(|&&id| id >= self.shape.vocab) {
-                return Err(CudaError::Config(format!(
-                    "sequence {}: token id {id} is outside the vocabulary ({})",
-                    w.seq, self.shape.vocab
-                )));
-            }
-        }
-        Ok(())
-    }
-
     /// bf16 elements of one KV block of one layer's K (or V) cache.
     fn block_elems(&self) -> usize {
         (self.shape.kv_heads * self.block_size * self.shape.head_dim) as usize
@@ -1029,11 +985,7 @@ impl CudaRuntime {
                     };
                     let mut b = st.launch_builder(f);
                     b.arg(&dst).arg(&src).arg(&pairs).arg(&block_elems);
-                    let cfg = LaunchConfig {
-                        grid_dim: (n as u32, 1, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
+                    let cfg = block_per_item(n, 256);
                     // SAFETY: every pair was checked against its pool above; a block of
                     // block_elems bf16 (a multiple of 8: head_dim is) starts at each index.
                     unsafe { b.launch(cfg) }?;
@@ -1047,7 +999,15 @@ impl CudaRuntime {
     /// duration (CUDA events, ns) and the drawn tokens: `num_samples` for each sampling
     /// sequence, in plan order (argmax, or as its sampling parameters say).
     pub fn forward(&mut self, plan: &StepPlan) -> Result<(u64, Vec<u32>), CudaError> {
-        self.check_plan(plan)?;
+        let window = (self.window > 0).then_some(self.window as u32);
+        crate::generate::check_plan(
+            plan,
+            self.num_blocks,
+            self.block_size,
+            window,
+            self.shape.vocab,
+        )
+        .map_err(CudaError::Config)?;
         let (bs, q_tile, vocab) = (self.block_size, self.q_tile, self.shape.vocab);
         let mut meta = StepMeta::build(plan, bs, q_tile, vocab);
         let graph = self.use_graphs
@@ -1176,11 +1136,7 @@ impl CudaRuntime {
         let (h, qd) = (s.hidden as usize, (s.heads * s.head_dim) as usize);
         let inter = s.intermediate as usize;
         let hidden = s.hidden as i32;
-        let tok_cfg = |threads: u32| LaunchConfig {
-            grid_dim: (t as u32, 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let tok_cfg = |threads: u32| block_per_item(t, threads);
         let st = &self.stream;
         let kf = &self.k;
         let ops = Ops {
@@ -1254,11 +1210,7 @@ impl CudaRuntime {
             {
                 let mut b = st.launch_builder(kf.get("gather_rows"));
                 b.arg(&mut a.last).arg(&a.h).arg(&sample_rows).arg(&hidden);
-                let cfg = LaunchConfig {
-                    grid_dim: (l.samples as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
+                let cfg = block_per_item(l.samples, 256);
                 // SAFETY: sample rows index tokens of this step.
                 unsafe { b.launch(cfg) }?;
             }
@@ -1290,11 +1242,7 @@ pub(crate) fn launch_sampling(
     let vocab = vocab as i32;
     let mut b = st.launch_builder(kf.get("sample_draws"));
     b.arg(ids).arg(logits).arg(draws).arg(&vocab);
-    let cfg = LaunchConfig {
-        grid_dim: (n as u32, 1, 1),
-        block_dim: (1024, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = block_per_item(n, 1024);
     // SAFETY: each draw names a row of `vocab` logits; ids holds at least n entries.
     unsafe { b.launch(cfg) }?;
     Ok(())
@@ -1443,11 +1391,7 @@ fn add_rmsnorm(
         .arg(w)
         .arg(&hidden)
         .arg(&eps);
-    let cfg = LaunchConfig {
-        grid_dim: (tokens as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = block_per_item(tokens, 256);
     // SAFETY: `tokens` rows of `hidden` in every buffer (activations sized for the step).
     unsafe { b.launch(cfg) }?;
     Ok(())
