@@ -1,8 +1,10 @@
 //! The CPU reference runtime: a Llama forward pass over the engine's paged KV cache,
-//! multithreaded with rayon. Weights come from a GGUF file (Q4_0/Q4_1/Q8_0 blocks kept and
-//! multiplied in integers by 8-bit activations as llama.cpp does; other formats
-//! dequantized to f32 at load through [`crate::gguf`]), or are synthetic f32 for any
-//! shape. Norms, RoPE, attention and the KV cache are f32. The KV
+//! multithreaded by a team of spinning threads (`cpu/team.rs`). Weights come from a GGUF file
+//! (Q4_0/Q4_1/Q8_0 blocks kept at the file's size and multiplied in integers by 8-bit
+//! activations as llama.cpp does: regrouped sixteen rows at a time for AVX-512 VNNI
+//! where the CPU has it (`cpu/packed.rs`), row by row with AVX2 or scalar code otherwise;
+//! `SIM_CPU_ISA=avx2|scalar` forces a fallback; other formats dequantized to f32 at
+//! load through [`crate::gguf`]), or are synthetic f32 for any shape. Norms, RoPE, attention and the KV cache are f32. The KV
 //! cache of each layer is laid out as the block manager's blocks
 //! (`[block][kv_head][slot][head_dim]`), exactly as on the GPU, so the block tables of a
 //! [`StepPlan`] address it directly; block copies (copy-on-write) and swaps move whole
@@ -13,10 +15,14 @@
 use std::time::Instant;
 
 use engine::plan::StepPlan;
-use rayon::prelude::*;
 
 use crate::cuda::{gguf_shape, LlamaShape};
 use crate::gguf::Gguf;
+
+mod packed;
+mod team;
+
+use team::team;
 
 /// Errors of the CPU runtime.
 #[derive(Debug, thiserror::Error)]
@@ -26,20 +32,28 @@ pub enum CpuError {
     Config(String),
 }
 
-/// A 4-bit block of 32 weights, scales decoded at load: value = q * d + m (Q4_1; Q4_0 is
-/// m = -8 d); nibble i of byte j is weight j (low) or j + 16 (high).
-#[derive(Clone, Copy)]
+/// A 4-bit block of 32 weights as the file's Q4_1 (20 bytes: decode is bound by memory
+/// traffic, so the scales stay f16): value = q * d + m (a Q4_0 block is stored with m =
+/// -8 d, exact in f16); nibble i of byte j is weight j (low) or j + 16 (high).
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
 struct Q4 {
-    d: f32,
-    m: f32,
+    /// `d` and `m`, f16 bits.
+    dm: [u16; 2],
     qs: [u8; 16],
 }
 
-/// An 8-bit block of 32 weights: value = q * d (Q8_0).
-#[derive(Clone, Copy)]
+/// An 8-bit block of 32 weights as the file's Q8_0 (34 bytes): value = q * d.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
 struct Q8 {
-    d: f32,
+    /// f16 bits.
+    d: u16,
     qs: [i8; 32],
+}
+
+fn f32_of(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
 }
 
 /// A step's activations rounded to 8 bits per 32-value block, as llama.cpp's Q8_1: block
@@ -50,6 +64,8 @@ struct QuantActs {
     d: Vec<f32>,
     s: Vec<f32>,
     q: Vec<i8>,
+    /// `sum(q)` of each block, exact.
+    sum: Vec<i32>,
 }
 
 fn quantize_acts(x: &[f32]) -> QuantActs {
@@ -58,6 +74,7 @@ fn quantize_acts(x: &[f32]) -> QuantActs {
         d: Vec::with_capacity(n),
         s: Vec::with_capacity(n),
         q: Vec::with_capacity(32 * n),
+        sum: Vec::with_capacity(n),
     };
     for c in x.chunks_exact(32) {
         let amax = c.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -73,28 +90,82 @@ fn quantize_acts(x: &[f32]) -> QuantActs {
         let f16 = |v: f32| half::f16::from_f32(v).to_f32();
         out.d.push(f16(d));
         out.s.push(f16(d * sum as f32));
+        out.sum.push(sum);
     }
     out
 }
 
-/// Integer dot products of one weight block with 32 activation bytes.
-trait IntBlock {
-    /// `sum_j q_j x_j`.
-    fn idot(&self, x: &[i8], avx2: bool) -> i32;
+/// A block format multiplied in integers by 8-bit activations: the scalar product (the
+/// reference, and the path of CPUs without AVX2), and the operands of the AVX2 kernels.
+trait IntBlock: Sized + Sync {
+    /// Whether blocks have an offset `m` (whose share is `m` times the activations' sum).
+    const OFFSET: bool;
+    /// 64-byte lines a block of sixteen rows takes in the grouped layout
+    /// ([`packed`]).
+    const LINES: usize;
+    /// What the grouped layout adds to each value to make it unsigned.
+    const BIAS: i32;
+    /// The grouped layout's bytes of a zero value (padding rows).
+    const ZERO_BYTES: [u8; 4];
+    /// `(d, m)` as f16 bits.
+    fn scale_parts(&self) -> (u16, u16);
+    /// The four bytes of line `k` in the grouped layout (values that pair with
+    /// activations `4k..4k+4`).
+    fn line_bytes(&self, k: usize) -> [u8; 4];
+    /// The block back from [`IntBlock::scale_parts`] and its lines.
+    fn from_parts(d: u16, m: u16, line: impl Fn(usize) -> [u8; 4]) -> Self;
+    /// `sum_j q_j x_j` over the block's 32 values.
+    fn idot(&self, x: &[i8]) -> i32;
     /// `(d, m)`: the block's value is `d * q + m`.
     fn scales(&self) -> (f32, f32);
+    /// `d` and `m` as f16 bits in the low and high half (for the SIMD conversion).
+    fn scale_bits(&self) -> i32;
     /// The 32 weights in f32.
     fn unpack_f32(&self) -> [f32; 32];
+    /// The weights as 32 bytes, once per block (shared by the tokens of a tile).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn lanes(&self) -> std::arch::x86_64::__m256i;
+    /// Unsigned and signed bytes whose pairwise products are `q_j x_j` (`maddubs`
+    /// multiplies unsigned by signed).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn operands(
+        w: std::arch::x86_64::__m256i,
+        x: std::arch::x86_64::__m256i,
+    ) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i);
 }
 
 impl IntBlock for Q4 {
-    fn idot(&self, x: &[i8], avx2: bool) -> i32 {
-        #[cfg(target_arch = "x86_64")]
-        if avx2 {
-            // SAFETY: AVX2 was detected at run time; `x` holds 32 bytes.
-            return unsafe { simd::dot_u4_i8(&self.qs, x) };
+    const OFFSET: bool = true;
+    const LINES: usize = 4;
+    const BIAS: i32 = 0;
+    const ZERO_BYTES: [u8; 4] = [0; 4];
+    fn scale_parts(&self) -> (u16, u16) {
+        (self.dm[0], self.dm[1])
+    }
+    fn line_bytes(&self, k: usize) -> [u8; 4] {
+        // Byte j holds value j (low nibble) and j + 16 (high): line k's bytes 4k..4k+4
+        // pair with activations 4k.. and 16 + 4k...
+        [
+            self.qs[4 * k],
+            self.qs[4 * k + 1],
+            self.qs[4 * k + 2],
+            self.qs[4 * k + 3],
+        ]
+    }
+    fn from_parts(d: u16, m: u16, line: impl Fn(usize) -> [u8; 4]) -> Q4 {
+        let mut qs = [0u8; 16];
+        for (k, c) in qs.chunks_exact_mut(4).enumerate() {
+            c.copy_from_slice(&line(k));
         }
-        let _ = avx2;
+        Q4 { dm: [d, m], qs }
+    }
+    fn idot(&self, x: &[i8]) -> i32 {
         (0..16)
             .map(|j| {
                 i32::from(self.qs[j] & 0x0f) * i32::from(x[j])
@@ -103,21 +174,57 @@ impl IntBlock for Q4 {
             .sum()
     }
     fn scales(&self) -> (f32, f32) {
-        (self.d, self.m)
+        (f32_of(self.dm[0]), f32_of(self.dm[1]))
+    }
+    fn scale_bits(&self) -> i32 {
+        (u32::from(self.dm[0]) | u32::from(self.dm[1]) << 16) as i32
     }
     fn unpack_f32(&self) -> [f32; 32] {
         self.unpack()
     }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn lanes(&self) -> std::arch::x86_64::__m256i {
+        use std::arch::x86_64::*;
+        // Low nibbles are values 0-15, high nibbles 16-31.
+        let bytes = _mm_loadu_si128(self.qs.as_ptr().cast());
+        let mask = _mm_set1_epi8(0x0f);
+        let lo = _mm_and_si128(bytes, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+        _mm256_set_m128i(hi, lo)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn operands(
+        w: std::arch::x86_64::__m256i,
+        x: std::arch::x86_64::__m256i,
+    ) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i) {
+        // Nibbles are unsigned already; 15 x 127 x 2 fits maddubs' i16.
+        (w, x)
+    }
 }
 
 impl IntBlock for Q8 {
-    fn idot(&self, x: &[i8], avx2: bool) -> i32 {
-        #[cfg(target_arch = "x86_64")]
-        if avx2 {
-            // SAFETY: AVX2 was detected at run time; `x` holds 32 bytes.
-            return unsafe { simd::dot_i8_i8(&self.qs, x) };
+    const OFFSET: bool = false;
+    const LINES: usize = 8;
+    const BIAS: i32 = 128;
+    const ZERO_BYTES: [u8; 4] = [0x80; 4];
+    fn scale_parts(&self) -> (u16, u16) {
+        (self.d, 0)
+    }
+    fn line_bytes(&self, k: usize) -> [u8; 4] {
+        std::array::from_fn(|j| (self.qs[4 * k + j] as u8) ^ 0x80)
+    }
+    fn from_parts(d: u16, _m: u16, line: impl Fn(usize) -> [u8; 4]) -> Q8 {
+        let mut qs = [0i8; 32];
+        for (k, c) in qs.chunks_exact_mut(4).enumerate() {
+            for (o, b) in c.iter_mut().zip(line(k)) {
+                *o = (b ^ 0x80) as i8;
+            }
         }
-        let _ = avx2;
+        Q8 { d, qs }
+    }
+    fn idot(&self, x: &[i8]) -> i32 {
         self.qs
             .iter()
             .zip(&x[..32])
@@ -125,51 +232,154 @@ impl IntBlock for Q8 {
             .sum()
     }
     fn scales(&self) -> (f32, f32) {
-        (self.d, 0.0)
+        (f32_of(self.d), 0.0)
+    }
+    fn scale_bits(&self) -> i32 {
+        i32::from(self.d)
     }
     fn unpack_f32(&self) -> [f32; 32] {
         self.unpack()
     }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn lanes(&self) -> std::arch::x86_64::__m256i {
+        std::arch::x86_64::_mm256_loadu_si256(self.qs.as_ptr().cast())
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn operands(
+        w: std::arch::x86_64::__m256i,
+        x: std::arch::x86_64::__m256i,
+    ) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i) {
+        use std::arch::x86_64::*;
+        // |w| times x with w's sign; x never holds -128 (whose negation overflows), as
+        // [`quantize_acts`] rounds to +-127.
+        (_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+    }
 }
 
-/// AVX2 integer dot products (llama.cpp's approach: unsigned-by-signed byte products
-/// summed pairwise to 16 bits, then to 32).
+/// Tokens multiplied together against each weight block: the block's bytes are loaded
+/// and unpacked once per tile, and the tile's accumulators stay in registers.
+const TILE: usize = 4;
+
+/// The row kernels llama.cpp-style: per block, integer products summed to eight i32
+/// lanes, converted and accumulated in f32 lanes with the two scales, and one horizontal
+/// sum per row and token at the end.
 #[cfg(target_arch = "x86_64")]
 mod simd {
+    use super::{IntBlock, QuantActs};
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx2")]
-    unsafe fn hsum(v: __m256i) -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-        _mm_cvtsi128_si32(s)
+    unsafe fn hsum_ps(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
     }
 
-    /// Nibbles (low: values 0-15, high: 16-31) by 32 signed bytes.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn dot_u4_i8(q: &[u8; 16], x: &[i8]) -> i32 {
-        debug_assert!(x.len() >= 32);
-        let bytes = _mm_loadu_si128(q.as_ptr().cast());
-        let mask = _mm_set1_epi8(0x0f);
-        let lo = _mm_and_si128(bytes, mask);
-        let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-        let w = _mm256_set_m128i(hi, lo);
-        let xv = _mm256_loadu_si256(x.as_ptr().cast());
-        // 15 x 127 x 2 fits in an i16.
-        let p16 = _mm256_maddubs_epi16(w, xv);
-        hsum(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
+    /// `out[j]` for tokens `t0 .. t0 + N` of `acts` against one weight row.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; `acts` must hold tokens up to `t0 + N` of
+    /// `row.len()` blocks each.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn row<B: IntBlock, const N: usize>(
+        row: &[B],
+        acts: &QuantActs,
+        t0: usize,
+        out: &mut [f32],
+    ) {
+        let nb = row.len();
+        assert!(acts.d.len() >= (t0 + N) * nb && out.len() >= N);
+        let (q, d, s) = (acts.q.as_ptr(), acts.d.as_ptr(), acts.s.as_ptr());
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut offsets = [0.0f32; N];
+        for (b, blk) in row.iter().enumerate() {
+            let w = blk.lanes();
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(blk.scale_bits()));
+            let (bd, bm) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
+            for j in 0..N {
+                let i = (t0 + j) * nb + b;
+                // SAFETY: i < acts.d.len() (asserted above), and q holds 32 bytes a block.
+                let xv = _mm256_loadu_si256(q.add(32 * i).cast());
+                let (u, sx) = B::operands(w, xv);
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, sx), ones);
+                let scale = _mm256_set1_ps(bd * *d.add(i));
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[j]);
+                if B::OFFSET {
+                    offsets[j] += bm * *s.add(i);
+                }
+            }
+        }
+        for j in 0..N {
+            out[j] = hsum_ps(acc[j]) + offsets[j];
+        }
     }
+}
 
-    /// Signed bytes by signed bytes (|w| times x with w's sign); x must not hold -128
-    /// (its negation overflows), which 8-bit activations never do.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn dot_i8_i8(q: &[i8; 32], x: &[i8]) -> i32 {
-        debug_assert!(x.len() >= 32);
-        let w = _mm256_loadu_si256(q.as_ptr().cast());
-        let xv = _mm256_loadu_si256(x.as_ptr().cast());
-        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
-        hsum(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
+/// Which row kernel the CPU runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kernel {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+/// The most capable kernel family `SIM_CPU_ISA` allows (`avx512`, the default; `avx2`;
+/// `scalar`), to measure and test the fallbacks on a CPU that has more.
+fn isa_cap() -> u8 {
+    static CAP: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| match std::env::var("SIM_CPU_ISA").as_deref() {
+        Ok("scalar") => 0,
+        Ok("avx2") => 1,
+        _ => 2,
+    })
+}
+
+impl Kernel {
+    fn detect() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        if isa_cap() >= 1
+            && is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            return Kernel::Avx2;
+        }
+        Kernel::Scalar
+    }
+}
+
+/// One weight row against the tokens `t0 .. t0 + out.len()` of `acts` (at most [`TILE`]):
+/// `out[j] = sum_b d_b dx sum(q qx) + m_b sx`.
+fn row_dots<B: IntBlock>(row: &[B], acts: &QuantActs, t0: usize, out: &mut [f32], k: Kernel) {
+    match k {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2, FMA and F16C were detected; block_matmul passes whole tokens of `acts`.
+        Kernel::Avx2 => unsafe {
+            match out.len() {
+                1 => simd::row::<B, 1>(row, acts, t0, out),
+                2 => simd::row::<B, 2>(row, acts, t0, out),
+                3 => simd::row::<B, 3>(row, acts, t0, out),
+                _ => simd::row::<B, TILE>(row, acts, t0, out),
+            }
+        },
+        Kernel::Scalar => {
+            let nb = row.len();
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = row
+                    .iter()
+                    .enumerate()
+                    .map(|(b, blk)| {
+                        let i = (t0 + j) * nb + b;
+                        let (d, m) = blk.scales();
+                        d * acts.d[i] * blk.idot(&acts.q[32 * i..32 * i + 32]) as f32
+                            + m * acts.s[i]
+                    })
+                    .sum();
+            }
+        }
     }
 }
 
@@ -186,10 +396,10 @@ pub enum Precision {
 
 /// `out[t][n]` over block rows (`k / 32` blocks each), rows split over the threads. With
 /// [`Precision::Int8`] the activations are rounded to 8 bits ([`quantize_acts`]) and a
-/// block's share is `d dx sum(q qx) + m sx`, in integers inside the block (AVX2 where
-/// the CPU has it, the same sums otherwise); with [`Precision::F32`] each block is
-/// unpacked to f32 and multiplied with the f32 activations.
-fn block_matmul<B: IntBlock + Sync>(
+/// block's share is `d dx sum(q qx) + m sx`, in integers inside the block ([`row_dots`]:
+/// AVX2 where the CPU has it, the same sums otherwise); with [`Precision::F32`] each
+/// block is unpacked to f32 and multiplied with the f32 activations.
+fn block_matmul<B: IntBlock>(
     blocks: &[B],
     x: &[f32],
     [t, k, n]: [usize; 3],
@@ -197,45 +407,62 @@ fn block_matmul<B: IntBlock + Sync>(
 ) -> Vec<f32> {
     let nb = k / 32;
     let acts = (precision == Precision::Int8).then(|| quantize_acts(x));
-    #[cfg(target_arch = "x86_64")]
-    let avx2 = is_x86_feature_detected!("avx2");
-    #[cfg(not(target_arch = "x86_64"))]
-    let avx2 = false;
+    let kernel = Kernel::detect();
     let mut out_t = vec![0.0f32; n * t];
-    out_t
-        .par_chunks_mut(t)
-        .zip(blocks.par_chunks(nb))
-        // Several rows per task: one row is too little work to hand to a thread.
-        .with_min_len(16)
-        .for_each(|(col, row)| {
-            for (b, blk) in row.iter().enumerate() {
-                match &acts {
-                    Some(acts) => {
-                        let (d, m) = blk.scales();
-                        for (ti, o) in col.iter_mut().enumerate() {
-                            let i = ti * nb + b;
-                            let isum = blk.idot(&acts.q[32 * i..32 * i + 32], avx2);
-                            *o += d * acts.d[i] * isum as f32 + m * acts.s[i];
-                        }
-                    }
-                    None => {
-                        let w = blk.unpack_f32();
-                        for (ti, o) in col.iter_mut().enumerate() {
-                            *o += dot(&w, &x[ti * k + 32 * b..][..32]);
-                        }
+    // Each member streams a contiguous stretch of rows, which the prefetchers follow.
+    team().for_each_chunk(&mut out_t, t, |r, col| {
+        let row = &blocks[r * nb..(r + 1) * nb];
+        match &acts {
+            Some(acts) => {
+                for (c, tile) in col.chunks_mut(TILE).enumerate() {
+                    row_dots(row, acts, c * TILE, tile, kernel);
+                }
+            }
+            None => {
+                for (b, blk) in row.iter().enumerate() {
+                    let w = blk.unpack_f32();
+                    for (ti, o) in col.iter_mut().enumerate() {
+                        *o += dot(&w, &x[ti * k + 32 * b..][..32]);
                     }
                 }
             }
-        });
+        }
+    });
+    transpose(&out_t, t, n)
+}
+
+/// [`block_matmul`] for the grouped layout: [`packed::Packed::matmul`] (AVX-512 VNNI) for
+/// [`Precision::Int8`]; with [`Precision::F32`] the blocks are unpacked row by row.
+fn packed_matmul<B: IntBlock>(
+    p: &packed::Packed<B>,
+    x: &[f32],
+    [t, k, n]: [usize; 3],
+    precision: Precision,
+) -> Vec<f32> {
+    debug_assert_eq!(n, p.rows());
+    if precision == Precision::Int8 {
+        return p.matmul(&quantize_acts(x), t);
+    }
+    let nb = k / 32;
+    let mut out_t = vec![0.0f32; n * t];
+    team().for_each_chunk(&mut out_t, t, |r, col| {
+        for b in 0..nb {
+            let w = p.block(r, b).unpack_f32();
+            for (ti, o) in col.iter_mut().enumerate() {
+                *o += dot(&w, &x[ti * k + 32 * b..][..32]);
+            }
+        }
+    });
     transpose(&out_t, t, n)
 }
 
 impl Q4 {
     fn unpack(&self) -> [f32; 32] {
+        let (d, m) = self.scales();
         let mut w = [0.0f32; 32];
         for j in 0..16 {
-            w[j] = f32::from(self.qs[j] & 0x0f) * self.d + self.m;
-            w[j + 16] = f32::from(self.qs[j] >> 4) * self.d + self.m;
+            w[j] = f32::from(self.qs[j] & 0x0f) * d + m;
+            w[j + 16] = f32::from(self.qs[j] >> 4) * d + m;
         }
         w
     }
@@ -243,42 +470,50 @@ impl Q4 {
 
 impl Q8 {
     fn unpack(&self) -> [f32; 32] {
-        self.qs.map(|q| f32::from(q) * self.d)
+        let d = f32_of(self.d);
+        self.qs.map(|q| f32::from(q) * d)
     }
 }
 
 /// A weight matrix, row-major `[out][in]` as PyTorch's Linear: f32, or the GGUF file's
-/// 32-value blocks (Q4_0/Q4_1, Q8_0) with their scales decoded at load, multiplied in
+/// 32-value blocks (Q4_0/Q4_1, Q8_0), multiplied in
 /// integers against 8-bit activations as llama.cpp does ([`block_matmul`]).
 enum Weight {
     F32(Vec<f32>),
     Q4(Vec<Q4>),
     Q8(Vec<Q8>),
+    /// Q4 blocks in the grouped layout of the AVX-512 VNNI kernels.
+    P4(packed::Packed<Q4>),
+    /// Q8 blocks likewise.
+    P8(packed::Packed<Q8>),
 }
 
 impl Weight {
-    /// Decodes a GGUF block tensor's bytes (Q4_0, Q4_1 or Q8_0).
+    /// Reads a GGUF block tensor's bytes (Q4_0, Q4_1 or Q8_0); `None` for other types,
+    /// and for a Q4_0 tensor with a scale whose `-8 d` leaves f16's range (none in
+    /// practice), which then load as f32.
     fn from_blocks(ty: crate::gguf::GgmlType, data: &[u8]) -> Option<Weight> {
         use crate::gguf::GgmlType;
-        let half = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+        let bits = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
         match ty {
             GgmlType::Q4_0 | GgmlType::Q4_1 => {
                 let size = if ty == GgmlType::Q4_0 { 18 } else { 20 };
-                Some(Weight::Q4(
-                    data.chunks_exact(size)
-                        .map(|b| {
-                            let d = half(b, 0);
-                            let (m, qs) = if ty == GgmlType::Q4_0 {
-                                (-8.0 * d, &b[2..18])
-                            } else {
-                                (half(b, 2), &b[4..20])
-                            };
-                            let mut q = [0u8; 16];
-                            q.copy_from_slice(qs);
-                            Q4 { d, m, qs: q }
-                        })
-                        .collect(),
-                ))
+                data.chunks_exact(size)
+                    .map(|b| {
+                        let d = bits(b, 0);
+                        let (m, qs) = if ty == GgmlType::Q4_0 {
+                            // Times a power of two: exact unless it overflows.
+                            let m = half::f16::from_f32(-8.0 * f32_of(d));
+                            (m.is_finite().then_some(m.to_bits())?, &b[2..18])
+                        } else {
+                            (bits(b, 2), &b[4..20])
+                        };
+                        let mut q = [0u8; 16];
+                        q.copy_from_slice(qs);
+                        Some(Q4 { dm: [d, m], qs: q })
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .map(Weight::Q4)
             }
             GgmlType::Q8_0 => Some(Weight::Q8(
                 data.chunks_exact(34)
@@ -288,7 +523,7 @@ impl Weight {
                             *o = v as i8;
                         }
                         Q8 {
-                            d: half(b, 0),
+                            d: bits(b, 0),
                             qs: q,
                         }
                     })
@@ -307,6 +542,21 @@ impl Weight {
             Weight::F32(w) => matmul(x, w, t, k, n),
             Weight::Q4(blocks) => block_matmul(blocks, x, [t, k, n], precision),
             Weight::Q8(blocks) => block_matmul(blocks, x, [t, k, n], precision),
+            Weight::P4(p) => packed_matmul(p, x, [t, k, n], precision),
+            Weight::P8(p) => packed_matmul(p, x, [t, k, n], precision),
+        }
+    }
+
+    /// The grouped layout where this CPU has its kernels (`k` inputs a row).
+    fn packed_for_cpu(self, k: usize) -> Weight {
+        let nb = k / 32;
+        if !packed::available() || nb == 0 {
+            return self;
+        }
+        match self {
+            Weight::Q4(b) => Weight::P4(packed::Packed::new(&b, b.len() / nb, nb)),
+            Weight::Q8(b) => Weight::P8(packed::Packed::new(&b, b.len() / nb, nb)),
+            w => w,
         }
     }
 
@@ -323,6 +573,8 @@ impl Weight {
                 .iter()
                 .flat_map(Q8::unpack)
                 .collect(),
+            Weight::P4(p) => (0..nb).flat_map(|b| p.block(i, b).unpack()).collect(),
+            Weight::P8(p) => (0..nb).flat_map(|b| p.block(i, b).unpack()).collect(),
         }
     }
 }
@@ -367,15 +619,12 @@ fn matmul(x: &[f32], w: &[f32], t: usize, k: usize, n: usize) -> Vec<f32> {
     }
     // Output-major so that each thread owns whole weight rows (read once per step).
     let mut out_t = vec![0.0f32; n * t];
-    out_t
-        .par_chunks_mut(t)
-        .zip(w.par_chunks(k))
-        .with_min_len(16)
-        .for_each(|(col, wr)| {
-            for (ti, o) in col.iter_mut().enumerate() {
-                *o = dot(&x[ti * k..(ti + 1) * k], wr);
-            }
-        });
+    team().for_each_chunk(&mut out_t, t, |r, col| {
+        let wr = &w[r * k..(r + 1) * k];
+        for (ti, o) in col.iter_mut().enumerate() {
+            *o = dot(&x[ti * k..(ti + 1) * k], wr);
+        }
+    });
     transpose(&out_t, t, n)
 }
 
@@ -480,7 +729,7 @@ impl CpuRuntime {
         let matrix = |parts: &[(String, u64)], fan_in: u64| -> Result<Weight, CpuError> {
             let blocks = g.stacked_blocks(parts, fan_in).map_err(err)?;
             match blocks.and_then(|(ty, data)| Weight::from_blocks(ty, &data)) {
-                Some(w) => Ok(w),
+                Some(w) => Ok(w.packed_for_cpu(fan_in as usize)),
                 None => Ok(Weight::F32(g.stacked(parts, fan_in).map_err(err)?)),
             }
         };
@@ -693,6 +942,7 @@ impl CpuRuntime {
     /// and the drawn tokens: `num_samples` for each sampling sequence, in plan order.
     pub fn forward(&mut self, plan: &StepPlan) -> Result<(u64, Vec<u32>), CpuError> {
         let started = Instant::now();
+
         if self.swap.is_empty() && !(plan.swap_in.is_empty() && plan.swap_out.is_empty()) {
             return Err(CpuError::Config(format!(
                 "step {}: the plan swaps blocks but the runtime has no CPU swap pool",
@@ -768,27 +1018,30 @@ impl CpuRuntime {
             }
             let (kc, vc) = (&self.k_cache[li], &self.v_cache[li]);
             let mut attn = vec![0.0f32; t * qd];
-            attn.par_chunks_mut(hd).enumerate().for_each(|(r, out)| {
+            // One task per (token, head); a single decode has too few (token, KV head)
+            // pairs to keep the threads busy.
+            team().for_each_chunk_dynamic(&mut attn, hd, |r, out| {
                 let (i, head) = (r / heads, r % heads);
                 let (wi, p, _) = toks[i];
                 let kvh = head / group;
                 let q = &qkv[i * (qd + 2 * kvd) + head * hd..][..hd];
                 let lo = window.map_or(0, |w| (p + 1).saturating_sub(w));
-                let mut scores = Vec::with_capacity((p + 1 - lo) as usize);
-                for j in lo..=p {
-                    let at = kv_at(slot(wi, j), kvh);
-                    scores.push(dot(q, &kc[at..at + hd]) * scale);
-                }
-                let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let rows: Vec<usize> = (lo..=p).map(|j| kv_at(slot(wi, j), kvh)).collect();
+                let mut w: Vec<f32> = rows
+                    .iter()
+                    .map(|&at| dot(q, &kc[at..at + hd]) * scale)
+                    .collect();
+                let m = w.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mut z = 0.0f32;
-                for sc in scores.iter_mut() {
-                    *sc = (*sc - m).exp();
-                    z += *sc;
+                for v in w.iter_mut() {
+                    *v = (*v - m).exp();
+                    z += *v;
                 }
-                for (j, w) in (lo..=p).zip(&scores) {
-                    let at = kv_at(slot(wi, j), kvh);
+                let inv = 1.0 / z;
+                for (&at, &wj) in rows.iter().zip(&w) {
+                    let wj = wj * inv;
                     for (o, v) in out.iter_mut().zip(&vc[at..at + hd]) {
-                        *o += w / z * v;
+                        *o += wj * v;
                     }
                 }
             });
@@ -856,10 +1109,11 @@ pub struct CpuBenchLine {
 }
 
 impl CpuRuntime {
-    /// Times a prefill of `prompt` tokens and decode steps of 1, 8, 16 and 32 sequences at
-    /// context `prompt` (median of `reps` steps each, after one warm-up); the runtime needs
-    /// 32 x `prompt` + 32 tokens of KV cache.
-    pub fn bench(&mut self, prompt: u32, reps: usize) -> Result<Vec<CpuBenchLine>, CpuError> {
+    /// The steps [`CpuRuntime::bench`] times: `(what, tokens, plan)` for a prefill of
+    /// `prompt` tokens and decode steps of 1, 8, 16 and 32 sequences at context `prompt`
+    /// (greedy, blocks from 0 on; the runtime needs 32 x `prompt` + 32 tokens of KV
+    /// cache). Criterion's `cpu_runtime` bench times the same plans.
+    pub fn bench_plans(&self, prompt: u32) -> Result<Vec<(String, u32, StepPlan)>, CpuError> {
         let bs = self.block_size;
         let per_seq = (prompt + 1).div_ceil(bs);
         if u64::from(per_seq) * 32 > u64::from(self.num_blocks) {
@@ -869,27 +1123,13 @@ impl CpuRuntime {
                 self.num_blocks
             )));
         }
-        let mut time = |plan: &StepPlan| -> Result<f64, CpuError> {
-            self.forward(plan)?;
-            let mut t: Vec<f64> = (0..reps.max(1))
-                .map(|_| self.forward(plan).map(|(ns, _)| ns as f64 / 1e6))
-                .collect::<Result<_, _>>()?;
-            t.sort_by(f64::total_cmp);
-            Ok(t[t.len() / 2])
-        };
         let greedy = engine::request::SamplingParams::default();
         let table: Vec<u32> = (0..per_seq).collect();
-        let mut lines = vec![CpuBenchLine {
-            name: format!("prefill of {prompt} tokens"),
-            tokens: prompt,
-            ms: time(&crate::generate::one_sequence_step(
-                0,
-                prompt,
-                &table,
-                &[],
-                greedy,
-            ))?,
-        }];
+        let mut plans = vec![(
+            format!("prefill of {prompt} tokens"),
+            prompt,
+            crate::generate::one_sequence_step(0, prompt, &table, &[], greedy),
+        )];
         for batch in [1u32, 8, 16, 32] {
             let mut plan = StepPlan::default();
             for i in 0..batch {
@@ -898,10 +1138,29 @@ impl CpuRuntime {
                 w[0].seq = u64::from(i);
                 plan.work.extend(w);
             }
+            plans.push((
+                format!("decode step, {batch} sequences at context {prompt}"),
+                batch,
+                plan,
+            ));
+        }
+        Ok(plans)
+    }
+
+    /// Times [`CpuRuntime::bench_plans`]: the median of `reps` steps each, after one
+    /// warm-up.
+    pub fn bench(&mut self, prompt: u32, reps: usize) -> Result<Vec<CpuBenchLine>, CpuError> {
+        let mut lines = Vec::new();
+        for (name, tokens, plan) in self.bench_plans(prompt)? {
+            self.forward(&plan)?;
+            let mut t: Vec<f64> = (0..reps.max(1))
+                .map(|_| self.forward(&plan).map(|(ns, _)| ns as f64 / 1e6))
+                .collect::<Result<_, _>>()?;
+            t.sort_by(f64::total_cmp);
             lines.push(CpuBenchLine {
-                name: format!("decode step, {batch} sequences at context {prompt}"),
-                tokens: batch,
-                ms: time(&plan)?,
+                name,
+                tokens,
+                ms: t[t.len() / 2],
             });
         }
         Ok(lines)
@@ -924,6 +1183,19 @@ pub type CpuBackend = crate::generate::RuntimeBackend<CpuRuntime>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn f16_bits(v: f32) -> u16 {
+        half::f16::from_f32(v).to_bits()
+    }
+
+    impl Q4 {
+        fn new(d: f32, m: f32, qs: [u8; 16]) -> Q4 {
+            Q4 {
+                dm: [f16_bits(d), f16_bits(m)],
+                qs,
+            }
+        }
+    }
     use engine::plan::{SeqWork, WorkKind};
     use engine::request::SamplingParams;
 
@@ -1028,13 +1300,9 @@ mod tests {
             (z >> 56) as u8
         };
         for _ in 0..200 {
-            let q4 = Q4 {
-                d: 0.5,
-                m: -1.0,
-                qs: std::array::from_fn(|_| byte()),
-            };
+            let q4 = Q4::new(0.5, -1.0, std::array::from_fn(|_| byte()));
             let mut q8 = Q8 {
-                d: 0.25,
+                d: f16_bits(0.25),
                 qs: std::array::from_fn(|_| byte() as i8),
             };
             // Extremes: a -128 weight, and activations over their whole range
@@ -1060,20 +1328,134 @@ mod tests {
                 })
                 .sum();
             let want8: i32 = (0..32).map(|j| i32::from(q8.qs[j]) * i32::from(x[j])).sum();
-            for avx2 in [
-                false,
-                cfg!(target_arch = "x86_64") && std::is_x86_feature_detected!("avx2"),
-            ] {
-                assert_eq!(q4.idot(&x, avx2), want4, "q4, avx2 {avx2}");
-                assert_eq!(q8.idot(&x, avx2), want8, "q8, avx2 {avx2}");
+            assert_eq!(q4.idot(&x), want4, "q4");
+            assert_eq!(q8.idot(&x), want8, "q8");
+        }
+        // Whole rows against tiles of 1 to 4 tokens: every kernel gives the exact sums
+        // up to f32 reassociation (a few ulps of the row's magnitude).
+        let nb = 18;
+        let acts = quantize_acts(
+            &(0..5 * 32 * nb)
+                .map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0)
+                .collect::<Vec<_>>(),
+        );
+        let q4: Vec<Q4> = (0..nb)
+            .map(|b| {
+                let qs = std::array::from_fn(|_| byte());
+                Q4::new(0.01 * (b + 1) as f32, -0.05 * b as f32, qs)
+            })
+            .collect();
+        let q8: Vec<Q8> = (0..nb)
+            .map(|b| Q8 {
+                d: f16_bits(0.003 * (b + 1) as f32),
+                qs: std::array::from_fn(|j| if j == 5 { -128 } else { byte() as i8 }),
+            })
+            .collect();
+        fn exact<B: IntBlock>(row: &[B], acts: &QuantActs, t: usize) -> f64 {
+            let nb = row.len();
+            row.iter()
+                .enumerate()
+                .map(|(b, blk)| {
+                    let i = t * nb + b;
+                    let (d, m) = blk.scales();
+                    f64::from(d)
+                        * f64::from(acts.d[i])
+                        * f64::from(blk.idot(&acts.q[32 * i..][..32]))
+                        + f64::from(m) * f64::from(acts.s[i])
+                })
+                .sum()
+        }
+        fn check<B: IntBlock>(row: &[B], acts: &QuantActs, name: &str) {
+            let scale: f64 = (0..5)
+                .map(|t| exact(row, acts, t).abs())
+                .fold(1.0, f64::max);
+            for kernel in [Kernel::Scalar, Kernel::detect()] {
+                for (t0, nt) in [(0, 1), (1, 2), (0, 3), (1, 4)] {
+                    let mut out = vec![0.0f32; nt];
+                    row_dots(row, acts, t0, &mut out, kernel);
+                    for (j, &o) in out.iter().enumerate() {
+                        let want = exact(row, acts, t0 + j);
+                        assert!(
+                            (f64::from(o) - want).abs() <= 1e-5 * scale,
+                            "{name} {kernel:?} token {}: {o} against {want}",
+                            t0 + j
+                        );
+                    }
+                }
             }
         }
+        check(&q4, &acts, "q4");
+        check(&q8, &acts, "q8");
         // Rounding to 8 bits: the largest value maps to +-127, sums follow.
         let x: Vec<f32> = (0..64).map(|i| (i as f32 - 20.0) * 0.1).collect();
         let a = quantize_acts(&x);
         assert_eq!((a.d.len(), a.q.len()), (2, 64));
         assert_eq!(a.q[0], -127);
         assert!(a.q.iter().all(|&q| q >= -127));
+    }
+
+    #[test]
+    fn grouped_layout_round_trips_and_matches_the_row_kernels() {
+        let mut z = 11u64;
+        let mut byte = move || {
+            z = z.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (z >> 56) as u8
+        };
+        // 37 rows: two full groups and a partial one; 3 blocks a row; 6 tokens (a full
+        // tile and a partial one).
+        let (rows, nb, t) = (37, 3, 6);
+        let q4: Vec<Q4> = (0..rows * nb)
+            .map(|i| {
+                let qs = std::array::from_fn(|_| byte());
+                Q4::new(0.01 + 0.001 * (i % 7) as f32, -0.02 * (i % 5) as f32, qs)
+            })
+            .collect();
+        let q8: Vec<Q8> = (0..rows * nb)
+            .map(|i| Q8 {
+                d: f16_bits(0.002 * (1 + i % 9) as f32),
+                qs: std::array::from_fn(|j| if j == 7 { -128 } else { byte() as i8 }),
+            })
+            .collect();
+        let x: Vec<f32> = (0..t * nb * 32)
+            .map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0)
+            .collect();
+        let acts = quantize_acts(&x);
+        fn check<B: IntBlock + PartialEq + std::fmt::Debug>(
+            blocks: &[B],
+            acts: &QuantActs,
+            [rows, nb, t]: [usize; 3],
+        ) {
+            let p = packed::Packed::new(blocks, rows, nb);
+            for r in 0..rows {
+                for b in 0..nb {
+                    assert_eq!(p.block(r, b), blocks[r * nb + b], "row {r} block {b}");
+                }
+            }
+            if !packed::available() {
+                eprintln!("no AVX-512 VNNI here: grouped kernel not run");
+                return;
+            }
+            let got = p.matmul(acts, t);
+            for r in 0..rows {
+                let mut want = vec![0.0f32; t];
+                row_dots(
+                    &blocks[r * nb..(r + 1) * nb],
+                    acts,
+                    0,
+                    &mut want,
+                    Kernel::Scalar,
+                );
+                for (ti, &w) in want.iter().enumerate() {
+                    let g = got[ti * rows + r];
+                    assert!(
+                        (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                        "row {r} token {ti}: {g} {w}"
+                    );
+                }
+            }
+        }
+        check(&q4, &acts, [rows, nb, t]);
+        check(&q8, &acts, [rows, nb, t]);
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! - [`gguf`]: the GGUF reader (metadata, tensors, dequantization), through which the CUDA
 //!   runtime loads real weights.
 //! - [`tokenizer`]: the model file's byte-level BPE tokenizer and chat template.
-//! - [`cpu`]: the CPU reference runtime (f32, rayon) over the same paged KV layout.
+//! - [`cpu`]: the CPU runtime (quantized weights, AVX-512 VNNI / AVX2 kernels, a spinning
+//!   thread team) over the same paged KV layout.
 //! - [`sampling`], [`generate`], [`oracle`]: token draws, the generation loop and engine
 //!   backend shared by both runtimes, and llama.cpp's reference outputs.
 #![warn(missing_docs)]

@@ -11,7 +11,7 @@
 //! e.g. Llama-3-8B can be timed on an H100 without downloading weights) or a GGUF model's,
 //! dequantized to bf16 at load ([`CudaRuntime::from_gguf`]).
 //!
-//! Without a GPU, [`probe`] and [`CudaRuntime::new`] return [`CudaError::NoDriver`] (or the
+//! Without a GPU, [`probe`] and [`CudaRuntime::synthetic`] return [`CudaError::NoDriver`] (or the
 //! library that is missing) instead of panicking: cudarc panics on first use of a library it
 //! cannot load, so every entry point checks the libraries first.
 
