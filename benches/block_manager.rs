@@ -46,6 +46,7 @@ fn admit(bm: &mut BlockManager, id: u64) -> Live {
             total: len,
             hashes: Some(hashes.clone()),
             write_from: 0,
+            lookahead: 0,
         }],
         ..ReserveRequest::default()
     });
@@ -84,6 +85,7 @@ fn bench(c: &mut Criterion) {
                         total: s.len + 1,
                         hashes: None,
                         write_from: s.len,
+                        lookahead: 0,
                     })
                     .collect();
                 let victims = live.iter().rev().map(|s| s.id).collect();

@@ -39,6 +39,7 @@ fn plan(chunk: bool) -> StepPlan {
                 block_table: Vec::new(),
                 token_ids: Vec::new(),
                 sampling: Default::default(),
+                drafts: None,
             }
         })
         .collect();

@@ -648,12 +648,13 @@ impl CostModel {
     }
 
     /// Cost of a step of `num_seqs` sequences that computes `prefill` chunks `(cached,
-    /// len)` and `decode` contexts (tokens attended, including the new one), sampling
-    /// `samples` tokens.
+    /// len)` and `decode` work `(context, queries)` (tokens attended including the new
+    /// ones; 1 query for a decode, `1 + k` for a speculative verify, whose queries read
+    /// the context's K and V once), taking logits at `samples` positions.
     pub fn step_cost(
         &self,
         prefill: impl Iterator<Item = (u32, u32)>,
-        decode: impl Iterator<Item = u32>,
+        decode: impl Iterator<Item = (u32, u32)>,
         samples: u32,
         num_seqs: u32,
     ) -> StepCost {
@@ -682,13 +683,14 @@ impl CostModel {
                 + c.min(window) * 2.0 * kv_heads * hd * kvb;
             prefill_tokens += l;
         }
-        // Decode attention: bandwidth-bound read of every context's K and V.
+        // Decode attention: bandwidth-bound read of every context's K and V (once for all
+        // the queries of a verify step).
         let (mut dc_flops, mut dc_bytes, mut decode_tokens) = (0.0, 0.0, 0.0);
-        for ctx in decode {
-            let c = f64::from(ctx).min(window);
-            dc_flops += 4.0 * heads * hd * c;
+        for (ctx, queries) in decode {
+            let (c, q) = (f64::from(ctx).min(window), f64::from(queries.max(1)));
+            dc_flops += 4.0 * heads * hd * c * q;
             dc_bytes += c * 2.0 * kv_heads * hd * kvb;
-            decode_tokens += 1.0;
+            decode_tokens += q;
         }
         let tokens = prefill_tokens + decode_tokens;
 
@@ -857,9 +859,9 @@ impl CostModel {
         let decode = plan
             .work
             .iter()
-            .filter(|w| w.kind == WorkKind::Decode)
-            .map(|w| w.context_len());
-        let samples = plan.work.iter().filter(|w| w.sample).count() as u32;
+            .filter(|w| w.kind != WorkKind::Prefill)
+            .map(|w| (w.context_len(), w.len));
+        let samples = plan.num_logit_rows() as u32;
         let mut c = self.step_cost(prefill, decode, samples, plan.work.len() as u32);
         c.kv_transfer_s = self.kv_transfer_s(
             plan.swap_in.len() + plan.swap_out.len(),
@@ -870,9 +872,52 @@ impl CostModel {
     }
 }
 
+impl CostModel {
+    /// Seconds a draft model (this cost model) spends on a step of `plan`: it prefills
+    /// the step's prompt chunks too (it needs their KV), and drafts the `k` tokens of each
+    /// verify work in `k` autoregressive steps over the verifying sequences (step `j`
+    /// decodes at context `start + 1 + j`), the first step together with the prefills.
+    pub fn draft_seconds(&self, plan: &StepPlan) -> f64 {
+        let verify: Vec<(u32, u32)> = plan
+            .work
+            .iter()
+            .filter(|w| w.kind == WorkKind::Verify)
+            .map(|w| (w.start, w.len.saturating_sub(1)))
+            .collect();
+        let has_prefill = plan.work.iter().any(|w| w.kind == WorkKind::Prefill);
+        let rounds = verify.iter().map(|&(_, k)| k).max().unwrap_or(0);
+        let mut s = 0.0;
+        for j in 0..rounds.max(u32::from(has_prefill)) {
+            let prefill = plan
+                .work
+                .iter()
+                .filter(|w| j == 0 && w.kind == WorkKind::Prefill)
+                .map(|w| (w.start, w.len));
+            let decode = verify
+                .iter()
+                .filter(|&&(_, k)| k > j)
+                .map(|&(start, _)| (start + 1 + j, 1));
+            let n = verify.iter().filter(|&&(_, k)| k > j).count() as u32;
+            let seqs = n + if j == 0 {
+                plan.work
+                    .iter()
+                    .filter(|w| w.kind == WorkKind::Prefill)
+                    .count() as u32
+            } else {
+                0
+            };
+            s += self.step_cost(prefill, decode, n, seqs).seconds;
+        }
+        s
+    }
+}
+
 /// The cost model as an engine backend.
 pub struct CostModelBackend {
     model: CostModel,
+    /// The draft model of speculative decoding (`method = draft-model`), costed on the
+    /// same GPUs before each verify.
+    draft: Option<CostModel>,
     sampled: Vec<u32>,
 }
 
@@ -881,8 +926,15 @@ impl CostModelBackend {
     pub fn new(model: CostModel) -> Self {
         CostModelBackend {
             model,
+            draft: None,
             sampled: Vec::new(),
         }
+    }
+
+    /// Adds a draft model whose drafting time each step pays.
+    pub fn with_draft(mut self, draft: CostModel) -> Self {
+        self.draft = Some(draft);
+        self
     }
 }
 
@@ -892,15 +944,21 @@ impl Backend for CostModelBackend {
     }
 
     fn execute(&mut self, plan: &StepPlan) -> Result<StepOutcome, BackendError> {
-        let c = self.model.plan_cost(plan);
+        let mut c = self.model.plan_cost(plan);
+        if let Some(draft) = &self.draft {
+            c.seconds += draft.draft_seconds(plan);
+        }
         let d = &self.model.d;
         let duration = (c.seconds * 1e9).round().max(1.0) as u64;
-        let samples = plan.num_samples();
+        // Synthetic acceptance stands in for verification.
+        let accepted = engine::plan::simulated_acceptances(plan);
+        let samples = StepOutcome::expected_samples(plan, &accepted);
         self.sampled.clear();
         self.sampled.resize(samples, SIM_TOKEN);
         Ok(StepOutcome {
             duration,
             sampled: self.sampled.clone(),
+            accepted,
             // The stages of a pipeline share the step's traffic and FLOPs.
             mbu: c.bytes / f64::from(d.pp.max(1)) / (c.seconds * d.gpu.mem_bw),
             mfu: c.flops / f64::from(d.pp.max(1)) / (c.seconds * d.gpu.peak_flops(d.dtype)),

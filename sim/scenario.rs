@@ -674,6 +674,7 @@ fn resolve(name: &str, config: ScenarioConfig, base_dir: &Path) -> Result<Varian
         } else {
             model.sliding_window
         },
+        speculative: None,
     };
     scheduler.validate().map_err(|e| e.to_string())?;
     Ok(Variant {

@@ -141,7 +141,7 @@ fn nccl_cost(
 fn decode_s(m: &CostModel, batch: u32, ctx: u32) -> f64 {
     m.step_cost(
         std::iter::empty(),
-        std::iter::repeat_n(ctx, batch as usize),
+        std::iter::repeat_n((ctx, 1), batch as usize),
         batch,
         batch,
     )

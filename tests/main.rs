@@ -7,6 +7,7 @@ mod prefix;
 mod properties;
 mod real_runtime;
 mod scenarios;
+mod spec;
 
 /// The real SmolLM2-135M-Instruct Q4_1 GGUF (`SIM_SMOLLM2_GGUF`, or the cache `.ci/run`
 /// fills), when present. Tests that need it skip without it on a developer's machine, but

@@ -149,6 +149,7 @@ fn whole_trace_hits_its_repeated_blocks() {
                 total: n,
                 hashes: Some(hashes.clone().into()),
                 write_from: 0,
+                lookahead: 0,
             }],
             ..ReserveRequest::default()
         });

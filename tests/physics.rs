@@ -31,7 +31,7 @@ fn inputs() -> MemoryInputs {
 
 /// Batch-1 decode step at context `ctx`.
 fn decode_step_s(m: &CostModel, ctx: u32) -> f64 {
-    m.step_cost(std::iter::empty(), std::iter::once(ctx), 1, 1)
+    m.step_cost(std::iter::empty(), std::iter::once((ctx, 1)), 1, 1)
         .seconds
 }
 
@@ -169,14 +169,19 @@ fn prefill_is_compute_bound_and_decode_is_memory_bound() {
     let bw = d.gpu.mem_bw;
     let m = CostModel::new(d, CostParams::default());
     let prefill = m.step_cost(std::iter::once((0, 4096)), std::iter::empty(), 1, 1);
-    let decode = m.step_cost(std::iter::empty(), std::iter::once(512), 1, 1);
+    let decode = m.step_cost(std::iter::empty(), std::iter::once((512, 1)), 1, 1);
     // Arithmetic intensity decides: the prefill step's FLOP time dominates its byte time,
     // the decode step's byte time dominates its FLOP time.
     assert!(prefill.flops / peak > prefill.bytes / bw);
     assert!(decode.bytes / bw > decode.flops / peak);
     // Batching decodes is nearly free while memory-bound: 64 sequences cost far less than
     // 64 single steps.
-    let batch = m.step_cost(std::iter::empty(), std::iter::repeat_n(512, 64), 64, 64);
+    let batch = m.step_cost(
+        std::iter::empty(),
+        std::iter::repeat_n((512, 1), 64),
+        64,
+        64,
+    );
     assert!(
         batch.seconds < 2.0 * decode.seconds,
         "{batch:?} vs {decode:?}"
@@ -319,8 +324,13 @@ fn decode_attention_grows_linearly_with_context() {
         CostParams::default(),
     );
     let attn = |ctx: u32| {
-        m.step_cost(std::iter::empty(), std::iter::repeat_n(ctx, 32), 32, 32)
-            .attention_s
+        m.step_cost(
+            std::iter::empty(),
+            std::iter::repeat_n((ctx, 1), 32),
+            32,
+            32,
+        )
+        .attention_s
     };
     let (a4, a8, a16) = (attn(4096), attn(8192), attn(16384));
     // Each doubling adds twice what the previous one added (bytes read grow with context).
@@ -400,7 +410,7 @@ fn mixtral_reads_the_experts_its_tokens_pick() {
         model
             .step_cost(
                 std::iter::empty(),
-                std::iter::repeat_n(512, n),
+                std::iter::repeat_n((512, 1), n),
                 n as u32,
                 n as u32,
             )

@@ -129,6 +129,7 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
         victim: c.victim,
         watermark_blocks: c.watermark,
         sliding_window: None,
+        speculative: None,
     };
     let mut sched = Scheduler::new(cfg).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let mut bm = BlockManager::with_prefix_caching(c.blocks, c.block_size, c.eviction.policy());
@@ -181,7 +182,12 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
         let result = sched
             .commit(&plan, &out, now)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
-        bm.release(&result.cache, &result.forks, &result.to_free);
+        bm.release(
+            &result.cache,
+            &result.rollback,
+            &result.forks,
+            &result.to_free,
+        );
         bm.check_invariants().map_err(TestCaseError::fail)?;
         records.extend(result.finished);
         steps += 1;

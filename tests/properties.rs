@@ -25,6 +25,7 @@ use engine::request::{FinishReason, Nanos, Request, SeqId, SeqStatus};
 use engine::scheduler::{
     AdmissionPolicy, QueuePolicy, Scheduler, SchedulerConfig, SchedulerKind, VictimPolicy,
 };
+use engine::spec::{Acceptance, DynamicK, Method, SpecConfig};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use sim::catalog::{find_gpu, find_model, Dtype};
@@ -91,6 +92,9 @@ struct Knobs {
     contiguous: bool,
     /// Blocks kept free when admitting (vLLM V0's watermark).
     watermark: u32,
+    /// Speculative decoding with synthetic acceptance: `(k, per-position rates, dynamic
+    /// k's zero batch)`.
+    spec: Option<(u32, Vec<f64>, Option<u32>)>,
 }
 
 impl Knobs {
@@ -116,6 +120,7 @@ impl Knobs {
             window: None,
             contiguous: false,
             watermark: 0,
+            spec: None,
         }
     }
 }
@@ -165,6 +170,21 @@ impl Knobs {
             victim: VictimPolicy::Newest,
             watermark_blocks: self.watermark,
             sliding_window: self.window,
+            speculative: self.spec.as_ref().map(|(k, rates, zero_at)| SpecConfig {
+                method: Method::Synthetic,
+                k: *k,
+                acceptance: Acceptance::from_rates(rates).expect("rates"),
+                class_acceptance: Vec::new(),
+                ngram_min: 1,
+                ngram_max: 3,
+                dynamic: match zero_at {
+                    Some(z) => DynamicK::Linear {
+                        full_until: 1,
+                        zero_at: (*z).max(2),
+                    },
+                    None => DynamicK::Off,
+                },
+            }),
         }
     }
 }
@@ -241,6 +261,19 @@ fn knobs() -> impl Strategy<Value = Knobs> {
             prop_oneof![3 => Just(None), 1 => (1u32..=48).prop_map(Some)],
             prop_oneof![4 => Just(false), 1 => Just(true)],
             prop_oneof![3 => Just(0u32), 1 => 1u32..=3],
+            prop_oneof![
+                2 => Just(None),
+                1 => (
+                    1u32..=5,
+                    prop::collection::vec(0.0f64..=1.0, 1..=5),
+                    prop_oneof![Just(None), (2u32..=8).prop_map(Some)],
+                )
+                    .prop_map(|(k, mut r, z)| {
+                        // Unconditional rates are non-increasing.
+                        r.sort_by(|a, b| b.total_cmp(a));
+                        Some((k, r, z))
+                    }),
+            ],
         ),
     )
         .prop_map(
@@ -255,7 +288,7 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                 prefix,
                 swap,
                 queue,
-                (window, contiguous, watermark),
+                (window, contiguous, watermark, spec),
             )| {
                 let block_size = 1 << bs_exp;
                 // Small: 1..=max_model_len (chunked only; others are raised to the floor);
@@ -282,6 +315,7 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                     window: window.filter(|_| !contiguous),
                     contiguous,
                     watermark,
+                    spec,
                 }
             },
         )
@@ -375,6 +409,10 @@ enum Event {
     Wake,
 }
 
+/// A verify work before its commit: `(seq, k, accepted, output_len, table length before
+/// the step)`.
+type VerifyBefore = (SeqId, u32, u32, u32, usize);
+
 /// The harness: the cores plus the bookkeeping the checks need.
 struct Harness<'a> {
     cfg: SchedulerConfig,
@@ -387,6 +425,8 @@ struct Harness<'a> {
     preempted: BTreeMap<SeqId, u32>,
     /// Requests with more than one sequence (their copies break contiguity).
     forked: BTreeSet<SeqId>,
+    /// Block-table lengths of the running sequences before the step in flight was planned.
+    tables_before: BTreeMap<SeqId, usize>,
     run: Run,
 }
 
@@ -408,6 +448,7 @@ impl<'a> Harness<'a> {
             ended: BTreeSet::new(),
             preempted: BTreeMap::new(),
             forked: requests.iter().filter(|r| r.n > 1).map(|r| r.id).collect(),
+            tables_before: BTreeMap::new(),
             run: Run {
                 records: Vec::new(),
                 steps: Vec::new(),
@@ -470,9 +511,15 @@ impl<'a> Harness<'a> {
                     let Some((plan, outcome)) = in_flight.take() else {
                         return Err(fail("StepDone without a step in flight"));
                     };
+                    let before = self.verify_state(&plan, &outcome)?;
                     let result = self.sched.commit(&plan, &outcome, now).map_err(fail)?;
-                    self.bm
-                        .release(&result.cache, &result.forks, &result.to_free);
+                    self.bm.release(
+                        &result.cache,
+                        &result.rollback,
+                        &result.forks,
+                        &result.to_free,
+                    );
+                    self.check_verify(&before)?;
                     let _gaps: Vec<Nanos> = self.sched.take_itl_gaps().collect();
                     for rec in result.finished {
                         self.on_end(rec)?;
@@ -485,6 +532,10 @@ impl<'a> Harness<'a> {
                 continue;
             }
             let running_before = self.sched.running().to_vec();
+            self.tables_before = running_before
+                .iter()
+                .map(|&s| (s, self.bm.table(s).len()))
+                .collect();
             let req = self.sched.propose(now);
             let resp = self.bm.reserve(&req);
             let blocks_used = resp.blocks_used;
@@ -537,7 +588,7 @@ impl<'a> Harness<'a> {
         let decode: u32 = plan
             .work
             .iter()
-            .filter(|w| w.kind == WorkKind::Decode)
+            .filter(|w| w.kind != WorkKind::Prefill)
             .map(|w| w.len)
             .sum();
         let batched = plan.num_batched_tokens();
@@ -706,14 +757,22 @@ impl<'a> Harness<'a> {
                 return Err(fail(format!("step {}: seq {} not live", plan.step, w.seq)));
             };
             prop_assert_eq!(w.start, s.num_computed);
-            prop_assert_eq!(
-                w.sample,
-                w.start + w.len == s.num_tokens,
-                "step {}: {:?}",
-                plan.step,
-                w
-            );
-            prop_assert!(w.start + w.len <= s.num_tokens);
+            if w.kind == WorkKind::Verify {
+                // The last token and k drafts past it, within the request and the model.
+                let k = w.drafts.as_ref().map_or(0, |d| d.k);
+                prop_assert!(w.sample && w.start + 1 == s.num_tokens && w.len == 1 + k);
+                prop_assert!(s.output_len + k < s.request.max_tokens);
+                prop_assert!(s.num_tokens + k <= self.cfg.max_model_len);
+            } else {
+                prop_assert_eq!(
+                    w.sample,
+                    w.start + w.len == s.num_tokens,
+                    "step {}: {:?}",
+                    plan.step,
+                    w
+                );
+                prop_assert!(w.start + w.len <= s.num_tokens);
+            }
             if w.kind == WorkKind::Decode {
                 prop_assert_eq!(w.len, 1);
             }
@@ -856,6 +915,67 @@ impl<'a> Harness<'a> {
         self.check_pool()
     }
 
+    /// Before a commit, each verify work's `(seq, k, accepted, output_len, table length
+    /// before the step)`, checking accepted <= drafted.
+    fn verify_state(
+        &self,
+        plan: &StepPlan,
+        outcome: &StepOutcome,
+    ) -> Result<Vec<VerifyBefore>, TestCaseError> {
+        let verify: Vec<_> = plan
+            .work
+            .iter()
+            .filter(|w| w.kind == WorkKind::Verify)
+            .collect();
+        prop_assert_eq!(verify.len(), outcome.accepted.len());
+        let mut out = Vec::new();
+        for (w, &a) in verify.iter().zip(&outcome.accepted) {
+            let k = w.drafts.as_ref().map_or(0, |d| d.k);
+            prop_assert!(k >= 1 && w.len == 1 + k, "verify work {:?}", w);
+            prop_assert!(a <= k, "accepted {} of {} drafts", a, k);
+            let Some(s) = self.sched.sequence(w.seq) else {
+                return Err(fail(format!("verify of dead seq {}", w.seq)));
+            };
+            let before = self.tables_before.get(&w.seq).copied().unwrap_or(0);
+            out.push((w.seq, k, a, s.output_len, before));
+        }
+        Ok(out)
+    }
+
+    /// After a commit: a verify step emitted its accepted drafts plus one token (unless
+    /// the request ended), and its sequence holds the blocks it held before the step plus
+    /// those of the tokens it verified, no lookahead block more.
+    fn check_verify(&self, before: &[VerifyBefore]) -> Result<(), TestCaseError> {
+        let bs = self.bm.block_size();
+        for &(seq, _k, a, out_before, table_before) in before {
+            let Some(s) = self.sched.sequence(seq) else {
+                // Finished at max_tokens.
+                continue;
+            };
+            prop_assert_eq!(
+                s.output_len,
+                out_before + a + 1,
+                "seq {}: accepted {} drafts",
+                seq,
+                a
+            );
+            prop_assert_eq!(s.num_computed + 1, s.num_tokens);
+            let table = self.bm.table(seq).len();
+            let want = table_before.max(s.num_computed.div_ceil(bs) as usize);
+            prop_assert_eq!(
+                table,
+                want,
+                "seq {}: {} blocks after a verify that accepted {} (held {} before, {} tokens computed)",
+                seq,
+                table,
+                a,
+                table_before,
+                s.num_computed
+            );
+        }
+        Ok(())
+    }
+
     /// Invariants 6 (everybody ended once), 7 (no leak) and 8 (FCFS without preemption).
     fn check_end(&self) -> Result<(), TestCaseError> {
         prop_assert_eq!(
@@ -944,7 +1064,7 @@ fn check_continuous_trace(run: &Run) -> Result<(), TestCaseError> {
             .work
             .iter()
             .all(|w| w.sample && admitted.contains(&w.seq));
-        let decode_step = s.plan.work.iter().all(|w| w.kind == WorkKind::Decode);
+        let decode_step = s.plan.work.iter().all(|w| w.kind != WorkKind::Prefill);
         prop_assert!(
             prefill_step || decode_step,
             "step {}: mixed continuous step (admitted {:?}) {:?}",
@@ -1143,6 +1263,28 @@ proptest! {
 
 proptest! {
     #![proptest_config(config(192))]
+
+    /// Speculative decoding under every scheduler and every knob (prefix caching, swap,
+    /// windows, the contiguous allocator, parallel sampling): every invariant holds,
+    /// accepted <= drafted, a verify step emits its accepted drafts plus one token,
+    /// rejected drafts leave no lookahead block behind (checked after each commit), no
+    /// block leaks, and a second run repeats the first exactly.
+    #[test]
+    fn speculative_decoding_keeps_every_invariant(
+        (knobs, requests) in case(12),
+        k in 1u32..=5,
+        mut rates in prop::collection::vec(0.0f64..=1.0, 1..=5),
+        zero_at in prop_oneof![Just(None), (2u32..=8).prop_map(Some)],
+    ) {
+        rates.sort_by(|a, b| b.total_cmp(a));
+        let knobs = Knobs { spec: Some((k, rates, zero_at)), ..knobs };
+        // (182 of 192 generated cases verify drafts; the others have one-token outputs or
+        // budgets spent on prefills.)
+        for kind in SchedulerKind::ALL {
+            let run = check_case(&knobs, kind, &requests)?;
+            check_kind_trace(kind, &run)?;
+        }
+    }
 
     /// Static batching on tight pools (one to three max-length sequences): it never
     /// preempts and nobody joins a running batch.

@@ -44,13 +44,15 @@ impl Handler<Reserve> for BlockManagerActor {
     }
 }
 
-/// Cache newly full blocks, fork parallel-sampling sequences, then free the blocks of
-/// finished sequences (scheduler -> block manager, once per step). Answers the number of blocks still in use.
+/// Cache newly full blocks, roll verify steps back, fork parallel-sampling sequences,
+/// then free the blocks of finished sequences (scheduler -> block manager, once per step). Answers the number of blocks still in use.
 #[derive(Message)]
 #[rtype(result = "u32")]
 pub struct Release {
     /// Blocks to register in the prefix cache.
     pub cache: Vec<crate::block_manager::CacheBlocks>,
+    /// Verify steps rolled back to their verified tokens: `(sequence, tokens kept)`.
+    pub rollback: Vec<(u64, u32)>,
     /// `(parent, child)` forks of parallel sampling, applied before the frees.
     pub fork: Vec<(u64, u64)>,
     /// Sequences to free.
@@ -60,7 +62,8 @@ pub struct Release {
 impl Handler<Release> for BlockManagerActor {
     type Result = u32;
     fn handle(&mut self, msg: Release, _: &mut Context<Self>) -> u32 {
-        self.core.release(&msg.cache, &msg.fork, &msg.free);
+        self.core
+            .release(&msg.cache, &msg.rollback, &msg.fork, &msg.free);
         self.core.num_used()
     }
 }
@@ -196,9 +199,11 @@ impl Handler<CommitStep> for SchedulerActor {
                 if !result.to_free.is_empty()
                     || !result.cache.is_empty()
                     || !result.forks.is_empty()
+                    || !result.rollback.is_empty()
                 {
                     bm.send(Release {
                         cache: std::mem::take(&mut result.cache),
+                        rollback: result.rollback.clone(),
                         fork: result.forks.clone(),
                         free: result.to_free.clone(),
                     })

@@ -55,6 +55,9 @@ pub struct ReserveEntry {
     /// First token position the step writes (the sequence's computed tokens): a block from
     /// there on that another table shares is copied first (copy-on-write).
     pub write_from: u32,
+    /// Of `slots`, the speculative drafts' lookahead slots: blocks grown only for them are
+    /// released again by [`BlockManager::rollback`] when drafts are rejected.
+    pub lookahead: u32,
 }
 
 /// In which order the block manager considers running and waiting entries.
@@ -207,6 +210,9 @@ pub struct BlockManager {
     extents: Option<std::collections::BTreeMap<u32, u32>>,
     /// Blocks in `extents`.
     extent_free: u32,
+    /// Per sequence verifying drafts this step, the index of its first block grown only
+    /// for lookahead slots.
+    lookahead: FxHashMap<SeqId, u32>,
 }
 
 impl BlockManager {
@@ -231,6 +237,7 @@ impl BlockManager {
             window: None,
             extents: None,
             extent_free: 0,
+            lookahead: FxHashMap::default(),
         }
     }
 
@@ -392,6 +399,7 @@ impl BlockManager {
     /// (the copies go in `resp.swap_out`), then frees its GPU blocks. Without room or
     /// without a pool the KV is dropped and the sequence will recompute it.
     fn preempt(&mut self, seq: SeqId, resp: &mut ReserveResponse) {
+        self.lookahead.remove(&seq);
         let n = self.table(seq).len();
         // Copy-on-write copies planned for this sequence earlier in the step are dropped:
         // their destination holds nothing yet, so a swap reads the source instead.
@@ -751,6 +759,7 @@ impl BlockManager {
     /// Releases every block of `seq`, tail first (so that at equal recency the deepest
     /// block is reused first, vLLM's tie-break for prefix caching).
     pub fn free(&mut self, seq: SeqId) {
+        self.lookahead.remove(&seq);
         if let Some(cpu) = self.cpu.as_mut() {
             if let Some(src) = cpu.tables.remove(&seq) {
                 cpu.free
@@ -783,12 +792,45 @@ impl BlockManager {
     }
 
     /// The block manager's side of a step's commit, in its required order: register the
-    /// newly full blocks in the prefix cache, fork new sequences (they share their parents'
+    /// newly full blocks in the prefix cache, roll verify steps back to their verified
+    /// tokens (`(sequence, tokens kept)`), fork new sequences (they share their parents'
     /// blocks), then free the finished sequences.
-    pub fn release(&mut self, cache: &[CacheBlocks], forks: &[(SeqId, SeqId)], free: &[SeqId]) {
+    pub fn release(
+        &mut self,
+        cache: &[CacheBlocks],
+        rollback: &[(SeqId, u32)],
+        forks: &[(SeqId, SeqId)],
+        free: &[SeqId],
+    ) {
         self.cache_blocks(cache);
+        for &(seq, tokens) in rollback {
+            self.rollback(seq, tokens);
+        }
         self.fork_all(forks);
         self.free_all(free);
+    }
+
+    /// Speculative decoding: after a verify step of `seq` that kept `tokens` tokens, frees
+    /// the blocks this step grew only for lookahead slots that no kept token uses (tail
+    /// first). Blocks the sequence held before the step, or would hold without drafts
+    /// (a worst-case admission's reservation, the slot of its last token), stay.
+    pub fn rollback(&mut self, seq: SeqId, tokens: u32) {
+        let Some(first) = self.lookahead.remove(&seq) else {
+            return;
+        };
+        let keep = (self.blocks_for(tokens).max(first)) as usize;
+        let Some(table) = self.tables.get_mut(&seq) else {
+            return;
+        };
+        if table.len() <= keep {
+            return;
+        }
+        let tail: Vec<u32> = table.drain(keep..).collect();
+        for b in tail.into_iter().rev() {
+            if b != NULL_BLOCK {
+                self.unref(b);
+            }
+        }
     }
 
     /// Frees several sequences (the per-step commit message).
@@ -933,9 +975,15 @@ impl BlockManager {
                         continue;
                     }
                     loop {
+                        let have = bm.tables.get(&e.seq).map_or(0, |t| t.len() as u32);
                         if bm.try_grow(e.seq, e.slots, e.write_from, &mut resp.block_copies) {
                             resp.granted.push(i);
                             resp.hits.push(0);
+                            if e.lookahead > 0 {
+                                // Blocks from here on hold only draft slots.
+                                let without = bm.blocks_for(e.slots - e.lookahead.min(e.slots));
+                                bm.lookahead.insert(e.seq, have.max(without));
+                            }
                             break;
                         }
                         // Skip candidates already preempted this step.
@@ -1175,6 +1223,7 @@ mod tests {
             total: slots,
             hashes: None,
             write_from: 0,
+            lookahead: 0,
         }
     }
 
@@ -1268,6 +1317,7 @@ mod prefix_tests {
             total: tokens.len() as u32,
             hashes: Some(block_hashes(tokens, 4).into()),
             write_from: 0,
+            lookahead: 0,
         }
     }
 
@@ -1361,6 +1411,7 @@ mod contiguous_tests {
             total: slots,
             hashes: None,
             write_from: from,
+            lookahead: 0,
         }
     }
 

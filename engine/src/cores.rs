@@ -47,8 +47,12 @@ impl Cores {
         now: Nanos,
     ) -> Result<CommitResult, EngineError> {
         let result = self.scheduler.commit(plan, outcome, now)?;
-        self.block_manager
-            .release(&result.cache, &result.forks, &result.to_free);
+        self.block_manager.release(
+            &result.cache,
+            &result.rollback,
+            &result.forks,
+            &result.to_free,
+        );
         Ok(result)
     }
 

@@ -42,5 +42,6 @@ pub mod prefix;
 pub mod record;
 pub mod request;
 pub mod scheduler;
+pub mod spec;
 
 pub use error::EngineError;

@@ -10,6 +10,9 @@ pub enum WorkKind {
     Prefill,
     /// Generate one token after the last one.
     Decode,
+    /// Speculative decoding: compute the last token and `k` drafts ([`SeqWork::drafts`];
+    /// `len = 1 + k`), accept the drafts the model agrees with and add one token.
+    Verify,
 }
 
 /// One sequence's share of a step.
@@ -36,6 +39,8 @@ pub struct SeqWork {
     pub token_ids: Vec<u32>,
     /// How the sampled tokens are drawn (the request's parameters).
     pub sampling: crate::request::SamplingParams,
+    /// The drafts of a [`WorkKind::Verify`] (`None` otherwise).
+    pub drafts: Option<crate::spec::Drafts>,
 }
 
 impl SeqWork {
@@ -83,13 +88,33 @@ impl StepPlan {
             .sum()
     }
 
-    /// Tokens the backend must sample for this plan (the length of
-    /// [`StepOutcome::sampled`]).
+    /// Tokens the backend samples for this plan's prefill and decode work (verify work
+    /// adds `accepted + 1` each: [`StepOutcome::expected_samples`]).
     pub fn num_samples(&self) -> usize {
         self.work
             .iter()
-            .filter(|w| w.sample)
+            .filter(|w| w.sample && w.kind != WorkKind::Verify)
             .map(|w| w.num_samples as usize)
+            .sum()
+    }
+
+    /// Verify work items (speculative decoding) in the plan.
+    pub fn num_verify(&self) -> usize {
+        self.work
+            .iter()
+            .filter(|w| w.kind == WorkKind::Verify)
+            .count()
+    }
+
+    /// Positions whose logits the step needs: each sampling work's last token, and every
+    /// position of a verify work (the target's distribution at each draft).
+    pub fn num_logit_rows(&self) -> usize {
+        self.work
+            .iter()
+            .map(|w| match w.kind {
+                WorkKind::Verify => w.len as usize,
+                _ => usize::from(w.sample),
+            })
             .sum()
     }
 
@@ -109,8 +134,12 @@ impl StepPlan {
 pub struct StepOutcome {
     /// Duration of the step: predicted by a cost model or measured by a real runtime.
     pub duration: Nanos,
-    /// `num_samples` sampled tokens per `SeqWork` with `sample == true`, in plan order.
+    /// Tokens per `SeqWork` with `sample == true`, in plan order: `num_samples` for
+    /// prefill and decode work, `accepted + 1` for verify work (the accepted drafts, then
+    /// the model's own token).
     pub sampled: Vec<u32>,
+    /// Accepted drafts of each verify work, in plan order.
+    pub accepted: Vec<u32>,
     /// Model bandwidth utilisation (0 when unknown).
     pub mbu: f64,
     /// Model FLOPs utilisation (0 when unknown).
@@ -119,13 +148,33 @@ pub struct StepOutcome {
 
 impl StepOutcome {
     /// An outcome of `duration` with a placeholder token for every sample `plan` asks for
-    /// (what a simulated backend returns).
+    /// and synthetic acceptances for its verify work (what a simulated backend returns).
     pub fn simulated(plan: &StepPlan, duration: Nanos) -> Self {
+        let accepted = simulated_acceptances(plan);
         StepOutcome {
             duration,
-            sampled: vec![crate::backend::SIM_TOKEN; plan.num_samples()],
+            sampled: vec![crate::backend::SIM_TOKEN; Self::expected_samples(plan, &accepted)],
+            accepted,
             mbu: 0.0,
             mfu: 0.0,
         }
     }
+
+    /// The length `sampled` must have for `plan` with these verify acceptances.
+    pub fn expected_samples(plan: &StepPlan, accepted: &[u32]) -> usize {
+        plan.num_samples() + accepted.iter().map(|&a| a as usize + 1).sum::<usize>()
+    }
+}
+
+/// The synthetic acceptance of each verify work of `plan` ([`crate::spec::simulated_accepted`]).
+pub fn simulated_acceptances(plan: &StepPlan) -> Vec<u32> {
+    plan.work
+        .iter()
+        .filter(|w| w.kind == WorkKind::Verify)
+        .map(|w| {
+            w.drafts.as_ref().map_or(0, |d| {
+                crate::spec::simulated_accepted(d, &w.sampling, w.seq, w.start)
+            })
+        })
+        .collect()
 }

@@ -28,6 +28,7 @@ fn waiting(seq: u64, tokens: &[u32], bs: u32) -> ReserveEntry {
         total: n,
         hashes: Some(block_hashes(tokens, bs).into()),
         write_from: 0,
+        lookahead: 0,
     }
 }
 
@@ -186,6 +187,7 @@ fn run_fuzz(seed: u64) -> Result<(), String> {
         victim: vics[rng.below(3) as usize],
         watermark_blocks: rng.below(3) as u32,
         sliding_window: None,
+        speculative: None,
     };
     let desc = format!("seed {seed} cfg {cfg:?} ev {ev:?} blocks {blocks}");
     let policy: Box<dyn EvictionPolicy> = if ev == EvictionKind::Belady {
@@ -271,7 +273,12 @@ fn run_fuzz(seed: u64) -> Result<(), String> {
         let out = StepOutcome::simulated(&plan, 1000 + 10 * u64::from(plan.num_batched_tokens()));
         now += out.duration;
         let result = sched.commit(&plan, &out, now).map_err(|e| e.to_string())?;
-        bm.release(&result.cache, &result.forks, &result.to_free);
+        bm.release(
+            &result.cache,
+            &result.rollback,
+            &result.forks,
+            &result.to_free,
+        );
         bm.check_invariants().map_err(|e| format!("{desc}: {e}"))?;
         steps += 1;
         if steps > 100_000 {

@@ -333,7 +333,13 @@ fn isa_cap() -> u8 {
     *CAP.get_or_init(|| match std::env::var("SIM_CPU_ISA").as_deref() {
         Ok("scalar") => 0,
         Ok("avx2") => 1,
-        _ => 2,
+        Ok("avx512") | Err(_) => 2,
+        Ok(other) => {
+            eprintln!(
+                "warning: SIM_CPU_ISA={other:?} is not one of avx512, avx2, scalar; using the best kernels this CPU has"
+            );
+            2
+        }
     })
 }
 
@@ -358,6 +364,7 @@ fn row_dots<B: IntBlock>(row: &[B], acts: &QuantActs, t0: usize, out: &mut [f32]
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2, FMA and F16C were detected; block_matmul passes whole tokens of `acts`.
         Kernel::Avx2 => unsafe {
+            assert!((1..=TILE).contains(&out.len()));
             match out.len() {
                 1 => simd::row::<B, 1>(row, acts, t0, out),
                 2 => simd::row::<B, 2>(row, acts, t0, out),
@@ -1230,6 +1237,7 @@ mod tests {
             block_table: table,
             token_ids: ids.to_vec(),
             sampling: SamplingParams::default(),
+            drafts: None,
         }
     }
 

@@ -79,6 +79,7 @@ impl<R: StepRuntime> Backend for RuntimeBackend<R> {
         Ok(StepOutcome {
             duration,
             sampled,
+            accepted: Vec::new(),
             mbu: 0.0,
             mfu: 0.0,
         })
@@ -113,6 +114,12 @@ pub fn check_plan(
     let null = engine::block_manager::NULL_BLOCK;
     let bs = block_size.max(1);
     for w in &plan.work {
+        if w.kind == engine::plan::WorkKind::Verify {
+            return Err(format!(
+                "sequence {} verifies speculative drafts, which the real runtimes do not run yet (run speculative decoding with --backend model)",
+                w.seq
+            ));
+        }
         if let Some(&b) = w
             .block_table
             .iter()
@@ -171,6 +178,7 @@ pub fn one_sequence_step(
             block_table: table.to_vec(),
             token_ids: token_ids.to_vec(),
             sampling,
+            drafts: None,
         }],
         ..StepPlan::default()
     }

@@ -126,6 +126,8 @@ pub struct SchedulerConfig {
     /// Sliding attention window of the model in tokens (`None`: full attention); the block
     /// manager frees blocks outside it, and the KV held per sequence is bounded by it.
     pub sliding_window: Option<u32>,
+    /// Speculative decoding (`None`: off).
+    pub speculative: Option<crate::spec::SpecConfig>,
 }
 
 impl Default for SchedulerConfig {
@@ -150,6 +152,7 @@ impl Default for SchedulerConfig {
             victim: VictimPolicy::Newest,
             watermark_blocks: 0,
             sliding_window: None,
+            speculative: None,
         }
     }
 }
@@ -203,6 +206,11 @@ impl SchedulerConfig {
                 "model.sliding_window",
                 "must be at least 1 token (omit it for full attention)".into(),
             );
+        }
+        if let Some(spec) = &self.speculative {
+            if let Err(msg) = spec.validate() {
+                return bad("speculative", msg);
+            }
         }
         if u64::from(self.max_model_len) > self.pool_tokens {
             return bad(
@@ -275,6 +283,7 @@ impl Proposal {
             total: 0,
             hashes: None,
             write_from: slots.saturating_sub(tokens),
+            lookahead: 0,
         });
         self.tokens.push(tokens);
     }
@@ -300,6 +309,9 @@ pub struct CommitResult {
     /// `(parent, child)` forks of parallel sampling: the child shares the parent's blocks
     /// (applied before `to_free`).
     pub forks: Vec<(SeqId, SeqId)>,
+    /// Verify steps rolled back to their verified tokens: `(sequence, tokens kept)`
+    /// ([`crate::block_manager::BlockManager::rollback`]).
+    pub rollback: Vec<(SeqId, u32)>,
 }
 
 /// The scheduler core (a plain struct: time is passed in, effects are returned).
@@ -318,6 +330,10 @@ pub struct Scheduler {
     new_token_ratio: f64,
     last: StepStats,
     groups: FxHashMap<SeqId, Group>,
+    /// Drafts of each entry of the pending proposal (speculative decoding).
+    pending_drafts: Vec<Option<crate::spec::Drafts>>,
+    /// Acceptance counters per request class.
+    spec_stats: Vec<crate::spec::SpecStats>,
 }
 
 /// Scheduler-side facts about the last planned step (for `steps.csv`).
@@ -352,6 +368,8 @@ impl Scheduler {
             new_token_ratio: policy::NEW_TOKEN_RATIO.0,
             last: StepStats::default(),
             groups: FxHashMap::default(),
+            pending_drafts: Vec::new(),
+            spec_stats: Vec::new(),
         })
     }
 
@@ -467,6 +485,11 @@ impl Scheduler {
         self.last
     }
 
+    /// Speculative decoding's acceptance counters, by request class (index = class).
+    pub fn spec_stats(&self) -> &[crate::spec::SpecStats] {
+        &self.spec_stats
+    }
+
     /// Inter-token gaps recorded by the last commits; the caller drains them.
     pub fn take_itl_gaps(&mut self) -> std::vec::Drain<'_, Nanos> {
         self.itl_gaps.drain(..)
@@ -520,6 +543,7 @@ impl Scheduler {
                 }
             }
         }
+        self.add_drafts(&mut p);
         self.pending_tokens = p.tokens;
         let mut victims = self.running.clone();
         if self.cfg.victim == VictimPolicy::Newest {
@@ -566,6 +590,62 @@ impl Scheduler {
             victims,
             order: p.order.unwrap_or(ReserveOrder::RunningFirst),
             want_tables: self.cfg.want_block_tables,
+        }
+    }
+
+    /// Speculative decoding: turns the proposal's single-token decodes into verify entries
+    /// of `1 + k` tokens with `k` lookahead slots. `k` follows the batch (dynamic k), never
+    /// drafts past the request's last token or the model's length, and spends only the
+    /// token budget the policy left (so prefills already proposed keep theirs); n-gram
+    /// drafts come from the sequence's own tokens when the engine keeps them (real
+    /// backends), and a sequence without a match decodes normally.
+    fn add_drafts(&mut self, p: &mut Proposal) {
+        self.pending_drafts.clear();
+        self.pending_drafts.resize(p.entries.len(), None);
+        let Some(spec) = &self.cfg.speculative else {
+            return;
+        };
+        let k_batch = spec.dynamic.k(spec.k, self.running.len());
+        if k_batch == 0 {
+            return;
+        }
+        let used: u32 = p.tokens.iter().sum();
+        let mut spare = self.cfg.max_num_batched_tokens.saturating_sub(used);
+        for (i, e) in p.entries.iter_mut().enumerate() {
+            if e.kind != EntryKind::Running || p.tokens[i] != 1 || spare == 0 {
+                continue;
+            }
+            let Some(s) = self.seqs.get(&e.seq) else {
+                continue;
+            };
+            if !s.is_decode() || s.request.beam_search {
+                continue;
+            }
+            let room = s
+                .request
+                .max_tokens
+                .saturating_sub(s.output_len + 1)
+                .min(self.cfg.max_model_len.saturating_sub(s.num_tokens));
+            let mut k = k_batch.min(room).min(spare);
+            let mut tokens = Vec::new();
+            if spec.method == crate::spec::Method::Ngram && self.cfg.keep_tokens && k > 0 {
+                let context: Vec<u32> = (0..s.num_tokens).map_while(|p| s.token_at(p)).collect();
+                tokens = crate::spec::ngram_propose(&context, spec.ngram_min, spec.ngram_max, k);
+                k = tokens.len() as u32;
+            }
+            if k == 0 {
+                continue;
+            }
+            spare -= k;
+            e.tokens += k;
+            e.slots = e.slots.max(s.num_tokens + k);
+            e.lookahead = k;
+            p.tokens[i] += k;
+            self.pending_drafts[i] = Some(crate::spec::Drafts {
+                k,
+                tokens,
+                acceptance: spec.acceptance_of(usize::from(s.request.class)).clone(),
+            });
         }
     }
 
@@ -663,18 +743,25 @@ impl Scheduler {
                 tables.next();
                 continue;
             }
-            let kind = if s.is_decode() {
+            let drafts = self.pending_drafts.get(g).cloned().flatten();
+            let kind = if drafts.is_some() {
+                WorkKind::Verify
+            } else if s.is_decode() {
                 WorkKind::Decode
             } else {
                 WorkKind::Prefill
             };
-            let token_ids = if self.cfg.keep_tokens {
+            let mut token_ids: Vec<u32> = if self.cfg.keep_tokens {
                 (s.num_computed..s.num_computed + tokens)
                     .map_while(|p| s.token_at(p))
                     .collect()
             } else {
                 Vec::new()
             };
+            if let Some(d) = drafts.as_ref().filter(|_| self.cfg.keep_tokens) {
+                // The last token, then the engine's drafts (none: the backend drafts).
+                token_ids.extend_from_slice(&d.tokens);
+            }
             let start = s.num_computed;
             recomputed += s.recompute_upto.min(start + tokens).saturating_sub(start);
             work.push(SeqWork {
@@ -682,7 +769,7 @@ impl Scheduler {
                 kind,
                 start: s.num_computed,
                 len: tokens,
-                sample: s.num_computed + tokens == s.num_tokens,
+                sample: drafts.is_some() || s.num_computed + tokens == s.num_tokens,
                 // The prompt's last position samples all `n` first tokens (the fork).
                 num_samples: if s.output_len == 0 {
                     s.request.n.max(1)
@@ -692,6 +779,7 @@ impl Scheduler {
                 block_table: tables.next().unwrap_or_default(),
                 token_ids,
                 sampling: s.request.sampling,
+                drafts,
             });
         }
         // Tokens the running sequences hold once this step has run (fragmentation metric).
@@ -736,10 +824,18 @@ impl Scheduler {
         outcome: &StepOutcome,
         now: Nanos,
     ) -> Result<CommitResult, EngineError> {
-        let expected = plan.num_samples();
+        if outcome.accepted.len() != plan.num_verify() {
+            return Err(EngineError::Backend(format!(
+                "step {}: backend returned {} acceptance counts for {} verify steps",
+                plan.step,
+                outcome.accepted.len(),
+                plan.num_verify()
+            )));
+        }
+        let expected = StepOutcome::expected_samples(plan, &outcome.accepted);
         if outcome.sampled.len() != expected {
             return Err(EngineError::Backend(format!(
-                "step {}: backend returned {} sampled tokens for {} sampling sequences",
+                "step {}: backend returned {} sampled tokens where the plan and its acceptances make {}",
                 plan.step,
                 outcome.sampled.len(),
                 expected
@@ -747,7 +843,9 @@ impl Scheduler {
         }
         let mut result = CommitResult::default();
         let mut sampled = outcome.sampled.iter();
+        let mut accepted = outcome.accepted.iter();
         let mut sampled_groups: Vec<SeqId> = Vec::new();
+        let bs = self.cfg.block_size;
         for w in &plan.work {
             let Some(s) = self.seqs.get_mut(&w.seq) else {
                 return Err(EngineError::Backend(format!(
@@ -755,34 +853,56 @@ impl Scheduler {
                     plan.step, w.seq
                 )));
             };
+            if w.kind == WorkKind::Verify {
+                // The last token and the accepted drafts are verified; the model's own
+                // token follows them. Rejected slots are rolled back below.
+                let k = w.len.saturating_sub(1);
+                let a = accepted.next().copied().unwrap_or(0);
+                if a > k {
+                    return Err(EngineError::Backend(format!(
+                        "step {}: sequence {} accepted {a} of {k} drafts",
+                        plan.step, w.seq
+                    )));
+                }
+                let tokens: Vec<u32> = (0..=a)
+                    .map(|_| sampled.next().copied().unwrap_or(crate::backend::SIM_TOKEN))
+                    .collect();
+                s.num_computed += 1 + a;
+                let (keep, eos) = (self.cfg.keep_tokens, self.cfg.eos_token);
+                let (mut reason, mut emitted) = (None, 0u32);
+                for (j, &t) in tokens.iter().enumerate() {
+                    // One inter-token gap per step: the tokens arrive together.
+                    reason = append_token(s, t, now, keep, eos, &mut self.itl_gaps, j == 0);
+                    emitted += 1;
+                    if reason.is_some() {
+                        break;
+                    }
+                }
+                register_full_blocks(s, bs, w.seq, &mut result.cache);
+                let class = usize::from(s.request.class);
+                if self.spec_stats.len() <= class {
+                    self.spec_stats.resize(class + 1, Default::default());
+                }
+                self.spec_stats[class].record(k, a, emitted);
+                if let Some(g) = self.groups.get_mut(&s.request.id) {
+                    g.generated += emitted;
+                }
+                match reason {
+                    None => result.rollback.push((w.seq, s.num_computed)),
+                    Some(reason) => {
+                        s.status = SeqStatus::Finished;
+                        result.to_free.push(w.seq);
+                        if let Some(rec) = self.finish(w.seq, reason, now) {
+                            result.finished.push(rec);
+                        }
+                    }
+                }
+                continue;
+            }
             s.num_computed += w.len;
             // Newly full blocks join the prefix cache (before any free below): the prompt's,
             // and those holding generated tokens when their ids are known.
-            if s.block_hashes.is_some() {
-                let bs = self.cfg.block_size;
-                let full = (s.num_computed / bs) as usize;
-                while s.num_block_hashes() < full {
-                    let i = s.num_block_hashes();
-                    let ids: Option<Vec<u32>> = (i as u32 * bs..(i as u32 + 1) * bs)
-                        .map(|p| s.token_at(p))
-                        .collect();
-                    let Some(ids) = ids else { break };
-                    let parent = if i == 0 { Some(0) } else { s.block_hash(i - 1) };
-                    let Some(parent) = parent else { break };
-                    s.gen_hashes.push(crate::prefix::chain_hash(parent, &ids));
-                }
-                let full = full.min(s.num_block_hashes()) as u32;
-                if full > s.hashed_blocks {
-                    result.cache.push(CacheBlocks {
-                        seq: w.seq,
-                        first: s.hashed_blocks,
-                        hashes: (s.hashed_blocks as usize..full as usize)
-                            .filter_map(|i| s.block_hash(i))
-                            .collect(),
-                    });
-                    s.hashed_blocks = full;
-                }
-            }
+            register_full_blocks(s, bs, w.seq, &mut result.cache);
             if !w.sample {
                 continue;
             }
@@ -818,10 +938,10 @@ impl Scheduler {
             let keep = self.cfg.keep_tokens;
             let eos = self.cfg.eos_token;
             let mut outcomes = Vec::with_capacity(k);
-            let reason = append_token(s, tokens[0], now, keep, eos, &mut self.itl_gaps);
+            let reason = append_token(s, tokens[0], now, keep, eos, &mut self.itl_gaps, true);
             outcomes.push((w.seq, reason));
             for (id, mut c, t) in children {
-                let reason = append_token(&mut c, t, now, keep, eos, &mut self.itl_gaps);
+                let reason = append_token(&mut c, t, now, keep, eos, &mut self.itl_gaps, true);
                 if reason.is_none() {
                     result.forks.push((w.seq, id));
                     self.running.push(id);
@@ -983,7 +1103,38 @@ pub fn child_id(request: SeqId, k: u32) -> SeqId {
     request | (u64::from(k) << 40)
 }
 
-/// Appends a sampled token to `s`; returns why it finished, if it did.
+/// Registers `s`'s newly full blocks for the prefix cache: the prompt's, and those
+/// holding generated tokens when their ids are known (only computed, verified tokens).
+fn register_full_blocks(s: &mut Sequence, bs: u32, seq: SeqId, cache: &mut Vec<CacheBlocks>) {
+    if s.block_hashes.is_none() {
+        return;
+    }
+    let full = (s.num_computed / bs) as usize;
+    while s.num_block_hashes() < full {
+        let i = s.num_block_hashes();
+        let ids: Option<Vec<u32>> = (i as u32 * bs..(i as u32 + 1) * bs)
+            .map(|p| s.token_at(p))
+            .collect();
+        let Some(ids) = ids else { break };
+        let parent = if i == 0 { Some(0) } else { s.block_hash(i - 1) };
+        let Some(parent) = parent else { break };
+        s.gen_hashes.push(crate::prefix::chain_hash(parent, &ids));
+    }
+    let full = full.min(s.num_block_hashes()) as u32;
+    if full > s.hashed_blocks {
+        cache.push(CacheBlocks {
+            seq,
+            first: s.hashed_blocks,
+            hashes: (s.hashed_blocks as usize..full as usize)
+                .filter_map(|i| s.block_hash(i))
+                .collect(),
+        });
+        s.hashed_blocks = full;
+    }
+}
+
+/// Appends a sampled token to `s` (recording its inter-token gap when `gap`: a verify
+/// step's tokens arrive together and count one gap); returns why it finished, if it did.
 fn append_token(
     s: &mut Sequence,
     mut token: u32,
@@ -991,6 +1142,7 @@ fn append_token(
     keep_tokens: bool,
     eos: Option<u32>,
     itl_gaps: &mut Vec<Nanos>,
+    gap: bool,
 ) -> Option<FinishReason> {
     let scripted = !s.request.scripted_output.is_empty();
     if scripted && !keep_tokens {
@@ -1005,7 +1157,8 @@ fn append_token(
         s.output_tokens.push(token);
     }
     match s.last_token {
-        Some(last) => itl_gaps.push(now - last),
+        Some(last) if gap => itl_gaps.push(now - last),
+        Some(_) => {}
         None => s.first_token = Some(now),
     }
     s.last_token = Some(now);

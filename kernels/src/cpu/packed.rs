@@ -93,6 +93,7 @@ impl<B: IntBlock> Packed<B> {
 
     /// Block `b` of row `r`, as the file stored it.
     pub(super) fn block(&self, r: usize, b: usize) -> B {
+        debug_assert!(r < self.rows && b < self.nb);
         let (g, lane) = (r / GROUP, r % GROUP);
         let gb = g * self.nb + b;
         let m = if B::OFFSET {
@@ -140,11 +141,17 @@ impl<B: IntBlock> Packed<B> {
 
     /// Group `g` against `out.len() / 16` tokens from `t0`.
     fn group(&self, g: usize, acts: &QuantActs, t0: usize, out: &mut [f32]) {
-        assert!(available() && (t0 + out.len() / GROUP) * self.nb <= acts.d.len());
+        let tokens = out.len() / GROUP;
+        assert!(
+            available()
+                && (1..=super::TILE).contains(&tokens)
+                && g < self.rows.div_ceil(GROUP)
+                && (t0 + tokens) * self.nb <= acts.d.len()
+        );
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the features were detected and the tokens are in `acts` (asserted).
         unsafe {
-            match out.len() / GROUP {
+            match tokens {
                 1 => vnni::group::<B, 1>(self, g, acts, t0, out),
                 2 => vnni::group::<B, 2>(self, g, acts, t0, out),
                 3 => vnni::group::<B, 3>(self, g, acts, t0, out),

@@ -12,7 +12,7 @@
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -31,8 +31,8 @@ struct Shared {
     pending: AtomicUsize,
     /// Helpers asleep (they are unparked when a job comes).
     sleepers: AtomicUsize,
-    /// A helper's job panicked.
-    panicked: AtomicBool,
+    /// The payload of a helper's panic in the current job, raised by the caller.
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
     stop: AtomicBool,
 }
 
@@ -56,11 +56,13 @@ impl Team {
             job: AtomicPtr::new(std::ptr::null_mut()),
             pending: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
-            panicked: AtomicBool::new(false),
+            panic: Mutex::new(None),
             stop: AtomicBool::new(false),
         });
+        // Members are numbered without gaps: the team stops growing at a thread that fails
+        // to start.
         let helpers = (1..members)
-            .filter_map(|me| {
+            .map_while(|me| {
                 let shared = Arc::clone(&shared);
                 thread::Builder::new()
                     .name(format!("cpu-team-{me}"))
@@ -108,12 +110,14 @@ impl Team {
         while s.pending.load(Acquire) != 0 {
             std::hint::spin_loop();
         }
+        // This job's helper panic, taken before the team is free for the next caller.
+        let theirs = s.panic.lock().map(|mut p| p.take()).unwrap_or(None);
         self.busy.store(false, Release);
         if let Err(p) = mine {
             resume_unwind(p);
         }
-        if s.panicked.swap(false, Relaxed) {
-            panic!("a CPU team thread panicked");
+        if let Some(p) = theirs {
+            resume_unwind(p);
         }
     }
 
@@ -197,7 +201,7 @@ impl<'a, T> Chunks<'a, T> {
 fn helper(s: &Shared, me: usize) {
     let mut seen = 0u64;
     loop {
-        let mut idle_since = Instant::now();
+        let idle_since = Instant::now();
         let mut spins = 0u32;
         let epoch = loop {
             let e = s.epoch.load(Acquire);
@@ -212,22 +216,24 @@ fn helper(s: &Shared, me: usize) {
                 std::hint::spin_loop();
                 continue;
             }
+            // Asleep until a job comes: the caller unparks sleepers after bumping the
+            // epoch (SeqCst on both sides: one of the two sees the other).
             s.sleepers.fetch_add(1, SeqCst);
             if s.epoch.load(SeqCst) == seen && !s.stop.load(SeqCst) {
-                // A timeout as well, in case of a missed unpark.
-                thread::park_timeout(Duration::from_millis(50));
+                thread::park();
             }
             s.sleepers.fetch_sub(1, SeqCst);
-            idle_since = Instant::now();
         };
         seen = epoch;
         let job = s.job.load(Relaxed).cast::<Job>().cast_const();
         // SAFETY: the caller published `job` before the epoch (read with Acquire above)
         // and keeps it alive until `pending` reaches 0, which this helper's decrement
         // below is part of.
-        let ran = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(me) }));
-        if ran.is_err() {
-            s.panicked.store(true, Relaxed);
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(me) })) {
+            // Kept for the caller (dropping it here could panic again and end this thread).
+            if let Ok(mut slot) = s.panic.lock() {
+                slot.get_or_insert(p);
+            }
         }
         s.pending.fetch_sub(1, Release);
     }

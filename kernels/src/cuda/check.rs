@@ -125,6 +125,7 @@ fn random_problem(
                 block_table: table,
                 token_ids: Vec::new(),
                 sampling: Default::default(),
+                drafts: None,
             }
         })
         .collect();
@@ -639,6 +640,7 @@ fn batch_decode_plan(batch: u32, ctx: u32, block_size: u32) -> StepPlan {
                 block_table: (i * n..(i + 1) * n).collect(),
                 token_ids: Vec::new(),
                 sampling: Default::default(),
+                drafts: None,
             })
             .collect(),
         ..StepPlan::default()
@@ -991,6 +993,7 @@ pub fn graph_check(seed: u64) -> Result<Vec<RuntimeCase>, CudaError> {
                         .map(|&i| (i + s as u32) % shape.vocab)
                         .collect(),
                     sampling: Default::default(),
+                    drafts: None,
                 })
                 .collect();
             let plan = StepPlan {

@@ -267,6 +267,7 @@ mod tests {
             block_table: table,
             token_ids: Vec::new(),
             sampling: Default::default(),
+            drafts: None,
         }
     }
 
