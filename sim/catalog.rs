@@ -755,6 +755,25 @@ pub const MODELS: &[ModelSpec] = &[
         tied_embeddings: false,
     },
     ModelSpec {
+        // The usual draft model of speculative decoding for Llama 3 targets (same
+        // tokenizer).
+        name: "llama-3.2-1b",
+        hf_id: "meta-llama/Llama-3.2-1B",
+        layers: 16,
+        hidden: 2048,
+        heads: 32,
+        kv_heads: 8,
+        head_dim: 64,
+        intermediate: 8192,
+        vocab: 128256,
+        max_position: 131072,
+        rope_theta: 500000.0,
+        sliding_window: None,
+        num_experts: 1,
+        experts_per_token: 1,
+        tied_embeddings: true,
+    },
+    ModelSpec {
         name: "mistral-7b",
         hf_id: "mistralai/Mistral-7B-v0.1",
         layers: 32,

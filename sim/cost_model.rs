@@ -433,6 +433,11 @@ pub struct MemoryInputs {
     pub runtime_overhead_bytes: f64,
     /// Use exactly this many blocks instead of the computed pool.
     pub num_gpu_blocks_override: Option<u32>,
+    /// Speculative decoding's draft model on the same GPU: its weights, per GPU.
+    pub draft_weight_bytes: f64,
+    /// And its KV per token (each block holds the draft's KV of the same tokens, as vLLM
+    /// allocates it).
+    pub draft_kv_bytes_per_token: f64,
 }
 
 /// Plans one GPU's memory: `blocks = floor((mem x util - weights - activations - overhead)
@@ -441,10 +446,14 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
     let gb = 1e9;
     let m = &d.model;
     let usable = d.gpu.mem_bytes * inp.gpu_memory_utilization;
-    let weights = d.weight_bytes_per_gpu();
+    let weights = d.weight_bytes_per_gpu() + inp.draft_weight_bytes;
     if weights >= usable {
         return Err(FitError::Weights {
-            model: m.name.into(),
+            model: if inp.draft_weight_bytes > 0.0 {
+                format!("{} and its draft model", m.name)
+            } else {
+                m.name.into()
+            },
             dtype: d.dtype.as_str().into(),
             tp: d.tp,
             gpu: d.gpu.name.into(),
@@ -466,7 +475,7 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
         + 3.0 * f64::from(m.intermediate) / tp * f64::from(m.experts_per_token.max(1));
     let activations =
         t * per_token * 2.0 + f64::from(inp.max_num_seqs) * f64::from(m.vocab) / tp * 4.0;
-    let kv_per_token = d.kv_bytes_per_token();
+    let kv_per_token = d.kv_bytes_per_token() + inp.draft_kv_bytes_per_token;
     let block_bytes = kv_per_token * f64::from(inp.block_size);
     let left = usable - weights - activations - inp.runtime_overhead_bytes;
     let computed_blocks = if left > 0.0 {

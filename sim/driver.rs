@@ -74,6 +74,8 @@ pub trait EngineHandle {
     ) -> Result<(CommitResult, Vec<Nanos>), DriverError>;
     /// `(blocks in use, pool blocks, prefix-cache evictions so far)`.
     async fn pool_usage(&mut self) -> Result<(u32, u32, u64), DriverError>;
+    /// Speculative decoding's acceptance counters, by request class.
+    async fn spec_stats(&mut self) -> Result<Vec<engine::spec::SpecStats>, DriverError>;
     /// Tokens per KV block.
     async fn block_size(&mut self) -> Result<u32, DriverError>;
 }
@@ -137,6 +139,10 @@ impl EngineHandle for InlineEngine {
             self.cores.block_manager.num_blocks(),
             self.cores.block_manager.evictions(),
         ))
+    }
+
+    async fn spec_stats(&mut self) -> Result<Vec<engine::spec::SpecStats>, DriverError> {
+        Ok(self.cores.scheduler.spec_stats().to_vec())
     }
 }
 
@@ -208,6 +214,13 @@ impl EngineHandle for ActorEngine {
 
     async fn pool_usage(&mut self) -> Result<(u32, u32, u64), DriverError> {
         self.block_manager.send(PoolUsage).await.map_err(mailbox)
+    }
+
+    async fn spec_stats(&mut self) -> Result<Vec<engine::spec::SpecStats>, DriverError> {
+        self.scheduler
+            .send(engine::actors::SpecCounters)
+            .await
+            .map_err(mailbox)
     }
 
     async fn block_size(&mut self) -> Result<u32, DriverError> {
@@ -289,6 +302,8 @@ pub struct RunStats {
     pub pool_blocks: u32,
     /// Prefix-cache evictions.
     pub evictions: u64,
+    /// Speculative decoding's acceptance counters, by request class.
+    pub spec: Vec<engine::spec::SpecStats>,
 }
 
 /// Runs a workload through an engine until every request has ended, feeding records to
@@ -396,6 +411,7 @@ pub async fn run<E: EngineHandle>(
     stats.blocks_in_use_at_end = used;
     stats.pool_blocks = pool;
     stats.evictions = evictions;
+    stats.spec = engine.spec_stats().await?;
     Ok(stats)
 }
 

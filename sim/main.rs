@@ -44,6 +44,20 @@ enum Command {
         /// Hide the progress bar.
         #[arg(long)]
         quiet: bool,
+        /// Run one N-th of a sweep's runs (`i/N`, from 0/N; e.g. one task of a Slurm
+        /// array): every run whose index is i modulo N. `sim merge` joins the shards.
+        #[arg(long)]
+        shard: Option<sim::sweep::Shard>,
+    },
+    /// Join the output folders of a sharded sweep (`sim run --shard i/N`) into one result
+    /// set, identical to an unsharded run's.
+    Merge {
+        /// The shards' output folders.
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// Where the merged results go.
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Generate a completion with a real GGUF model (e.g. SmolLM2-135M-Instruct Q4_1): the
     /// prompt goes through the model's tokenizer (and chat template with --chat); the text
@@ -314,8 +328,95 @@ fn print_plan(out: &mut String, scenario: &Scenario) {
     }
 }
 
+/// `sim run` of a scenario with a `[sweep]`: every point crossed with the variants, a
+/// compact table of the runs, and the speedup map when variants speculate.
+fn run_sweep_command(
+    scn: &Scenario,
+    opts: &RunOptions,
+    shard: Option<sim::sweep::Shard>,
+    file: &std::path::Path,
+    out_dir: &std::path::Path,
+    out: &mut String,
+) -> anyhow::Result<()> {
+    let runs = sim::sweep::run_sweep(scn, opts, shard).map_err(|e| match e {
+        sim::SimError::Scenario(_) => anyhow::Error::from(e),
+        other => anyhow::anyhow!("{}: {other}", file.display()),
+    })?;
+    outln!(
+        out,
+        "scenario `{}`: sweep of {} ({} points) x {} variants, {} runs{}, seed {}",
+        scn.name,
+        scn.sweep_keys().join(" x "),
+        scn.sweep_points().len(),
+        scn.variants.len(),
+        runs.len(),
+        shard.map_or(String::new(), |s| format!(
+            " (shard {}/{})",
+            s.index, s.count
+        )),
+        scn.seed
+    );
+    let mut table = comfy_table::Table::new();
+    table.load_preset(comfy_table::presets::ASCII_FULL_CONDENSED);
+    let mut header: Vec<String> = scn
+        .sweep_keys()
+        .iter()
+        .map(|k| k.rsplit('.').next().unwrap_or(k).to_string())
+        .collect();
+    header.extend(
+        [
+            "variant",
+            "req/s",
+            "out tok/s",
+            "mean TTFT ms",
+            "p99 TTFT ms",
+            "mean TPOT ms",
+            "p99 TPOT ms",
+            "accept len",
+        ]
+        .map(String::from),
+    );
+    table.set_header(header);
+    for r in &runs {
+        let s = &r.summary;
+        let mut row: Vec<String> = r.values.iter().map(|(_, v)| v.clone()).collect();
+        row.extend([
+            r.variant.clone(),
+            format!("{:.3}", s.request_throughput),
+            format!("{:.1}", s.output_throughput),
+            format!("{:.1}", s.mean_ttft_ms),
+            format!("{:.1}", s.p99_ttft_ms),
+            format!("{:.2}", s.mean_tpot_ms),
+            format!("{:.2}", s.p99_tpot_ms),
+            s.speculative
+                .as_ref()
+                .map_or("-".into(), |x| format!("{:.2}", x.mean_acceptance_length)),
+        ]);
+        table.add_row(row);
+    }
+    outln!(out, "{table}");
+    if shard.is_none() {
+        if let Some(map) = sim::sweep::speedup_map(scn, &runs) {
+            outln!(out, "{map}");
+            sim::sweep::write_speedup(out_dir, &map)?;
+        }
+    }
+    outln!(out, "results in {}", out_dir.display());
+    Ok(())
+}
+
 fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
     match cli.command {
+        Command::Merge { dirs, out: to } => {
+            let n = sim::sweep::merge(&dirs, &to)?;
+            outln!(
+                out,
+                "merged {n} runs of {} shards into {}",
+                dirs.len(),
+                to.display()
+            );
+            Ok(())
+        }
         Command::Run {
             scenario,
             out: out_dir,
@@ -325,6 +426,7 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             variants,
             requests,
             quiet,
+            shard,
         } => {
             if requests == Some(0) {
                 anyhow::bail!("--requests: must be at least 1");
@@ -340,6 +442,12 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                 backend,
                 requests,
             };
+            if !scn.sweep.is_empty() {
+                return run_sweep_command(&scn, &opts, shard, &scenario, &out_dir, out);
+            }
+            if shard.is_some() {
+                anyhow::bail!("--shard: {} has no [sweep] to split", scenario.display());
+            }
             let results = run_scenario(&scn, &opts).map_err(|e| match e {
                 // Scenario errors already name the file.
                 sim::SimError::Scenario(_) => anyhow::Error::from(e),
@@ -369,7 +477,23 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             sim::workload::Workload::open(&scn.base.workload, &scn.base_dir, scn.seed)?;
             print_plan(out, &scn);
             outln!(out);
-            outln!(out, "ok: {} variant(s) fit", scn.variants.len());
+            // Every point of a sweep must resolve too.
+            let points = scn.sweep_points();
+            if !scn.sweep.is_empty() {
+                for p in &points {
+                    scn.at_point(p)?;
+                }
+            }
+            if scn.sweep.is_empty() {
+                outln!(out, "ok: {} variant(s) fit", scn.variants.len());
+            } else {
+                outln!(
+                    out,
+                    "ok: {} variant(s) fit at each of the {} sweep points",
+                    scn.variants.len(),
+                    points.len()
+                );
+            }
             Ok(())
         }
         Command::Plan {

@@ -161,11 +161,20 @@ pub fn run_variant(
     let mut sched_cfg = variant.scheduler.clone();
     let mut num_blocks = variant.memory.num_blocks;
     let backend: Box<dyn engine::backend::Backend> = match backend_kind {
-        BackendKind::Model => Box::new(CostModelBackend::new(
-            CostModel::new(variant.deployment.clone(), variant.config.cost.clone())
-                .with_block_size(variant.memory.block_size)
-                .with_sliding_window(variant.scheduler.sliding_window),
-        )),
+        BackendKind::Model => {
+            let backend = CostModelBackend::new(
+                CostModel::new(variant.deployment.clone(), variant.config.cost.clone())
+                    .with_block_size(variant.memory.block_size)
+                    .with_sliding_window(variant.scheduler.sliding_window),
+            );
+            Box::new(match &variant.draft {
+                Some(d) => backend.with_draft(
+                    CostModel::new(d.clone(), variant.config.cost.clone())
+                        .with_block_size(variant.memory.block_size),
+                ),
+                None => backend,
+            })
+        }
         BackendKind::Cuda => {
             let (rt, blocks) = cuda_runtime(variant, scenario.seed)?;
             num_blocks = blocks;
@@ -238,6 +247,7 @@ pub fn run_variant(
         kv_blocks_in_use_at_end: stats.blocks_in_use_at_end,
         evictions: stats.evictions,
         wall_time_s: wall,
+        spec: stats.spec.clone(),
     })?;
     if let Some(dir) = out_dir {
         analysis::write_summary_json(&dir.join("summary.json"), &summary)?;

@@ -261,9 +261,113 @@ pub struct ScenarioConfig {
     /// Cost-model efficiencies and overheads.
     #[serde(default)]
     pub cost: CostParams,
+    /// Speculative decoding (`[speculative]`; absent or `method = "none"`: off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeConfig>,
     /// Variants (raw override tables; resolved by [`Scenario::load`]).
     #[serde(default, skip_serializing)]
     pub variant: Vec<toml::Table>,
+    /// `[sweep]`: scenario keys (dotted paths) and the values each takes; the run covers
+    /// every combination, crossed with the variants ([`Scenario::sweep`]).
+    #[serde(default, skip_serializing)]
+    pub sweep: Option<toml::Table>,
+}
+
+/// `[speculative]`: speculative decoding, named as vLLM's `speculative_config`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeConfig {
+    /// `none`, `draft-model`, `ngram` (prompt lookup) or `synthetic`.
+    pub method: SpecMethod,
+    /// Drafts per verify step (vLLM's `num_speculative_tokens`).
+    #[serde(default = "default_spec_k")]
+    pub k: u32,
+    /// The draft model (`draft-model`): a catalog name...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_model: Option<String>,
+    /// ...or a Hugging Face `config.json` (relative to the scenario).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_config: Option<PathBuf>,
+    /// Tensor parallelism of the draft model (default: the target's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_tp: Option<u32>,
+    /// Synthetic acceptance: unconditional per-position rates `r1 >= r2 >= ...` (the
+    /// probability that drafts 1..i are all accepted; positions past the list repeat the
+    /// last conditional rate)...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acceptance: Option<Vec<f64>>,
+    /// ...or a mean acceptance length (tokens per verify step, i.i.d. positions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_acceptance_length: Option<f64>,
+    /// Shortest n-gram prompt lookup tries (vLLM's `prompt_lookup_min`).
+    #[serde(default = "one")]
+    pub min_n: u32,
+    /// Longest n-gram (vLLM's `prompt_lookup_max`).
+    #[serde(default = "default_max_n")]
+    pub max_n: u32,
+    /// Dynamic k: `{ disable_above = 32 }` (vLLM's `disable_by_batch_size`) or `{
+    /// full_until = 8, zero_at = 64 }` (k falls linearly to 0); absent: fixed k.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_k: Option<DynamicKConfig>,
+}
+
+/// How drafts are made (`none` turns speculation off, e.g. in a baseline variant).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SpecMethod {
+    /// Off.
+    None,
+    /// A draft model.
+    DraftModel,
+    /// Prompt lookup.
+    Ngram,
+    /// Acceptance only.
+    Synthetic,
+}
+
+/// `dynamic_k = { ... }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DynamicKConfig {
+    /// No speculation above this many running sequences.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disable_above: Option<u32>,
+    /// Full k up to this many running sequences...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub full_until: Option<u32>,
+    /// ...then linearly down to 0 at this many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_at: Option<u32>,
+}
+
+fn default_spec_k() -> u32 {
+    4
+}
+
+fn default_max_n() -> u32 {
+    4
+}
+
+/// A synthetic acceptance from `acceptance` rates or a `mean_acceptance_length` for `k`
+/// drafts (exactly one; `what` prefixes errors).
+pub fn acceptance_from(
+    what: &str,
+    rates: &Option<Vec<f64>>,
+    mean: Option<f64>,
+    k: u32,
+) -> Result<Option<engine::spec::Acceptance>, String> {
+    match (rates, mean) {
+        (Some(r), None) => engine::spec::Acceptance::from_rates(r)
+            .map(Some)
+            .map_err(|e| format!("{what}acceptance: {e}")),
+        (None, Some(m)) => engine::spec::Acceptance::from_mean_length(m, k)
+            .map(Some)
+            .map_err(|e| format!("{what}mean_acceptance_length: {e}")),
+        (Some(_), Some(_)) => Err(format!(
+            "{what}acceptance and {what}mean_acceptance_length: give one, not both"
+        )),
+        (None, None) => Ok(None),
+    }
 }
 
 /// One variant, resolved and checked: what a run needs.
@@ -279,6 +383,8 @@ pub struct Variant {
     pub memory: MemoryPlan,
     /// The scheduler's limits.
     pub scheduler: SchedulerConfig,
+    /// Speculative decoding's draft model on the same GPUs (`method = "draft-model"`).
+    pub draft: Option<Deployment>,
 }
 
 /// A loaded scenario.
@@ -296,6 +402,13 @@ pub struct Scenario {
     pub base: ScenarioConfig,
     /// Variants (the base alone, named `base`, when the file has none).
     pub variants: Vec<Variant>,
+    /// The `[sweep]` dimensions, in file order: a dotted key and its values (empty: no
+    /// sweep).
+    pub sweep: Vec<(String, Vec<toml::Value>)>,
+    /// The file's table, for re-resolving it at a sweep point.
+    raw: toml::Table,
+    /// The seed given on the command line, if any.
+    seed_override: Option<u64>,
 }
 
 impl Scenario {
@@ -386,7 +499,7 @@ impl Scenario {
             msg,
         };
         let src = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
-        let at_line = |e: toml::de::Error| {
+        let raw: toml::Table = toml::from_str(&src).map_err(|e| {
             let msg = e.message().trim().replace('\n', " ");
             match e.span() {
                 Some(span) => {
@@ -395,8 +508,65 @@ impl Scenario {
                 }
                 None => err(msg),
             }
+        })?;
+        Scenario::from_table(path, Some(&src), raw, seed)
+    }
+
+    /// The scenario at one point of its sweep: the file with `overrides` (dotted keys and
+    /// values) applied to its base configuration, the variants on top.
+    pub fn at_point(&self, overrides: &[(String, toml::Value)]) -> Result<Scenario, ScenarioError> {
+        let mut raw = self.raw.clone();
+        raw.remove("sweep");
+        for (key, value) in overrides {
+            set_dotted(&mut raw, key, value.clone()).map_err(|msg| ScenarioError {
+                file: self.path.display().to_string(),
+                msg: format!("sweep: {msg}"),
+            })?;
+        }
+        let point = overrides
+            .iter()
+            .map(|(k, v)| format!("{k} = {v}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut s =
+            Scenario::from_table(&self.path, None, raw, self.seed_override).map_err(|e| {
+                ScenarioError {
+                    file: e.file,
+                    msg: format!("sweep point ({point}): {}", e.msg),
+                }
+            })?;
+        s.raw = self.raw.clone();
+        s.sweep = self.sweep.clone();
+        Ok(s)
+    }
+
+    /// Parses and checks a scenario table (`src`, the file's text, places parse errors
+    /// by line).
+    fn from_table(
+        path: &Path,
+        src: Option<&str>,
+        raw: toml::Table,
+        seed: Option<u64>,
+    ) -> Result<Scenario, ScenarioError> {
+        let file = path.display().to_string();
+        let err = |msg: String| ScenarioError {
+            file: file.clone(),
+            msg,
         };
-        let mut raw: toml::Table = toml::from_str(&src).map_err(at_line)?;
+        let seed_override = seed;
+        let file_table = raw.clone();
+        let sweep = sweep_dimensions(raw.get("sweep")).map_err(err)?;
+        let at_line = |e: toml::de::Error| {
+            let msg = e.message().trim().replace('\n', " ");
+            match e.span() {
+                Some(span) if src.is_some() => {
+                    let (line, col) = line_col(src.unwrap_or_default(), span.start);
+                    err(format!("line {line}, column {col}: {msg}"))
+                }
+                _ => err(msg),
+            }
+        };
+        let mut raw = raw;
         let base_dir = path
             .parent()
             .map(Path::to_path_buf)
@@ -404,14 +574,18 @@ impl Scenario {
         // Variants merge into the file as written: their own `cost.calibration` must not
         // lose to keys the base's calibration file brought in.
         let unexpanded = raw.clone();
-        let base: ScenarioConfig = if expand_calibration(&mut raw, &base_dir).map_err(err)? {
-            serde_path_to_error::deserialize(toml::Value::Table(raw.clone())).map_err(|e| {
-                let path = e.path().to_string();
-                err(format!("{path}: {}", e.into_inner().message().trim()))
-            })?
-        } else {
+        let base: ScenarioConfig = match src {
             // Without a calibration file, errors keep the file's line and column.
-            toml::from_str(&src).map_err(at_line)?
+            Some(src) if !expand_calibration(&mut raw, &base_dir).map_err(err)? => {
+                toml::from_str(src).map_err(at_line)?
+            }
+            _ => {
+                expand_calibration(&mut raw, &base_dir).map_err(err)?;
+                serde_path_to_error::deserialize(toml::Value::Table(raw.clone())).map_err(|e| {
+                    let path = e.path().to_string();
+                    err(format!("{path}: {}", e.into_inner().message().trim()))
+                })?
+            }
         };
         let name = base.name.clone().unwrap_or_else(|| {
             path.file_stem()
@@ -436,7 +610,7 @@ impl Scenario {
             };
             let mut over = over.clone();
             over.remove("name");
-            for forbidden in ["workload", "seed", "variant", "name"] {
+            for forbidden in ["workload", "seed", "variant", "name", "sweep"] {
                 if over.contains_key(forbidden) {
                     return Err(err(format!(
                         "variant `{vname}`: `{forbidden}` cannot be overridden (variants share one request stream)"
@@ -445,6 +619,7 @@ impl Scenario {
             }
             let mut merged = unexpanded.clone();
             merged.remove("variant");
+            merged.remove("sweep");
             merge(&mut merged, &over);
             expand_calibration(&mut merged, &base_dir)
                 .map_err(|m| err(format!("variant `{vname}`: {m}")))?;
@@ -473,8 +648,100 @@ impl Scenario {
             seed,
             base,
             variants,
+            sweep,
+            raw: file_table,
+            seed_override,
         })
     }
+
+    /// The swept keys, in file order.
+    pub fn sweep_keys(&self) -> Vec<String> {
+        self.sweep.iter().map(|(k, _)| k.clone()).collect()
+    }
+
+    /// Every point of the sweep, in order (the last key varies fastest): the dotted keys
+    /// and their values at that point. One empty point without a sweep.
+    pub fn sweep_points(&self) -> Vec<Vec<(String, toml::Value)>> {
+        let mut points: Vec<Vec<(String, toml::Value)>> = vec![Vec::new()];
+        for (key, values) in &self.sweep {
+            points = points
+                .into_iter()
+                .flat_map(|p| {
+                    values.iter().map(move |v| {
+                        let mut q = p.clone();
+                        q.push((key.clone(), v.clone()));
+                        q
+                    })
+                })
+                .collect();
+        }
+        points
+    }
+}
+
+/// The `[sweep]` table as dimensions: each array leaf (at any depth, so both `"a.b" =
+/// [..]` and `[sweep.a] b = [..]` work) is a dotted key and its values.
+fn sweep_dimensions(
+    table: Option<&toml::Value>,
+) -> Result<Vec<(String, Vec<toml::Value>)>, String> {
+    fn walk(
+        prefix: &str,
+        t: &toml::Table,
+        out: &mut Vec<(String, Vec<toml::Value>)>,
+    ) -> Result<(), String> {
+        for (k, v) in t {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                toml::Value::Table(sub) => walk(&key, sub, out)?,
+                toml::Value::Array(values) if !values.is_empty() => {
+                    let root = key.split('.').next().unwrap_or_default();
+                    if ["variant", "sweep", "name"].contains(&root) {
+                        return Err(format!("sweep.{key}: `{root}` cannot be swept"));
+                    }
+                    out.push((key, values.clone()));
+                }
+                _ => {
+                    return Err(format!(
+                        "sweep.{key}: expected a non-empty array of the values to sweep"
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+    let Some(value) = table else {
+        return Ok(Vec::new());
+    };
+    let toml::Value::Table(t) = value else {
+        return Err("sweep: expected a table of keys and value arrays".into());
+    };
+    let mut out = Vec::new();
+    walk("", t, &mut out)?;
+    Ok(out)
+}
+
+/// Sets the dotted key `key` of `table` to `value`, creating tables on the way.
+fn set_dotted(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<(), String> {
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let Some(last) = parts.pop() else {
+        return Err("empty key".into());
+    };
+    let mut t = table;
+    for (i, p) in parts.iter().enumerate() {
+        let entry = t
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        t = match entry {
+            toml::Value::Table(sub) => sub,
+            _ => return Err(format!("{key}: `{}` is not a table", parts[..=i].join("."))),
+        };
+    }
+    t.insert(last.to_string(), value);
+    Ok(())
 }
 
 /// A catalog entry named by `keys.0` or one described in the file `keys.1` (relative to
@@ -633,9 +900,12 @@ fn resolve(name: &str, config: ScenarioConfig, base_dir: &Path) -> Result<Varian
         dtype: config.model.dtype,
         kv_dtype,
     };
+    let (speculative, draft) = resolve_speculative(&config, &deployment, base_dir)?;
     let memory = memory_plan(
         &deployment,
         &MemoryInputs {
+            draft_weight_bytes: draft.as_ref().map_or(0.0, |d| d.weight_bytes_per_gpu()),
+            draft_kv_bytes_per_token: draft.as_ref().map_or(0.0, |d| d.kv_bytes_per_token()),
             gpu_memory_utilization: e.gpu_memory_utilization,
             block_size: e.block_size,
             max_num_batched_tokens,
@@ -674,7 +944,7 @@ fn resolve(name: &str, config: ScenarioConfig, base_dir: &Path) -> Result<Varian
         } else {
             model.sliding_window
         },
-        speculative: None,
+        speculative,
     };
     scheduler.validate().map_err(|e| e.to_string())?;
     Ok(Variant {
@@ -683,5 +953,118 @@ fn resolve(name: &str, config: ScenarioConfig, base_dir: &Path) -> Result<Varian
         deployment,
         memory,
         scheduler,
+        draft,
     })
+}
+
+/// `[speculative]` of one configuration: the engine's settings (acceptance per class from
+/// the workload's classes) and the draft model's deployment (same GPUs and formats).
+fn resolve_speculative(
+    config: &ScenarioConfig,
+    target: &Deployment,
+    base_dir: &Path,
+) -> Result<(Option<engine::spec::SpecConfig>, Option<Deployment>), String> {
+    use engine::spec::{DynamicK, Method, SpecConfig};
+    let Some(sp) = config.speculative.as_ref() else {
+        return Ok((None, None));
+    };
+    let method = match sp.method {
+        SpecMethod::None => return Ok((None, None)),
+        SpecMethod::DraftModel => Method::DraftModel,
+        SpecMethod::Ngram => Method::Ngram,
+        SpecMethod::Synthetic => Method::Synthetic,
+    };
+    if sp.k == 0 {
+        return Err("speculative.k: must be at least 1".into());
+    }
+    let acceptance = acceptance_from(
+        "speculative.",
+        &sp.acceptance,
+        sp.mean_acceptance_length,
+        sp.k,
+    )?
+    .ok_or_else(|| {
+        "speculative: give acceptance (per-position rates) or mean_acceptance_length: the simulator draws acceptances from them".to_string()
+    })?;
+    let mut class_acceptance = Vec::new();
+    for (i, c) in config.workload.classes.iter().enumerate() {
+        let what = format!("workload.classes[{i}] ({}).", c.name);
+        class_acceptance.push(acceptance_from(
+            &what,
+            &c.acceptance,
+            c.mean_acceptance_length,
+            sp.k,
+        )?);
+    }
+    let dynamic = match sp.dynamic_k {
+        None => DynamicK::Off,
+        Some(DynamicKConfig {
+            disable_above: Some(b),
+            full_until: None,
+            zero_at: None,
+        }) => DynamicK::DisableAbove { batch: b },
+        Some(DynamicKConfig {
+            disable_above: None,
+            full_until: Some(f),
+            zero_at: Some(z),
+        }) => DynamicK::Linear {
+            full_until: f,
+            zero_at: z,
+        },
+        Some(_) => return Err(
+            "speculative.dynamic_k: give { disable_above = N } or { full_until = A, zero_at = B }"
+                .into(),
+        ),
+    };
+    let spec = SpecConfig {
+        method,
+        k: sp.k,
+        acceptance,
+        class_acceptance,
+        ngram_min: sp.min_n,
+        ngram_max: sp.max_n,
+        dynamic,
+    };
+    spec.validate()?;
+    let draft = if method == Method::DraftModel {
+        let model = catalog_or_file(
+            (
+                "speculative.draft_model",
+                "speculative.draft_config",
+                "a Hugging Face config.json",
+            ),
+            (&sp.draft_model, &sp.draft_config),
+            base_dir,
+            |n| {
+                find_model(n).ok_or_else(|| {
+                    let names: Vec<&str> = MODELS.iter().map(|m| m.name).collect();
+                    format!("unknown model `{n}` (known: {})", names.join(", "))
+                })
+            },
+            model_from_file,
+        )?;
+        let tp = sp.draft_tp.unwrap_or(target.tp);
+        if tp == 0 || tp > target.tp {
+            return Err(format!(
+                "speculative.draft_tp: must be from 1 to the target's tp ({}), got {tp}",
+                target.tp
+            ));
+        }
+        if model.vocab != target.model.vocab {
+            return Err(format!(
+                "speculative.draft_model: {} has a vocabulary of {} tokens, the target {} has {}: a draft must share the target's tokenizer",
+                model.name, model.vocab, target.model.name, target.model.vocab
+            ));
+        }
+        Some(Deployment {
+            model: model.clone(),
+            tp,
+            pp: 1,
+            ..target.clone()
+        })
+    } else {
+        // A variant that switches to n-gram keeps the base's draft keys: unused here.
+        None
+    };
+    Ok((Some(spec), draft))
 }

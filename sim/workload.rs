@@ -259,6 +259,13 @@ pub struct ClassConfig {
     /// Top-p (nucleus) cut of real backends' sampling, in (0, 1] (default 1: none).
     #[serde(default = "default_top_p")]
     pub top_p: f32,
+    /// Speculative decoding's synthetic acceptance for this class's requests (replaces
+    /// `speculative.acceptance`: code accepts more drafts than chat): per-position rates...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acceptance: Option<Vec<f64>>,
+    /// ...or a mean acceptance length.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_acceptance_length: Option<f64>,
     /// A system prompt shared by the class's requests: each request draws one of `groups`
     /// prefixes of `tokens` tokens and puts it before its own prompt (whose length the
     /// `prompt` distribution gives), so the prefix cache sees real sharing.
@@ -2060,6 +2067,8 @@ mod tests {
             lengths: None,
             priority: 0,
             shared_prefix: None,
+            acceptance: None,
+            mean_acceptance_length: None,
             n: 1,
             beam_search: false,
             temperature: 0.0,
@@ -2483,6 +2492,8 @@ mod tests {
                     lengths: None,
                     priority: 0,
                     shared_prefix: None,
+                    acceptance: None,
+                    mean_acceptance_length: None,
                     n: 1,
                     beam_search: false,
                     temperature: 0.0,
@@ -2502,6 +2513,8 @@ mod tests {
                     lengths: None,
                     priority: 0,
                     shared_prefix: None,
+                    acceptance: None,
+                    mean_acceptance_length: None,
                     n: 1,
                     beam_search: false,
                     temperature: 0.0,
@@ -2821,6 +2834,8 @@ mod tests {
                     lengths: None,
                     priority: 0,
                     shared_prefix: None,
+                    acceptance: None,
+                    mean_acceptance_length: None,
                     n: 1,
                     beam_search: false,
                     temperature: 0.0,
@@ -2839,6 +2854,8 @@ mod tests {
                     }),
                     priority: 0,
                     shared_prefix: None,
+                    acceptance: None,
+                    mean_acceptance_length: None,
                     n: 1,
                     beam_search: false,
                     temperature: 0.0,
@@ -2908,6 +2925,8 @@ mod tests {
                 }),
                 priority: 0,
                 shared_prefix: None,
+                acceptance: None,
+                mean_acceptance_length: None,
                 n: 1,
                 beam_search: false,
                 temperature: 0.0,

@@ -479,3 +479,37 @@ fn review_fixes_reject_bad_cost_and_gpu_values() {
         &["--requests"],
     );
 }
+
+#[test]
+fn speculative_and_sweep_errors_name_the_key() {
+    let with = |extra: &str| format!("{GOOD}\n{extra}");
+    assert_bad(
+        &with("[speculative]\nmethod = \"draft-model\"\ndraft_model = \"llama-3.2-1b\"\n"),
+        &["speculative", "mean_acceptance_length"],
+    );
+    assert_bad(
+        &with("[speculative]\nmethod = \"draft-model\"\ndraft_model = \"smollm2-135m\"\nmean_acceptance_length = 2.0\n"),
+        &["speculative.draft_model", "vocabulary"],
+    );
+    assert_bad(
+        &with("[speculative]\nmethod = \"synthetic\"\nacceptance = [0.5, 0.9]\n"),
+        &["speculative.acceptance", "must not increase"],
+    );
+    assert_bad(
+        &with("[speculative]\nmethod = \"synthetic\"\nk = 2\nmean_acceptance_length = 4.0\n"),
+        &["mean_acceptance_length", "[1, 3]"],
+    );
+    assert_bad(
+        &with("[sweep]\n\"engine.max_num_seq\" = [1, 2]\n"),
+        &["sweep point", "max_num_seq"],
+    );
+    assert_bad(
+        &with("[sweep]\n\"workload.arrival.rate\" = 3\n"),
+        &["sweep.workload.arrival.rate", "array"],
+    );
+    let (code, err, out) = validate(&with(
+        "[speculative]\nmethod = \"draft-model\"\ndraft_model = \"llama-3.2-1b\"\nmean_acceptance_length = 2.0\n[sweep]\n\"workload.arrival.rate\" = [1, 2]\n",
+    ));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("at each of the 2 sweep points"), "{out}");
+}

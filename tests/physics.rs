@@ -26,6 +26,8 @@ fn inputs() -> MemoryInputs {
         max_model_len: 4096,
         runtime_overhead_bytes: 1024.0 * 1024.0 * 1024.0,
         num_gpu_blocks_override: None,
+        draft_weight_bytes: 0.0,
+        draft_kv_bytes_per_token: 0.0,
     }
 }
 

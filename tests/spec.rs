@@ -153,3 +153,160 @@ fn every_scheduler_speculates_and_ends_requests_exactly() {
         assert!(records.iter().all(|r| r.output_len == 500), "{kind:?}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// The scenario, its sweep and the speedup map
+// ---------------------------------------------------------------------------------------
+
+use std::path::Path;
+
+use sim::run::RunOptions;
+use sim::scenario::Scenario;
+use sim::sweep::{merge, run_sweep, speedup_map, Shard, SweepRun};
+
+/// The mean TPOT speedup of `variant` over the baseline at a point.
+fn tpot_speedup(runs: &[SweepRun], variant: &str, rate: &str, accept: &str) -> f64 {
+    let find = |v: &str| {
+        runs.iter()
+            .find(|r| r.variant == v && r.values[0].1 == rate && r.values[1].1 == accept)
+            .unwrap_or_else(|| panic!("{v} at rate {rate}, acceptance {accept}"))
+            .summary
+            .mean_tpot_ms
+    };
+    find("baseline") / find(variant)
+}
+
+/// `scenarios/speculative.toml` reproduces vLLM's qualitative result: a draft model speeds
+/// decoding up at low load and slows it down at high load, with the crossover reported.
+#[test]
+fn speculative_scenario_shows_speedup_at_low_load_and_slowdown_at_high_load() {
+    let scn = Scenario::load(Path::new("scenarios/speculative.toml"), None).expect("loads");
+    assert_eq!(
+        scn.sweep_keys(),
+        [
+            "workload.arrival.rate",
+            "speculative.mean_acceptance_length"
+        ]
+    );
+    let opts = RunOptions {
+        requests: Some(300),
+        driver: sim::driver::DriverKind::Inline,
+        ..RunOptions::default()
+    };
+    let runs = run_sweep(&scn, &opts, None).expect("sweep runs");
+    assert_eq!(runs.len(), 7 * 3 * 3);
+    for accept in ["1.8", "2.6", "3.4"] {
+        let low = tpot_speedup(&runs, "draft-1b", "0.5", accept);
+        assert!(low > 1.2, "acceptance {accept}: {low:.2}x at 0.5 req/s");
+        assert!(tpot_speedup(&runs, "ngram", "0.5", accept) > low);
+    }
+    for accept in ["1.8", "2.6"] {
+        let high = tpot_speedup(&runs, "draft-1b", "32", accept);
+        assert!(high < 1.0, "acceptance {accept}: {high:.2}x at 32 req/s");
+    }
+    // Acceptance is what the runs measure.
+    for r in runs.iter().filter(|r| r.speculative) {
+        let want: f64 = r.values[1].1.parse().expect("number");
+        let got = r
+            .summary
+            .speculative
+            .as_ref()
+            .expect("spec metrics")
+            .mean_acceptance_length;
+        assert!(
+            (got - want).abs() < 0.1,
+            "{} at {:?}: {got}",
+            r.variant,
+            r.values
+        );
+    }
+    let map = speedup_map(&scn, &runs).expect("a speedup map");
+    assert!(
+        map.contains("TPOT speedup falls below 1 at workload.arrival.rate = "),
+        "{map}"
+    );
+}
+
+/// A sweep run as three shards and merged equals the unsharded run, file for file.
+#[test]
+fn sharded_sweeps_merge_into_the_unsharded_result() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("sweep.toml");
+    std::fs::write(
+        &file,
+        r#"
+name = "tiny-sweep"
+[model]
+name = "llama-3-8b"
+[hardware]
+gpu = "h100-sxm"
+[workload]
+num_requests = 60
+arrival = { process = "poisson", rate = 5.0 }
+[[workload.class]]
+name = "chat"
+prompt = { dist = "uniform", min = 10, max = 300 }
+output = { dist = "uniform", min = 5, max = 60 }
+[speculative]
+method = "synthetic"
+k = 3
+acceptance = [0.8, 0.6, 0.4]
+[sweep]
+workload.arrival.rate = [2, 8, 32]
+engine.max_num_seqs = [8, 64]
+[[variant]]
+name = "plain"
+speculative.method = "none"
+[[variant]]
+name = "spec"
+"#,
+    )
+    .expect("write");
+    let scn = Scenario::load(&file, None).expect("loads");
+    let opts = |out: &Path| RunOptions {
+        out_dir: Some(out.to_path_buf()),
+        driver: sim::driver::DriverKind::Inline,
+        ..RunOptions::default()
+    };
+    let whole = dir.path().join("whole");
+    let all = run_sweep(&scn, &opts(&whole), None).expect("sweep");
+    assert_eq!(all.len(), 3 * 2 * 2);
+    let mut shards = Vec::new();
+    for i in 0..3 {
+        let d = dir.path().join(format!("shard{i}"));
+        let part = run_sweep(&scn, &opts(&d), Some(Shard { index: i, count: 3 })).expect("shard");
+        assert_eq!(part.len(), 4);
+        shards.push(d);
+    }
+    let merged = dir.path().join("merged");
+    assert_eq!(merge(&shards, &merged).expect("merge"), 12);
+    let files = |root: &Path| {
+        let mut out = Vec::new();
+        let mut stack = vec![root.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).expect("dir") {
+                let p = e.expect("entry").path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.file_name().is_some_and(|n| n != "timing.json") {
+                    // (timing.json holds wall-clock times.)
+                    let rel = p.strip_prefix(root).expect("prefix").to_path_buf();
+                    out.push((rel, std::fs::read(&p).expect("read")));
+                }
+            }
+        }
+        out.sort();
+        out
+    };
+    let (a, b) = (files(&whole), files(&merged));
+    assert_eq!(
+        a.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(),
+        b.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>()
+    );
+    for ((p, x), (_, y)) in a.iter().zip(&b) {
+        assert!(x == y, "{} differs", p.display());
+    }
+    // A missing shard is an error, not a silent gap.
+    let err = merge(&shards[..2], &dir.path().join("partial")).expect_err("gap");
+    assert!(err.to_string().contains("missing"), "{err}");
+}

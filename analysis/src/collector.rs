@@ -12,7 +12,7 @@ use crate::latency::LatencyAccumulator;
 use crate::rows::{CsvSink, REQUESTS_CSV_HEADER, STEPS_CSV_HEADER};
 use crate::slo::Slo;
 use crate::stats::{finite, ratio};
-use crate::summary::{ClassSummary, Summary};
+use crate::summary::{ClassSummary, SpecSummary, Summary};
 
 /// Facts about a run that the records do not carry, given to [`RunCollector::finish`].
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -31,6 +31,8 @@ pub struct RunInfo {
     pub evictions: u64,
     /// Wall-clock time the simulation took (s).
     pub wall_time_s: f64,
+    /// Speculative decoding's acceptance counters, by request class (empty: none).
+    pub spec: Vec<engine::spec::SpecStats>,
 }
 
 /// The running statistics of one request class.
@@ -346,7 +348,14 @@ impl RunCollector {
         let queue = self.queue.stats();
         let itl = self.itl.stats();
 
-        let classes = self.class_summaries();
+        let mut classes = self.class_summaries();
+        for (c, s) in classes.iter_mut().zip(&info.spec) {
+            c.speculative = SpecSummary::of(s);
+        }
+        let mut all = engine::spec::SpecStats::default();
+        for s in &info.spec {
+            all.merge(s);
+        }
         let steps = self.num_steps as f64;
         let total_requests = completed + self.num_rejected;
 
@@ -431,6 +440,7 @@ impl RunCollector {
             kv_pool_blocks: info.kv_pool_blocks,
             leaked_blocks: info.kv_blocks_in_use_at_end,
             num_evictions: info.evictions,
+            speculative: SpecSummary::of(&all),
             wall_time_s: finite(info.wall_time_s),
             sim_speed: if info.wall_time_s > 0.0 {
                 ratio(total_requests as f64, info.wall_time_s)
@@ -703,6 +713,7 @@ mod tests {
             kv_blocks_in_use_at_end: 0,
             evictions: 0,
             wall_time_s: 0.5,
+            spec: Vec::new(),
         }
     }
 

@@ -82,6 +82,27 @@ pub fn comparison_table(summaries: &[Summary]) -> String {
         row.extend(summaries.iter().map(get));
         table.add_row(row);
     }
+    if summaries.iter().any(|s| s.speculative.is_some()) {
+        type SpecGetter = fn(&crate::summary::SpecSummary) -> String;
+        let spec_rows: [(&str, SpecGetter); 3] = [
+            ("spec acceptance rate", |s| {
+                format!("{:.1}%", s.acceptance_rate * 100.0)
+            }),
+            ("spec mean acceptance length", |s| {
+                format!("{:.3}", s.mean_acceptance_length)
+            }),
+            ("spec verify steps", |s| s.num_drafts.to_string()),
+        ];
+        for (name, get) in spec_rows {
+            let mut row = vec![name.to_owned()];
+            row.extend(
+                summaries
+                    .iter()
+                    .map(|s| s.speculative.as_ref().map_or("-".to_owned(), get)),
+            );
+            table.add_row(row);
+        }
+    }
 
     if let Some(first) = summaries.first() {
         // Ratios read "how many times better than the first variant": higher throughput
@@ -122,7 +143,8 @@ pub fn comparison_table(summaries: &[Summary]) -> String {
 
 /// Writes `comparison.csv` to `path` (creating the parent directory if needed): a header
 /// and one row per variant with the summary's scalar fields (everything but `slo` and
-/// `classes`), floats with 6 decimals and an empty cell for a missing goodput.
+/// `classes`; speculative decoding's numbers as `spec_*` columns, zeros without it),
+/// floats with 6 decimals and an empty cell for a missing goodput.
 pub fn write_comparison_csv(path: &Path, summaries: &[Summary]) -> Result<(), AnalysisError> {
     create_parent(path)?;
     let file = File::create(path).map_err(|e| AnalysisError::io(path, e))?;
@@ -228,7 +250,13 @@ mod tests {
             .map(String::as_str)
             .filter(|k| *k != "slo" && *k != "classes")
             .collect();
-        let mut sorted_header = header.clone();
+        // The nested `speculative` object (absent here) is flattened into spec_* columns.
+        let mut sorted_header: Vec<&str> = header
+            .iter()
+            .copied()
+            .filter(|h| !h.starts_with("spec_"))
+            .collect();
+        assert_eq!(header.iter().filter(|h| h.starts_with("spec_")).count(), 6);
         keys.sort_unstable();
         sorted_header.sort_unstable();
         assert_eq!(sorted_header, keys);

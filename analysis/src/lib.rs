@@ -57,4 +57,4 @@ pub use error::AnalysisError;
 pub use rows::{REQUESTS_CSV_HEADER, STEPS_CSV_HEADER};
 pub use slo::Slo;
 pub use stats::{median, percentile};
-pub use summary::{read_summary_json, write_summary_json, ClassSummary, Summary};
+pub use summary::{read_summary_json, write_summary_json, ClassSummary, SpecSummary, Summary};

@@ -40,6 +40,46 @@ pub struct ClassSummary {
     pub median_e2el_ms: f64,
     /// 99th percentile of end-to-end latency (ms; HDR histogram, < 0.1 % relative error).
     pub p99_e2el_ms: f64,
+    /// The class's speculative-decoding acceptance (absent without verify steps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpecSummary>,
+}
+
+/// Speculative decoding's acceptance over a run or a class (DESIGN §4; vLLM V1's metric
+/// definitions, and SGLang's accept length).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct SpecSummary {
+    /// Verify steps with drafts (vLLM's `num_drafts`).
+    pub num_drafts: u64,
+    /// Draft tokens verified.
+    pub num_draft_tokens: u64,
+    /// Draft tokens accepted.
+    pub num_accepted_tokens: u64,
+    /// Accepted / drafted tokens (the bonus token excluded).
+    pub acceptance_rate: f64,
+    /// `1 + accepted / drafts` (vLLM).
+    pub mean_acceptance_length: f64,
+    /// Tokens emitted per verify step, the target's own token included (SGLang's
+    /// `accept_length`; below the mean acceptance length only where a request's end cut
+    /// a step short).
+    pub accept_length: f64,
+    /// Accepted at draft position i / drafts (non-increasing).
+    pub acceptance_per_position: Vec<f64>,
+}
+
+impl SpecSummary {
+    /// The summary of `s` (`None` without verify steps).
+    pub fn of(s: &engine::spec::SpecStats) -> Option<SpecSummary> {
+        (s.num_drafts > 0).then(|| SpecSummary {
+            num_drafts: s.num_drafts,
+            num_draft_tokens: s.num_draft_tokens,
+            num_accepted_tokens: s.num_accepted_tokens,
+            acceptance_rate: s.acceptance_rate(),
+            mean_acceptance_length: s.mean_acceptance_length(),
+            accept_length: s.accept_length(),
+            acceptance_per_position: s.per_position(),
+        })
+    }
 }
 
 impl ClassSummary {
@@ -65,6 +105,7 @@ impl ClassSummary {
             mean_e2el_ms: e2el.mean,
             median_e2el_ms: e2el.median,
             p99_e2el_ms: e2el.p99,
+            speculative: None,
         }
     }
 }
@@ -230,6 +271,9 @@ pub struct Summary {
     /// Simulated requests (completed and rejected) per wall-clock second (not serialised).
     #[serde(skip_serializing, default)]
     pub sim_speed: f64,
+    /// Speculative decoding's acceptance (absent without verify steps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpecSummary>,
     /// Per-class metrics, in class-index order.
     pub classes: Vec<ClassSummary>,
 }
@@ -237,7 +281,7 @@ pub struct Summary {
 impl Summary {
     /// The scalar fields (everything but `slo` and `classes`) as `(name, value)` pairs, in
     /// field order; floats with 6 decimals, a missing goodput as an empty string.
-    pub(crate) fn scalar_fields(&self) -> Vec<(String, String)> {
+    pub fn scalar_fields(&self) -> Vec<(String, String)> {
         let f = |x: f64| format!("{x:.6}");
         let v: Vec<(&str, String)> = vec![
             ("scenario", self.scenario.clone()),
@@ -362,6 +406,25 @@ impl Summary {
             ("num_evictions", self.num_evictions.to_string()),
         ];
         out.extend(tail.into_iter().map(|(k, x)| (k.to_owned(), x)));
+        // Speculative decoding (zeros without it, so every row has the same columns).
+        let sp = self.speculative.clone().unwrap_or_default();
+        out.extend([
+            ("spec_num_drafts".to_owned(), sp.num_drafts.to_string()),
+            (
+                "spec_num_draft_tokens".to_owned(),
+                sp.num_draft_tokens.to_string(),
+            ),
+            (
+                "spec_num_accepted_tokens".to_owned(),
+                sp.num_accepted_tokens.to_string(),
+            ),
+            ("spec_acceptance_rate".to_owned(), f(sp.acceptance_rate)),
+            (
+                "spec_mean_acceptance_length".to_owned(),
+                f(sp.mean_acceptance_length),
+            ),
+            ("spec_accept_length".to_owned(), f(sp.accept_length)),
+        ]);
         out
     }
 }

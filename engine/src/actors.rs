@@ -109,6 +109,18 @@ impl Actor for SchedulerActor {
 #[rtype(result = "Option<RequestRecord>")]
 pub struct Arrive(pub Request, pub Nanos);
 
+/// Asks for speculative decoding's acceptance counters, by request class.
+#[derive(Message)]
+#[rtype(result = "Vec<crate::spec::SpecStats>")]
+pub struct SpecCounters;
+
+impl Handler<SpecCounters> for SchedulerActor {
+    type Result = MessageResult<SpecCounters>;
+    fn handle(&mut self, _: SpecCounters, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.core.spec_stats().to_vec())
+    }
+}
+
 impl Handler<Arrive> for SchedulerActor {
     type Result = Option<RequestRecord>;
     fn handle(&mut self, msg: Arrive, _: &mut Context<Self>) -> Self::Result {
