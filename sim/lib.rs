@@ -25,6 +25,7 @@ pub mod driver;
 pub mod plan;
 pub mod run;
 pub mod scenario;
+pub mod speculate;
 pub mod sweep;
 pub mod validation;
 pub mod workload;

@@ -13,9 +13,11 @@ use engine::backend::Backend;
 use engine::block_manager::BlockManager;
 use engine::cores::Cores;
 use engine::eviction::EvictionKind;
+use engine::plan::{StepOutcome, WorkKind};
 use engine::record::RequestRecord;
 use engine::request::Request;
 use engine::scheduler::{Scheduler, SchedulerConfig, SchedulerKind};
+use engine::spec::{Acceptance, DynamicK, Method, SpecConfig, SpecStats};
 
 /// One engine configuration.
 struct Setup {
@@ -23,6 +25,23 @@ struct Setup {
     budget: u32,
     blocks: u32,
     prefix_caching: bool,
+    /// Speculative decoding: the engine's settings and the runtime's self-speculation
+    /// layers (`None`: the engine's n-gram drafts).
+    spec: Option<(SpecConfig, Option<usize>)>,
+}
+
+/// Greedy speculation with `k` drafts by `method` (the acceptance is the simulation's,
+/// unused by a real runtime).
+fn spec(method: Method, k: u32) -> SpecConfig {
+    SpecConfig {
+        method,
+        k,
+        acceptance: Acceptance::iid(0.5, k).expect("rate"),
+        class_acceptance: Vec::new(),
+        ngram_min: 1,
+        ngram_max: 3,
+        dynamic: DynamicK::Off,
+    }
 }
 
 /// Serves `requests` on the CPU runtime under `setup`; returns each request's generated
@@ -31,9 +50,10 @@ fn serve(
     g: &kernels::gguf::Gguf,
     setup: &Setup,
     requests: &[Request],
-) -> (HashMap<u64, Vec<u32>>, Vec<RequestRecord>) {
+) -> (HashMap<u64, Vec<u32>>, Vec<RequestRecord>, SpecStats) {
     let block_size = 4;
-    let rt = kernels::cpu::CpuRuntime::from_gguf(g, block_size, setup.blocks).expect("runtime");
+    let mut rt = kernels::cpu::CpuRuntime::from_gguf(g, block_size, setup.blocks).expect("runtime");
+    rt.set_self_speculation(setup.spec.as_ref().and_then(|(_, layers)| *layers));
     let mut backend = kernels::cpu::CpuBackend::new(rt);
     let cfg = SchedulerConfig {
         kind: setup.kind,
@@ -45,6 +65,7 @@ fn serve(
         want_block_tables: true,
         keep_tokens: true,
         prefix_caching: setup.prefix_caching,
+        speculative: setup.spec.as_ref().map(|(s, _)| s.clone()),
         ..SchedulerConfig::default()
     };
     let bm = if setup.prefix_caching {
@@ -55,17 +76,32 @@ fn serve(
     let mut cores = Cores::new(Scheduler::new(cfg).expect("config"), bm);
     let (plans, outcomes, records) = drive(&mut cores, &mut backend, requests, 1_000_000);
     let mut tokens: HashMap<u64, Vec<u32>> = HashMap::new();
-    for (plan, sampled) in plans.iter().zip(&outcomes) {
-        let mut drawn = sampled.iter();
+    for (plan, outcome) in plans.iter().zip(&outcomes) {
+        let mut drawn = outcome.sampled.iter();
+        let mut accepted = outcome.accepted.iter();
         for w in plan.work.iter().filter(|w| w.sample) {
-            for _ in 0..w.num_samples.max(1) {
+            let n = match w.kind {
+                WorkKind::Verify => accepted.next().copied().unwrap_or(0) + 1,
+                _ => w.num_samples.max(1),
+            };
+            for _ in 0..n {
                 if let Some(&t) = drawn.next() {
                     tokens.entry(w.seq).or_default().push(t);
                 }
             }
         }
     }
-    (tokens, records)
+    // Tokens past max_tokens (a verify step's last ones) were never committed.
+    for r in requests {
+        if let Some(t) = tokens.get_mut(&r.id) {
+            t.truncate(r.max_tokens as usize);
+        }
+    }
+    let mut stats = SpecStats::default();
+    for s in cores.scheduler.spec_stats() {
+        stats.merge(s);
+    }
+    (tokens, records, stats)
 }
 
 /// Every step a backend executes under a fixed clock: `(plans, sampled tokens, records)`
@@ -79,7 +115,7 @@ fn drive(
     step_ns: u64,
 ) -> (
     Vec<engine::plan::StepPlan>,
-    Vec<Vec<u32>>,
+    Vec<StepOutcome>,
     Vec<RequestRecord>,
 ) {
     let mut plans = Vec::new();
@@ -103,8 +139,8 @@ fn drive(
         let mut outcome = backend.execute(&planned.plan).expect("step");
         assert_eq!(
             outcome.sampled.len(),
-            planned.plan.num_samples(),
-            "{}: one token per draw",
+            StepOutcome::expected_samples(&planned.plan, &outcome.accepted),
+            "{}: one token per draw, accepted drafts + 1 per verify",
             backend.name()
         );
         outcome.duration = step_ns;
@@ -115,7 +151,7 @@ fn drive(
             .block_manager
             .check_invariants()
             .expect("pool invariants");
-        sampled.push(outcome.sampled);
+        sampled.push(outcome);
         plans.push(planned.plan);
     }
     records.sort_by_key(|r| r.request_id);
@@ -266,11 +302,12 @@ fn greedy_output_does_not_depend_on_batching_chunking_caching_or_preemption() {
         budget: 256,
         blocks: 64,
         prefix_caching: false,
+        spec: None,
     };
     let alone: Vec<Vec<u32>> = requests
         .iter()
         .map(|r| {
-            let (t, _) = serve(&g, &roomy, std::slice::from_ref(r));
+            let (t, _, _) = serve(&g, &roomy, std::slice::from_ref(r));
             t[&r.id].clone()
         })
         .collect();
@@ -287,6 +324,7 @@ fn greedy_output_does_not_depend_on_batching_chunking_caching_or_preemption() {
                 budget: 7,
                 blocks: 64,
                 prefix_caching: true,
+                spec: None,
             },
         ),
         (
@@ -296,11 +334,44 @@ fn greedy_output_does_not_depend_on_batching_chunking_caching_or_preemption() {
                 budget: 16,
                 blocks: 14,
                 prefix_caching: false,
+                spec: None,
+            },
+        ),
+        // Speculative decoding with greedy verification (invariant 10): n-gram drafts
+        // from the engine, and self-speculation by the model's first 10 layers, batched
+        // with prefix caching.
+        (
+            "speculative n-gram",
+            Setup {
+                kind: SchedulerKind::Chunked,
+                budget: 64,
+                blocks: 64,
+                prefix_caching: true,
+                spec: Some((spec(Method::Ngram, 3), None)),
+            },
+        ),
+        (
+            "self-speculation",
+            Setup {
+                kind: SchedulerKind::Continuous,
+                budget: 256,
+                blocks: 64,
+                prefix_caching: false,
+                spec: Some((spec(Method::DraftModel, 3), Some(10))),
             },
         ),
     ];
     for (name, setup) in &setups {
-        let (tokens, records) = serve(&g, setup, &requests);
+        let (tokens, records, stats) = serve(&g, setup, &requests);
+        if setup.spec.is_some() {
+            assert!(stats.num_drafts > 0, "{name}: nothing was verified");
+            eprintln!(
+                "{name}: {} verify steps, acceptance rate {:.2}, mean acceptance length {:.2}",
+                stats.num_drafts,
+                stats.acceptance_rate(),
+                stats.mean_acceptance_length()
+            );
+        }
         for (r, want) in requests.iter().zip(&alone) {
             assert_eq!(&tokens[&r.id], want, "{name}: request {}", r.id);
         }
@@ -315,5 +386,34 @@ fn greedy_output_does_not_depend_on_batching_chunking_caching_or_preemption() {
             ),
             _ => {}
         }
+    }
+}
+
+/// `sim speculate`'s measurement on real prompts (llama.cpp's oracle prompts): n-gram and
+/// self-speculation leave the greedy output unchanged, and the measured per-position
+/// acceptance is a valid synthetic acceptance for a simulation.
+#[test]
+fn measured_acceptance_feeds_back_into_a_simulation() {
+    let Some(path) = crate::smollm2() else {
+        eprintln!("skipped: no SmolLM2 GGUF (SIM_SMOLLM2_GGUF or ~/.cache/sim-models)");
+        return;
+    };
+    let g = kernels::gguf::Gguf::open(&path).expect("gguf");
+    let prompts: Vec<Vec<u32>> = kernels::oracle::smollm2()
+        .into_iter()
+        .take(4)
+        .map(|c| c.prompt_ids)
+        .collect();
+    for (method, layers) in [(Method::Ngram, None), (Method::DraftModel, Some(16))] {
+        let spec = sim::speculate::greedy_spec(method, 3, 1, 4).expect("spec");
+        let m = sim::speculate::measure(&g, &prompts, 24, None, spec, layers)
+            .expect("identical outputs");
+        let s = &m.speculative.spec;
+        assert!(s.num_drafts > 0, "{method:?}: nothing verified");
+        let rates = s.per_position();
+        let a = Acceptance::from_rates(&rates).expect("non-increasing rates in [0, 1]");
+        assert!((a.expected_tokens(3) - s.mean_acceptance_length()).abs() < 1e-9);
+        let text = sim::speculate::report(&m, "x", 3);
+        assert!(text.contains("acceptance = ["), "{text}");
     }
 }

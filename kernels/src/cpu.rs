@@ -14,7 +14,7 @@
 
 use std::time::Instant;
 
-use engine::plan::StepPlan;
+use engine::plan::{SeqWork, StepPlan, WorkKind};
 
 use crate::cuda::{gguf_shape, LlamaShape};
 use crate::gguf::Gguf;
@@ -616,6 +616,10 @@ pub struct CpuRuntime {
     keep_logits: bool,
     logits: Vec<f32>,
     precision: Precision,
+    /// Accepted drafts of the last step's verify works.
+    accepted: Vec<u32>,
+    /// Self-speculation: layers of the draft (`None`: none).
+    draft_layers: Option<usize>,
 }
 
 /// `out[t][n] = sum_k x[t][k] w[n][k]` for `t` rows of `k` inputs and `n` outputs, the
@@ -848,6 +852,8 @@ impl CpuRuntime {
             keep_logits: false,
             logits: Vec::new(),
             precision: Precision::default(),
+            accepted: Vec::new(),
+            draft_layers: None,
         })
     }
 
@@ -946,10 +952,13 @@ impl CpuRuntime {
     }
 
     /// Runs one step (after the plan's block moves); returns its wall-clock duration in ns
-    /// and the drawn tokens: `num_samples` for each sampling sequence, in plan order.
+    /// and the drawn tokens: `num_samples` for each sampling sequence, and for each verify
+    /// work (speculative decoding) its accepted drafts and one token of the model's own,
+    /// in plan order (the accepted counts: [`CpuRuntime::take_accepted`]). A verify work
+    /// without draft ids is drafted here by self-speculation
+    /// ([`CpuRuntime::set_self_speculation`]).
     pub fn forward(&mut self, plan: &StepPlan) -> Result<(u64, Vec<u32>), CpuError> {
         let started = Instant::now();
-
         if self.swap.is_empty() && !(plan.swap_in.is_empty() && plan.swap_out.is_empty()) {
             return Err(CpuError::Config(format!(
                 "step {}: the plan swaps blocks but the runtime has no CPU swap pool",
@@ -957,6 +966,188 @@ impl CpuRuntime {
             )));
         }
         self.transfers(plan)?;
+        let vocab = self.shape.vocab as usize;
+        crate::generate::check_plan(
+            plan,
+            self.num_blocks,
+            self.block_size,
+            self.window,
+            self.shape.vocab,
+            true,
+        )
+        .map_err(CpuError::Config)?;
+        let synthetic =
+            |w: &SeqWork, p: u32| crate::cuda::meta::synthetic_token(w.seq, p, vocab as u32);
+        // Each work's input ids: its own, synthetic ones where it has none, and for a
+        // verify work the drafts (drafted below when the engine gave none).
+        let mut ids: Vec<Vec<u32>> = plan
+            .work
+            .iter()
+            .map(|w| {
+                let n = if w.kind == WorkKind::Verify { 1 } else { w.len };
+                (w.start..w.start + n)
+                    .map(|p| {
+                        w.token_ids
+                            .get((p - w.start) as usize)
+                            .copied()
+                            .unwrap_or_else(|| synthetic(w, p))
+                    })
+                    .collect()
+            })
+            .collect();
+        let to_draft: Vec<usize> = plan
+            .work
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| w.kind == WorkKind::Verify)
+            .filter_map(|(wi, w)| {
+                if w.token_ids.len() as u32 == w.len {
+                    ids[wi] = w.token_ids.clone();
+                    None
+                } else {
+                    Some(wi)
+                }
+            })
+            .collect();
+        if !to_draft.is_empty() {
+            self.self_draft(plan, &to_draft, &mut ids)?;
+        }
+        // Tokens of the step: (work index, position, id); logits at each sampling work's
+        // last token and at every position of a verify work.
+        let mut toks = Vec::new();
+        let mut rows = Vec::new();
+        for (wi, w) in plan.work.iter().enumerate() {
+            for (j, &id) in ids[wi].iter().enumerate() {
+                let p = w.start + j as u32;
+                if w.kind == WorkKind::Verify || (w.sample && p + 1 == w.start + w.len) {
+                    rows.push(toks.len());
+                }
+                toks.push((wi, p, id));
+            }
+        }
+        if toks.is_empty() {
+            self.accepted.clear();
+            return Ok((started.elapsed().as_nanos() as u64, Vec::new()));
+        }
+        let layers = self.layers.len();
+        let logits = self.pass(plan, &toks, layers, &rows);
+        let mut drawn = Vec::new();
+        self.accepted.clear();
+        let mut row = 0usize;
+        for (wi, w) in plan.work.iter().enumerate() {
+            let at = |r: usize| &logits[r * vocab..(r + 1) * vocab];
+            if w.kind == WorkKind::Verify {
+                let k = w.len as usize - 1;
+                let mut accepted = 0;
+                let mut own = None;
+                for j in 0..k {
+                    let draft = ids[wi][j + 1];
+                    // Row j predicts position start + 1 + j.
+                    let pos = w.start + 1 + j as u32;
+                    let u_accept = w.sampling.uniform(w.seq, pos, engine::spec::ACCEPT_DRAW);
+                    let u_draw = w.sampling.uniform(w.seq, pos, 0);
+                    match crate::sampling::verify_draft(
+                        at(row + j),
+                        &w.sampling,
+                        draft,
+                        u_accept,
+                        u_draw,
+                    ) {
+                        Ok(()) => accepted += 1,
+                        Err(t) => {
+                            own = Some(t);
+                            break;
+                        }
+                    }
+                }
+                drawn.extend_from_slice(&ids[wi][1..1 + accepted]);
+                // All accepted: the bonus token, drawn as a plain decode would draw it.
+                let own = own.unwrap_or_else(|| {
+                    let pos = w.start + 1 + k as u32;
+                    crate::sampling::draw(
+                        at(row + k),
+                        &w.sampling,
+                        w.sampling.uniform(w.seq, pos, 0),
+                    )
+                });
+                drawn.push(own);
+                self.accepted.push(accepted as u32);
+                row += w.len as usize;
+            } else if w.sample {
+                let pos = w.start + w.len;
+                for j in 0..w.num_samples.max(1) {
+                    let u = w.sampling.uniform(w.seq, pos, j);
+                    drawn.push(crate::sampling::draw(at(row), &w.sampling, u));
+                }
+                row += 1;
+            }
+        }
+        if self.keep_logits {
+            self.logits = logits;
+        }
+        Ok((started.elapsed().as_nanos().max(1) as u64, drawn))
+    }
+
+    /// Accepted drafts of each verify work of the last step, in plan order.
+    pub fn take_accepted(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.accepted)
+    }
+
+    /// Self-speculation: verify work without draft ids is drafted by the model's first
+    /// `layers` layers (their KV is the full model's for the same tokens, so they share
+    /// the cache), greedily, one token per round for all such works at once.
+    pub fn set_self_speculation(&mut self, layers: Option<usize>) {
+        self.draft_layers = layers.map(|l| l.clamp(1, self.layers.len()));
+    }
+
+    /// Drafts the ids of the verify works `which` with the first `draft_layers` layers.
+    fn self_draft(
+        &mut self,
+        plan: &StepPlan,
+        which: &[usize],
+        ids: &mut [Vec<u32>],
+    ) -> Result<(), CpuError> {
+        let Some(layers) = self.draft_layers else {
+            return Err(CpuError::Config(format!(
+                "step {}: a verify step without drafts needs a draft model; this runtime drafts by self-speculation (set it with set_self_speculation / speculative.self_draft_layers) or takes the engine's n-gram drafts",
+                plan.step
+            )));
+        };
+        let vocab = self.shape.vocab as usize;
+        let rounds = which
+            .iter()
+            .map(|&wi| plan.work[wi].len - 1)
+            .max()
+            .unwrap_or(0);
+        for j in 0..rounds {
+            let live: Vec<usize> = which
+                .iter()
+                .copied()
+                .filter(|&wi| j < plan.work[wi].len - 1)
+                .collect();
+            let toks: Vec<(usize, u32, u32)> = live
+                .iter()
+                .map(|&wi| (wi, plan.work[wi].start + j, ids[wi][j as usize]))
+                .collect();
+            let rows: Vec<usize> = (0..toks.len()).collect();
+            let logits = self.pass(plan, &toks, layers, &rows);
+            for (r, &wi) in live.iter().enumerate() {
+                ids[wi].push(crate::sampling::argmax(&logits[r * vocab..(r + 1) * vocab]));
+            }
+        }
+        Ok(())
+    }
+
+    /// The forward pass of `toks` (work index, position, id) through the first `layers`
+    /// layers (their K and V written to the cache first), then the final norm and LM head
+    /// at the tokens `rows`: their logits, row after row.
+    fn pass(
+        &mut self,
+        plan: &StepPlan,
+        toks: &[(usize, u32, u32)],
+        layers: usize,
+        rows: &[usize],
+    ) -> Vec<f32> {
         let s = self.shape.clone();
         let (h, hd) = (s.hidden as usize, s.head_dim as usize);
         let (heads, kv_heads) = (s.heads as usize, s.kv_heads as usize);
@@ -965,24 +1156,7 @@ impl CpuRuntime {
         let inter = s.intermediate as usize;
         let vocab = s.vocab as usize;
         let bs = self.block_size;
-        crate::generate::check_plan(plan, self.num_blocks, bs, self.window, s.vocab)
-            .map_err(CpuError::Config)?;
-        // Tokens of the step: (work index, position, id).
-        let mut toks = Vec::new();
-        for (wi, w) in plan.work.iter().enumerate() {
-            for p in w.start..w.start + w.len {
-                let id = w
-                    .token_ids
-                    .get((p - w.start) as usize)
-                    .copied()
-                    .unwrap_or_else(|| crate::cuda::meta::synthetic_token(w.seq, p, s.vocab));
-                toks.push((wi, p, id));
-            }
-        }
         let t = toks.len();
-        if t == 0 {
-            return Ok((started.elapsed().as_nanos() as u64, Vec::new()));
-        }
         let slot = |wi: usize, p: u32| -> usize {
             let b = plan.work[wi].block_table[(p / bs) as usize] as usize;
             b * bs as usize + (p % bs) as usize
@@ -1004,7 +1178,7 @@ impl CpuRuntime {
             .iter()
             .map(|&(_, p, _)| rope_angles(p, s.rope_theta, hd))
             .collect();
-        for (li, layer) in self.layers.iter().enumerate() {
+        for (li, layer) in self.layers.iter().enumerate().take(layers) {
             let hn = rmsnorm(&x, &layer.attn_norm, s.rms_eps);
             let mut qkv = layer.wqkv.matmul(&hn, t, h, qd + 2 * kvd, precision);
             // RoPE on Q and K, then K and V into the cache (every token's before any
@@ -1071,36 +1245,13 @@ impl CpuRuntime {
                 *a += b;
             }
         }
-        // The last token of each sampling sequence: final norm, LM head, draws.
-        let mut rows = Vec::new();
-        let mut i = 0usize;
-        for (wi, w) in plan.work.iter().enumerate() {
-            i += w.len as usize;
-            if w.sample {
-                rows.push((wi, i - 1));
-            }
-        }
         let mut last = Vec::with_capacity(rows.len() * h);
-        for &(_, r) in &rows {
+        for &r in rows {
             last.extend_from_slice(&x[r * h..(r + 1) * h]);
         }
         let last = rmsnorm(&last, &self.final_norm, s.rms_eps);
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let logits = head.matmul(&last, rows.len(), h, vocab, self.precision);
-        let mut drawn = Vec::new();
-        for (k, &(wi, _)) in rows.iter().enumerate() {
-            let w = &plan.work[wi];
-            let row = &logits[k * vocab..(k + 1) * vocab];
-            let pos = w.start + w.len;
-            for j in 0..w.num_samples.max(1) {
-                let u = w.sampling.uniform(w.seq, pos, j);
-                drawn.push(crate::sampling::draw(row, &w.sampling, u));
-            }
-        }
-        if self.keep_logits {
-            self.logits = logits;
-        }
-        Ok((started.elapsed().as_nanos().max(1) as u64, drawn))
+        head.matmul(&last, rows.len(), h, vocab, self.precision)
     }
 }
 
@@ -1179,6 +1330,9 @@ impl crate::generate::StepRuntime for CpuRuntime {
     fn step(&mut self, plan: &StepPlan) -> Result<(u64, Vec<u32>), String> {
         self.forward(plan).map_err(|e| e.to_string())
     }
+    fn take_accepted(&mut self) -> Vec<u32> {
+        CpuRuntime::take_accepted(self)
+    }
     fn kv_geometry(&self) -> (u32, u32) {
         (self.num_blocks, self.block_size)
     }
@@ -1203,7 +1357,7 @@ mod tests {
             }
         }
     }
-    use engine::plan::{SeqWork, WorkKind};
+
     use engine::request::SamplingParams;
 
     fn tiny() -> LlamaShape {

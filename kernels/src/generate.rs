@@ -14,6 +14,11 @@ pub trait StepRuntime {
     const NAME: &'static str;
     /// Runs one step.
     fn step(&mut self, plan: &StepPlan) -> Result<(u64, Vec<u32>), String>;
+    /// Accepted drafts of the last step's verify works, in plan order (runtimes that
+    /// verify speculative drafts).
+    fn take_accepted(&mut self) -> Vec<u32> {
+        Vec::new()
+    }
     /// KV blocks and block size.
     fn kv_geometry(&self) -> (u32, u32);
 
@@ -79,7 +84,7 @@ impl<R: StepRuntime> Backend for RuntimeBackend<R> {
         Ok(StepOutcome {
             duration,
             sampled,
-            accepted: Vec::new(),
+            accepted: self.rt.take_accepted(),
             mbu: 0.0,
             mfu: 0.0,
         })
@@ -110,15 +115,32 @@ pub fn check_plan(
     block_size: u32,
     window: Option<u32>,
     vocab: u32,
+    verifies: bool,
 ) -> Result<(), String> {
     let null = engine::block_manager::NULL_BLOCK;
     let bs = block_size.max(1);
     for w in &plan.work {
         if w.kind == engine::plan::WorkKind::Verify {
-            return Err(format!(
-                "sequence {} verifies speculative drafts, which the real runtimes do not run yet (run speculative decoding with --backend model)",
-                w.seq
-            ));
+            if !verifies {
+                return Err(format!(
+                    "sequence {} verifies speculative drafts, which this runtime does not run (the CPU runtime does)",
+                    w.seq
+                ));
+            }
+            let k = w.drafts.as_ref().map_or(0, |d| d.k);
+            if k == 0 || w.len != 1 + k || !w.sample {
+                return Err(format!(
+                    "sequence {}: a verify step of {} tokens for {k} drafts",
+                    w.seq, w.len
+                ));
+            }
+            if !(w.token_ids.len() <= 1 || w.token_ids.len() as u32 == w.len) {
+                return Err(format!(
+                    "sequence {}: {} token ids for a verify step of 1 + {k} tokens",
+                    w.seq,
+                    w.token_ids.len()
+                ));
+            }
         }
         if let Some(&b) = w
             .block_table
@@ -248,7 +270,7 @@ mod tests {
     #[test]
     fn plans_that_would_touch_foreign_or_freed_kv_are_errors() {
         let greedy = SamplingParams::default();
-        let ok = |p: &StepPlan, window| check_plan(p, 8, 4, window, 100);
+        let ok = |p: &StepPlan, window| check_plan(p, 8, 4, window, 100, false);
         // Positions 0-9 over blocks 3, 5, 6.
         assert!(ok(&one_sequence_step(0, 10, &[3, 5, 6], &[], greedy), None).is_ok());
         // A block outside the cache, a missing one, a NULL one read without a window.

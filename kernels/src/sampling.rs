@@ -127,6 +127,58 @@ pub fn draw(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
     last
 }
 
+/// Speculative verification of a draft token `d` against the target's `logits` (Leviathan
+/// et al., with the draft given as a point-mass proposal: the n-gram and greedy drafts are
+/// deterministic). Greedy: `d` is accepted when it is the argmax, else the argmax replaces
+/// it. Sampling: `d` is accepted with probability `p(d)` (under `params`' temperature,
+/// top-k and top-p, `u_accept` the uniform number), else the replacement is drawn from `p`
+/// without `d`, renormalised (`max(p - q, 0)` for a point mass `q`), with `u_draw`. Either
+/// way the emitted token has exactly the target's distribution. `Ok` is an acceptance,
+/// `Err` the replacement.
+pub fn verify_draft(
+    logits: &[f32],
+    params: &SamplingParams,
+    d: u32,
+    u_accept: f32,
+    u_draw: f32,
+) -> Result<(), u32> {
+    let best = argmax(logits);
+    let Some(kept) = kept(logits, params, 0.0) else {
+        return if best == d { Ok(()) } else { Err(best) };
+    };
+    let weight = |i: usize, v: f32| {
+        if kept.keeps(v) {
+            kept.weight(v)
+        } else {
+            let _ = i;
+            0.0
+        }
+    };
+    let z: f64 = logits.iter().enumerate().map(|(i, &v)| weight(i, v)).sum();
+    let pd = logits
+        .get(d as usize)
+        .map_or(0.0, |&v| weight(d as usize, v))
+        / z;
+    if f64::from(u_accept) < pd {
+        return Ok(());
+    }
+    // The rest of the mass, in vocabulary order without d.
+    let rest = z * (1.0 - pd);
+    let t = f64::from(u_draw) * rest;
+    let (mut acc, mut last) = (0.0, best);
+    for (i, &v) in logits.iter().enumerate() {
+        if i as u32 == d || !kept.keeps(v) {
+            continue;
+        }
+        acc += kept.weight(v);
+        last = i as u32;
+        if acc > t {
+            return Err(i as u32);
+        }
+    }
+    Err(last)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1006,6 +1006,7 @@ impl CudaRuntime {
             self.block_size,
             window,
             self.shape.vocab,
+            false,
         )
         .map_err(CudaError::Config)?;
         let (bs, q_tile, vocab) = (self.block_size, self.q_tile, self.shape.vocab);
