@@ -502,6 +502,29 @@ fn cpu_runtime(
         // Host memory too: the swap pool is capped like the KV cache.
         rt.with_swap_space(m.num_cpu_blocks.min(blocks));
     }
+    // A real draft model: self-speculation by the target's first layers (n-gram drafts
+    // come from the engine).
+    let spec = variant.scheduler.speculative.as_ref();
+    if spec.is_some_and(|s| s.method == engine::spec::Method::DraftModel) {
+        let layers = variant
+            .config
+            .speculative
+            .as_ref()
+            .and_then(|s| s.self_draft_layers)
+            .ok_or_else(|| {
+                cpu_err(
+                    "speculative.method = \"draft-model\" on the CPU runtime drafts by self-speculation: set speculative.self_draft_layers (the target's first N layers)"
+                        .into(),
+                )
+            })?;
+        rt.set_self_speculation(Some(layers as usize));
+    }
+    if spec.is_some_and(|s| s.method == engine::spec::Method::Synthetic) {
+        return Err(cpu_err(
+            "speculative.method = \"synthetic\" has no drafts to verify: use ngram or draft-model with a real backend"
+                .into(),
+        ));
+    }
     Ok((rt, blocks))
 }
 

@@ -291,6 +291,10 @@ pub struct SpeculativeConfig {
     /// Tensor parallelism of the draft model (default: the target's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_tp: Option<u32>,
+    /// Real runtimes (`--backend cpu`): the draft is the target's first N layers
+    /// (self-speculation), sharing its KV cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub self_draft_layers: Option<u32>,
     /// Synthetic acceptance: unconditional per-position rates `r1 >= r2 >= ...` (the
     /// probability that drafts 1..i are all accepted; positions past the list repeat the
     /// last conditional rate)...
@@ -901,11 +905,15 @@ fn resolve(name: &str, config: ScenarioConfig, base_dir: &Path) -> Result<Varian
         kv_dtype,
     };
     let (speculative, draft) = resolve_speculative(&config, &deployment, base_dir)?;
+    // A self-speculation draft is part of the target: nothing more to hold.
+    let own_draft = draft.as_ref().filter(|d| {
+        !(d.model.name == deployment.model.name && d.model.layers < deployment.model.layers)
+    });
     let memory = memory_plan(
         &deployment,
         &MemoryInputs {
-            draft_weight_bytes: draft.as_ref().map_or(0.0, |d| d.weight_bytes_per_gpu()),
-            draft_kv_bytes_per_token: draft.as_ref().map_or(0.0, |d| d.kv_bytes_per_token()),
+            draft_weight_bytes: own_draft.map_or(0.0, |d| d.weight_bytes_per_gpu()),
+            draft_kv_bytes_per_token: own_draft.map_or(0.0, |d| d.kv_bytes_per_token()),
             gpu_memory_utilization: e.gpu_memory_utilization,
             block_size: e.block_size,
             max_num_batched_tokens,
@@ -1026,7 +1034,29 @@ fn resolve_speculative(
         dynamic,
     };
     spec.validate()?;
-    let draft = if method == Method::DraftModel {
+    let self_draft = match sp.self_draft_layers {
+        Some(n) if n == 0 || n >= target.model.layers => {
+            return Err(format!(
+                "speculative.self_draft_layers: must be from 1 to {} (the target has {} layers), got {n}",
+                target.model.layers - 1,
+                target.model.layers
+            ))
+        }
+        other => other,
+    };
+    let draft = if method == Method::DraftModel
+        && sp.draft_model.is_none()
+        && sp.draft_config.is_none()
+        && self_draft.is_some()
+    {
+        // Self-speculation: the target's first layers, its weights and KV cache shared.
+        let mut model = target.model.clone();
+        model.layers = self_draft.unwrap_or(1);
+        Some(Deployment {
+            model,
+            ..target.clone()
+        })
+    } else if method == Method::DraftModel {
         let model = catalog_or_file(
             (
                 "speculative.draft_model",

@@ -417,3 +417,69 @@ fn measured_acceptance_feeds_back_into_a_simulation() {
         assert!(text.contains("acceptance = ["), "{text}");
     }
 }
+
+/// `sim run --backend cpu` of a scenario with self-speculation: the real model drafts
+/// with its first layers, the engine verifies, every request completes, and the run's
+/// summary carries the measured acceptance.
+#[test]
+fn a_speculative_scenario_runs_on_the_cpu_runtime() {
+    let Some(path) = crate::smollm2() else {
+        eprintln!("skipped: no SmolLM2 GGUF (SIM_SMOLLM2_GGUF or ~/.cache/sim-models)");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("spec_cpu.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+name = "spec-cpu"
+[model]
+gguf = "{}"
+[hardware]
+gpu = "h100-sxm"
+[engine]
+max_model_len = 256
+[workload]
+num_requests = 4
+arrival = {{ process = "poisson", rate = 50.0 }}
+[[workload.class]]
+name = "chat"
+prompt = {{ dist = "uniform", min = 8, max = 40 }}
+output = {{ dist = "fixed", value = 12 }}
+[speculative]
+method = "draft-model"
+self_draft_layers = 12
+k = 3
+mean_acceptance_length = 2.0
+[[variant]]
+name = "plain"
+speculative.method = "none"
+[[variant]]
+name = "self-spec"
+"#,
+            path.display()
+        ),
+    )
+    .expect("write");
+    let scn = sim::scenario::Scenario::load(&file, None).expect("loads");
+    let opts = sim::run::RunOptions {
+        backend: sim::run::BackendKind::Cpu,
+        driver: sim::driver::DriverKind::Inline,
+        parallel: false,
+        ..sim::run::RunOptions::default()
+    };
+    let results = sim::run::run_scenario(&scn, &opts).expect("runs");
+    for r in &results {
+        assert_eq!(r.summary.completed, 4, "{}", r.summary.variant);
+        assert_eq!(r.summary.total_output_tokens, 48);
+        assert_eq!(r.summary.leaked_blocks, 0);
+    }
+    let spec = results[1]
+        .summary
+        .speculative
+        .as_ref()
+        .expect("acceptance measured");
+    assert!(spec.num_drafts > 0 && spec.num_accepted_tokens <= spec.num_draft_tokens);
+    assert!(results[0].summary.speculative.is_none());
+}

@@ -245,4 +245,43 @@ mod tests {
             );
         }
     }
+
+    /// Rejection sampling with a point-mass draft emits exactly the target distribution:
+    /// over a grid of (accept, draw) uniforms, the emitted token frequencies match the
+    /// softmax (with top-k), whatever the draft token; greedy accepts the argmax only.
+    #[test]
+    fn verification_keeps_the_target_distribution() {
+        let logits = [0.3f32, 1.5, -0.4, 2.0, 0.9];
+        let p = params(0.8, 4, 1.0);
+        let kept = kept(&logits, &p, 0.0).expect("non-greedy");
+        let w: Vec<f64> = logits
+            .iter()
+            .map(|&l| if kept.keeps(l) { kept.weight(l) } else { 0.0 })
+            .collect();
+        let z: f64 = w.iter().sum();
+        let n = 300;
+        for d in 0..logits.len() as u32 {
+            let mut counts = [0u32; 5];
+            for i in 0..n {
+                for j in 0..n {
+                    let (ua, ud) = ((i as f32 + 0.5) / n as f32, (j as f32 + 0.5) / n as f32);
+                    let t = match verify_draft(&logits, &p, d, ua, ud) {
+                        Ok(()) => d,
+                        Err(t) => {
+                            assert_ne!(t, d, "a rejected draft is never re-drawn");
+                            t
+                        }
+                    };
+                    counts[t as usize] += 1;
+                }
+            }
+            for (c, wi) in counts.iter().zip(&w) {
+                let f = f64::from(*c) / f64::from(n * n);
+                assert!((f - wi / z).abs() < 5e-3, "draft {d}: {counts:?}");
+            }
+        }
+        let greedy = params(0.0, 0, 1.0);
+        assert_eq!(verify_draft(&logits, &greedy, 3, 0.9, 0.9), Ok(()));
+        assert_eq!(verify_draft(&logits, &greedy, 1, 0.0, 0.0), Err(3));
+    }
 }
