@@ -82,6 +82,11 @@ enum Command {
         #[arg(long, default_value_t = 64)]
         max_tokens: u32,
     },
+    /// Rebuild `report.html` of a results folder (a run's or a sweep's) from its files.
+    Report {
+        /// The folder `sim run` wrote.
+        dir: PathBuf,
+    },
     /// Join the output folders of a sharded sweep (`sim run --shard i/N`) into one result
     /// set, identical to an unsharded run's.
     Merge {
@@ -434,7 +439,21 @@ fn run_sweep_command(
             sim::sweep::write_speedup(out_dir, &map)?;
         }
     }
-    outln!(out, "results in {}", out_dir.display());
+    if shard.is_none() {
+        let report = analysis::report::write_reports(out_dir)?;
+        outln!(
+            out,
+            "results in {} (report: {})",
+            out_dir.display(),
+            report.display()
+        );
+    } else {
+        outln!(
+            out,
+            "results in {} (join the shards with `sim merge`)",
+            out_dir.display()
+        );
+    }
     Ok(())
 }
 
@@ -515,12 +534,19 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
         }
         Command::Merge { dirs, out: to } => {
             let n = sim::sweep::merge(&dirs, &to)?;
+            let report = analysis::report::write_reports(&to)?;
             outln!(
                 out,
-                "merged {n} runs of {} shards into {}",
+                "merged {n} runs of {} shards into {} (report: {})",
                 dirs.len(),
-                to.display()
+                to.display(),
+                report.display()
             );
+            Ok(())
+        }
+        Command::Report { dir } => {
+            let report = analysis::report::write_reports(&dir)?;
+            outln!(out, "wrote {}", report.display());
             Ok(())
         }
         Command::Run {
@@ -574,7 +600,13 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                     outln!(out, "warning: {w}");
                 }
             }
-            outln!(out, "results in {}", out_dir.display());
+            let report = analysis::report::write_reports(&out_dir)?;
+            outln!(
+                out,
+                "results in {} (report: {})",
+                out_dir.display(),
+                report.display()
+            );
             Ok(())
         }
         Command::Validate { scenario } => {

@@ -301,6 +301,11 @@ pub fn run_variant(
             workload.clamped_outputs()
         ));
     }
+    if let Some(dir) = out_dir {
+        let path = dir.join("warnings.txt");
+        let text: String = warnings.iter().map(|w| format!("{w}\n")).collect();
+        std::fs::write(&path, text).map_err(io_err(&path))?;
+    }
     Ok(VariantResult {
         summary,
         stats,
@@ -363,6 +368,9 @@ pub fn run_scenario(
     if let Some(dir) = &opts.out_dir {
         let summaries: Vec<Summary> = results.iter().map(|r| r.summary.clone()).collect();
         analysis::write_comparison_csv(&dir.join("comparison.csv"), &summaries)?;
+        // The scenario as run, for the report.
+        let copy = dir.join("scenario.toml");
+        std::fs::copy(&scenario.path, &copy).map_err(io_err(&copy))?;
     }
     Ok(results)
 }

@@ -513,3 +513,65 @@ fn speculative_and_sweep_errors_name_the_key() {
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("at each of the 2 sweep points"), "{out}");
 }
+
+/// `sim run` writes a self-contained `report.html` (inline SVG plots, no script, nothing
+/// fetched), `sim report` rebuilds it identically from the files, and it renders in
+/// headless Chromium with every plot and no console error (`scripts/check-report.sh`;
+/// skipped where Chromium is not installed).
+#[test]
+fn run_writes_a_self_contained_report_that_renders() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = write(dir.path(), "scenario.toml", GOOD);
+    let out = dir.path().join("out");
+    let o = sim(&[
+        "run",
+        p.to_str().expect("utf-8"),
+        "--out",
+        out.to_str().expect("utf-8"),
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report = out.join("report.html");
+    let html = std::fs::read_to_string(&report).expect("report.html");
+    assert!(html.matches("<svg").count() >= 7, "plots missing");
+    for forbidden in [
+        "<script",
+        "src=\"http",
+        "href=\"http",
+        "@import",
+        "url(http",
+    ] {
+        assert!(!html.contains(forbidden), "not self-contained: {forbidden}");
+    }
+    for section in [
+        "Comparison",
+        "Warnings",
+        "TTFT CDF",
+        "KV cache usage",
+        "Memory plan",
+        "Scenario",
+    ] {
+        assert!(html.contains(section), "{section} missing");
+    }
+    std::fs::remove_file(&report).expect("rm");
+    let o = sim(&["report", out.to_str().expect("utf-8")]);
+    assert!(o.status.success());
+    assert_eq!(std::fs::read_to_string(&report).expect("rebuilt"), html);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check-report.sh");
+    let check = Command::new(script)
+        .arg(&out)
+        .output()
+        .expect("run the script");
+    match check.status.code() {
+        Some(0) => {}
+        Some(2) => eprintln!(
+            "skipped the browser check: {}",
+            String::from_utf8_lossy(&check.stderr)
+        ),
+        _ => panic!(
+            "report does not render cleanly: {}{}",
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        ),
+    }
+}

@@ -46,6 +46,8 @@ mod collector;
 mod compare;
 mod error;
 mod latency;
+pub mod plots;
+pub mod report;
 mod rows;
 mod slo;
 mod stats;
