@@ -240,8 +240,18 @@ mod tests {
             }],
             hlines: vec![("SLO".into(), 0.5)],
             marks: vec![("knee".into(), 3.0, 0.66)],
+            log_x: false,
         };
         let s = svg(&chart, (480, 320));
+        // A log axis too.
+        let log = svg(
+            &Chart {
+                log_x: true,
+                ..chart.clone()
+            },
+            (480, 320),
+        );
+        assert!(log.contains("chunked"));
         assert!(
             s.starts_with("<svg") && s.trim_end().ends_with("</svg>"),
             "{s}"
