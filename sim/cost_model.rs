@@ -886,28 +886,31 @@ impl CostModel {
     /// the step's prompt chunks too (it needs their KV), and drafts the `k` tokens of each
     /// verify work in `k` autoregressive steps over the verifying sequences (step `j`
     /// decodes at context `start + 1 + j`), the first step together with the prefills.
-    pub fn draft_seconds(&self, plan: &StepPlan) -> f64 {
+    /// A draft that shares the target's KV (self-speculation by its first layers) has no
+    /// prefill of its own (`shares_kv`). The draft's rounds run inside the engine step,
+    /// so they pay the GPU work, not the step's CPU overhead again.
+    pub fn draft_seconds(&self, plan: &StepPlan, shares_kv: bool) -> f64 {
         let verify: Vec<(u32, u32)> = plan
             .work
             .iter()
             .filter(|w| w.kind == WorkKind::Verify)
             .map(|w| (w.start, w.len.saturating_sub(1)))
             .collect();
-        let has_prefill = plan.work.iter().any(|w| w.kind == WorkKind::Prefill);
+        let has_prefill = !shares_kv && plan.work.iter().any(|w| w.kind == WorkKind::Prefill);
         let rounds = verify.iter().map(|&(_, k)| k).max().unwrap_or(0);
         let mut s = 0.0;
         for j in 0..rounds.max(u32::from(has_prefill)) {
             let prefill = plan
                 .work
                 .iter()
-                .filter(|w| j == 0 && w.kind == WorkKind::Prefill)
+                .filter(|w| has_prefill && j == 0 && w.kind == WorkKind::Prefill)
                 .map(|w| (w.start, w.len));
             let decode = verify
                 .iter()
                 .filter(|&&(_, k)| k > j)
                 .map(|&(start, _)| (start + 1 + j, 1));
             let n = verify.iter().filter(|&&(_, k)| k > j).count() as u32;
-            let seqs = n + if j == 0 {
+            let seqs = n + if has_prefill && j == 0 {
                 plan.work
                     .iter()
                     .filter(|w| w.kind == WorkKind::Prefill)
@@ -915,7 +918,8 @@ impl CostModel {
             } else {
                 0
             };
-            s += self.step_cost(prefill, decode, n, seqs).seconds;
+            let c = self.step_cost(prefill, decode, n, seqs);
+            s += c.seconds - c.overhead_s;
         }
         s
     }
@@ -925,8 +929,8 @@ impl CostModel {
 pub struct CostModelBackend {
     model: CostModel,
     /// The draft model of speculative decoding (`method = draft-model`), costed on the
-    /// same GPUs before each verify.
-    draft: Option<CostModel>,
+    /// same GPUs before each verify, and whether it shares the target's KV.
+    draft: Option<(CostModel, bool)>,
     sampled: Vec<u32>,
 }
 
@@ -940,9 +944,10 @@ impl CostModelBackend {
         }
     }
 
-    /// Adds a draft model whose drafting time each step pays.
-    pub fn with_draft(mut self, draft: CostModel) -> Self {
-        self.draft = Some(draft);
+    /// Adds a draft model whose drafting time each step pays (`shares_kv`: a
+    /// self-speculation draft, the target's first layers, with no prefill of its own).
+    pub fn with_draft(mut self, draft: CostModel, shares_kv: bool) -> Self {
+        self.draft = Some((draft, shares_kv));
         self
     }
 }
@@ -954,8 +959,8 @@ impl Backend for CostModelBackend {
 
     fn execute(&mut self, plan: &StepPlan) -> Result<StepOutcome, BackendError> {
         let mut c = self.model.plan_cost(plan);
-        if let Some(draft) = &self.draft {
-            c.seconds += draft.draft_seconds(plan);
+        if let Some((draft, shares_kv)) = &self.draft {
+            c.seconds += draft.draft_seconds(plan, *shares_kv);
         }
         let d = &self.model.d;
         let duration = (c.seconds * 1e9).round().max(1.0) as u64;

@@ -434,9 +434,8 @@ fn run_sweep_command(
     }
     outln!(out, "{table}");
     if shard.is_none() {
-        if let Some(map) = sim::sweep::speedup_map(scn, &runs) {
+        if let Some(map) = sim::sweep::finish_sweep(out_dir)? {
             outln!(out, "{map}");
-            sim::sweep::write_speedup(out_dir, &map)?;
         }
     }
     if shard.is_none() {
@@ -534,6 +533,7 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
         }
         Command::Merge { dirs, out: to } => {
             let n = sim::sweep::merge(&dirs, &to)?;
+            sim::sweep::finish_sweep(&to)?;
             let report = analysis::report::write_reports(&to)?;
             outln!(
                 out,

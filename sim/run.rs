@@ -168,10 +168,15 @@ pub fn run_variant(
                     .with_sliding_window(variant.scheduler.sliding_window),
             );
             Box::new(match &variant.draft {
-                Some(d) => backend.with_draft(
-                    CostModel::new(d.clone(), variant.config.cost.clone())
-                        .with_block_size(variant.memory.block_size),
-                ),
+                Some(d) => {
+                    let t = &variant.deployment.model;
+                    let shares_kv = d.model.name == t.name && d.model.layers < t.layers;
+                    backend.with_draft(
+                        CostModel::new(d.clone(), variant.config.cost.clone())
+                            .with_block_size(variant.memory.block_size),
+                        shares_kv,
+                    )
+                }
                 None => backend,
             })
         }
@@ -544,6 +549,11 @@ fn cuda_runtime(
     seed: u64,
 ) -> Result<(kernels::cuda::CudaRuntime, u32), SimError> {
     let cuda_err = |e: kernels::cuda::CudaError| runtime_err(variant, "cuda", e.to_string());
+    if variant.scheduler.speculative.is_some() {
+        return Err(cuda_err(kernels::cuda::CudaError::Config(
+            "[speculative]: the CUDA runtime does not verify drafts yet (run it with --backend model or cpu, or set speculative.method = \"none\")".into(),
+        )));
+    }
     if variant.deployment.pp != 1 {
         return Err(cuda_err(kernels::cuda::CudaError::Config(format!(
             "hardware.pp = {}: the CUDA backend runs on one GPU (no pipeline stages yet)",

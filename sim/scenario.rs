@@ -702,6 +702,9 @@ fn sweep_dimensions(
             match v {
                 toml::Value::Table(sub) => walk(&key, sub, out)?,
                 toml::Value::Array(values) if !values.is_empty() => {
+                    if out.iter().any(|(k, _)| *k == key) {
+                        return Err(format!("sweep.{key}: given twice"));
+                    }
                     let root = key.split('.').next().unwrap_or_default();
                     if ["variant", "sweep", "name"].contains(&root) {
                         return Err(format!("sweep.{key}: `{root}` cannot be swept"));
@@ -982,8 +985,12 @@ fn resolve_speculative(
         SpecMethod::Ngram => Method::Ngram,
         SpecMethod::Synthetic => Method::Synthetic,
     };
-    if sp.k == 0 {
-        return Err("speculative.k: must be at least 1".into());
+    if sp.k == 0 || sp.k > engine::spec::MAX_K {
+        return Err(format!(
+            "speculative.k: must be from 1 to {}, got {}",
+            engine::spec::MAX_K,
+            sp.k
+        ));
     }
     let acceptance = acceptance_from(
         "speculative.",

@@ -117,6 +117,21 @@ pub fn run_sweep(
         .iter()
         .map(|p| scenario.at_point(p))
         .collect::<Result<_, _>>()?;
+    // Folder names of the points; if two values print alike, numbered folders instead.
+    let mut dirs: Vec<String> = points
+        .iter()
+        .map(|p| {
+            let values: Vec<(String, String)> =
+                p.iter().map(|(k, x)| (k.clone(), label(x))).collect();
+            point_dir(&values)
+        })
+        .collect();
+    let mut seen = dirs.clone();
+    seen.sort();
+    seen.dedup();
+    if seen.len() < dirs.len() {
+        dirs = (0..points.len()).map(|i| format!("point-{i:04}")).collect();
+    }
     let jobs: Vec<(usize, usize, usize)> = (0..points.len())
         .flat_map(|p| (0..variants.len()).map(move |v| (p, v)))
         .enumerate()
@@ -136,7 +151,7 @@ pub fn run_sweep(
     let hidden = ProgressBar::hidden();
     let job = |&(j, p, v): &(usize, usize, usize)| -> Result<SweepRun, SimError> {
         let point = &resolved[p];
-        let (name, speculative) = &variants[v];
+        let (name, _) = &variants[v];
         let values: Vec<(String, String)> = points[p]
             .iter()
             .map(|(k, x)| (k.clone(), label(x)))
@@ -155,10 +170,7 @@ pub fn run_sweep(
         if opts.requests.is_some() {
             variant.config.workload.num_requests = opts.requests;
         }
-        let dir: Option<PathBuf> = opts
-            .out_dir
-            .as_ref()
-            .map(|d| d.join(point_dir(&values)).join(name));
+        let dir: Option<PathBuf> = opts.out_dir.as_ref().map(|d| d.join(&dirs[p]).join(name));
         let r = run_variant(
             point,
             &variant,
@@ -174,7 +186,8 @@ pub fn run_sweep(
             point: p,
             values,
             variant: name.clone(),
-            speculative: *speculative,
+            // The point's own configuration: a sweep may switch speculation on or off.
+            speculative: variant.scheduler.speculative.is_some(),
             summary: r.summary,
         })
     };
@@ -231,6 +244,21 @@ fn write_sweep_csv(path: &Path, keys: &[String], runs: &[SweepRun]) -> Result<()
 /// Fails on a job seen twice, a gap in the job numbers, or headers that differ. Returns
 /// the number of runs.
 pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<usize, SimError> {
+    // Copying into a shard's own folder would truncate its files (or recurse).
+    std::fs::create_dir_all(out).map_err(|e| io_err(out, e))?;
+    let out_abs = out.canonicalize().map_err(|e| io_err(out, e))?;
+    for dir in dirs {
+        let d = dir.canonicalize().map_err(|e| io_err(dir, e))?;
+        if out_abs == d || out_abs.starts_with(&d) {
+            return Err(io_err(
+                out,
+                format!(
+                    "the merged results must go to a new folder, not into the shard folder {}",
+                    dir.display()
+                ),
+            ));
+        }
+    }
     let mut header: Option<csv::StringRecord> = None;
     let mut rows: Vec<(usize, csv::StringRecord)> = Vec::new();
     for dir in dirs {
@@ -269,7 +297,6 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<usize, SimError> {
                 rows.push((job, rec));
             }
         }
-        copy_runs(dir, out, true)?;
     }
     rows.sort_by_key(|(j, _)| *j);
     for (i, (j, _)) in rows.iter().enumerate() {
@@ -284,8 +311,11 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<usize, SimError> {
             ));
         }
     }
+    // Checked: now copy the runs and write the joined table.
+    for dir in dirs {
+        copy_runs(dir, out, true)?;
+    }
     let path = out.join("sweep.csv");
-    std::fs::create_dir_all(out).map_err(|e| io_err(out, e))?;
     let mut w = csv::Writer::from_path(&path).map_err(|e| io_err(&path, e))?;
     if let Some(h) = &header {
         w.write_record(h).map_err(|e| io_err(&path, e))?;
@@ -318,29 +348,20 @@ fn copy_runs(from: &Path, out: &Path, top: bool) -> Result<(), SimError> {
 /// The speculative-decoding speedup map of a sweep: for each speculating variant and
 /// point, mean TPOT of the baseline (the first variant that does not speculate) over the
 /// variant's, and the variant's output throughput over the baseline's. Rows are the first
-/// swept key's values, columns the second's (if any); each column's crossover (the first
-/// key's value where the TPOT speedup falls through 1, interpolated linearly) is reported.
-pub fn speedup_map(scenario: &Scenario, runs: &[SweepRun]) -> Option<String> {
+/// swept key's values (in numeric order where they are numbers), columns the second's (if
+/// any), one map per value of any further keys; along each column the first key's values
+/// where the TPOT speedup crosses 1 are reported (interpolated linearly).
+pub fn speedup_map(keys: &[String], runs: &[SweepRun]) -> Option<String> {
     let baseline = runs.iter().find(|r| !r.speculative)?.variant.clone();
-    let spec_variants: Vec<String> = {
-        let mut v: Vec<String> = runs
-            .iter()
-            .filter(|r| r.speculative)
-            .map(|r| r.variant.clone())
-            .collect();
-        v.dedup();
-        let mut seen = Vec::new();
-        for x in v {
-            if !seen.contains(&x) {
-                seen.push(x);
-            }
+    let mut spec_variants: Vec<String> = Vec::new();
+    for r in runs.iter().filter(|r| r.speculative) {
+        if !spec_variants.contains(&r.variant) {
+            spec_variants.push(r.variant.clone());
         }
-        seen
-    };
+    }
     if spec_variants.is_empty() {
         return None;
     }
-    let keys = scenario.sweep_keys();
     let values_of = |i: usize| -> Vec<String> {
         let mut v: Vec<String> = Vec::new();
         for r in runs {
@@ -350,6 +371,16 @@ pub fn speedup_map(scenario: &Scenario, runs: &[SweepRun]) -> Option<String> {
                 }
             }
         }
+        // Numbers in numeric order, the rest as first seen.
+        if v.iter().all(|x| x.parse::<f64>().is_ok()) {
+            v.sort_by(|a, b| {
+                let (a, b) = (
+                    a.parse::<f64>().unwrap_or(0.0),
+                    b.parse::<f64>().unwrap_or(0.0),
+                );
+                a.total_cmp(&b)
+            });
+        }
         v
     };
     let rows = values_of(0);
@@ -358,92 +389,181 @@ pub fn speedup_map(scenario: &Scenario, runs: &[SweepRun]) -> Option<String> {
     } else {
         vec![String::new()]
     };
-    let find = |variant: &str, row: &str, col: &str| -> Option<&Summary> {
+    // Further keys: one map per combination of their values.
+    let mut rests: Vec<Vec<String>> = Vec::new();
+    for r in runs {
+        let rest: Vec<String> = r.values.iter().skip(2).map(|(_, v)| v.clone()).collect();
+        if !rests.contains(&rest) {
+            rests.push(rest);
+        }
+    }
+    let find = |variant: &str, row: &str, col: &str, rest: &[String]| -> Option<&Summary> {
         runs.iter()
             .find(|r| {
                 r.variant == variant
                     && r.values.first().is_none_or(|(_, v)| v == row)
                     && (keys.len() < 2 || r.values.get(1).is_some_and(|(_, v)| v == col))
+                    && r.values.iter().skip(2).map(|(_, v)| v).eq(rest.iter())
             })
             .map(|r| &r.summary)
     };
-    let mut out = String::new();
     let row_key = keys.first().cloned().unwrap_or_else(|| "point".into());
-    for v in &spec_variants {
-        out.push_str(&format!(
-            "speedup of `{v}` over `{baseline}` (TPOT speedup / throughput speedup); rows: {row_key}{}\n",
-            keys.get(1).map(|k| format!(", columns: {k}")).unwrap_or_default()
-        ));
-        let mut table = comfy_table::Table::new();
-        table.load_preset(comfy_table::presets::ASCII_FULL_CONDENSED);
-        let mut header = vec![row_key.clone()];
-        header.extend(cols.iter().map(|c| {
-            if c.is_empty() {
-                "speedup".into()
-            } else {
-                c.clone()
+    let mut out = String::new();
+    for rest in &rests {
+        let at_rest = keys
+            .iter()
+            .skip(2)
+            .zip(rest)
+            .map(|(k, v)| format!("{k} = {v}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        for v in &spec_variants {
+            out.push_str(&format!(
+                "speedup of `{v}` over `{baseline}` (TPOT speedup / throughput speedup){}; rows: {row_key}{}\n",
+                if at_rest.is_empty() { String::new() } else { format!(" at {at_rest}") },
+                keys.get(1).map(|k| format!(", columns: {k}")).unwrap_or_default()
+            ));
+            let mut table = comfy_table::Table::new();
+            table.load_preset(comfy_table::presets::ASCII_FULL_CONDENSED);
+            let mut header = vec![row_key.clone()];
+            header.extend(cols.iter().map(|c| {
+                if c.is_empty() {
+                    "speedup".into()
+                } else {
+                    c.clone()
+                }
+            }));
+            table.set_header(header);
+            let mut tpot: Vec<Vec<Option<f64>>> = Vec::new();
+            for r in &rows {
+                let mut line = vec![r.clone()];
+                let mut t_row = Vec::new();
+                for c in &cols {
+                    let cell = match (find(&baseline, r, c, rest), find(v, r, c, rest)) {
+                        (Some(b), Some(s)) => {
+                            let t = b.mean_tpot_ms / s.mean_tpot_ms;
+                            let x = s.output_throughput / b.output_throughput;
+                            t_row.push(t.is_finite().then_some(t));
+                            format!("{t:.2}x / {x:.2}x")
+                        }
+                        _ => {
+                            t_row.push(None);
+                            "-".into()
+                        }
+                    };
+                    line.push(cell);
+                }
+                tpot.push(t_row);
+                table.add_row(line);
             }
-        }));
-        table.set_header(header);
-        let mut tpot: Vec<Vec<Option<f64>>> = Vec::new();
-        for r in &rows {
-            let mut line = vec![r.clone()];
-            let mut t_row = Vec::new();
-            for c in &cols {
-                let cell = match (find(&baseline, r, c), find(v, r, c)) {
-                    (Some(b), Some(s)) => {
-                        let t = b.mean_tpot_ms / s.mean_tpot_ms;
-                        let x = s.output_throughput / b.output_throughput;
-                        t_row.push(t.is_finite().then_some(t));
-                        format!("{t:.2}x / {x:.2}x")
-                    }
-                    _ => {
-                        t_row.push(None);
-                        "-".into()
-                    }
+            out.push_str(&table.to_string());
+            out.push('\n');
+            for (ci, c) in cols.iter().enumerate() {
+                let series: Vec<(f64, f64)> = rows
+                    .iter()
+                    .zip(&tpot)
+                    .filter_map(|(r, t)| Some((r.parse::<f64>().ok()?, t[ci]?)))
+                    .collect();
+                if series.is_empty() {
+                    continue;
+                }
+                let at = if c.is_empty() {
+                    String::new()
+                } else {
+                    format!(" at {} = {c}", keys.get(1).cloned().unwrap_or_default())
                 };
-                line.push(cell);
+                out.push_str(&crossings(&series, &row_key, &at));
             }
-            tpot.push(t_row);
-            table.add_row(line);
-        }
-        out.push_str(&table.to_string());
-        out.push('\n');
-        // Crossovers along the rows, per column.
-        for (ci, c) in cols.iter().enumerate() {
-            let series: Vec<(f64, f64)> = rows
-                .iter()
-                .zip(&tpot)
-                .filter_map(|(r, t)| Some((r.parse::<f64>().ok()?, t[ci]?)))
-                .collect();
-            let at = if c.is_empty() {
-                String::new()
-            } else {
-                format!(" at {} = {c}", keys.get(1).cloned().unwrap_or_default())
-            };
-            let cross = series
-                .windows(2)
-                .find(|w| w[0].1 >= 1.0 && w[1].1 < 1.0)
-                .map(|w| {
-                    let ((x0, y0), (x1, y1)) = (w[0], w[1]);
-                    x0 + (y0 - 1.0) / (y0 - y1) * (x1 - x0)
-                });
-            let line = match (cross, series.first(), series.last()) {
-                (Some(x), _, _) => {
-                    format!("  crossover{at}: TPOT speedup falls below 1 at {row_key} = {x:.3}\n")
-                }
-                (None, Some(f), _) if f.1 < 1.0 => {
-                    format!("  crossover{at}: slower at every {row_key} swept\n")
-                }
-                (None, _, Some(_)) => {
-                    format!("  crossover{at}: faster at every {row_key} swept\n")
-                }
-                _ => String::new(),
-            };
-            out.push_str(&line);
         }
     }
     Some(out)
+}
+
+/// Where a speedup series (in x order) crosses 1, as report lines.
+fn crossings(series: &[(f64, f64)], key: &str, at: &str) -> String {
+    let mut out = String::new();
+    for w in series.windows(2) {
+        let ((x0, y0), (x1, y1)) = (w[0], w[1]);
+        if (y0 >= 1.0) != (y1 >= 1.0) {
+            let x = x0 + (y0 - 1.0) / (y0 - y1) * (x1 - x0);
+            let which = if y1 < 1.0 {
+                "falls below"
+            } else {
+                "rises above"
+            };
+            out.push_str(&format!(
+                "  crossover{at}: TPOT speedup {which} 1 at {key} = {x:.3}\n"
+            ));
+        }
+    }
+    if out.is_empty() {
+        let all_faster = series.iter().all(|p| p.1 >= 1.0);
+        out.push_str(&format!(
+            "  crossover{at}: none; {} at every {key} swept\n",
+            if all_faster { "faster" } else { "slower" }
+        ));
+    }
+    out
+}
+
+/// Reads a `sweep.csv` back: its swept keys and its runs (their summaries hold the
+/// numbers the speedup map needs: mean TPOT and output throughput).
+pub fn read_sweep_csv(path: &Path) -> Result<(Vec<String>, Vec<SweepRun>), SimError> {
+    let mut r = csv::Reader::from_path(path).map_err(|e| io_err(path, e))?;
+    let h = r.headers().map_err(|e| io_err(path, e))?.clone();
+    let col = |name: &str| {
+        h.iter()
+            .position(|c| c == name)
+            .ok_or_else(|| io_err(path, format!("no column `{name}`")))
+    };
+    let (vcol, scol) = (col("variant")?, col("speculative")?);
+    let (tcol, ocol) = (col("mean_tpot_ms")?, col("output_throughput")?);
+    let keys: Vec<String> = h
+        .iter()
+        .skip(2)
+        .take(vcol.saturating_sub(2))
+        .map(str::to_owned)
+        .collect();
+    let mut runs = Vec::new();
+    for (line, rec) in r.records().enumerate() {
+        let rec = rec.map_err(|e| io_err(path, e))?;
+        let num = |i: usize| -> Result<f64, SimError> {
+            rec.get(i).unwrap_or("").parse::<f64>().map_err(|_| {
+                io_err(
+                    path,
+                    format!("row {}: column {} is not a number", line + 2, i + 1),
+                )
+            })
+        };
+        runs.push(SweepRun {
+            job: num(0)? as usize,
+            point: num(1)? as usize,
+            values: keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| (k.clone(), rec.get(2 + i).unwrap_or("").to_owned()))
+                .collect(),
+            variant: rec.get(vcol).unwrap_or("").to_owned(),
+            speculative: rec.get(scol) == Some("true"),
+            summary: Summary {
+                mean_tpot_ms: num(tcol)?,
+                output_throughput: num(ocol)?,
+                ..Summary::default()
+            },
+        });
+    }
+    Ok((keys, runs))
+}
+
+/// After a whole sweep or a merge: the speedup map from `dir/sweep.csv`, written to
+/// `dir/speedup.txt` (and returned) when variants speculate beside a baseline.
+pub fn finish_sweep(dir: &Path) -> Result<Option<String>, SimError> {
+    let (keys, runs) = read_sweep_csv(&dir.join("sweep.csv"))?;
+    let map = speedup_map(&keys, &runs);
+    if let Some(text) = &map {
+        write_speedup(dir, text)?;
+    }
+    Ok(map)
 }
 
 /// Writes the speedup map (as printed) to `speedup.txt`.

@@ -162,7 +162,7 @@ use std::path::Path;
 
 use sim::run::RunOptions;
 use sim::scenario::Scenario;
-use sim::sweep::{merge, run_sweep, speedup_map, Shard, SweepRun};
+use sim::sweep::{finish_sweep, merge, run_sweep, speedup_map, Shard, SweepRun};
 
 /// The mean TPOT speedup of `variant` over the baseline at a point.
 fn tpot_speedup(runs: &[SweepRun], variant: &str, rate: &str, accept: &str) -> f64 {
@@ -220,7 +220,7 @@ fn speculative_scenario_shows_speedup_at_low_load_and_slowdown_at_high_load() {
             r.values
         );
     }
-    let map = speedup_map(&scn, &runs).expect("a speedup map");
+    let map = speedup_map(&scn.sweep_keys(), &runs).expect("a speedup map");
     assert!(
         map.contains("TPOT speedup falls below 1 at workload.arrival.rate = "),
         "{map}"
@@ -280,6 +280,17 @@ name = "spec"
     }
     let merged = dir.path().join("merged");
     assert_eq!(merge(&shards, &merged).expect("merge"), 12);
+    // The speedup map (and everything else) is rebuilt from the merged table.
+    let a = finish_sweep(&whole)
+        .expect("map")
+        .expect("variants speculate");
+    let b = finish_sweep(&merged)
+        .expect("map")
+        .expect("variants speculate");
+    assert_eq!(a, b);
+    // Merging into a shard's own folder is refused, not a truncation of its files.
+    let err = merge(&shards, &shards[0]).expect_err("in place");
+    assert!(err.to_string().contains("new folder"), "{err}");
     let files = |root: &Path| {
         let mut out = Vec::new();
         let mut stack = vec![root.to_path_buf()];

@@ -47,6 +47,7 @@ mod compare;
 mod error;
 mod latency;
 pub mod plots;
+pub mod prometheus;
 pub mod report;
 mod rows;
 mod slo;

@@ -444,9 +444,15 @@ pub fn run_report(dir: &Path, variants: &[VariantData]) -> String {
     page(&format!("{scenario}: report"), &b)
 }
 
-/// Writes `dir/report.html` for a run folder; returns its path.
+/// Writes `dir/report.html` for a run folder, and each variant's `metrics.prom`
+/// ([`crate::prometheus`]); returns the report's path.
 pub fn write_run_report(dir: &Path) -> Result<PathBuf, AnalysisError> {
     let variants = read_run(dir)?;
+    for v in &variants {
+        let path = dir.join(&v.name).join("metrics.prom");
+        std::fs::write(&path, crate::prometheus::exposition(v))
+            .map_err(|e| AnalysisError::io(&path, e))?;
+    }
     let html = run_report(dir, &variants);
     let path = dir.join("report.html");
     std::fs::write(&path, html).map_err(|e| AnalysisError::io(&path, e))?;

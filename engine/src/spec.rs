@@ -72,6 +72,9 @@ impl Acceptance {
 
     /// The same conditional rate `a` at every one of `k` positions (`r_i = a^i`).
     pub fn iid(a: f64, k: u32) -> Result<Acceptance, String> {
+        if k > MAX_K {
+            return Err(format!("k = {k} is above the limit of {MAX_K} drafts"));
+        }
         if !(0.0..=1.0).contains(&a) {
             return Err(format!("acceptance rate {a} is not in [0, 1]"));
         }
@@ -83,6 +86,9 @@ impl Acceptance {
     /// draft of `k` verified: `1 + a + ... + a^k`) is `mean`, in [1, k + 1].
     pub fn from_mean_length(mean: f64, k: u32) -> Result<Acceptance, String> {
         let k = k.max(1);
+        if k > MAX_K {
+            return Err(format!("k = {k} is above the limit of {MAX_K} drafts"));
+        }
         if !(1.0..=f64::from(k) + 1.0).contains(&mean) {
             return Err(format!(
                 "mean acceptance length {mean} is not in [1, k + 1] = [1, {}]",
@@ -224,8 +230,11 @@ pub struct SpecConfig {
 impl SpecConfig {
     /// Checks the limits; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
-        if self.k == 0 {
-            return Err("speculative.k must be at least 1".into());
+        if self.k == 0 || self.k > MAX_K {
+            return Err(format!(
+                "speculative.k must be from 1 to {MAX_K}, got {}",
+                self.k
+            ));
         }
         if self.ngram_min == 0 || self.ngram_min > self.ngram_max {
             return Err(format!(
@@ -255,6 +264,9 @@ impl SpecConfig {
             .unwrap_or(&self.acceptance)
     }
 }
+
+/// The most drafts per verify step a configuration may ask for.
+pub const MAX_K: u32 = 64;
 
 /// One sequence's drafts in a verify step.
 #[derive(Debug, Clone, PartialEq)]

@@ -330,6 +330,9 @@ pub struct Scheduler {
     new_token_ratio: f64,
     last: StepStats,
     groups: FxHashMap<SeqId, Group>,
+    /// The limits the policy plans with: `cfg` but for the token budget, from which the
+    /// running decodes' drafts are set aside.
+    policy_cfg: SchedulerConfig,
     /// Drafts of each entry of the pending proposal (speculative decoding).
     pending_drafts: Vec<Option<crate::spec::Drafts>>,
     /// Acceptance counters per request class.
@@ -355,6 +358,7 @@ impl Scheduler {
         cfg.validate()?;
         Ok(Scheduler {
             policy: cfg.kind.policy(),
+            policy_cfg: cfg.clone(),
             cfg,
             seqs: FxHashMap::default(),
             waiting: VecDeque::new(),
@@ -507,12 +511,21 @@ impl Scheduler {
                 .make_contiguous()
                 .sort_by_key(|id| policy.key(&seqs[id], now, aging));
         }
+        // Chunked prefill with speculation: the running decodes' drafts come before new
+        // prompts (vLLM V1 schedules running requests' spec tokens first), so the policy
+        // plans within the budget they leave.
+        let reserve = if self.cfg.kind == SchedulerKind::Chunked {
+            self.draft_reserve()
+        } else {
+            0
+        };
+        self.policy_cfg.max_num_batched_tokens = self.cfg.max_num_batched_tokens - reserve;
         let q = Queues {
             seqs: &self.seqs,
             waiting: &self.waiting,
             running: &self.running,
         };
-        let mut p = self.policy.propose(&q, &self.cfg);
+        let mut p = self.policy.propose(&q, &self.policy_cfg);
         // Admission reserve, and prefix-cache lookups for sequences admitted without blocks.
         let static_batch = self.cfg.kind == SchedulerKind::Static;
         for e in &mut p.entries {
@@ -593,6 +606,43 @@ impl Scheduler {
         }
     }
 
+    /// Draft tokens the running decodes will ask for this step (at most the budget the
+    /// running sequences' own tokens leave).
+    fn draft_reserve(&self) -> u32 {
+        let Some(spec) = &self.cfg.speculative else {
+            return 0;
+        };
+        let k = spec.dynamic.k(spec.k, self.running.len());
+        if k == 0 {
+            return 0;
+        }
+        let total: u32 = self
+            .running
+            .iter()
+            .filter_map(|id| self.seqs.get(id))
+            .filter(|s| s.is_decode() && !s.request.beam_search)
+            .map(|s| k.min(self.draft_room(s)))
+            .sum();
+        // Never at the expense of the running sequences' own work (decodes and prefill
+        // chunks): only of new prompts.
+        let running: u32 = self
+            .running
+            .iter()
+            .filter_map(|id| self.seqs.get(id))
+            .map(|s| s.remaining())
+            .sum();
+        total.min(self.cfg.max_num_batched_tokens.saturating_sub(running))
+    }
+
+    /// Drafts worth verifying for `s`: none past the request's last token or the model's
+    /// length.
+    fn draft_room(&self, s: &Sequence) -> u32 {
+        s.request
+            .max_tokens
+            .saturating_sub(s.output_len + 1)
+            .min(self.cfg.max_model_len.saturating_sub(s.num_tokens))
+    }
+
     /// Speculative decoding: turns the proposal's single-token decodes into verify entries
     /// of `1 + k` tokens with `k` lookahead slots. `k` follows the batch (dynamic k), never
     /// drafts past the request's last token or the model's length, and spends only the
@@ -621,12 +671,7 @@ impl Scheduler {
             if !s.is_decode() || s.request.beam_search {
                 continue;
             }
-            let room = s
-                .request
-                .max_tokens
-                .saturating_sub(s.output_len + 1)
-                .min(self.cfg.max_model_len.saturating_sub(s.num_tokens));
-            let mut k = k_batch.min(room).min(spare);
+            let mut k = k_batch.min(self.draft_room(s)).min(spare);
             let mut tokens = Vec::new();
             if spec.method == crate::spec::Method::Ngram && self.cfg.keep_tokens && k > 0 {
                 let context: Vec<u32> = (0..s.num_tokens).map_while(|p| s.token_at(p)).collect();
@@ -867,7 +912,7 @@ impl Scheduler {
                 let tokens: Vec<u32> = (0..=a)
                     .map(|_| sampled.next().copied().unwrap_or(crate::backend::SIM_TOKEN))
                     .collect();
-                s.num_computed += 1 + a;
+                let computed = s.num_computed + 1 + a;
                 let (keep, eos) = (self.cfg.keep_tokens, self.cfg.eos_token);
                 let (mut reason, mut emitted) = (None, 0u32);
                 for (j, &t) in tokens.iter().enumerate() {
@@ -878,6 +923,8 @@ impl Scheduler {
                         break;
                     }
                 }
+                // (A request that ended inside the accepted drafts has fewer tokens.)
+                s.num_computed = computed.min(s.num_tokens);
                 register_full_blocks(s, bs, w.seq, &mut result.cache);
                 let class = usize::from(s.request.class);
                 if self.spec_stats.len() <= class {
