@@ -44,6 +44,10 @@ enum Command {
         /// Hide the progress bar.
         #[arg(long)]
         quiet: bool,
+        /// Replicas: run the scenario with N seeds (from --seed or the scenario's), each
+        /// into `<out>/seed-<s>/`, and report every metric's mean with a 95% interval.
+        #[arg(long, default_value_t = 1)]
+        seeds: u32,
         /// Run one N-th of a sweep's runs (`i/N`, from 0/N; e.g. one task of a Slurm
         /// array): every run whose index is i modulo N. `sim merge` joins the shards.
         #[arg(long)]
@@ -81,6 +85,17 @@ enum Command {
         /// Tokens generated per prompt (generation also stops at end-of-sequence).
         #[arg(long, default_value_t = 64)]
         max_tokens: u32,
+    },
+    /// Compare two result sets (run folders, or folders of `--seeds` replicas): per
+    /// variant and metric, both means with 95% intervals, the change and Welch's p-value.
+    Compare {
+        /// The reference results.
+        a: PathBuf,
+        /// The results compared with them.
+        b: PathBuf,
+        /// Also write the comparison as CSV here.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Rebuild `report.html` of a results folder (a run's or a sweep's) from its files.
     Report {
@@ -544,6 +559,28 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Compare { a, b, out: csv_out } => {
+            let sa = analysis::replicas::read_result_set(&a)?;
+            let sb = analysis::replicas::read_result_set(&b)?;
+            let deltas = analysis::replicas::compare(&sa, &sb);
+            if deltas.is_empty() {
+                anyhow::bail!(
+                    "{} and {} share no variant (A has {:?}, B has {:?})",
+                    a.display(),
+                    b.display(),
+                    sa.keys().collect::<Vec<_>>(),
+                    sb.keys().collect::<Vec<_>>()
+                );
+            }
+            let (table, csv) = analysis::replicas::compare_outputs(&deltas);
+            outln!(out, "A = {}, B = {}", a.display(), b.display());
+            outln!(out, "{table}");
+            if let Some(p) = csv_out {
+                std::fs::write(&p, csv).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+                outln!(out, "wrote {}", p.display());
+            }
+            Ok(())
+        }
         Command::Report { dir } => {
             let report = analysis::report::write_reports(&dir)?;
             outln!(out, "wrote {}", report.display());
@@ -559,12 +596,56 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             requests,
             quiet,
             shard,
+            seeds,
         } => {
             if requests == Some(0) {
                 anyhow::bail!("--requests: must be at least 1");
             }
+            if seeds == 0 {
+                anyhow::bail!("--seeds: must be at least 1");
+            }
             let scn = Scenario::load(&scenario, seed)?;
             let out_dir = out_dir.unwrap_or_else(|| PathBuf::from("results").join(&scn.name));
+            if seeds > 1 {
+                if !scn.sweep.is_empty() || shard.is_some() {
+                    anyhow::bail!("--seeds: replicas of a sweep are not supported; sweep `seed` instead ([sweep] seed = [1, 2, 3])");
+                }
+                let first = scn.seed;
+                for s in first..first + u64::from(seeds) {
+                    let replica = Scenario::load(&scenario, Some(s))?;
+                    let dir = out_dir.join(format!("seed-{s}"));
+                    let opts = RunOptions {
+                        out_dir: Some(dir.clone()),
+                        driver,
+                        only: variants.clone(),
+                        progress: !quiet,
+                        parallel: true,
+                        backend,
+                        requests,
+                    };
+                    run_scenario(&replica, &opts).map_err(|e| match e {
+                        sim::SimError::Scenario(_) => anyhow::Error::from(e),
+                        other => anyhow::anyhow!("{}: seed {s}: {other}", scenario.display()),
+                    })?;
+                    analysis::report::write_reports(&dir)?;
+                }
+                let set = analysis::replicas::read_result_set(&out_dir)?;
+                outln!(
+                    out,
+                    "scenario `{}`: {} seeds ({first}..{}), backend {:?}",
+                    scn.name,
+                    seeds,
+                    first + u64::from(seeds) - 1,
+                    backend
+                );
+                outln!(out, "{}", analysis::replicas::replicas_table(&set));
+                outln!(
+                    out,
+                    "results in {} (one folder per seed)",
+                    out_dir.display()
+                );
+                return Ok(());
+            }
             let opts = RunOptions {
                 out_dir: Some(out_dir.clone()),
                 driver,

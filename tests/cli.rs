@@ -575,3 +575,55 @@ fn run_writes_a_self_contained_report_that_renders() {
         ),
     }
 }
+
+/// `--seeds N` runs replicas into `seed-*` folders and reports 95% intervals; `sim
+/// compare` of a result set with itself finds no change (p = 1), and names missing
+/// results.
+#[test]
+fn seeds_and_compare() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = write(dir.path(), "scenario.toml", GOOD);
+    let out = dir.path().join("out");
+    let o = sim(&[
+        "run",
+        p.to_str().expect("utf-8"),
+        "--out",
+        out.to_str().expect("utf-8"),
+        "--seeds",
+        "3",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("static (n = 3)") && text.contains("±"),
+        "{text}"
+    );
+    for s in 0..3 {
+        assert!(out.join(format!("seed-{s}/chunked/summary.json")).exists());
+    }
+    let csv = dir.path().join("cmp.csv");
+    let o = sim(&[
+        "compare",
+        out.to_str().expect("utf-8"),
+        out.to_str().expect("utf-8"),
+        "--out",
+        csv.to_str().expect("utf-8"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = std::fs::read_to_string(&csv).expect("csv");
+    let line = rows
+        .lines()
+        .find(|l| l.starts_with("chunked,request_throughput,"))
+        .expect("row");
+    let cells: Vec<&str> = line.split(',').collect();
+    assert_eq!(cells[8], "0.000000", "{line}");
+    assert_eq!(cells[9], "1.000000", "{line}");
+    let o = sim(&[
+        "compare",
+        out.to_str().expect("utf-8"),
+        dir.path().to_str().expect("utf-8"),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no results here"));
+}

@@ -340,3 +340,38 @@ fn the_cpu_runtime_serves_a_gguf_scenario_through_the_engine() {
     assert_eq!(s.leaked_blocks, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The rate sweep of the mixed workload (8 rates x 3 schedulers) finds each scheduler's
+/// saturation knee, static batching's first.
+#[test]
+fn mixed_rate_sweep_shows_each_schedulers_knee() {
+    let scn = Scenario::load(Path::new("scenarios/mixed_rates.toml"), None).expect("loads");
+    let opts = RunOptions {
+        requests: Some(500),
+        driver: DriverKind::Inline,
+        ..RunOptions::default()
+    };
+    let runs = sim::sweep::run_sweep(&scn, &opts, None).expect("sweep");
+    assert_eq!(runs.len(), 8 * 3);
+    let knee = |variant: &str| {
+        let mut pts: Vec<(f64, f64)> = runs
+            .iter()
+            .filter(|r| r.variant == variant)
+            .map(|r| {
+                (
+                    r.values[0].1.parse::<f64>().expect("rate"),
+                    r.summary.request_throughput,
+                )
+            })
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        analysis::report::knee(&pts)
+            .unwrap_or_else(|| panic!("{variant}: no knee in {pts:?}"))
+            .0
+    };
+    let (st, co, ch) = (knee("static"), knee("continuous"), knee("chunked"));
+    assert!(
+        st < co && st < ch,
+        "knees: static {st}, continuous {co}, chunked {ch}"
+    );
+}

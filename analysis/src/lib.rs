@@ -48,6 +48,7 @@ mod error;
 mod latency;
 pub mod plots;
 pub mod prometheus;
+pub mod replicas;
 pub mod report;
 mod rows;
 mod slo;
