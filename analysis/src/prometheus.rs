@@ -256,6 +256,7 @@ mod tests {
             steps: vec![[1.0, 0.5, 4.0, 2.0, 100.0, 0.0]],
             plan: None,
             warnings: Vec::new(),
+            hit_rate: Vec::new(),
         };
         let t = exposition(&v);
         assert!(

@@ -35,6 +35,9 @@ pub struct VariantData {
     pub plan: Option<serde_json::Value>,
     /// `warnings.txt` lines.
     pub warnings: Vec<String>,
+    /// Cumulative prefix-cache hit rate (cached / prompt tokens) by arrival: `(arrival s,
+    /// rate)`, empty when nothing hit.
+    pub hit_rate: Vec<(f64, f64)>,
 }
 
 fn bad(path: &Path, msg: String) -> AnalysisError {
@@ -103,8 +106,33 @@ pub fn read_variant(dir: &Path) -> Result<VariantData, AnalysisError> {
     let summary = read_summary_json(&dir.join("summary.json"))?;
     let req = csv_columns(
         &dir.join("requests.csv"),
-        &["ttft_ms", "tpot_ms", "e2el_ms"],
+        &[
+            "ttft_ms",
+            "tpot_ms",
+            "e2el_ms",
+            "arrival_s",
+            "prompt_len",
+            "cached_tokens",
+        ],
     )?;
+    let mut by_arrival: Vec<(f64, f64, f64)> = req
+        .iter()
+        .filter(|r| r[3].is_finite() && r[4].is_finite())
+        .map(|r| (r[3], r[4], if r[5].is_finite() { r[5] } else { 0.0 }))
+        .collect();
+    by_arrival.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (mut prompt, mut cached) = (0.0, 0.0);
+    let mut hit_rate: Vec<(f64, f64)> = by_arrival
+        .iter()
+        .map(|&(t, p, c)| {
+            prompt += p;
+            cached += c;
+            (t, if prompt > 0.0 { cached / prompt } else { 0.0 })
+        })
+        .collect();
+    if cached == 0.0 {
+        hit_rate.clear();
+    }
     let col =
         |i: usize| -> Vec<f64> { req.iter().map(|r| r[i]).filter(|v| v.is_finite()).collect() };
     let raw = csv_columns(
@@ -142,6 +170,7 @@ pub fn read_variant(dir: &Path) -> Result<VariantData, AnalysisError> {
         steps,
         plan,
         warnings,
+        hit_rate,
     })
 }
 
@@ -381,6 +410,22 @@ pub fn run_report(dir: &Path, variants: &[VariantData]) -> String {
         };
         b.push_str(&svg(&chart, SIZE));
     }
+    if variants.iter().any(|v| !v.hit_rate.is_empty()) {
+        let chart = Chart {
+            title: "Prefix cache hit rate (cumulative)".into(),
+            x_label: "arrival time (s)".into(),
+            y_label: "cached / prompt tokens".into(),
+            series: variants
+                .iter()
+                .map(|v| Series {
+                    name: v.name.clone(),
+                    points: downsample(&v.hit_rate, 800),
+                })
+                .collect(),
+            ..Chart::default()
+        };
+        b.push_str(&svg(&chart, SIZE));
+    }
     if variants.iter().any(|v| v.summary.num_preemptions > 0) {
         let chart = Chart {
             title: "Preemptions (cumulative)".into(),
@@ -464,6 +509,8 @@ pub fn write_run_report(dir: &Path) -> Result<PathBuf, AnalysisError> {
 struct SweepRow {
     values: Vec<String>,
     variant: String,
+    speculative: bool,
+    mean_tpot: f64,
     throughput: f64,
     goodput: Option<f64>,
     ttft: [f64; 2],
@@ -532,6 +579,8 @@ pub fn sweep_report(dir: &Path) -> Result<String, AnalysisError> {
                 .map(|i| rec.get(i).unwrap_or("").to_owned())
                 .collect(),
             variant: rec.get(vcol).unwrap_or("").to_owned(),
+            speculative: rec.get(pos("speculative")?) == Some("true"),
+            mean_tpot: num(&rec, "mean_tpot_ms")?,
             throughput: num(&rec, "request_throughput")?,
             goodput,
             ttft: [num(&rec, "median_ttft_ms")?, num(&rec, "p99_ttft_ms")?],
@@ -684,6 +733,62 @@ pub fn sweep_report(dir: &Path) -> Result<String, AnalysisError> {
             b.push_str(&svg(c, SIZE));
         }
         b.push_str("</div>\n");
+    }
+    // Speculative decoding: TPOT speedup over the baseline (the first variant that does
+    // not speculate) along the first key, one line per speculating variant and value of
+    // the second key.
+    if let Some(base) = rows
+        .iter()
+        .find(|r| !r.speculative)
+        .map(|r| r.variant.clone())
+    {
+        let mut series: Vec<Series> = Vec::new();
+        for r in rows.iter().filter(|r| r.speculative) {
+            let rest = keys
+                .iter()
+                .zip(&r.values)
+                .skip(1)
+                .map(|(k, v)| format!(" {}={v}", k.rsplit('.').next().unwrap_or(k)))
+                .collect::<String>();
+            let name = format!("{}{rest}", r.variant);
+            let Some(b) = rows
+                .iter()
+                .find(|x| x.variant == base && x.values == r.values)
+            else {
+                continue;
+            };
+            let Some(x) = x_of(r) else { continue };
+            let point = (x, b.mean_tpot / r.mean_tpot);
+            match series.iter_mut().find(|s| s.name == name) {
+                Some(s) => s.points.push(point),
+                None => series.push(Series {
+                    name,
+                    points: vec![point],
+                }),
+            }
+        }
+        for s in &mut series {
+            s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
+        if !series.is_empty() {
+            let _ = writeln!(
+                b,
+                "<h2>Speculative decoding: TPOT speedup over `{}`</h2>",
+                esc(&base)
+            );
+            b.push_str(&svg(
+                &Chart {
+                    title: format!("TPOT speedup over {base} (above 1: speculation pays)"),
+                    x_label: x_key.clone(),
+                    y_label: "baseline TPOT / variant TPOT".into(),
+                    series,
+                    hlines: vec![("1x".into(), 1.0)],
+                    log_x: is_rate,
+                    ..Chart::default()
+                },
+                (820, 420),
+            ));
+        }
     }
     if !knees.is_empty() {
         b.push_str("<h2>Saturation knees</h2>\n<ul>\n");
