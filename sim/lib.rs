@@ -22,6 +22,7 @@
 pub mod catalog;
 pub mod cost_model;
 pub mod driver;
+pub mod fidelity;
 pub mod plan;
 pub mod run;
 pub mod scenario;

@@ -44,6 +44,10 @@ enum Command {
         /// Hide the progress bar.
         #[arg(long)]
         quiet: bool,
+        /// A calibration file (a `sim calibrate` output) for the cost model, as if the
+        /// scenario's `[cost]` had `calibration = FILE` (its own keys still win).
+        #[arg(long)]
+        calibration: Option<PathBuf>,
         /// Replicas: run the scenario with N seeds (from --seed or the scenario's), each
         /// into `<out>/seed-<s>/`, and report every metric's mean with a 95% interval.
         #[arg(long, default_value_t = 1)]
@@ -241,6 +245,41 @@ enum Command {
         /// TOML file to write.
         #[arg(long, default_value = "calibration/fitted.toml")]
         out: PathBuf,
+        /// `cuda`: measure whole forward steps of the CUDA runtime on this machine's GPU
+        /// (synthetic weights of --model) and fit the cost model to them; writes the
+        /// measurements beside --out (`.steps.csv`).
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
+        /// The model shape to measure or fit (a catalog name).
+        #[arg(long, default_value = "llama-3-8b")]
+        model: String,
+        /// Fit again from recorded step measurements (`batch,ctx,tokens,ms`, as
+        /// --backend cuda writes them), without a GPU.
+        #[arg(long)]
+        steps: Option<PathBuf>,
+        /// The GPU the recorded steps ran on (catalog name; with --steps).
+        #[arg(long, default_value = "h100-sxm")]
+        gpu: String,
+    },
+    /// The cost model against a real backend on one scenario: both runs with the same
+    /// seed, per variant and metric the simulated value, the measured one and the error
+    /// (TTFT, TPOT, E2EL at p50/p90/p99, throughput, step-time percentiles); written as
+    /// `fidelity.csv` too.
+    Fidelity {
+        /// Scenario TOML file.
+        scenario: PathBuf,
+        /// The calibration the cost model runs with (a `sim calibrate` output).
+        #[arg(long)]
+        calibration: PathBuf,
+        /// The measured side (cuda: the GPU; cpu: the CPU runtime).
+        #[arg(long, value_enum, default_value_t = BackendKind::Cuda)]
+        backend: BackendKind,
+        /// Override the workload's request count (e.g. to fit a GPU session).
+        #[arg(long)]
+        requests: Option<u64>,
+        /// Output folder (default: results/<scenario>-fidelity).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Time a scenario's variants (one after another, nothing written): simulated
     /// requests per wall second, steps per second, peak memory.
@@ -597,6 +636,7 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             quiet,
             shard,
             seeds,
+            calibration,
         } => {
             if requests == Some(0) {
                 anyhow::bail!("--requests: must be at least 1");
@@ -604,7 +644,11 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             if seeds == 0 {
                 anyhow::bail!("--seeds: must be at least 1");
             }
-            let scn = Scenario::load(&scenario, seed)?;
+            let load = |seed: Option<u64>| match &calibration {
+                Some(c) => Scenario::load_calibrated(&scenario, seed, c),
+                None => Scenario::load(&scenario, seed),
+            };
+            let scn = load(seed)?;
             let out_dir = out_dir.unwrap_or_else(|| PathBuf::from("results").join(&scn.name));
             if seeds > 1 {
                 if !scn.sweep.is_empty() || shard.is_some() {
@@ -612,7 +656,7 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                 }
                 let first = scn.seed;
                 for s in first..first + u64::from(seeds) {
-                    let replica = Scenario::load(&scenario, Some(s))?;
+                    let replica = load(Some(s))?;
                     let dir = out_dir.join(format!("seed-{s}"));
                     let opts = RunOptions {
                         out_dir: Some(dir.clone()),
@@ -789,7 +833,148 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             outln!(out, "{}", sim::plan::table(&rows, rate).trim_end());
             Ok(())
         }
-        Command::Calibrate { from, out: path } => {
+        Command::Calibrate {
+            out: path,
+            backend,
+            model,
+            steps,
+            gpu,
+            ..
+        } if backend.is_some_and(|b| b != BackendKind::Model) || steps.is_some() => {
+            let b = backend.unwrap_or(BackendKind::Cuda);
+            let m = sim::catalog::find_model(&model).ok_or_else(|| {
+                anyhow::anyhow!("--model: unknown model `{model}` (sim models lists them)")
+            })?;
+            let (points, device, source) = match (b, steps) {
+                (_, Some(file)) => (
+                    sim::fidelity::read_steps(&file).map_err(|e| anyhow::anyhow!(e))?,
+                    gpu.clone(),
+                    format!("--steps {}", file.display()),
+                ),
+                (BackendKind::Cuda, None) => {
+                    let info = kernels::cuda::probe().map_err(|e| {
+                        anyhow::anyhow!(
+                            "sim calibrate --backend cuda measures on an NVIDIA GPU and found none ({e}). On a GPU machine run: sim calibrate --backend cuda --model {model} --out calibration/<gpu>-cuda.toml; here, refit recorded steps with --steps FILE"
+                        )
+                    })?;
+                    let decodes: Vec<(u32, u32)> = [1u32, 2, 4, 8, 16, 32, 64, 128]
+                        .iter()
+                        .flat_map(|&b| [(b, 512u32), (b, 2048)])
+                        .collect();
+                    let prefills = [128u32, 512, 1024, 2048, 4096];
+                    let pts = kernels::cuda::check::measure_step_grid(
+                        &m.llama_shape(),
+                        16,
+                        &decodes,
+                        &prefills,
+                    )?;
+                    let csv = path.with_extension("steps.csv");
+                    std::fs::write(&csv, sim::fidelity::steps_csv(&pts))
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", csv.display()))?;
+                    (pts, info.name, "--backend cuda".to_string())
+                }
+                (other, None) => anyhow::bail!(
+                    "--backend {other:?}: sim calibrate measures the CUDA runtime (--backend cuda), or refits recorded steps (--steps FILE)"
+                ),
+            };
+            let gpu_spec = sim::catalog::find_gpu(&gpu).ok_or_else(|| {
+                anyhow::anyhow!("--gpu: unknown GPU `{gpu}` (sim gpus lists them)")
+            })?;
+            let d = sim::cost_model::Deployment {
+                model: m.clone(),
+                gpu: gpu_spec.clone(),
+                tp: 1,
+                pp: 1,
+                dtype: sim::catalog::Dtype::Bf16,
+                kv_dtype: sim::catalog::Dtype::Bf16,
+            };
+            let fit = sim::fidelity::fit_steps(&d, 16, &points)
+                .ok_or_else(|| anyhow::anyhow!("{source}: no step measurements"))?;
+            let text =
+                sim::fidelity::fit_toml(&fit, &source, &device, &sim::fidelity::today(), &model);
+            std::fs::write(&path, &text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            outln!(out, "{}", text.trim_end());
+            outln!(out, "wrote {}", path.display());
+            Ok(())
+        }
+        Command::Fidelity {
+            scenario,
+            calibration,
+            backend,
+            requests,
+            out: out_dir,
+        } => {
+            if backend == BackendKind::Model {
+                anyhow::bail!("--backend model: fidelity compares the cost model with a real backend (cuda or cpu)");
+            }
+            if backend == BackendKind::Cuda {
+                kernels::cuda::probe().map_err(|e| {
+                    anyhow::anyhow!(
+                        "sim fidelity --backend cuda runs the scenario on an NVIDIA GPU and found none ({e}). On a GPU machine run: sim calibrate --backend cuda --model <the scenario's model> --out calib.toml, then sim fidelity {} --calibration calib.toml",
+                        scenario.display()
+                    )
+                })?;
+            }
+            let measured_scn = Scenario::load(&scenario, None)?;
+            let simulated_scn = Scenario::load_calibrated(&scenario, None, &calibration)?;
+            let out_dir = out_dir.unwrap_or_else(|| {
+                PathBuf::from("results").join(format!("{}-fidelity", measured_scn.name))
+            });
+            let run_one = |scn: &Scenario, b: BackendKind, dir: PathBuf| {
+                run_scenario(
+                    scn,
+                    &RunOptions {
+                        out_dir: Some(dir),
+                        driver: sim::driver::DriverKind::Inline,
+                        only: Vec::new(),
+                        progress: false,
+                        parallel: b == BackendKind::Model,
+                        backend: b,
+                        requests,
+                    },
+                )
+            };
+            let real = run_one(&measured_scn, backend, out_dir.join("measured"))?;
+            let sim_runs = run_one(
+                &simulated_scn,
+                BackendKind::Model,
+                out_dir.join("simulated"),
+            )?;
+            let mut rows = Vec::new();
+            for r in &real {
+                let v = &r.summary.variant;
+                let Some(s) = sim_runs.iter().find(|x| &x.summary.variant == v) else {
+                    continue;
+                };
+                let steps = |side: &str| {
+                    sim::fidelity::step_percentiles(&out_dir.join(side).join(v))
+                        .map_err(|e| anyhow::anyhow!(e))
+                };
+                rows.extend(sim::fidelity::fidelity_rows(
+                    v,
+                    &s.summary,
+                    &r.summary,
+                    steps("simulated")?,
+                    steps("measured")?,
+                ));
+            }
+            let (table, csv) = sim::fidelity::fidelity_outputs(&rows);
+            let path = out_dir.join("fidelity.csv");
+            std::fs::write(&path, csv).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            outln!(
+                out,
+                "fidelity of `{}`: cost model (calibration {}) against --backend {:?}",
+                measured_scn.name,
+                calibration.display(),
+                backend
+            );
+            outln!(out, "{table}");
+            outln!(out, "wrote {}", path.display());
+            Ok(())
+        }
+        Command::Calibrate {
+            from, out: path, ..
+        } => {
             let fit = if from.is_file() {
                 sim::validation::calibrate_points(&from)?
             } else {

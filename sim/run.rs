@@ -217,7 +217,13 @@ pub fn run_variant(
         None => block_manager,
     };
     let block_manager = if e.preemption_mode == PreemptionMode::Swap {
-        block_manager.with_swap_space(variant.memory.num_cpu_blocks)
+        // The CPU runtime caps its host pool like its KV cache: the block manager must
+        // plan with the pool the runtime has.
+        let cpu_blocks = match backend_kind {
+            BackendKind::Cpu => variant.memory.num_cpu_blocks.min(num_blocks),
+            _ => variant.memory.num_cpu_blocks,
+        };
+        block_manager.with_swap_space(cpu_blocks)
     } else {
         block_manager
     };

@@ -516,6 +516,30 @@ impl Scenario {
         Scenario::from_table(path, Some(&src), raw, seed)
     }
 
+    /// [`Scenario::load`] with a calibration file (`sim run --calibration FILE`): as if
+    /// the scenario's `[cost]` had `calibration = FILE`, under its own `[cost]` keys.
+    pub fn load_calibrated(
+        path: &Path,
+        seed: Option<u64>,
+        calibration: &Path,
+    ) -> Result<Scenario, ScenarioError> {
+        let err = |msg: String| ScenarioError {
+            file: path.display().to_string(),
+            msg,
+        };
+        let src = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
+        let mut raw: toml::Table = toml::from_str(&src).map_err(|e| err(e.to_string()))?;
+        let abs =
+            std::path::absolute(calibration).map_err(|e| err(format!("--calibration: {e}")))?;
+        set_dotted(
+            &mut raw,
+            "cost.calibration",
+            toml::Value::String(abs.display().to_string()),
+        )
+        .map_err(err)?;
+        Scenario::from_table(path, None, raw, seed)
+    }
+
     /// The scenario at one point of its sweep: the file with `overrides` (dotted keys and
     /// values) applied to its base configuration, the variants on top.
     pub fn at_point(&self, overrides: &[(String, toml::Value)]) -> Result<Scenario, ScenarioError> {

@@ -627,3 +627,68 @@ fn seeds_and_compare() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no results here"));
 }
+
+/// Without a GPU, the GPU-side commands of the calibration loop say so and name the
+/// commands to run on one; recorded steps refit without a GPU.
+#[test]
+fn calibration_and_fidelity_explain_the_gpu_they_need() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let calib = dir.path().join("c.toml");
+    let c = calib.to_str().expect("utf-8");
+    if kernels::cuda::probe().is_err() {
+        let o = sim(&[
+            "calibrate",
+            "--backend",
+            "cuda",
+            "--model",
+            "llama-3-8b",
+            "--out",
+            c,
+        ]);
+        assert_eq!(o.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("found none") && err.contains("On a GPU machine run"),
+            "{err}"
+        );
+        let p = write(dir.path(), "scenario.toml", GOOD);
+        let o = sim(&["fidelity", p.to_str().expect("utf-8"), "--calibration", c]);
+        assert_eq!(o.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("sim calibrate --backend cuda"), "{err}");
+    }
+    let steps = write(
+        dir.path(),
+        "steps.csv",
+        "batch,ctx,tokens,ms\n1,512,0,6.803\n8,2048,0,8.673\n64,1024,0,12.001\n1,0,2048,68.03\n",
+    );
+    let o = sim(&[
+        "calibrate",
+        "--steps",
+        steps.to_str().expect("utf-8"),
+        "--out",
+        c,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&calib).expect("written");
+    assert!(
+        text.contains("[cost]")
+            && text.contains("gemm_memory_eff")
+            && text.contains("calibrate --steps")
+    );
+    // The calibration feeds a run.
+    let p = write(dir.path(), "scenario.toml", GOOD);
+    let out = dir.path().join("out");
+    let o = sim(&[
+        "run",
+        p.to_str().expect("utf-8"),
+        "--calibration",
+        c,
+        "--out",
+        out.to_str().expect("utf-8"),
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let plan = std::fs::read_to_string(out.join("chunked/plan.json")).expect("plan");
+    assert!(plan.contains("\"step_overhead_us\""), "{plan}");
+}

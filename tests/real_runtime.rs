@@ -483,3 +483,60 @@ name = "self-spec"
     assert!(spec.num_drafts > 0 && spec.num_accepted_tokens <= spec.num_draft_tokens);
     assert!(results[0].summary.speculative.is_none());
 }
+
+/// `sim fidelity` end to end on the CPU runtime: the same scenario measured and simulated
+/// with a calibration file, every metric of every variant compared in `fidelity.csv`.
+#[test]
+fn fidelity_compares_a_real_backend_with_the_cost_model() {
+    let Some(path) = crate::smollm2() else {
+        eprintln!("skipped: no SmolLM2 GGUF (SIM_SMOLLM2_GGUF or ~/.cache/sim-models)");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("fid.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+name = "fid"
+[model]
+gguf = "{}"
+[hardware]
+gpu = "h100-sxm"
+[engine]
+max_model_len = 256
+[workload]
+num_requests = 4
+arrival = {{ process = "poisson", rate = 50.0 }}
+[[workload.class]]
+name = "chat"
+prompt = {{ dist = "uniform", min = 8, max = 40 }}
+output = {{ dist = "fixed", value = 8 }}
+"#,
+            path.display()
+        ),
+    )
+    .expect("write");
+    let calib = dir.path().join("calib.toml");
+    std::fs::write(
+        &calib,
+        "[cost]\ngemm_memory_eff = 0.8\nstep_overhead_us = 50\n",
+    )
+    .expect("write");
+    let out = dir.path().join("out");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_sim"))
+        .args(["fidelity", file.to_str().expect("utf-8"), "--calibration"])
+        .arg(&calib)
+        .args(["--backend", "cpu", "--out"])
+        .arg(&out)
+        .output()
+        .expect("run sim");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let csv = std::fs::read_to_string(out.join("fidelity.csv")).expect("fidelity.csv");
+    assert_eq!(csv.lines().count(), 1 + 14, "{csv}");
+    assert!(csv.contains("base,p50 step time (ms),"), "{csv}");
+    assert!(
+        out.join("measured/base/steps.csv").exists()
+            && out.join("simulated/base/steps.csv").exists()
+    );
+}

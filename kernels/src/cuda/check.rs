@@ -739,6 +739,65 @@ pub fn bench_steps(
     Ok(lines)
 }
 
+/// One measured step of [`measure_step_grid`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepTime {
+    /// Sequences (1 for a prefill).
+    pub batch: u32,
+    /// Context of each decode (tokens attended, the new one included); 0 for a prefill.
+    pub ctx: u32,
+    /// Tokens of the prefill; 0 for a decode step.
+    pub tokens: u32,
+    /// Median step time, ms (CUDA events).
+    pub ms: f64,
+}
+
+/// Whole forward steps of a synthetic model over a grid, with the runtime's defaults
+/// (CUDA graphs for small decodes, the batch-1 GEMM path): decode steps of `batch`
+/// sequences at context `ctx` for each pair of `decodes`, and one-sequence prefills of
+/// each of `prefills` tokens. Median of 20 timed runs (10 for prefills) after warm-up:
+/// what `sim calibrate --backend cuda` fits the cost model to.
+pub fn measure_step_grid(
+    shape: &LlamaShape,
+    block_size: u32,
+    decodes: &[(u32, u32)],
+    prefills: &[u32],
+) -> Result<Vec<StepTime>, CudaError> {
+    let need = decodes
+        .iter()
+        .map(|&(b, c)| b * c.div_ceil(block_size))
+        .chain(prefills.iter().map(|&t| t.div_ceil(block_size)))
+        .max()
+        .unwrap_or(1)
+        + 2;
+    let mut rt = CudaRuntime::synthetic(shape.clone(), 1, block_size, need)?;
+    rt.warm_up()?;
+    let ctx = rt.ctx.clone();
+    let stream = rt.stream.clone();
+    let mut out = Vec::new();
+    for &(batch, c) in decodes {
+        let plan = batch_decode_plan(batch, c, block_size);
+        let ms = time_ms(&ctx, &stream, 3, 20, || rt.forward(&plan).map(|_| ()))?;
+        out.push(StepTime {
+            batch,
+            ctx: c,
+            tokens: 0,
+            ms,
+        });
+    }
+    for &t in prefills {
+        let plan = single_seq_plan(0, t, block_size);
+        let ms = time_ms(&ctx, &stream, 2, 10, || rt.forward(&plan).map(|_| ()))?;
+        out.push(StepTime {
+            batch: 1,
+            ctx: 0,
+            tokens: t,
+            ms,
+        });
+    }
+    Ok(out)
+}
+
 /// One oracle prompt run through the CUDA runtime with the real model.
 #[derive(Debug, Clone)]
 pub struct OracleCase {
