@@ -1221,6 +1221,7 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             }
             let mut runtime = kernels::cuda::check::transfer_check(seed)?;
             runtime.extend(kernels::cuda::check::graph_check(seed)?);
+            runtime.extend(kernels::cuda::check::verify_check(seed)?);
             runtime.extend(kernels::cuda::check::sampling_check(seed)?);
             outln!(
                 out,

@@ -555,9 +555,14 @@ fn cuda_runtime(
     seed: u64,
 ) -> Result<(kernels::cuda::CudaRuntime, u32), SimError> {
     let cuda_err = |e: kernels::cuda::CudaError| runtime_err(variant, "cuda", e.to_string());
-    if variant.scheduler.speculative.is_some() {
+    if variant
+        .scheduler
+        .speculative
+        .as_ref()
+        .is_some_and(|s| s.method != engine::spec::Method::Ngram)
+    {
         return Err(cuda_err(kernels::cuda::CudaError::Config(
-            "[speculative]: the CUDA runtime does not verify drafts yet (run it with --backend model or cpu, or set speculative.method = \"none\")".into(),
+            "[speculative]: the CUDA runtime verifies the engine's n-gram drafts (method = \"ngram\"); a draft model (self-speculation) runs on --backend cpu, synthetic acceptance on --backend model".into(),
         )));
     }
     if variant.deployment.pp != 1 {

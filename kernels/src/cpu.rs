@@ -1037,41 +1037,9 @@ impl CpuRuntime {
         for (wi, w) in plan.work.iter().enumerate() {
             let at = |r: usize| &logits[r * vocab..(r + 1) * vocab];
             if w.kind == WorkKind::Verify {
-                let k = w.len as usize - 1;
-                let mut accepted = 0;
-                let mut own = None;
-                for j in 0..k {
-                    let draft = ids[wi][j + 1];
-                    // Row j predicts position start + 1 + j.
-                    let pos = w.start + 1 + j as u32;
-                    let u_accept = w.sampling.uniform(w.seq, pos, engine::spec::ACCEPT_DRAW);
-                    let u_draw = w.sampling.uniform(w.seq, pos, 0);
-                    match crate::sampling::verify_draft(
-                        at(row + j),
-                        &w.sampling,
-                        draft,
-                        u_accept,
-                        u_draw,
-                    ) {
-                        Ok(()) => accepted += 1,
-                        Err(t) => {
-                            own = Some(t);
-                            break;
-                        }
-                    }
-                }
-                drawn.extend_from_slice(&ids[wi][1..1 + accepted]);
-                // All accepted: the bonus token, drawn as a plain decode would draw it.
-                let own = own.unwrap_or_else(|| {
-                    let pos = w.start + 1 + k as u32;
-                    crate::sampling::draw(
-                        at(row + k),
-                        &w.sampling,
-                        w.sampling.uniform(w.seq, pos, 0),
-                    )
-                });
-                drawn.push(own);
-                self.accepted.push(accepted as u32);
+                let (accepted, tokens) = crate::generate::verify_work(w, &ids[wi], |j| at(row + j));
+                drawn.extend(tokens);
+                self.accepted.push(accepted);
                 row += w.len as usize;
             } else if w.sample {
                 let pos = w.start + w.len;

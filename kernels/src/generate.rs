@@ -91,6 +91,42 @@ impl<R: StepRuntime> Backend for RuntimeBackend<R> {
     }
 }
 
+/// Verifies one verify work (speculative decoding) from the model's logits at its `1 + k`
+/// positions (`row(j)` predicts position `start + 1 + j`) and its ids (the last token,
+/// then the `k` drafts): drafts are accepted while [`crate::sampling::verify_draft`]
+/// accepts them (greedy: equal to the argmax; sampling: Leviathan et al. with the draft
+/// as a point mass), then the model's own token follows (the replacement of the first
+/// rejected draft, or the bonus token drawn as a plain decode would draw it). Returns the
+/// accepted count and the emitted tokens. The CPU and CUDA runtimes share it.
+pub fn verify_work<'a>(
+    w: &SeqWork,
+    ids: &[u32],
+    row: impl Fn(usize) -> &'a [f32],
+) -> (u32, Vec<u32>) {
+    let k = (w.len as usize)
+        .saturating_sub(1)
+        .min(ids.len().saturating_sub(1));
+    let mut out = Vec::with_capacity(k + 1);
+    for j in 0..k {
+        let draft = ids[j + 1];
+        let pos = w.start + 1 + j as u32;
+        let u_accept = w.sampling.uniform(w.seq, pos, engine::spec::ACCEPT_DRAW);
+        let u_draw = w.sampling.uniform(w.seq, pos, 0);
+        match crate::sampling::verify_draft(row(j), &w.sampling, draft, u_accept, u_draw) {
+            Ok(()) => out.push(draft),
+            Err(t) => {
+                let accepted = out.len() as u32;
+                out.push(t);
+                return (accepted, out);
+            }
+        }
+    }
+    let pos = w.start + 1 + k as u32;
+    let bonus = crate::sampling::draw(row(k), &w.sampling, w.sampling.uniform(w.seq, pos, 0));
+    out.push(bonus);
+    (k as u32, out)
+}
+
 /// What a generation produced.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Generation {

@@ -1006,6 +1006,98 @@ pub fn transfer_check(seed: u64) -> Result<Vec<RuntimeCase>, CudaError> {
     }
     Ok(cases)
 }
+/// Speculative decoding on the GPU (invariant 10): greedy plain decoding of a synthetic
+/// model gives a reference continuation; verify steps whose drafts are that continuation
+/// accept every draft and add the next token, and verify steps whose drafts are wrong
+/// from some position accept exactly the right prefix and emit the right token there.
+/// `bad` counts emitted tokens that differ from plain decoding or wrong accepted counts.
+pub fn verify_check(seed: u64) -> Result<Vec<RuntimeCase>, CudaError> {
+    let shape = tiny_shape();
+    let block_size = 16u32;
+    let mut rng = SplitMix::new(seed ^ 0x5bec);
+    let prompt: Vec<u32> = (0..19).map(|_| rng.range(0, shape.vocab)).collect();
+    let k = 4u32;
+    let steps = 12u32;
+    let table: Vec<u32> = (0..8).collect();
+    let step = |start: u32, ids: &[u32], verify: bool| -> StepPlan {
+        let len = ids.len() as u32;
+        StepPlan {
+            work: vec![SeqWork {
+                seq: 0,
+                kind: if verify {
+                    WorkKind::Verify
+                } else if start > 0 && len == 1 {
+                    WorkKind::Decode
+                } else {
+                    WorkKind::Prefill
+                },
+                start,
+                len,
+                sample: true,
+                num_samples: 1,
+                block_table: table[..(start + len).div_ceil(block_size) as usize].to_vec(),
+                token_ids: ids.to_vec(),
+                sampling: Default::default(),
+                drafts: verify.then(|| engine::spec::Drafts {
+                    k: len - 1,
+                    tokens: ids[1..].to_vec(),
+                    acceptance: engine::spec::Acceptance::iid(0.5, len - 1)
+                        .unwrap_or_else(|_| unreachable!("a rate in [0, 1]")),
+                }),
+            }],
+            ..StepPlan::default()
+        }
+    };
+    // The reference: plain greedy decoding.
+    let mut rt = CudaRuntime::synthetic(shape.clone(), seed, block_size, 8)?;
+    let one = |t: Vec<u32>| {
+        t.first()
+            .copied()
+            .ok_or_else(|| CudaError::Config("a sampling step drew no token".into()))
+    };
+    let mut plain = vec![one(rt.forward(&step(0, &prompt, false))?.1)?];
+    let p0 = prompt.len() as u32;
+    for pos in p0..p0 + steps + k + 1 {
+        let last = plain[plain.len() - 1];
+        plain.push(one(rt.forward(&step(pos, &[last], false))?.1)?);
+    }
+    let mut cases = Vec::new();
+    for (name, wrong_at) in [
+        ("verify, right drafts", None),
+        ("verify, wrong 3rd draft", Some(2usize)),
+    ] {
+        let mut rt = CudaRuntime::synthetic(shape.clone(), seed, block_size, 8)?;
+        rt.forward(&step(0, &prompt, false))?;
+        let (mut bad, mut total) = (0usize, 0usize);
+        let mut out = vec![plain[0]];
+        let mut pos = prompt.len() as u32;
+        while out.len() < steps as usize {
+            let n = out.len();
+            let mut ids = vec![out[n - 1]];
+            ids.extend_from_slice(&plain[n..n + k as usize]);
+            if let Some(w) = wrong_at {
+                ids[1 + w] = (ids[1 + w] + 1) % shape.vocab;
+            }
+            let (_, emitted) = rt.forward(&step(pos, &ids, true))?;
+            let accepted = rt.accepted.first().copied().unwrap_or(u32::MAX);
+            let want = wrong_at.map_or(k, |w| w as u32);
+            bad += usize::from(accepted != want) + usize::from(emitted.len() != want as usize + 1);
+            for (i, &t) in emitted.iter().enumerate() {
+                total += 1;
+                bad += usize::from(plain.get(n + i) != Some(&t));
+            }
+            out.extend_from_slice(&emitted);
+            pos += 1 + accepted.min(k);
+        }
+        cases.push(RuntimeCase {
+            name: name.into(),
+            rel_err: 0.0,
+            bad,
+            total,
+        });
+    }
+    Ok(cases)
+}
 
 /// CUDA graphs and `skinny_gemm`: the same prefill and 40 teacher-forced decode steps (their
 /// tables crossing block and padding boundaries) run three ways on one synthetic model:

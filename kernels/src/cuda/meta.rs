@@ -2,7 +2,7 @@
 //! tiles, block tables and sampling rows, packed into one `i32` buffer that is copied to the
 //! device once per step. Pure functions, tested without a GPU.
 
-use engine::plan::StepPlan;
+use engine::plan::{SeqWork, StepPlan, WorkKind};
 
 /// Offsets (in `i32`s) of each array inside the packed metadata buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -112,12 +112,24 @@ impl StepMeta {
             .iter()
             .map(tile_counts)
             .fold((0, 0), |(a, b), (x, y)| (a + x, b + y));
-        let samples = plan.work.iter().filter(|w| w.sample).count();
+        // A verify work (speculative decoding) takes logits at each of its positions, one
+        // draw each (verified on the host from the logits).
+        let rows_of = |w: &SeqWork| -> usize {
+            match (w.kind, w.sample) {
+                (WorkKind::Verify, _) => w.len as usize,
+                (_, true) => 1,
+                _ => 0,
+            }
+        };
+        let samples: usize = plan.work.iter().map(rows_of).sum();
         let draws: usize = plan
             .work
             .iter()
-            .filter(|w| w.sample)
-            .map(|w| w.num_samples.max(1) as usize)
+            .map(|w| match w.kind {
+                WorkKind::Verify => w.len as usize,
+                _ if w.sample => w.num_samples.max(1) as usize,
+                _ => 0,
+            })
             .sum();
         let mut l = MetaLayout {
             tokens,
@@ -179,7 +191,27 @@ impl StepMeta {
                 data[at + 2] = n as i32;
                 tok += n;
             }
-            if w.sample {
+            if w.kind == WorkKind::Verify {
+                let sp = &w.sampling;
+                for r in 0..w.len as usize {
+                    data[l.sample_rows + sample] = (first + r) as i32;
+                    // Row r predicts position start + 1 + r.
+                    let pos = w.start + 1 + r as u32;
+                    let d = &mut data[l.draw_data + DRAW_INTS * draw..][..DRAW_INTS];
+                    d[0] = sample as i32;
+                    d[1] = sp.top_k.min(i32::MAX as u32) as i32;
+                    d[2] = if sp.is_greedy() {
+                        0.0f32
+                    } else {
+                        sp.temperature
+                    }
+                    .to_bits() as i32;
+                    d[3] = sp.top_p().to_bits() as i32;
+                    d[4] = sp.uniform(w.seq, pos, 0).to_bits() as i32;
+                    draw += 1;
+                    sample += 1;
+                }
+            } else if w.sample {
                 data[l.sample_rows + sample] = (t - 1) as i32;
                 let sp = &w.sampling;
                 // The drawn token's position is the one after the step's last.
@@ -250,7 +282,6 @@ pub fn prefill_smem_bytes(head_dim: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use engine::plan::{SeqWork, WorkKind};
 
     fn work(seq: u64, start: u32, len: u32, sample: bool, table: Vec<u32>) -> SeqWork {
         SeqWork {
@@ -322,6 +353,36 @@ mod tests {
         // Token ids are stable and within the vocabulary.
         assert!(m.data[..15].iter().all(|&id| (0..1000).contains(&id)));
         assert_eq!(m, StepMeta::build(&plan, 8, 4, 1000));
+    }
+
+    /// A verify work (speculative decoding) takes logits at every position, one draw each
+    /// with the uniform number of the position it predicts; graph-free plans keep the
+    /// other works' rows after it.
+    #[test]
+    fn verify_work_samples_every_position() {
+        let mut v = work(3, 10, 4, true, vec![0, 1]);
+        v.kind = WorkKind::Verify;
+        v.token_ids = vec![5, 6, 7, 8];
+        v.drafts = Some(engine::spec::Drafts {
+            k: 3,
+            tokens: vec![6, 7, 8],
+            acceptance: engine::spec::Acceptance::iid(0.5, 3).expect("rate"),
+        });
+        let plan = StepPlan {
+            work: vec![v.clone(), work(1, 9, 1, true, vec![2, 3])],
+            ..StepPlan::default()
+        };
+        let m = StepMeta::build(&plan, 8, 4, 100);
+        let l = m.layout;
+        assert_eq!((l.tokens, l.samples, l.draws), (5, 5, 5));
+        assert_eq!(m.data[l.sample_rows..l.sample_rows + 5], [0, 1, 2, 3, 4]);
+        assert_eq!(m.data[l.ids..l.ids + 4], [5, 6, 7, 8]);
+        for r in 0..4 {
+            let d = &m.data[l.draw_data + r * DRAW_INTS..][..DRAW_INTS];
+            assert_eq!(d[0], r as i32);
+            let u = v.sampling.uniform(3, 11 + r as u32, 0);
+            assert_eq!(d[4], u.to_bits() as i32, "row {r}");
+        }
     }
 
     #[test]

@@ -514,6 +514,8 @@ pub struct CudaRuntime {
     end: CudaEvent,
     keep_logits: bool,
     logits: Vec<f32>,
+    /// Accepted drafts of the last step's verify works.
+    accepted: Vec<u32>,
     /// Every GEMM's reduction size is a multiple of 8 (`skinny_gemm` applies).
     skinny_ok: bool,
     /// Steps of at most this many tokens use `skinny_gemm` (0: never).
@@ -762,6 +764,7 @@ impl CudaRuntime {
             end,
             keep_logits: false,
             logits: Vec::new(),
+            accepted: Vec::new(),
         })
     }
 
@@ -1006,12 +1009,21 @@ impl CudaRuntime {
             self.block_size,
             window,
             self.shape.vocab,
-            false,
+            true,
         )
         .map_err(CudaError::Config)?;
+        if let Some(w) = plan.work.iter().find(|w| {
+            w.kind == engine::plan::WorkKind::Verify && w.token_ids.len() != w.len as usize
+        }) {
+            return Err(CudaError::Config(format!(
+                "sequence {}: the CUDA runtime verifies the engine's drafts (n-gram); drafting by a model (self-speculation) runs on the CPU runtime",
+                w.seq
+            )));
+        }
         let (bs, q_tile, vocab) = (self.block_size, self.q_tile, self.shape.vocab);
         let mut meta = StepMeta::build(plan, bs, q_tile, vocab);
         let graph = self.use_graphs
+            && plan.num_verify() == 0
             && meta.layout.ptiles == 0
             && meta.layout.tokens <= GRAPH_MAX_TOKENS
             && meta.layout.draws <= GRAPH_MAX_TOKENS;
@@ -1098,12 +1110,15 @@ impl CudaRuntime {
             };
             let mut host = vec![0i32; a.ids.len()];
             self.stream.memcpy_dtoh(&a.ids, &mut host)?;
-            if self.keep_logits {
-                let n = l.samples * self.shape.vocab as usize;
+            let vocab = self.shape.vocab as usize;
+            let verifies = plan.num_verify() > 0;
+            let logits = if self.keep_logits || verifies {
                 let all = self.stream.clone_dtoh(&a.logits)?;
-                self.logits = all[..n].to_vec();
-            }
-            sampled = host[..l.draws]
+                all[..l.samples * vocab].to_vec()
+            } else {
+                Vec::new()
+            };
+            let draws: Vec<u32> = host[..l.draws]
                 .iter()
                 .map(|&x| {
                     u32::try_from(x)
@@ -1114,6 +1129,34 @@ impl CudaRuntime {
                         })
                 })
                 .collect::<Result<_, _>>()?;
+            self.accepted.clear();
+            if verifies {
+                // Verify works are verified on the host from their logits rows, as the
+                // CPU runtime does; the other works keep the kernel's draws.
+                let (mut row, mut d) = (0usize, 0usize);
+                for w in &plan.work {
+                    if w.kind == engine::plan::WorkKind::Verify {
+                        let (accepted, tokens) =
+                            crate::generate::verify_work(w, &w.token_ids, |j| {
+                                &logits[(row + j) * vocab..(row + j + 1) * vocab]
+                            });
+                        sampled.extend(tokens);
+                        self.accepted.push(accepted);
+                        row += w.len as usize;
+                        d += w.len as usize;
+                    } else if w.sample {
+                        let n = w.num_samples.max(1) as usize;
+                        sampled.extend_from_slice(&draws[d..d + n]);
+                        row += 1;
+                        d += n;
+                    }
+                }
+            } else {
+                sampled = draws;
+            }
+            if self.keep_logits {
+                self.logits = logits;
+            }
         }
         self.stream.synchronize()?;
         let ms = self.start.elapsed_ms(&self.end)?;
@@ -1499,6 +1542,9 @@ impl crate::generate::StepRuntime for CudaRuntime {
     const NAME: &'static str = "cuda";
     fn step(&mut self, plan: &StepPlan) -> Result<(u64, Vec<u32>), String> {
         self.forward(plan).map_err(|e| e.to_string())
+    }
+    fn take_accepted(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.accepted)
     }
     fn kv_geometry(&self) -> (u32, u32) {
         (self.num_blocks, self.block_size)
