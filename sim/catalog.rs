@@ -852,6 +852,26 @@ fn normalise(name: &str) -> String {
         .collect()
 }
 
+/// The catalog GPU of a CUDA device name (`NVIDIA H100 80GB HBM3` is `h100-sxm`), when
+/// the name says which.
+pub fn gpu_for_device(device: &str) -> Option<&'static str> {
+    let d = device.to_ascii_lowercase();
+    let pcie = d.contains("pcie");
+    if d.contains("h200") {
+        Some("h200")
+    } else if d.contains("h100") {
+        Some(if pcie { "h100-pcie" } else { "h100-sxm" })
+    } else if d.contains("a100") && d.contains("80") {
+        Some(if pcie { "a100-80gb-pcie" } else { "a100-80gb" })
+    } else if d.contains("a100") {
+        Some("a100-40gb")
+    } else if d.contains("l40s") {
+        Some("l40s")
+    } else {
+        None
+    }
+}
+
 /// Looks up a GPU by catalog key (case-insensitive; `h100` means `h100-sxm`,
 /// `a100` means `a100-80gb`).
 pub fn find_gpu(name: &str) -> Option<&'static Gpu> {

@@ -157,20 +157,35 @@ pub fn read_steps(path: &Path) -> Result<Vec<StepTime>, String> {
     let mut out = Vec::new();
     for (i, rec) in r.records().enumerate() {
         let rec = rec.map_err(|e| format!("{shown}: {e}"))?;
-        let num = |j: usize, what: &str| -> Result<f64, String> {
+        let count = |j: usize, what: &str, max: u32| -> Result<u32, String> {
             rec.get(j)
                 .unwrap_or("")
                 .trim()
-                .parse::<f64>()
-                .map_err(|_| format!("{shown}: line {}: `{what}` is not a number", i + 2))
+                .parse::<u32>()
+                .ok()
+                .filter(|&v| v <= max)
+                .ok_or_else(|| {
+                    format!(
+                        "{shown}: line {}: `{what}` is not a whole number up to {max}",
+                        i + 2
+                    )
+                })
         };
+        let ms = rec
+            .get(3)
+            .unwrap_or("")
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())
+            .ok_or_else(|| format!("{shown}: line {}: `ms` is not a finite number", i + 2))?;
         let t = StepTime {
-            batch: num(0, "batch")? as u32,
-            ctx: num(1, "ctx")? as u32,
-            tokens: num(2, "tokens")? as u32,
-            ms: num(3, "ms")?,
+            batch: count(0, "batch", 65_536)?,
+            ctx: count(1, "ctx", 1 << 24)?,
+            tokens: count(2, "tokens", 1 << 24)?,
+            ms,
         };
-        if t.ms.is_nan() || t.ms <= 0.0 || (t.tokens == 0 && (t.batch == 0 || t.ctx == 0)) {
+        if t.ms <= 0.0 || (t.tokens == 0 && (t.batch == 0 || t.ctx == 0)) {
             return Err(format!(
                 "{shown}: line {}: a step needs ms > 0 and either tokens or batch and ctx",
                 i + 2

@@ -242,9 +242,10 @@ enum Command {
         /// Folder with the vidur_*.csv profiles, or a CSV of measured GEMMs.
         #[arg(long, default_value = "calibration")]
         from: PathBuf,
-        /// TOML file to write.
-        #[arg(long, default_value = "calibration/fitted.toml")]
-        out: PathBuf,
+        /// TOML file to write (default: calibration/fitted.toml; with --backend cuda or
+        /// --steps, calibration/<gpu>-cuda.toml).
+        #[arg(long)]
+        out: Option<PathBuf>,
         /// `cuda`: measure whole forward steps of the CUDA runtime on this machine's GPU
         /// (synthetic weights of --model) and fit the cost model to them; writes the
         /// measurements beside --out (`.steps.csv`).
@@ -257,9 +258,10 @@ enum Command {
         /// --backend cuda writes them), without a GPU.
         #[arg(long)]
         steps: Option<PathBuf>,
-        /// The GPU the recorded steps ran on (catalog name; with --steps).
-        #[arg(long, default_value = "h100-sxm")]
-        gpu: String,
+        /// The GPU the steps run or ran on (catalog name): required with --steps; with
+        /// --backend cuda it defaults to the catalog entry of the device found.
+        #[arg(long)]
+        gpu: Option<String>,
     },
     /// The cost model against a real backend on one scenario: both runs with the same
     /// seed, per variant and metric the simulated value, the measured one and the error
@@ -655,6 +657,7 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                     anyhow::bail!("--seeds: replicas of a sweep are not supported; sweep `seed` instead ([sweep] seed = [1, 2, 3])");
                 }
                 let first = scn.seed;
+                let mut dirs = Vec::new();
                 for s in first..first + u64::from(seeds) {
                     let replica = load(Some(s))?;
                     let dir = out_dir.join(format!("seed-{s}"));
@@ -672,8 +675,10 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                         other => anyhow::anyhow!("{}: seed {s}: {other}", scenario.display()),
                     })?;
                     analysis::report::write_reports(&dir)?;
+                    dirs.push(dir);
                 }
-                let set = analysis::replicas::read_result_set(&out_dir)?;
+                // Only this call's replicas (an earlier run may have left others).
+                let set = analysis::replicas::read_runs(&dirs)?;
                 outln!(
                     out,
                     "scenario `{}`: {} seeds ({first}..{}), backend {:?}",
@@ -845,18 +850,58 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
             let m = sim::catalog::find_model(&model).ok_or_else(|| {
                 anyhow::anyhow!("--model: unknown model `{model}` (sim models lists them)")
             })?;
-            let (points, device, source) = match (b, steps) {
-                (_, Some(file)) => (
-                    sim::fidelity::read_steps(&file).map_err(|e| anyhow::anyhow!(e))?,
-                    gpu.clone(),
-                    format!("--steps {}", file.display()),
-                ),
+            if m.is_moe() {
+                anyhow::bail!(
+                    "--model {model}: the CUDA runtime runs dense models; calibrate with a dense one"
+                );
+            }
+            let gpu_of = |name: &str| {
+                sim::catalog::find_gpu(name).ok_or_else(|| {
+                    anyhow::anyhow!("--gpu: unknown GPU `{name}` (sim gpus lists them)")
+                })
+            };
+            let (points, gpu_spec, device, source) = match (b, steps) {
+                (_, Some(file)) => {
+                    let g = gpu.as_deref().ok_or_else(|| {
+                        anyhow::anyhow!("--steps: give --gpu, the catalog GPU the steps ran on")
+                    })?;
+                    let spec = gpu_of(g)?;
+                    (
+                        sim::fidelity::read_steps(&file).map_err(|e| anyhow::anyhow!(e))?,
+                        spec,
+                        g.to_string(),
+                        format!("--steps {}", file.display()),
+                    )
+                }
                 (BackendKind::Cuda, None) => {
                     let info = kernels::cuda::probe().map_err(|e| {
                         anyhow::anyhow!(
-                            "sim calibrate --backend cuda measures on an NVIDIA GPU and found none ({e}). On a GPU machine run: sim calibrate --backend cuda --model {model} --out calibration/<gpu>-cuda.toml; here, refit recorded steps with --steps FILE"
+                            "sim calibrate --backend cuda measures on an NVIDIA GPU and found none ({e}). On a GPU machine run: sim calibrate --backend cuda --model {model}; here, refit recorded steps with --steps FILE --gpu GPU"
                         )
                     })?;
+                    let g = match &gpu {
+                        Some(g) => g.clone(),
+                        None => sim::catalog::gpu_for_device(&info.name)
+                            .ok_or_else(|| {
+                                anyhow::anyhow!(
+                                    "the device `{}` is not in the GPU catalog: give --gpu (sim gpus lists them)",
+                                    info.name
+                                )
+                            })?
+                            .to_string(),
+                    };
+                    let spec = gpu_of(&g)?;
+                    // Weights, plus the KV of the largest grid step (128 x 2048 tokens).
+                    let need = m.params() * 2.0
+                        + 128.0 * 2048.0 * 4.0 * f64::from(m.layers * m.kv_heads * m.head_dim);
+                    if (info.free_mem as f64) < need {
+                        anyhow::bail!(
+                            "{}: {:.1} GB free, the step grid of {model} needs about {:.1} GB",
+                            info.name,
+                            info.free_mem as f64 / 1e9,
+                            need / 1e9
+                        );
+                    }
                     let decodes: Vec<(u32, u32)> = [1u32, 2, 4, 8, 16, 32, 64, 128]
                         .iter()
                         .flat_map(|&b| [(b, 512u32), (b, 2048)])
@@ -868,18 +913,21 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
                         &decodes,
                         &prefills,
                     )?;
-                    let csv = path.with_extension("steps.csv");
+                    let target = path
+                        .clone()
+                        .unwrap_or_else(|| PathBuf::from(format!("calibration/{g}-cuda.toml")));
+                    let csv = target.with_extension("steps.csv");
                     std::fs::write(&csv, sim::fidelity::steps_csv(&pts))
                         .map_err(|e| anyhow::anyhow!("{}: {e}", csv.display()))?;
-                    (pts, info.name, "--backend cuda".to_string())
+                    (pts, spec, info.name, "--backend cuda".to_string())
                 }
                 (other, None) => anyhow::bail!(
                     "--backend {other:?}: sim calibrate measures the CUDA runtime (--backend cuda), or refits recorded steps (--steps FILE)"
                 ),
             };
-            let gpu_spec = sim::catalog::find_gpu(&gpu).ok_or_else(|| {
-                anyhow::anyhow!("--gpu: unknown GPU `{gpu}` (sim gpus lists them)")
-            })?;
+            let path = path.unwrap_or_else(|| {
+                PathBuf::from(format!("calibration/{}-cuda.toml", gpu_spec.name))
+            });
             let d = sim::cost_model::Deployment {
                 model: m.clone(),
                 gpu: gpu_spec.clone(),
@@ -975,6 +1023,7 @@ fn run(cli: Cli, out: &mut String) -> anyhow::Result<()> {
         Command::Calibrate {
             from, out: path, ..
         } => {
+            let path = path.unwrap_or_else(|| PathBuf::from("calibration/fitted.toml"));
             let fit = if from.is_file() {
                 sim::validation::calibrate_points(&from)?
             } else {

@@ -666,6 +666,8 @@ fn calibration_and_fidelity_explain_the_gpu_they_need() {
         "calibrate",
         "--steps",
         steps.to_str().expect("utf-8"),
+        "--gpu",
+        "h100-sxm",
         "--out",
         c,
     ]);

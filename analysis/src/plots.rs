@@ -96,9 +96,9 @@ pub fn svg(chart: &Chart, (w, h): (u32, u32)) -> String {
         // leaves it out, so the errors are not propagated.
         let _ = root.fill(&WHITE);
         if chart.log_x && x0 > 0.0 {
-            draw(&root, chart, (x0..x1).log_scale(), (x0, x1), y0..y1);
+            draw(&root, chart, (x0..x1).log_scale(), (x0, x1), y0..y1, true);
         } else {
-            draw(&root, chart, x0..x1, (x0, x1), y0..y1);
+            draw(&root, chart, x0..x1, (x0, x1), y0..y1, false);
         }
         let _ = root.present();
     }
@@ -113,6 +113,7 @@ fn draw<X>(
     x: X,
     (x0, x1): (f64, f64),
     y: std::ops::Range<f64>,
+    log_x: bool,
 ) where
     X: AsRangedCoord<Value = f64>,
     X::CoordDescType: ValueFormatter<f64>,
@@ -139,7 +140,7 @@ fn draw<X>(
             .points
             .iter()
             .copied()
-            .filter(|p| finite(p.0) && finite(p.1) && (!chart.log_x || p.0 > 0.0))
+            .filter(|p| finite(p.0) && finite(p.1) && (!log_x || p.0 > 0.0))
             .collect();
         if let Ok(a) = c.draw_series(LineSeries::new(pts.clone(), col.stroke_width(2))) {
             a.label(s.name.as_str()).legend(move |(x, y)| {

@@ -68,7 +68,8 @@ fn histogram(
         let _ = writeln!(
             out,
             "{name}_bucket{} {n}",
-            labels(v, &format!("le=\"{b}\""))
+            // Bounds as Python prints floats (`1.0`), as vLLM exposes them.
+            labels(v, &format!("le=\"{b:?}\""))
         );
     }
     let _ = writeln!(
@@ -124,7 +125,7 @@ pub fn exposition(v: &VariantData) -> String {
     counter(
         &mut out,
         v,
-        "vllm:request_rejected_total",
+        "sim:request_rejected_total",
         "Requests rejected on arrival (longer than max_model_len or the KV pool).",
         s.num_rejected as f64,
     );
@@ -276,7 +277,7 @@ mod tests {
         for line in t.lines().filter(|l| !l.starts_with('#')) {
             let (_, value) = line.rsplit_once(' ').expect("value");
             value.parse::<f64>().expect("a number");
-            assert!(line.starts_with("vllm:"));
+            assert!(line.starts_with("vllm:") || line.starts_with("sim:"));
         }
     }
 }

@@ -104,7 +104,6 @@ pub type ResultSet = BTreeMap<String, Vec<Summary>>;
 /// Reads a result set: a run folder (`<variant>/summary.json`: one replica each) or a
 /// folder of replicas (`seed-*/<variant>/summary.json`).
 pub fn read_result_set(dir: &Path) -> Result<ResultSet, AnalysisError> {
-    let mut set = ResultSet::new();
     let mut entries: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| AnalysisError::io(dir, e))?
         .filter_map(Result::ok)
@@ -121,6 +120,16 @@ pub fn read_result_set(dir: &Path) -> Result<ResultSet, AnalysisError> {
         })
         .collect();
     let runs = replicas;
+    if runs.is_empty() {
+        return read_runs(&[dir.to_path_buf()]);
+    }
+    read_runs(&runs.into_iter().cloned().collect::<Vec<_>>())
+}
+
+/// The result set of these run folders (each `<variant>/summary.json`), one replica per
+/// folder.
+pub fn read_runs(runs: &[std::path::PathBuf]) -> Result<ResultSet, AnalysisError> {
+    let mut set = ResultSet::new();
     let mut add = |run: &Path| -> Result<(), AnalysisError> {
         let mut vs: Vec<std::path::PathBuf> = std::fs::read_dir(run)
             .map_err(|e| AnalysisError::io(run, e))?
@@ -135,16 +144,12 @@ pub fn read_result_set(dir: &Path) -> Result<ResultSet, AnalysisError> {
         }
         Ok(())
     };
-    if runs.is_empty() {
-        add(dir)?;
-    } else {
-        for r in runs {
-            add(r)?;
-        }
+    for r in runs {
+        add(r)?;
     }
     if set.is_empty() {
         return Err(AnalysisError::io(
-            dir,
+            runs.first().map_or(Path::new("."), |p| p.as_path()),
             std::io::Error::new(
                 std::io::ErrorKind::NotFound,
                 "no results here (no <variant>/summary.json, no seed-*/ replicas)",
@@ -267,10 +272,18 @@ pub fn compare_outputs(deltas: &[Delta]) -> (String, String) {
             d.metric,
             d.a.n,
             num(d.a.mean),
-            num(d.a.half),
+            if d.a.n > 1 {
+                num(d.a.half)
+            } else {
+                String::new()
+            },
             d.b.n,
             num(d.b.mean),
-            num(d.b.half),
+            if d.b.n > 1 {
+                num(d.b.half)
+            } else {
+                String::new()
+            },
             num(d.change),
             num(d.p)
         );

@@ -553,7 +553,12 @@ pub fn sweep_report(dir: &Path) -> Result<String, AnalysisError> {
     let keys: Vec<String> = header
         .iter()
         .skip(2)
-        .take(vcol - 2)
+        .take(vcol.checked_sub(2).ok_or_else(|| {
+            bad(
+                &path,
+                "the `variant` column must follow `job`, `point` and the swept keys".into(),
+            )
+        })?)
         .map(str::to_owned)
         .collect();
     let num = |rec: &csv::StringRecord, c: &str| -> Result<f64, AnalysisError> {

@@ -1002,6 +1002,7 @@ impl CudaRuntime {
     /// duration (CUDA events, ns) and the drawn tokens: `num_samples` for each sampling
     /// sequence, in plan order (argmax, or as its sampling parameters say).
     pub fn forward(&mut self, plan: &StepPlan) -> Result<(u64, Vec<u32>), CudaError> {
+        self.accepted.clear();
         let window = (self.window > 0).then_some(self.window as u32);
         crate::generate::check_plan(
             plan,
@@ -1104,6 +1105,7 @@ impl CudaRuntime {
         }
         self.end.record(&self.stream)?;
         let mut sampled = Vec::new();
+        let mut host_ns = 0u64;
         if l.samples > 0 {
             let Some(a) = self.act.as_ref() else {
                 return Err(CudaError::Config("activation buffers missing".into()));
@@ -1112,9 +1114,11 @@ impl CudaRuntime {
             self.stream.memcpy_dtoh(&a.ids, &mut host)?;
             let vocab = self.shape.vocab as usize;
             let verifies = plan.num_verify() > 0;
+            // Host verification is part of the step (vLLM verifies inside its step).
+            let host_started = std::time::Instant::now();
             let logits = if self.keep_logits || verifies {
-                let all = self.stream.clone_dtoh(&a.logits)?;
-                all[..l.samples * vocab].to_vec()
+                self.stream
+                    .clone_dtoh(&a.logits.slice(0..l.samples * vocab))?
             } else {
                 Vec::new()
             };
@@ -1129,7 +1133,6 @@ impl CudaRuntime {
                         })
                 })
                 .collect::<Result<_, _>>()?;
-            self.accepted.clear();
             if verifies {
                 // Verify works are verified on the host from their logits rows, as the
                 // CPU runtime does; the other works keep the kernel's draws.
@@ -1151,6 +1154,7 @@ impl CudaRuntime {
                         d += n;
                     }
                 }
+                host_ns = host_started.elapsed().as_nanos() as u64;
             } else {
                 sampled = draws;
             }
@@ -1160,7 +1164,10 @@ impl CudaRuntime {
         }
         self.stream.synchronize()?;
         let ms = self.start.elapsed_ms(&self.end)?;
-        Ok(((f64::from(ms) * 1e6).round().max(1.0) as u64, sampled))
+        Ok((
+            ((f64::from(ms) * 1e6).round().max(1.0) as u64).saturating_add(host_ns),
+            sampled,
+        ))
     }
 
     /// Enqueues the kernels of one step whose metadata (layout `l`) is in `self.meta`:
