@@ -288,6 +288,9 @@ name = "spec"
         .expect("map")
         .expect("variants speculate");
     assert_eq!(a, b);
+    // And the reports (as `sim run` and `sim merge` write them).
+    analysis::report::write_reports(&whole).expect("reports");
+    analysis::report::write_reports(&merged).expect("reports");
     // Merging into a shard's own folder is refused, not a truncation of its files.
     let err = merge(&shards, &shards[0]).expect_err("in place");
     assert!(err.to_string().contains("new folder"), "{err}");
