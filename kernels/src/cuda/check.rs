@@ -1126,6 +1126,65 @@ pub fn verify_check(seed: u64) -> Result<Vec<RuntimeCase>, CudaError> {
             total,
         });
     }
+    // A mixed step: a verify work, a decode, a prefill chunk that samples nothing and a
+    // prompt that forks into two samples. The drawn tokens come back in plan order:
+    // the verify's accepted drafts and own token, one decode token, two prompt samples.
+    let mut rt = CudaRuntime::synthetic(shape.clone(), seed, block_size, 32)?;
+    rt.keep_logits(true);
+    let blocks = |s: u32, n: u32| -> Vec<u32> { (8 * s..8 * s + n).collect() };
+    let mut prefill = |seq: u64, ids: &[u32]| -> Result<u32, CudaError> {
+        let mut p = step(0, ids, false);
+        p.work[0].seq = seq;
+        p.work[0].block_table = blocks(seq as u32, 2);
+        one(rt.forward(&p)?.1)
+    };
+    let t0 = prefill(0, &prompt)?;
+    let t1 = prefill(1, &prompt[..7])?;
+    let p0 = prompt.len() as u32;
+    let mut verify = step(p0, &[t0, 1, 2, 3], true);
+    verify.work[0].block_table = blocks(0, 2);
+    let mut decode = step(7, &[t1], false);
+    decode.work[0].seq = 1;
+    decode.work[0].block_table = blocks(1, 1);
+    let mut chunk = step(0, &prompt[..9], false);
+    chunk.work[0].seq = 2;
+    chunk.work[0].sample = false;
+    chunk.work[0].block_table = blocks(2, 1);
+    let mut fork = step(0, &prompt[..5], false);
+    fork.work[0].seq = 3;
+    fork.work[0].num_samples = 2;
+    fork.work[0].block_table = blocks(3, 1);
+    let plan = StepPlan {
+        work: vec![
+            verify.work[0].clone(),
+            decode.work[0].clone(),
+            chunk.work[0].clone(),
+            fork.work[0].clone(),
+        ],
+        ..StepPlan::default()
+    };
+    let (_, drawn) = rt.forward(&plan)?;
+    let accepted = rt.accepted.first().copied().unwrap_or(u32::MAX) as usize;
+    let rows = rt.last_logits();
+    let argmax = |j: usize| crate::sampling::argmax(&rows[j * vocab..(j + 1) * vocab]);
+    // Rows: 4 of the verify, then the decode, then the prompt (the chunk has none).
+    let mut want: Vec<u32> = (1..=3u32)
+        .take_while(|&d| argmax(d as usize - 1) == d)
+        .collect();
+    let want_accepted = want.len();
+    want.push(argmax(want_accepted));
+    want.push(argmax(4));
+    // Two greedy samples of the prompt's last row: both its argmax.
+    want.extend([argmax(5), argmax(5)]);
+    let mut bad = usize::from(accepted != want_accepted) + drawn.len().abs_diff(want.len());
+    bad += drawn.iter().zip(&want).filter(|(a, b)| a != b).count();
+    bad += usize::from(rt.accepted.len() != 1);
+    cases.push(RuntimeCase {
+        name: "verify in a mixed step (decode, silent chunk, forked prompt)".into(),
+        rel_err: 0.0,
+        bad,
+        total: want.len(),
+    });
     Ok(cases)
 }
 
