@@ -795,6 +795,14 @@ fn catalog_or_file<T: 'static>(
     }
 }
 
+/// A catalog model by name, or an error listing the catalog.
+fn catalog_model(n: &str) -> Result<&'static crate::catalog::ModelSpec, String> {
+    find_model(n).ok_or_else(|| {
+        let names: Vec<&str> = MODELS.iter().map(|m| m.name).collect();
+        format!("unknown model `{n}` (known: {})", names.join(", "))
+    })
+}
+
 /// Checks one configuration and computes its deployment, memory plan and scheduler limits.
 fn resolve(name: &str, config: ScenarioConfig, base_dir: &Path) -> Result<Variant, String> {
     let model = match (&config.model.gguf, &config.model.name, &config.model.config) {
@@ -811,12 +819,7 @@ fn resolve(name: &str, config: ScenarioConfig, base_dir: &Path) -> Result<Varian
             ),
             (&config.model.name, &config.model.config),
             base_dir,
-            |n| {
-                find_model(n).ok_or_else(|| {
-                    let names: Vec<&str> = MODELS.iter().map(|m| m.name).collect();
-                    format!("unknown model `{n}` (known: {})", names.join(", "))
-                })
-            },
+            catalog_model,
             model_from_file,
         )?,
     };
@@ -1096,12 +1099,7 @@ fn resolve_speculative(
             ),
             (&sp.draft_model, &sp.draft_config),
             base_dir,
-            |n| {
-                find_model(n).ok_or_else(|| {
-                    let names: Vec<&str> = MODELS.iter().map(|m| m.name).collect();
-                    format!("unknown model `{n}` (known: {})", names.join(", "))
-                })
-            },
+            catalog_model,
             model_from_file,
         )?;
         let tp = sp.draft_tp.unwrap_or(target.tp);

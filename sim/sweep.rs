@@ -100,11 +100,11 @@ pub fn run_sweep(
     shard: Option<Shard>,
 ) -> Result<Vec<SweepRun>, SimError> {
     let points = scenario.sweep_points();
-    let variants: Vec<(String, bool)> = scenario
+    let variants: Vec<String> = scenario
         .variants
         .iter()
         .filter(|v| opts.only.is_empty() || opts.only.contains(&v.name))
-        .map(|v| (v.name.clone(), v.scheduler.speculative.is_some()))
+        .map(|v| v.name.clone())
         .collect();
     if variants.is_empty() {
         return Err(SimError::Scenario(ScenarioError {
@@ -151,7 +151,7 @@ pub fn run_sweep(
     let hidden = ProgressBar::hidden();
     let job = |&(j, p, v): &(usize, usize, usize)| -> Result<SweepRun, SimError> {
         let point = &resolved[p];
-        let (name, _) = &variants[v];
+        let name = &variants[v];
         let values: Vec<(String, String)> = points[p]
             .iter()
             .map(|(k, x)| (k.clone(), label(x)))

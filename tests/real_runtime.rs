@@ -418,22 +418,21 @@ fn measured_acceptance_feeds_back_into_a_simulation() {
     }
 }
 
-/// `sim run --backend cpu` of a scenario with self-speculation: the real model drafts
-/// with its first layers, the engine verifies, every request completes, and the run's
-/// summary carries the measured acceptance.
-#[test]
-fn a_speculative_scenario_runs_on_the_cpu_runtime() {
-    let Some(path) = crate::smollm2() else {
-        eprintln!("skipped: no SmolLM2 GGUF (SIM_SMOLLM2_GGUF or ~/.cache/sim-models)");
-        return;
-    };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("spec_cpu.toml");
+/// Writes `<dir>/<name>.toml`: 4 requests of 8-40 prompt tokens and `output` tokens each
+/// on the GGUF at `gguf`, then `extra` (further tables).
+fn gguf_scenario(
+    dir: &std::path::Path,
+    gguf: &std::path::Path,
+    name: &str,
+    output: u32,
+    extra: &str,
+) -> std::path::PathBuf {
+    let file = dir.join(format!("{name}.toml"));
     std::fs::write(
         &file,
         format!(
             r#"
-name = "spec-cpu"
+name = "{name}"
 [model]
 gguf = "{}"
 [hardware]
@@ -446,8 +445,31 @@ arrival = {{ process = "poisson", rate = 50.0 }}
 [[workload.class]]
 name = "chat"
 prompt = {{ dist = "uniform", min = 8, max = 40 }}
-output = {{ dist = "fixed", value = 12 }}
-[speculative]
+output = {{ dist = "fixed", value = {output} }}
+{extra}"#,
+            gguf.display()
+        ),
+    )
+    .expect("write the scenario");
+    file
+}
+
+/// `sim run --backend cpu` of a scenario with self-speculation: the real model drafts
+/// with its first layers, the engine verifies, every request completes, and the run's
+/// summary carries the measured acceptance.
+#[test]
+fn a_speculative_scenario_runs_on_the_cpu_runtime() {
+    let Some(path) = crate::smollm2() else {
+        eprintln!("skipped: no SmolLM2 GGUF (SIM_SMOLLM2_GGUF or ~/.cache/sim-models)");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = gguf_scenario(
+        dir.path(),
+        &path,
+        "spec-cpu",
+        12,
+        r#"[speculative]
 method = "draft-model"
 self_draft_layers = 12
 k = 3
@@ -458,10 +480,7 @@ speculative.method = "none"
 [[variant]]
 name = "self-spec"
 "#,
-            path.display()
-        ),
-    )
-    .expect("write");
+    );
     let scn = sim::scenario::Scenario::load(&file, None).expect("loads");
     let opts = sim::run::RunOptions {
         backend: sim::run::BackendKind::Cpu,
@@ -493,30 +512,7 @@ fn fidelity_compares_a_real_backend_with_the_cost_model() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("fid.toml");
-    std::fs::write(
-        &file,
-        format!(
-            r#"
-name = "fid"
-[model]
-gguf = "{}"
-[hardware]
-gpu = "h100-sxm"
-[engine]
-max_model_len = 256
-[workload]
-num_requests = 4
-arrival = {{ process = "poisson", rate = 50.0 }}
-[[workload.class]]
-name = "chat"
-prompt = {{ dist = "uniform", min = 8, max = 40 }}
-output = {{ dist = "fixed", value = 8 }}
-"#,
-            path.display()
-        ),
-    )
-    .expect("write");
+    let file = gguf_scenario(dir.path(), &path, "fid", 8, "");
     let calib = dir.path().join("calib.toml");
     std::fs::write(
         &calib,

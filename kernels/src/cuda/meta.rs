@@ -192,42 +192,21 @@ impl StepMeta {
                 tok += n;
             }
             if w.kind == WorkKind::Verify {
-                let sp = &w.sampling;
                 for r in 0..w.len as usize {
                     data[l.sample_rows + sample] = (first + r) as i32;
                     // Row r predicts position start + 1 + r.
-                    let pos = w.start + 1 + r as u32;
-                    let d = &mut data[l.draw_data + DRAW_INTS * draw..][..DRAW_INTS];
-                    d[0] = sample as i32;
-                    d[1] = sp.top_k.min(i32::MAX as u32) as i32;
-                    d[2] = if sp.is_greedy() {
-                        0.0f32
-                    } else {
-                        sp.temperature
-                    }
-                    .to_bits() as i32;
-                    d[3] = sp.top_p().to_bits() as i32;
-                    d[4] = sp.uniform(w.seq, pos, 0).to_bits() as i32;
+                    let u = w.sampling.uniform(w.seq, w.start + 1 + r as u32, 0);
+                    write_draw(&mut data[l.draw_data + DRAW_INTS * draw..], sample, w, u);
                     draw += 1;
                     sample += 1;
                 }
             } else if w.sample {
                 data[l.sample_rows + sample] = (t - 1) as i32;
-                let sp = &w.sampling;
                 // The drawn token's position is the one after the step's last.
                 let pos = w.start + w.len;
                 for j in 0..w.num_samples.max(1) {
-                    let d = &mut data[l.draw_data + DRAW_INTS * draw..][..DRAW_INTS];
-                    d[0] = sample as i32;
-                    d[1] = sp.top_k.min(i32::MAX as u32) as i32;
-                    d[2] = if sp.is_greedy() {
-                        0.0f32
-                    } else {
-                        sp.temperature
-                    }
-                    .to_bits() as i32;
-                    d[3] = sp.top_p().to_bits() as i32;
-                    d[4] = sp.uniform(w.seq, pos, j).to_bits() as i32;
+                    let u = w.sampling.uniform(w.seq, pos, j);
+                    write_draw(&mut data[l.draw_data + DRAW_INTS * draw..], sample, w, u);
                     draw += 1;
                 }
                 sample += 1;
@@ -277,6 +256,22 @@ pub fn prefill_smem_bytes(head_dim: u32) -> u32 {
     let (pm, pkt, warps) = (64, 32, 8);
     let pld = head_dim + 8;
     (pm + 2 * pkt) * pld * 2 + pm * (pkt + 4) * 4 + pm * (pkt + 8) * 2 + warps * 256 * 4
+}
+
+/// One draw's [`DRAW_INTS`] at the start of `d`: its logits row, then `w`'s top-k,
+/// temperature (0 when greedy) and top-p as f32 bits, and the uniform number `u`.
+fn write_draw(d: &mut [i32], row: usize, w: &SeqWork, u: f32) {
+    let sp = &w.sampling;
+    d[0] = row as i32;
+    d[1] = sp.top_k.min(i32::MAX as u32) as i32;
+    d[2] = if sp.is_greedy() {
+        0.0f32
+    } else {
+        sp.temperature
+    }
+    .to_bits() as i32;
+    d[3] = sp.top_p().to_bits() as i32;
+    d[4] = u.to_bits() as i32;
 }
 
 #[cfg(test)]
