@@ -1,11 +1,14 @@
 //! `sim`: an actor-based discrete-event simulator of LLM inference serving.
 //!
-//! A scenario file ([`scenario`]) names a model on GPUs, the engine's knobs and a workload
-//! ([`workload`]); each `[[variant]]` changes some knobs. For every variant the driver
-//! ([`driver`]) replays the same request stream through the engine's scheduler, block
-//! manager and worker actors, with the cost model ([`cost_model`]) predicting each step's
-//! duration; [`run`] writes per-request and per-step CSVs, a `summary.json` per variant
-//! and a comparison across variants.
+//! A scenario file ([`scenario`]) names a model on GPUs (from the [`catalog`] or files), the
+//! engine's knobs and a workload ([`workload`]); each `[[variant]]` changes some knobs. For
+//! every variant the driver ([`driver`]) replays the same request stream through the
+//! engine's scheduler, block manager and worker actors, with the cost model ([`cost_model`])
+//! predicting each step's duration (or a real runtime of `kernels` measuring it); [`run`]
+//! writes per-request and per-step CSVs, a `summary.json` per variant and a comparison
+//! across variants. [`sweep`] crosses variants with swept keys, [`plan`] searches the
+//! highest rate a deployment sustains, [`speculate`] measures speculative decoding on a
+//! real model. The command line (`sim/main.rs`, `sim/commands/`) is a thin layer on these.
 //!
 //! ```no_run
 //! use sim::run::{run_scenario, RunOptions};
@@ -22,13 +25,11 @@
 pub mod catalog;
 pub mod cost_model;
 pub mod driver;
-pub mod fidelity;
 pub mod plan;
 pub mod run;
 pub mod scenario;
 pub mod speculate;
 pub mod sweep;
-pub mod validation;
 pub mod workload;
 
 /// Errors of the simulator library (the binary turns them into one line and exit code 2).

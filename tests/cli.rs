@@ -694,3 +694,46 @@ fn calibration_and_fidelity_explain_the_gpu_they_need() {
     let plan = std::fs::read_to_string(out.join("chunked/plan.json")).expect("plan");
     assert!(plan.contains("\"step_overhead_us\""), "{plan}");
 }
+
+/// README's printed excerpt of `sim run scenarios/mixed.toml` is what the run prints: every
+/// line of the block under the `<!-- excerpt of: ... -->` marker is a line of the output.
+#[test]
+fn readme_excerpt_matches_the_run() {
+    let readme = std::fs::read_to_string("README.md").expect("README.md");
+    let marker = "<!-- excerpt of: sim run scenarios/mixed.toml -->";
+    let block = readme
+        .split_once(marker)
+        .expect("README has the excerpt marker")
+        .1
+        .split("```")
+        .nth(1)
+        .expect("a code block follows the marker");
+    let excerpt: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(excerpt.len() >= 4, "{excerpt:?}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_dir = dir.path().join("mixed");
+    // The inline driver gives the actors' results (tests/scenarios.rs), faster.
+    let out = sim(&[
+        "run",
+        "scenarios/mixed.toml",
+        "--quiet",
+        "--driver",
+        "inline",
+        "--out",
+        out_dir.to_str().expect("utf-8 path"),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = printed.lines().collect();
+    for line in excerpt {
+        assert!(
+            lines.contains(&line),
+            "README's line\n{line}\nis not in the output of `sim run scenarios/mixed.toml`:\n{printed}"
+        );
+    }
+}

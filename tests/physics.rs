@@ -477,7 +477,7 @@ fn framework_profiles_set_the_cpu_overheads() {
 
 #[test]
 fn validation_against_calibration_and_profiles() {
-    use sim::validation::{calibration_checks, error_stats, profile_checks, Level};
+    use sim::cost_model::validation::{calibration_checks, error_stats, profile_checks, Level};
     let dir = std::path::Path::new("calibration");
     let rows = calibration_checks(&dir.join("calibration.csv")).expect("calibration.csv");
     let profiles = profile_checks(dir).expect("profiles");
@@ -514,7 +514,8 @@ fn validation_against_calibration_and_profiles() {
 #[test]
 fn the_shipped_defaults_are_the_calibration_fit() {
     // `sim calibrate` reproduces the defaults from the profiles in the repository.
-    let fit = sim::validation::calibrate(std::path::Path::new("calibration")).expect("fit");
+    let fit =
+        sim::cost_model::calibration::calibrate(std::path::Path::new("calibration")).expect("fit");
     let p = CostParams::default();
     assert_eq!(
         (
@@ -548,7 +549,7 @@ fn the_shipped_defaults_are_the_calibration_fit() {
         (step, seq, scale)
     );
     assert!(
-        f.max_error <= sim::validation::MAX_E2E_ERROR + 1e-9,
+        f.max_error <= sim::cost_model::calibration::MAX_E2E_ERROR + 1e-9,
         "{}",
         f.max_error
     );
@@ -576,7 +577,7 @@ fn pipeline_stages_split_memory_not_latency() {
 
 #[test]
 fn calibrating_on_measured_gemms_fits_their_efficiency() {
-    use sim::validation::calibrate_points;
+    use sim::cost_model::calibration::calibrate_points;
     // LLMCompass's large square fp16 GEMMs on an A100 run near 90% of peak.
     let fit = calibrate_points(std::path::Path::new("calibration/llmcompass_a100_gemm.csv"))
         .expect("points");

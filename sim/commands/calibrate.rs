@@ -1,0 +1,185 @@
+//! `sim calibrate`: the cost model's parameters fitted to measurements
+//! ([`sim::cost_model::calibration`]). From operator profiles or measured GEMMs (the default:
+//! Vidur's profiles in `calibration/`), or from whole steps of the CUDA runtime, measured
+//! here on a GPU (`--backend cuda`) or recorded earlier (`--steps FILE --gpu G`). Writes the
+//! fit as a `[cost]` TOML and prints it.
+
+use std::path::{Path, PathBuf};
+
+use kernels::cuda::check::StepTime;
+use sim::catalog::{Dtype, Gpu, ModelSpec};
+use sim::cost_model::calibration::{self, steps};
+use sim::cost_model::Deployment;
+use sim::run::BackendKind;
+
+/// Fit the cost model's GEMM efficiencies and the GPUs' all-reduce figures to Vidur's
+/// operator profiles (a folder), or the GEMM efficiencies to measured GEMMs (a CSV with
+/// columns gpu,m,k,n,ms); print and write them as a `[cost]` TOML.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Folder with the vidur_*.csv profiles, or a CSV of measured GEMMs.
+    #[arg(long, default_value = "calibration")]
+    pub from: PathBuf,
+    /// TOML file to write (default: calibration/fitted.toml; with --backend cuda or
+    /// --steps, calibration/<gpu>-cuda.toml).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// `cuda`: measure whole forward steps of the CUDA runtime on this machine's GPU
+    /// (synthetic weights of --model) and fit the cost model to them; writes the
+    /// measurements beside --out (`.steps.csv`).
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendKind>,
+    /// The model shape to measure or fit (a catalog name).
+    #[arg(long, default_value = "llama-3-8b")]
+    pub model: String,
+    /// Fit again from recorded step measurements (`batch,ctx,tokens,ms`, as
+    /// --backend cuda writes them), without a GPU.
+    #[arg(long)]
+    pub steps: Option<PathBuf>,
+    /// The GPU the steps run or ran on (catalog name): required with --steps; with
+    /// --backend cuda it defaults to the catalog entry of the device found.
+    #[arg(long)]
+    pub gpu: Option<String>,
+}
+
+/// Runs `sim calibrate`, printing into `out`.
+pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
+    if args.backend.is_some_and(|b| b != BackendKind::Model) || args.steps.is_some() {
+        from_steps(args, out)
+    } else {
+        from_profiles(args, out)
+    }
+}
+
+/// Fits to Vidur's profiles (a folder) or to measured GEMMs (a CSV).
+fn from_profiles(args: Args, out: &mut String) -> anyhow::Result<()> {
+    let Args {
+        from, out: path, ..
+    } = args;
+    let path = path.unwrap_or_else(|| PathBuf::from("calibration/fitted.toml"));
+    let fit = if from.is_file() {
+        calibration::calibrate_points(&from)?
+    } else {
+        calibration::calibrate(&from)?
+    };
+    let text = calibration::fit_toml(&fit, &from.display().to_string());
+    std::fs::write(&path, &text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    outln!(out, "{}", text.trim_end());
+    outln!(out, "wrote {}", path.display());
+    Ok(())
+}
+
+/// Measured steps, with the GPU they ran on, the device's name and where they came from.
+type Measured = (Vec<StepTime>, &'static Gpu, String, String);
+
+/// Fits to whole steps of the CUDA runtime: measured now on this machine's GPU, or read
+/// from a `.steps.csv`.
+fn from_steps(args: Args, out: &mut String) -> anyhow::Result<()> {
+    let Args {
+        out: path,
+        backend,
+        model,
+        steps: file,
+        gpu,
+        ..
+    } = args;
+    let m = sim::catalog::find_model(&model).ok_or_else(|| {
+        anyhow::anyhow!("--model: unknown model `{model}` (sim models lists them)")
+    })?;
+    if m.is_moe() {
+        anyhow::bail!(
+            "--model {model}: the CUDA runtime runs dense models; calibrate with a dense one"
+        );
+    }
+    let (points, gpu_spec, device, source): Measured =
+        match (backend.unwrap_or(BackendKind::Cuda), file) {
+            (_, Some(file)) => {
+                let g = gpu.as_deref().ok_or_else(|| {
+                    anyhow::anyhow!("--steps: give --gpu, the catalog GPU the steps ran on")
+                })?;
+                (
+                    steps::read_steps(&file).map_err(|e| anyhow::anyhow!(e))?,
+                    gpu_of(g)?,
+                    g.to_string(),
+                    format!("--steps {}", file.display()),
+                )
+            }
+            (BackendKind::Cuda, None) => measure(m, &model, gpu.as_deref(), path.as_deref())?,
+            (other, None) => anyhow::bail!(
+                "--backend {other:?}: sim calibrate measures the CUDA runtime (--backend cuda), or refits recorded steps (--steps FILE)"
+            ),
+        };
+    let path =
+        path.unwrap_or_else(|| PathBuf::from(format!("calibration/{}-cuda.toml", gpu_spec.name)));
+    let d = Deployment {
+        model: m.clone(),
+        gpu: gpu_spec.clone(),
+        tp: 1,
+        pp: 1,
+        dtype: Dtype::Bf16,
+        kv_dtype: Dtype::Bf16,
+    };
+    let fit = steps::fit_steps(&d, 16, &points)
+        .ok_or_else(|| anyhow::anyhow!("{source}: no step measurements"))?;
+    let text = steps::fit_toml(&fit, &source, &device, &steps::today(), &model);
+    std::fs::write(&path, &text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    outln!(out, "{}", text.trim_end());
+    outln!(out, "wrote {}", path.display());
+    Ok(())
+}
+
+fn gpu_of(name: &str) -> anyhow::Result<&'static Gpu> {
+    sim::catalog::find_gpu(name)
+        .ok_or_else(|| anyhow::anyhow!("--gpu: unknown GPU `{name}` (sim gpus lists them)"))
+}
+
+/// Measures the step grid of `m` on this machine's GPU (`gpu`: its catalog name, default
+/// the catalog entry of the device found) and writes the measurements beside `path`.
+fn measure(
+    m: &ModelSpec,
+    model: &str,
+    gpu: Option<&str>,
+    path: Option<&Path>,
+) -> anyhow::Result<Measured> {
+    let info = kernels::cuda::probe().map_err(|e| {
+        anyhow::anyhow!(
+            "sim calibrate --backend cuda measures on an NVIDIA GPU and found none ({e}). On a GPU machine run: sim calibrate --backend cuda --model {model}; here, refit recorded steps with --steps FILE --gpu GPU"
+        )
+    })?;
+    let g = match gpu {
+        Some(g) => g.to_string(),
+        None => sim::catalog::gpu_for_device(&info.name)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "the device `{}` is not in the GPU catalog: give --gpu (sim gpus lists them)",
+                    info.name
+                )
+            })?
+            .to_string(),
+    };
+    let spec = gpu_of(&g)?;
+    // Weights, plus the KV of the largest grid step (128 x 2048 tokens).
+    let need =
+        m.params() * 2.0 + 128.0 * 2048.0 * 4.0 * f64::from(m.layers * m.kv_heads * m.head_dim);
+    if (info.free_mem as f64) < need {
+        anyhow::bail!(
+            "{}: {:.1} GB free, the step grid of {model} needs about {:.1} GB",
+            info.name,
+            info.free_mem as f64 / 1e9,
+            need / 1e9
+        );
+    }
+    let decodes: Vec<(u32, u32)> = [1u32, 2, 4, 8, 16, 32, 64, 128]
+        .iter()
+        .flat_map(|&b| [(b, 512u32), (b, 2048)])
+        .collect();
+    let prefills = [128u32, 512, 1024, 2048, 4096];
+    let pts = kernels::cuda::check::measure_step_grid(&m.llama_shape(), 16, &decodes, &prefills)?;
+    let target = path
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(format!("calibration/{g}-cuda.toml")));
+    let csv = target.with_extension("steps.csv");
+    std::fs::write(&csv, steps::steps_csv(&pts))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", csv.display()))?;
+    Ok((pts, spec, info.name, "--backend cuda".to_string()))
+}

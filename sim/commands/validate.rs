@@ -1,0 +1,147 @@
+//! `sim validate`: a scenario parsed and checked without running it (its workload opened,
+//! every sweep point resolved), and each variant's memory plan printed: weights,
+//! activations, KV bytes per token, the pool in blocks and tokens, concurrency at max length.
+
+use std::path::PathBuf;
+
+use sim::scenario::Scenario;
+
+use super::gb;
+
+/// Parse a scenario and print each variant's memory plan without running it.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Scenario TOML file.
+    pub scenario: PathBuf,
+}
+
+/// Runs `sim validate`, printing into `out`.
+pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
+    let Args { scenario } = args;
+    let scn = Scenario::load(&scenario, None)?;
+    // Open the workload too: trace and length files must exist and have their columns.
+    sim::workload::Workload::open(&scn.base.workload, &scn.base_dir, scn.seed)?;
+    print_plan(out, &scn);
+    outln!(out);
+    // Every point of a sweep must resolve too.
+    let points = scn.sweep_points();
+    if !scn.sweep.is_empty() {
+        for p in &points {
+            scn.at_point(p)?;
+        }
+    }
+    if scn.sweep.is_empty() {
+        outln!(out, "ok: {} variant(s) fit", scn.variants.len());
+    } else {
+        outln!(
+            out,
+            "ok: {} variant(s) fit at each of the {} sweep points",
+            scn.variants.len(),
+            points.len()
+        );
+    }
+    Ok(())
+}
+
+/// Each variant's deployment, memory plan and scheduler limits.
+fn print_plan(out: &mut String, scenario: &Scenario) {
+    outln!(
+        out,
+        "scenario `{}` ({})",
+        scenario.name,
+        scenario.path.display()
+    );
+    for v in &scenario.variants {
+        let d = &v.deployment;
+        let m = &v.memory;
+        outln!(out);
+        outln!(out, "variant `{}`", v.name);
+        let moe = if d.model.is_moe() {
+            format!(
+                ", {:.2} B active: {} of {} experts",
+                d.model.active_params() / 1e9,
+                d.model.experts_per_token,
+                d.model.num_experts
+            )
+        } else {
+            String::new()
+        };
+        outln!(
+            out,
+            "  model            {} ({:.2} B params{moe}), weights {}, KV cache {}",
+            d.model.name,
+            d.model.params() / 1e9,
+            d.dtype.as_str(),
+            d.kv_dtype.as_str()
+        );
+        outln!(
+            out,
+            "  hardware         {} x {} ({:.1} GB each), tp = {}, pp = {}",
+            d.num_gpus(),
+            d.gpu.name,
+            d.gpu.mem_bytes / 1e9,
+            d.tp,
+            d.pp
+        );
+        if d.pp > 1 {
+            outln!(
+                out,
+                "  pipeline         {} stages of up to {} layers; one batch at a time, so each GPU idles {:.0}% of a step (the bubble)",
+                d.pp,
+                d.layers_per_stage(),
+                100.0 * f64::from(d.pp - 1) / f64::from(d.pp)
+            );
+        }
+        outln!(
+            out,
+            "  usable memory    {} ({} x gpu_memory_utilization {})",
+            gb(m.gpu_mem_bytes * m.gpu_memory_utilization),
+            gb(m.gpu_mem_bytes),
+            m.gpu_memory_utilization
+        );
+        outln!(out, "  weights / GPU    {}", gb(m.weight_bytes));
+        outln!(out, "  activations      {}", gb(m.activation_bytes));
+        outln!(out, "  runtime overhead {}", gb(m.runtime_overhead_bytes));
+        outln!(out, "  KV budget        {}", gb(m.kv_budget_bytes));
+        outln!(
+            out,
+            "  KV per token     {} bytes / GPU ({} layers x {} KV heads x {} head dim x 2 x {} B)",
+            m.kv_bytes_per_token,
+            d.model.layers,
+            d.kv_heads_per_gpu(),
+            d.model.head_dim,
+            d.kv_dtype.bytes()
+        );
+        outln!(
+            out,
+            "  KV pool          {} blocks x {} tokens = {} tokens ({} bytes per block)",
+            m.num_blocks,
+            m.block_size,
+            m.pool_tokens,
+            m.block_bytes
+        );
+        outln!(
+            out,
+            "  max concurrency  {:.2} sequences of max_model_len {}",
+            m.max_concurrency_at_max_len,
+            m.max_model_len
+        );
+        if m.num_cpu_blocks > 0 || m.swap_bytes > 0.0 {
+            outln!(
+                out,
+                "  CPU swap pool    {} blocks = {} tokens ({} of swap space / GPU)",
+                m.num_cpu_blocks,
+                u64::from(m.num_cpu_blocks) * u64::from(m.block_size),
+                gb(m.swap_bytes)
+            );
+        }
+        let s = &v.scheduler;
+        outln!(
+            out,
+            "  scheduler        {} (max_num_seqs {}, max_num_batched_tokens {})",
+            s.kind.as_str(),
+            s.max_num_seqs,
+            s.max_num_batched_tokens
+        );
+    }
+}

@@ -1,0 +1,164 @@
+//! The cost model's parameters ([`CostParams`], a scenario's `[cost]` table): efficiency
+//! factors of each operator family against the GPU's peaks, the serving framework whose CPU
+//! overheads apply, and overrides of each. Defaults and what they were fitted to are in
+//! VALIDATION.md; `sim calibrate` writes files of these keys.
+
+use serde::{Deserialize, Serialize};
+
+use super::Framework;
+
+/// Efficiency factors and overheads of the cost model. Defaults come from public
+/// measurements (gpt-fast, FasterTransformer, TensorRT-LLM and Vidur's profiles, see
+/// `VALIDATION.md`): GEMMs reach 85% of HBM bandwidth and 75% of the tensor-core peak,
+/// with compute and memory time overlapping as a soft maximum (exponent 1.5); `sim
+/// calibrate` fits these three to Vidur's A100 and H100 layer profiles (4.4% median error);
+/// FlashAttention-2 prefill ~50%; all-reduce efficiency and latency come from the GPU
+/// catalog (fitted to Vidur's NCCL profiles), with the framework's custom all-reduce for
+/// small messages.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CostParams {
+    /// Fraction of peak FLOP/s reached by the linear layers.
+    pub gemm_compute_eff: f64,
+    /// Fraction of memory bandwidth reached when streaming weights.
+    pub gemm_memory_eff: f64,
+    /// Fraction of peak FLOP/s reached by prefill attention.
+    pub attn_compute_eff: f64,
+    /// Fraction of memory bandwidth reached by paged decode attention.
+    pub attn_memory_eff: f64,
+    /// Fraction of bandwidth reached by element-wise kernels (norms, RoPE, activation).
+    pub elementwise_memory_eff: f64,
+    /// Prefill attention efficiency relative to `attn_compute_eff` (default: the
+    /// framework's: 1 with FlashAttention-2, lower for older kernels).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill_attention_scale: Option<f64>,
+    /// The serving framework whose CPU and launch overheads apply (`vllm-v1`, `vllm-v0`,
+    /// `tensorrt-llm`, `hf-transformers`, `llama.cpp`); the three overheads below override
+    /// its figures one by one.
+    pub framework: Framework,
+    /// Launch overhead per kernel, microseconds (default: the framework's).
+    pub kernel_launch_us: Option<f64>,
+    /// Fraction of the link bandwidth an all-reduce reaches (default: the GPU's,
+    /// fitted to Vidur's NCCL profiles: 0.6 on A100 DGX, 0.8 on H100 DGX).
+    pub allreduce_eff: Option<f64>,
+    /// Latency of one all-reduce, microseconds (default: the GPU's, 50 on A100 DGX, 30
+    /// on H100 DGX).
+    pub allreduce_latency_us: Option<f64>,
+    /// Overlap of compute and memory time in one kernel: `None` is the plain roofline
+    /// `max(t_compute, t_memory)`; `Some(p)` is the soft maximum `(t_c^p + t_m^p)^(1/p)`,
+    /// slower near the ridge point where neither bound hides the other (p = 1.5 fits
+    /// Vidur's GEMM profiles).
+    pub overlap_exponent: Option<f64>,
+    /// Use the framework's own all-reduce kernel for messages up to 8 MiB (vLLM's and
+    /// TensorRT-LLM's custom all-reduce over NVLink: ~10 us instead of NCCL's fixed cost);
+    /// default: whether the framework has one.
+    pub custom_allreduce: Option<bool>,
+    /// Framework CPU overhead per step, microseconds (scheduling, input preparation;
+    /// default: the framework's).
+    pub step_overhead_us: Option<f64>,
+    /// Additional CPU overhead per sequence in the step, microseconds (default: the
+    /// framework's).
+    pub per_seq_overhead_us: Option<f64>,
+    /// Fraction of the 16-bit GEMM rate kept when weights are dequantized on the fly
+    /// (weight-only int8/int4/GGUF formats: the unpacking costs ALU work in the GEMM).
+    pub dequant_compute_eff: f64,
+    /// Weight-streaming efficiency of 8-bit weight-only GEMV kernels relative to 16-bit
+    /// ones (`gemm_memory_eff` is multiplied by it). Fitted to gpt-fast on an A100
+    /// (calibration.csv V01/V02: 104.9 tok/s bf16, 155.6 int8 for Llama-2-7B).
+    pub w8_memory_eff: f64,
+    /// The same for sub-8-bit weights (int4 AWQ/GPTQ, 4-6-bit GGUF), fitted to V03 (196.8
+    /// tok/s int4, group 32): unpacking nibbles keeps these kernels further from the
+    /// bandwidth roof.
+    pub w4_memory_eff: f64,
+}
+
+impl Default for CostParams {
+    fn default() -> Self {
+        CostParams {
+            gemm_compute_eff: 0.75,
+            gemm_memory_eff: 0.85,
+            attn_compute_eff: 0.50,
+            attn_memory_eff: 0.70,
+            elementwise_memory_eff: 0.60,
+            prefill_attention_scale: None,
+            framework: Framework::VllmV1,
+            kernel_launch_us: None,
+            allreduce_eff: None,
+            allreduce_latency_us: None,
+            custom_allreduce: None,
+            overlap_exponent: Some(1.5),
+            step_overhead_us: None,
+            per_seq_overhead_us: None,
+            dequant_compute_eff: 0.85,
+            w8_memory_eff: 0.74,
+            w4_memory_eff: 0.56,
+        }
+    }
+}
+
+impl CostParams {
+    /// Kernel launch overhead in effect, microseconds.
+    pub fn kernel_launch_us(&self) -> f64 {
+        self.kernel_launch_us
+            .unwrap_or(self.framework.overheads_us().2)
+    }
+
+    /// CPU overhead per step in effect, microseconds.
+    pub fn step_overhead_us(&self) -> f64 {
+        self.step_overhead_us
+            .unwrap_or(self.framework.overheads_us().0)
+    }
+
+    /// CPU overhead per sequence in effect, microseconds.
+    pub fn per_seq_overhead_us(&self) -> f64 {
+        self.per_seq_overhead_us
+            .unwrap_or(self.framework.overheads_us().1)
+    }
+
+    /// Rejects efficiencies outside (0, 1] and negative overheads.
+    pub fn validate(&self) -> Result<(), String> {
+        let effs = [
+            ("cost.gemm_compute_eff", self.gemm_compute_eff),
+            ("cost.gemm_memory_eff", self.gemm_memory_eff),
+            ("cost.attn_compute_eff", self.attn_compute_eff),
+            ("cost.attn_memory_eff", self.attn_memory_eff),
+            ("cost.elementwise_memory_eff", self.elementwise_memory_eff),
+            (
+                "cost.prefill_attention_scale",
+                self.prefill_attention_scale.unwrap_or(1.0),
+            ),
+            ("cost.allreduce_eff", self.allreduce_eff.unwrap_or(1.0)),
+            ("cost.dequant_compute_eff", self.dequant_compute_eff),
+            ("cost.w8_memory_eff", self.w8_memory_eff),
+            ("cost.w4_memory_eff", self.w4_memory_eff),
+        ];
+        for (k, v) in effs {
+            if !(v > 0.0 && v <= 1.0) {
+                return Err(format!("{k}: must be in (0, 1], got {v}"));
+            }
+        }
+        if let Some(p) = self.overlap_exponent {
+            // `inf` is the plain maximum.
+            if p.is_nan() || p < 1.0 {
+                return Err(format!(
+                    "cost.overlap_exponent: must be at least 1 (inf: the plain maximum), got {p}"
+                ));
+            }
+        }
+        let overheads = [
+            ("cost.kernel_launch_us", self.kernel_launch_us()),
+            (
+                "cost.allreduce_latency_us",
+                self.allreduce_latency_us.unwrap_or(0.0),
+            ),
+            ("cost.step_overhead_us", self.step_overhead_us()),
+            ("cost.per_seq_overhead_us", self.per_seq_overhead_us()),
+        ];
+        for (k, v) in overheads {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(format!("{k}: must be a non-negative number, got {v}"));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,479 @@
+//! The roofline of one engine step ([`CostModel`], DESIGN §6): per operator of a layer,
+//! `max(FLOPs / (peak x eff_compute), bytes / (bandwidth x eff_memory)) + launch overhead`
+//! (a soft maximum when `overlap_exponent` is set); a step is the layers' sum plus the LM
+//! head, the tensor-parallel all-reduces, pipeline hand-offs, KV block moves and the
+//! framework's CPU overhead. In: a [`StepPlan`] (or the step's prefill and decode work); out:
+//! a [`StepCost`] split by operator family.
+
+use engine::plan::{StepPlan, WorkKind};
+
+use super::{CostParams, Deployment, CUSTOM_ALLREDUCE_LATENCY_US, CUSTOM_ALLREDUCE_MAX_BYTES};
+use crate::catalog::Dtype;
+
+/// Fixed cost of handing a batch's hidden states to the next pipeline stage, microseconds.
+pub const P2P_LATENCY_US: f64 = 10.0;
+
+/// Time, FLOPs and bytes of one step, split by operator family.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepCost {
+    /// Total seconds.
+    pub seconds: f64,
+    /// Linear layers (all layers), seconds.
+    pub linear_s: f64,
+    /// Attention (all layers), seconds.
+    pub attention_s: f64,
+    /// Element-wise kernels, seconds.
+    pub elementwise_s: f64,
+    /// All-reduces, seconds.
+    pub allreduce_s: f64,
+    /// LM head, seconds.
+    pub lm_head_s: f64,
+    /// CPU overhead, seconds.
+    pub overhead_s: f64,
+    /// KV block transfers before the step: swap over PCIe and copy-on-write copies in HBM,
+    /// seconds.
+    pub kv_transfer_s: f64,
+    /// FLOPs per GPU.
+    pub flops: f64,
+    /// HBM bytes per GPU.
+    pub bytes: f64,
+}
+
+/// One layer's attention work in a step: FLOPs and bytes of the prefill chunks and of the
+/// decodes, and the tokens of each.
+#[derive(Debug, Default)]
+struct AttentionWork {
+    pf_flops: f64,
+    pf_bytes: f64,
+    prefill_tokens: f64,
+    dc_flops: f64,
+    dc_bytes: f64,
+    decode_tokens: f64,
+}
+
+/// One layer's linear layers in a step: seconds, FLOPs and bytes, with the per-GPU Q and
+/// KV widths and the experts each token runs (the element-wise kernels' sizes).
+#[derive(Debug, Default)]
+struct LinearWork {
+    seconds: f64,
+    flops: f64,
+    bytes: f64,
+    q: f64,
+    kv: f64,
+    top_k: f64,
+}
+
+/// The cost model: predicts step durations for a deployment.
+#[derive(Debug, Clone)]
+pub struct CostModel {
+    d: Deployment,
+    p: CostParams,
+    block_size: u32,
+    window: Option<u32>,
+}
+
+impl CostModel {
+    /// A cost model of `d` with parameters `p`.
+    pub fn new(d: Deployment, p: CostParams) -> Self {
+        CostModel {
+            d,
+            p,
+            block_size: 16,
+            window: None,
+        }
+    }
+
+    /// Sliding-window attention: each token attends to at most `window` tokens (`None`:
+    /// the whole context).
+    pub fn with_sliding_window(mut self, window: Option<u32>) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// Sum over the positions `cached + 1 ..= cached + len` of the tokens each attends to,
+    /// `min(position, window)`.
+    fn attended(&self, cached: u32, len: u32) -> f64 {
+        let (a, b) = (f64::from(cached) + 1.0, f64::from(cached) + f64::from(len));
+        let full = |lo: f64, hi: f64| (lo + hi) * (hi - lo + 1.0) / 2.0;
+        match self.window.map(f64::from) {
+            Some(w) if b > w => {
+                if a > w {
+                    w * f64::from(len)
+                } else {
+                    full(a, w) + (b - w) * w
+                }
+            }
+            _ => full(a, b),
+        }
+    }
+
+    /// Sets the KV block size in tokens (for swap and copy costs; default 16).
+    pub fn with_block_size(mut self, block_size: u32) -> Self {
+        self.block_size = block_size;
+        self
+    }
+
+    /// The deployment.
+    pub fn deployment(&self) -> &Deployment {
+        &self.d
+    }
+
+    fn roofline(&self, flops: f64, bytes: f64, eff_c: f64, eff_m: f64, peak: f64) -> f64 {
+        let (tc, tm) = (flops / (peak * eff_c), bytes / (self.d.gpu.mem_bw * eff_m));
+        let t = match self.p.overlap_exponent {
+            // A soft maximum: compute and memory traffic overlap imperfectly near the ridge.
+            Some(p) if tc > 0.0 && tm > 0.0 => {
+                let hi = tc.max(tm);
+                hi * ((tc / hi).powf(p) + (tm / hi).powf(p)).powf(1.0 / p)
+            }
+            _ => tc.max(tm),
+        };
+        t + self.p.kernel_launch_us() * 1e-6
+    }
+
+    /// Time of one `m x k` by `k x n` GEMM in the deployment's weight format (the weight
+    /// is the `k x n` operand), on the same roofline as the linear layers.
+    pub fn gemm_s(&self, m: f64, k: f64, n: f64) -> f64 {
+        let flops = 2.0 * m * k * n;
+        let bytes = k * n * self.d.dtype.bytes() + m * (k + n) * 2.0;
+        self.roofline(
+            flops,
+            bytes,
+            self.p.gemm_compute_eff,
+            self.p.gemm_memory_eff,
+            self.d.gpu.peak_flops(self.d.dtype),
+        )
+    }
+
+    /// Time of one ring all-reduce of `bytes` over `tp` GPUs.
+    pub fn allreduce_s(&self, bytes: f64) -> f64 {
+        let tp = f64::from(self.d.tp);
+        if self.d.tp <= 1 {
+            return 0.0;
+        }
+        let eff = self.p.allreduce_eff.unwrap_or(self.d.gpu.allreduce_eff);
+        // vLLM enables its custom all-reduce over NVLink, or on two PCIe GPUs.
+        let peer_to_peer = self.d.gpu.link_bw > self.d.gpu.pcie_bw || self.d.tp == 2;
+        let custom = self
+            .p
+            .custom_allreduce
+            .unwrap_or(self.p.framework.has_custom_allreduce() && peer_to_peer);
+        let latency = match self.p.allreduce_latency_us {
+            Some(l) => l,
+            None if custom && bytes <= CUSTOM_ALLREDUCE_MAX_BYTES => CUSTOM_ALLREDUCE_LATENCY_US,
+            None => self.d.gpu.allreduce_latency_us,
+        };
+        2.0 * (tp - 1.0) / tp * bytes / (self.d.gpu.link_bw * eff) + latency * 1e-6
+    }
+
+    /// Cost of a step of `num_seqs` sequences that computes `prefill` chunks `(cached,
+    /// len)` and `decode` work `(context, queries)` (tokens attended including the new
+    /// ones; 1 query for a decode, `1 + k` for a speculative verify, whose queries read
+    /// the context's K and V once), taking logits at `samples` positions.
+    pub fn step_cost(
+        &self,
+        prefill: impl Iterator<Item = (u32, u32)>,
+        decode: impl Iterator<Item = (u32, u32)>,
+        samples: u32,
+        num_seqs: u32,
+    ) -> StepCost {
+        let m = &self.d.model;
+        let act = 2.0; // 16-bit activations
+        let tp = f64::from(self.d.tp);
+        let hidden = f64::from(m.hidden);
+        let inter = f64::from(m.intermediate) / tp;
+        let a = self.attention_work(prefill, decode);
+        let tokens = a.prefill_tokens + a.decode_tokens;
+        let lin = self.linear_layers(tokens);
+        let attn_s = self.attention_s(&a);
+        // Two RMSNorms, RoPE, SwiGLU and two residual adds: five memory-bound kernels.
+        let ew_bytes =
+            tokens * (6.0 * hidden + 2.0 * (lin.q + lin.kv) + 3.0 * inter * lin.top_k) * act;
+        let ew_s = ew_bytes / (self.d.gpu.mem_bw * self.p.elementwise_memory_eff)
+            + 5.0 * self.p.kernel_launch_us() * 1e-6;
+        let ar_s = 2.0 * self.allreduce_s(tokens * hidden * act);
+        let (head_s, head_flops, head_bytes) = self.lm_head(samples);
+        let overhead_s =
+            (self.p.step_overhead_us() + self.p.per_seq_overhead_us() * f64::from(num_seqs)) * 1e-6;
+
+        // Pipeline parallelism: a batch passes the stages one after another (the engine
+        // runs one batch at a time, without vLLM's overlapping virtual engines, so each
+        // GPU idles (pp - 1) / pp of the step: the bubble), and hands its hidden states on
+        // between stages.
+        let pp = f64::from(self.d.pp.max(1));
+        let p2p_s =
+            (pp - 1.0) * (tokens * hidden * act / self.d.gpu.link_bw + P2P_LATENCY_US * 1e-6);
+        let overhead_s = overhead_s + p2p_s;
+        let layers = f64::from(m.layers);
+        let linear_s = layers * lin.seconds;
+        let attention_s = layers * attn_s;
+        let elementwise_s = layers * ew_s;
+        let allreduce_s = layers * ar_s;
+        StepCost {
+            seconds: linear_s + attention_s + elementwise_s + allreduce_s + head_s + overhead_s,
+            linear_s,
+            attention_s,
+            elementwise_s,
+            allreduce_s,
+            lm_head_s: head_s,
+            overhead_s,
+            kv_transfer_s: 0.0,
+            flops: layers * (lin.flops + a.pf_flops + a.dc_flops) + head_flops,
+            bytes: layers * (lin.bytes + a.pf_bytes + a.dc_bytes + ew_bytes) + head_bytes,
+        }
+    }
+
+    /// FLOPs and bytes of one layer's attention over the step's prefill chunks and decodes.
+    fn attention_work(
+        &self,
+        prefill: impl Iterator<Item = (u32, u32)>,
+        decode: impl Iterator<Item = (u32, u32)>,
+    ) -> AttentionWork {
+        let m = &self.d.model;
+        let act = 2.0; // 16-bit activations
+        let kvb = self.d.kv_dtype.bytes();
+        let hd = f64::from(m.head_dim);
+        let heads = f64::from(m.heads) / f64::from(self.d.tp);
+        let kv_heads = f64::from(self.d.kv_heads_per_gpu());
+        let mut w = AttentionWork::default();
+        // Prefill attention: FLOPs = 4 x heads x head_dim x sum len x (cached + len / 2);
+        // bytes: the chunk's Q/K/V/O plus the cached K/V read.
+        let window = self.window.map_or(f64::INFINITY, f64::from);
+        for (cached, len) in prefill {
+            let (c, l) = (f64::from(cached), f64::from(len));
+            // Causal attention: the token at position p attends to min(p, window) tokens.
+            w.pf_flops += 4.0 * heads * hd * self.attended(cached, len);
+            w.pf_bytes += l * (2.0 * heads + 2.0 * kv_heads) * hd * act
+                + c.min(window) * 2.0 * kv_heads * hd * kvb;
+            w.prefill_tokens += l;
+        }
+        // Decode attention: bandwidth-bound read of every context's K and V (once for all
+        // the queries of a verify step).
+        for (ctx, queries) in decode {
+            let (c, q) = (f64::from(ctx).min(window), f64::from(queries.max(1)));
+            w.dc_flops += 4.0 * heads * hd * c * q;
+            w.dc_bytes += c * 2.0 * kv_heads * hd * kvb;
+            w.decode_tokens += q;
+        }
+        w
+    }
+
+    /// Seconds of one layer's attention kernels (prefill and decode run as two).
+    fn attention_s(&self, a: &AttentionWork) -> f64 {
+        let peak16 = self.d.gpu.peak_flops(Dtype::Bf16);
+        let mut attn_s = 0.0;
+        if a.prefill_tokens > 0.0 {
+            attn_s += self.roofline(
+                a.pf_flops,
+                a.pf_bytes,
+                self.p.attn_compute_eff
+                    * self
+                        .p
+                        .prefill_attention_scale
+                        .unwrap_or(self.p.framework.prefill_attention_scale()),
+                self.p.attn_memory_eff,
+                peak16,
+            );
+        }
+        if a.decode_tokens > 0.0 {
+            attn_s += self.roofline(
+                a.dc_flops,
+                a.dc_bytes,
+                self.p.attn_compute_eff,
+                self.p.attn_memory_eff,
+                peak16,
+            );
+        }
+        attn_s
+    }
+
+    /// One layer's linear layers for `tokens` tokens: QKV, O, gate+up, down (and a
+    /// mixture of experts' router).
+    fn linear_layers(&self, tokens: f64) -> LinearWork {
+        let m = &self.d.model;
+        let tp = f64::from(self.d.tp);
+        let wb = self.d.dtype.bytes();
+        let act = 2.0; // 16-bit activations
+        let peak = self.d.gpu.peak_flops(self.d.dtype);
+        let hidden = f64::from(m.hidden);
+        let inter = f64::from(m.intermediate) / tp;
+        // Shapes as (K, N, FLOP multiplier, weight-read multiplier). In a mixture of
+        // experts each token runs `k` experts and the step reads the weights of every
+        // expert some token picked: with uniform routing, `E (1 - (1 - k/E)^T)` distinct
+        // experts for `T` tokens (2 for one decode token of Mixtral, all 8 beyond a few
+        // dozen tokens). Experts are split over TP.
+        let q = f64::from(m.heads * m.head_dim) / tp;
+        let kv = f64::from(m.kv_heads * m.head_dim) / tp;
+        let (top_k, touched) = if m.is_moe() {
+            let e = f64::from(m.num_experts);
+            let k = f64::from(m.experts_per_token.clamp(1, m.num_experts));
+            (k, e * (1.0 - (1.0 - k / e).powf(tokens)))
+        } else {
+            (1.0, 1.0)
+        };
+        let shapes = [
+            (hidden, q + 2.0 * kv, 1.0, 1.0),
+            (q, hidden, 1.0, 1.0),
+            (hidden, 2.0 * inter, top_k, touched),
+            (inter, hidden, top_k, touched),
+        ];
+        let mut w = LinearWork {
+            q,
+            kv,
+            top_k,
+            ..LinearWork::default()
+        };
+        let (gemm_eff, weight_mem_eff) = match self.d.dtype {
+            d if !d.is_weight_only() => (self.p.gemm_compute_eff, self.p.gemm_memory_eff),
+            d => (
+                self.p.gemm_compute_eff * self.p.dequant_compute_eff,
+                self.p.gemm_memory_eff
+                    * if d.bytes() >= 1.0 {
+                        self.p.w8_memory_eff
+                    } else {
+                        self.p.w4_memory_eff
+                    },
+            ),
+        };
+        for (k, n, runs, reads) in shapes {
+            let flops = 2.0 * tokens * k * n * runs;
+            let bytes = k * n * wb * reads + tokens * (k + n) * act * runs;
+            w.seconds += self.roofline(flops, bytes, gemm_eff, weight_mem_eff, peak);
+            w.flops += flops;
+            w.bytes += bytes;
+        }
+        if m.is_moe() {
+            // The router: a tiny (hidden x experts) GEMM and a top-k.
+            let e = f64::from(m.num_experts);
+            let (flops, bytes) = (2.0 * tokens * hidden * e, hidden * e * 2.0);
+            w.seconds += self.roofline(flops, bytes, gemm_eff, weight_mem_eff, peak);
+            w.flops += flops;
+            w.bytes += bytes;
+        }
+        w
+    }
+
+    /// (seconds, FLOPs, bytes) of the LM head over `samples` positions, with the
+    /// all-gather of the logits under tensor parallelism.
+    fn lm_head(&self, samples: u32) -> (f64, f64, f64) {
+        let m = &self.d.model;
+        let tp = f64::from(self.d.tp);
+        let hidden = f64::from(m.hidden);
+        let peak = self.d.gpu.peak_flops(self.d.dtype);
+        let s = f64::from(samples);
+        let vocab = f64::from(m.vocab) / tp;
+        let head_flops = 2.0 * s * hidden * vocab;
+        let head_bytes = hidden * vocab * self.d.dtype.embedding_bytes() + s * vocab * 4.0;
+        let head_s = if samples > 0 {
+            self.roofline(
+                head_flops,
+                head_bytes,
+                self.p.gemm_compute_eff,
+                self.p.gemm_memory_eff,
+                peak,
+            ) + self.allreduce_s(s * vocab * 4.0 / tp.max(1.0))
+        } else {
+            0.0
+        };
+        (head_s, head_flops, head_bytes)
+    }
+
+    /// Bytes of one KV block on one GPU.
+    pub fn block_bytes_per_gpu(&self) -> f64 {
+        self.d.kv_bytes_per_token() * f64::from(self.block_size)
+    }
+
+    /// Time to move KV blocks before a step: `swapped` blocks over the host link (each GPU
+    /// moves its shard over its own PCIe link, in parallel) and `copied` blocks inside HBM
+    /// (read + write), as vLLM's swap and copy kernels do.
+    pub fn kv_transfer_s(&self, swapped: usize, copied: usize) -> f64 {
+        let b = self.block_bytes_per_gpu();
+        let mut t = 0.0;
+        if swapped > 0 {
+            t += swapped as f64 * b / self.d.gpu.pcie_bw + self.p.kernel_launch_us() * 1e-6;
+        }
+        if copied > 0 {
+            t += 2.0 * copied as f64 * b / (self.d.gpu.mem_bw * self.p.elementwise_memory_eff)
+                + self.p.kernel_launch_us() * 1e-6;
+        }
+        t
+    }
+
+    /// Cost of a step plan.
+    pub fn plan_cost(&self, plan: &StepPlan) -> StepCost {
+        if plan.work.is_empty() {
+            // Only block moves (swap-outs of a step that preempted without running).
+            let t = self.kv_transfer_s(
+                plan.swap_in.len() + plan.swap_out.len(),
+                plan.block_copies.len(),
+            );
+            return StepCost {
+                seconds: t,
+                kv_transfer_s: t,
+                ..StepCost::default()
+            };
+        }
+        let prefill = plan
+            .work
+            .iter()
+            .filter(|w| w.kind == WorkKind::Prefill)
+            .map(|w| (w.start, w.len));
+        let decode = plan
+            .work
+            .iter()
+            .filter(|w| w.kind != WorkKind::Prefill)
+            .map(|w| (w.context_len(), w.len));
+        let samples = plan.num_logit_rows() as u32;
+        let mut c = self.step_cost(prefill, decode, samples, plan.work.len() as u32);
+        c.kv_transfer_s = self.kv_transfer_s(
+            plan.swap_in.len() + plan.swap_out.len(),
+            plan.block_copies.len(),
+        );
+        c.seconds += c.kv_transfer_s;
+        c
+    }
+}
+
+impl CostModel {
+    /// Seconds a draft model (this cost model) spends on a step of `plan`: it prefills
+    /// the step's prompt chunks too (it needs their KV), and drafts the `k` tokens of each
+    /// verify work in `k` autoregressive steps over the verifying sequences (step `j`
+    /// decodes at context `start + 1 + j`), the first step together with the prefills.
+    /// A draft that shares the target's KV (self-speculation by its first layers) has no
+    /// prefill of its own (`shares_kv`). The draft's rounds run inside the engine step,
+    /// so they pay the GPU work, not the step's CPU overhead again.
+    pub fn draft_seconds(&self, plan: &StepPlan, shares_kv: bool) -> f64 {
+        let verify: Vec<(u32, u32)> = plan
+            .work
+            .iter()
+            .filter(|w| w.kind == WorkKind::Verify)
+            .map(|w| (w.start, w.len.saturating_sub(1)))
+            .collect();
+        let has_prefill = !shares_kv && plan.work.iter().any(|w| w.kind == WorkKind::Prefill);
+        let rounds = verify.iter().map(|&(_, k)| k).max().unwrap_or(0);
+        let mut s = 0.0;
+        for j in 0..rounds.max(u32::from(has_prefill)) {
+            let prefill = plan
+                .work
+                .iter()
+                .filter(|w| has_prefill && j == 0 && w.kind == WorkKind::Prefill)
+                .map(|w| (w.start, w.len));
+            let decode = verify
+                .iter()
+                .filter(|&&(_, k)| k > j)
+                .map(|&(start, _)| (start + 1 + j, 1));
+            let n = verify.iter().filter(|&&(_, k)| k > j).count() as u32;
+            let seqs = n + if has_prefill && j == 0 {
+                plan.work
+                    .iter()
+                    .filter(|w| w.kind == WorkKind::Prefill)
+                    .count() as u32
+            } else {
+                0
+            };
+            let c = self.step_cost(prefill, decode, n, seqs);
+            s += c.seconds - c.overhead_s;
+        }
+        s
+    }
+}

@@ -1,0 +1,173 @@
+//! The cost model against every measurement it can be checked on: the rows of
+//! `calibration/calibration.csv` ([`calibration_checks`], [`throughput_checks`]), Vidur's
+//! operator profiles ([`profile_checks`]), with the error of each prediction and the median
+//! and largest errors per level ([`report`], written by `sim validate-model` to
+//! VALIDATION.md); and against a real backend running the same scenario ([`fidelity`],
+//! `sim fidelity`).
+
+use std::fmt::Write as _;
+
+use super::calibration::{SplitwiseRow, MAX_E2E_ERROR};
+use super::measurements::median_of;
+pub use super::measurements::ValidationError;
+
+pub mod fidelity;
+mod profiles;
+mod published;
+
+pub(crate) use profiles::gemm_point_checks;
+pub use profiles::profile_checks;
+pub use published::{calibration_checks, throughput_checks};
+
+/// Operator-level or end-to-end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// One operator (GEMM, all-reduce) timed alone.
+    Operator,
+    /// A whole model step or a serving benchmark.
+    EndToEnd,
+}
+
+/// One measured value and its prediction.
+#[derive(Debug, Clone)]
+pub struct Check {
+    /// Row id (calibration.csv) or profile name.
+    pub id: String,
+    /// What was measured.
+    pub what: String,
+    /// How the row was simulated.
+    pub how: String,
+    /// Level of the measurement.
+    pub level: Level,
+    /// Measured value.
+    pub measured: f64,
+    /// Predicted value.
+    pub predicted: f64,
+    /// Unit of both.
+    pub unit: &'static str,
+}
+
+impl Check {
+    /// Signed relative error of the prediction.
+    pub fn error(&self) -> f64 {
+        (self.predicted - self.measured) / self.measured
+    }
+}
+
+/// Median and maximum absolute relative error of `checks`.
+pub fn error_stats<'a>(checks: impl Iterator<Item = &'a Check>) -> (f64, f64, usize) {
+    let mut e: Vec<f64> = checks.map(|c| c.error().abs()).collect();
+    let median = median_of(&mut e);
+    (median, e.last().copied().unwrap_or(0.0), e.len())
+}
+
+/// The validation report (Markdown): every calibration row, a summary of each profile,
+/// and the median and maximum errors per level.
+pub fn report(
+    calibration: &[Check],
+    profiles: &[Check],
+    extra: &[Check],
+    held_out: &[(SplitwiseRow, f64, f64)],
+) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# Cost-model validation\n\nWritten by `sim validate-model` from `calibration/calibration.csv` and Vidur's operator profiles in `calibration/` (copies of `shared/data/`), with the shipped cost-model defaults. Error = (predicted - measured) / measured.\n"
+    );
+    let all: Vec<&Check> = calibration.iter().chain(extra).collect();
+    let _ = writeln!(s, "## calibration.csv\n\n| id | measurement | simulated as | measured | predicted | error |\n|---|---|---|---|---|---|");
+    for c in &all {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.4} {} | {:.4} {} | {:+.1}% |",
+            c.id,
+            c.what,
+            c.how,
+            c.measured,
+            c.unit,
+            c.predicted,
+            c.unit,
+            100.0 * c.error()
+        );
+    }
+    let _ = writeln!(s, "\n## Vidur operator profiles\n\n| profile | rows | median abs. error | max abs. error |\n|---|---|---|---|");
+    let mut names: Vec<&str> = profiles.iter().map(|c| c.id.as_str()).collect();
+    names.dedup();
+    for name in names {
+        let (med, max, n) = error_stats(profiles.iter().filter(|c| c.id == name));
+        let _ = writeln!(
+            s,
+            "| {name} | {n} | {:.1}% | {:.1}% |",
+            100.0 * med,
+            100.0 * max
+        );
+    }
+    let op = all
+        .iter()
+        .copied()
+        .chain(profiles)
+        .filter(|c| c.level == Level::Operator);
+    let (op_med, op_max, op_n) = error_stats(op);
+    let e2e = all.iter().copied().filter(|c| c.level == Level::EndToEnd);
+    let (e2e_med, e2e_max, e2e_n) = error_stats(e2e);
+    let _ = writeln!(
+        s,
+        "\n## Summary\n\n| level | checks | median abs. error | max abs. error | target |\n|---|---|---|---|---|\n| operator (GEMM, all-reduce) | {op_n} | {:.1}% | {:.1}% | median <= 10% |\n| end to end | {e2e_n} | {:.1}% | {:.1}% | median <= 15%, none > 35% |",
+        100.0 * op_med,
+        100.0 * op_max,
+        100.0 * e2e_med,
+        100.0 * e2e_max
+    );
+    let (step, seq, _, scale) = crate::cost_model::VLLM_2023_PROFILE;
+    let _ = writeln!(
+        s,
+        "\n## The fitted framework profile `vllm-2023`\n\nThe Splitwise rows (V22, V23) are early vLLM (0.1.x, mid-2023: Ray workers, no CUDA graphs, attention kernels before FlashAttention-2) serving Llama-2-70B on 8 x H100. They run 1.4-3.5x slower than the roofline with the modern defaults (at 8,192 prompt tokens they imply 17% of the H100's bf16 peak). `sim calibrate` fits that framework's profile to them: a step overhead of {:.0} ms, {:.0} us per sequence, and prefill attention at {:.0}% of FlashAttention-2's efficiency (kernel launches at eager PyTorch's 6 us). The fit minimises the mean absolute error among the profiles that keep every row within 35%. Those {} rows are in-sample. Each row's held-out error below comes from the profile fitted to the others:\n\n| row | measured | held-out prediction | held-out error |\n|---|---|---|---|",
+        step / 1e3,
+        seq,
+        100.0 * scale,
+        held_out.len()
+    );
+    for (r, ms, err) in held_out {
+        let _ = writeln!(
+            s,
+            "| {} | {:.1} ms | {:.1} ms | {:+.1}% |",
+            r.describe().0,
+            r.measured,
+            ms,
+            100.0 * err
+        );
+    }
+    let (ho_med, ho_max, _) = {
+        let mut e: Vec<f64> = held_out.iter().map(|h| h.2.abs()).collect();
+        let max = e.iter().copied().fold(0.0, f64::max);
+        (median_of(&mut e), max, e.len())
+    };
+    let target = if e2e_med <= 0.15 && e2e_max <= MAX_E2E_ERROR {
+        "met"
+    } else {
+        "not met"
+    };
+    let worst = held_out
+        .iter()
+        .max_by(|a, b| a.2.abs().total_cmp(&b.2.abs()))
+        .map_or_else(String::new, |(r, _, _)| {
+            format!(
+                " The worst is the {} ({:.1} ms measured), the outlier of that data.",
+                r.describe().0,
+                r.measured
+            )
+        });
+    let _ = writeln!(
+        s,
+        "\nHeld out, the Splitwise rows' median error is {:.1}% and the largest {:.1}%.{worst}",
+        100.0 * ho_med,
+        100.0 * ho_max
+    );
+    let _ = writeln!(
+        s,
+        "\n## Reading\n\n- End to end, the target is {target}: median {:.1}%, largest {:.1}% over {e2e_n} rows. The Splitwise rows count with their fitted profile, the other rows with profiles not fitted to them: gpt-fast, FasterTransformer and TensorRT-LLM (V01-V03, V07, V14).\n- The all-reduce parameters per GPU (`allreduce_eff`, `allreduce_latency_us` in the catalog) were fitted to the single-node rows of Vidur's NCCL profiles; rows across nodes (`devices_per_node < num_workers`) are skipped, as the catalog has no inter-node network. The largest operator errors are kilobyte-sized all-reduces, where NCCL's latency varies with the algorithm it picks.\n- GEMMs use one compute and one memory efficiency (0.75 and 0.85) joined by a soft maximum `(t_c^1.5 + t_m^1.5)^(1/1.5)`: `sim calibrate` fits the three to Vidur's layer profiles (4.4% median error over both GPUs, against 4.7% on the A100 and 14.4% on the H100 for the first constants 0.70 and 0.80 under a plain maximum). gpt-fast's A100s (V01-V03) were capped at 330 W and stream about 10% below that fit. The large square GEMMs of V31 reach 89-93% of the A100's peak, above the fitted 75%. Vidur's own large GEMMs saturate at 70-78% of peak, so this gap is between the two sources' measurements, not between GEMM shapes.\n- Under the soft roofline the effective GEMM efficiency already varies with M and the weight shape: it is lowest near the ridge point. Two explicitly shape-dependent forms were tried against Vidur's 2,088 layer rows (`python3 calibration/shape_models.py`). One has efficiencies saturating in the GEMM's FLOPs and bytes; the other has compute efficiency times the last wave's tile utilisation over the SMs. The best of each moves the median error from 4.39% to 4.30% and 4.36%, and neither lowers the largest. Since the data does not support the extra parameters, they are not shipped.",
+        100.0 * e2e_med,
+        100.0 * e2e_max
+    );
+    s
+}

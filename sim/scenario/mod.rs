@@ -1,0 +1,323 @@
+//! Scenario files: a base configuration plus `[[variant]]` overrides, all run on the same
+//! request stream.
+//!
+//! ```toml
+//! name = "mixed"
+//! seed = 42
+//! [model]
+//! name = "llama-3-8b"
+//! dtype = "bf16"
+//! [hardware]
+//! gpu = "h100-sxm"
+//! tp = 1
+//! [engine]
+//! scheduler = "chunked"
+//! [workload]
+//! ...
+//! [[variant]]
+//! name = "static"
+//! engine.scheduler = "static"
+//! ```
+//! Unknown keys anywhere are errors; a variant may override any table but `workload` and
+//! `seed` (the request stream is shared by construction).
+
+mod config;
+mod resolve;
+mod tables;
+
+use std::path::{Path, PathBuf};
+
+use engine::scheduler::SchedulerConfig;
+
+pub use config::{
+    DynamicKConfig, EngineConfig, HardwareConfig, ModelConfig, ScenarioConfig, SpecMethod,
+    SpeculativeConfig,
+};
+pub use resolve::acceptance_from;
+
+use crate::cost_model::{Deployment, MemoryPlan};
+use resolve::resolve;
+use tables::{expand_calibration, line_col, merge, set_dotted, sweep_dimensions};
+
+/// An error in a scenario file: one line naming the file and the key or line.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {msg}")]
+pub struct ScenarioError {
+    /// The scenario file.
+    pub file: String,
+    /// What is wrong and where.
+    pub msg: String,
+}
+
+/// One variant, resolved and checked: what a run needs.
+#[derive(Debug, Clone)]
+pub struct Variant {
+    /// Variant name.
+    pub name: String,
+    /// Its full configuration.
+    pub config: ScenarioConfig,
+    /// Model on hardware.
+    pub deployment: Deployment,
+    /// The memory plan.
+    pub memory: MemoryPlan,
+    /// The scheduler's limits.
+    pub scheduler: SchedulerConfig,
+    /// Speculative decoding's draft model on the same GPUs (`method = "draft-model"`).
+    pub draft: Option<Deployment>,
+}
+
+/// A loaded scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Scenario name.
+    pub name: String,
+    /// The file it came from.
+    pub path: PathBuf,
+    /// The folder relative paths are resolved against.
+    pub base_dir: PathBuf,
+    /// Seed.
+    pub seed: u64,
+    /// The base configuration.
+    pub base: ScenarioConfig,
+    /// Variants (the base alone, named `base`, when the file has none).
+    pub variants: Vec<Variant>,
+    /// The `[sweep]` dimensions, in file order: a dotted key and its values (empty: no
+    /// sweep).
+    pub sweep: Vec<(String, Vec<toml::Value>)>,
+    /// The file's table, for re-resolving it at a sweep point.
+    raw: toml::Table,
+    /// The seed given on the command line, if any.
+    seed_override: Option<u64>,
+}
+
+impl Scenario {
+    /// Checks a modified configuration (e.g. another GPU or rate for capacity planning)
+    /// and computes its deployment, memory plan and limits, as for a variant of the file.
+    pub fn resolve_config(
+        &self,
+        name: &str,
+        config: ScenarioConfig,
+    ) -> Result<Variant, ScenarioError> {
+        config.workload.validate().map_err(|e| ScenarioError {
+            file: self.path.display().to_string(),
+            msg: e.to_string(),
+        })?;
+        resolve(name, config, &self.base_dir).map_err(|msg| ScenarioError {
+            file: self.path.display().to_string(),
+            msg: format!("{name}: {msg}"),
+        })
+    }
+}
+
+impl Scenario {
+    /// Reads, parses and checks a scenario file; `seed` overrides the file's seed.
+    pub fn load(path: &Path, seed: Option<u64>) -> Result<Scenario, ScenarioError> {
+        let file = path.display().to_string();
+        let err = |msg: String| ScenarioError {
+            file: file.clone(),
+            msg,
+        };
+        let src = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
+        let raw: toml::Table = toml::from_str(&src).map_err(|e| {
+            let msg = e.message().trim().replace('\n', " ");
+            match e.span() {
+                Some(span) => {
+                    let (line, col) = line_col(&src, span.start);
+                    err(format!("line {line}, column {col}: {msg}"))
+                }
+                None => err(msg),
+            }
+        })?;
+        Scenario::from_table(path, Some(&src), raw, seed)
+    }
+
+    /// [`Scenario::load`] with a calibration file (`sim run --calibration FILE`): as if
+    /// the scenario's `[cost]` had `calibration = FILE`, under its own `[cost]` keys.
+    pub fn load_calibrated(
+        path: &Path,
+        seed: Option<u64>,
+        calibration: &Path,
+    ) -> Result<Scenario, ScenarioError> {
+        let err = |msg: String| ScenarioError {
+            file: path.display().to_string(),
+            msg,
+        };
+        let src = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
+        let mut raw: toml::Table = toml::from_str(&src).map_err(|e| err(e.to_string()))?;
+        let abs =
+            std::path::absolute(calibration).map_err(|e| err(format!("--calibration: {e}")))?;
+        set_dotted(
+            &mut raw,
+            "cost.calibration",
+            toml::Value::String(abs.display().to_string()),
+        )
+        .map_err(err)?;
+        Scenario::from_table(path, None, raw, seed)
+    }
+
+    /// The scenario at one point of its sweep: the file with `overrides` (dotted keys and
+    /// values) applied to its base configuration, the variants on top.
+    pub fn at_point(&self, overrides: &[(String, toml::Value)]) -> Result<Scenario, ScenarioError> {
+        let mut raw = self.raw.clone();
+        raw.remove("sweep");
+        for (key, value) in overrides {
+            set_dotted(&mut raw, key, value.clone()).map_err(|msg| ScenarioError {
+                file: self.path.display().to_string(),
+                msg: format!("sweep: {msg}"),
+            })?;
+        }
+        let point = overrides
+            .iter()
+            .map(|(k, v)| format!("{k} = {v}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut s =
+            Scenario::from_table(&self.path, None, raw, self.seed_override).map_err(|e| {
+                ScenarioError {
+                    file: e.file,
+                    msg: format!("sweep point ({point}): {}", e.msg),
+                }
+            })?;
+        s.raw = self.raw.clone();
+        s.sweep = self.sweep.clone();
+        Ok(s)
+    }
+
+    /// Parses and checks a scenario table (`src`, the file's text, places parse errors
+    /// by line).
+    fn from_table(
+        path: &Path,
+        src: Option<&str>,
+        raw: toml::Table,
+        seed: Option<u64>,
+    ) -> Result<Scenario, ScenarioError> {
+        let file = path.display().to_string();
+        let err = |msg: String| ScenarioError {
+            file: file.clone(),
+            msg,
+        };
+        let seed_override = seed;
+        let file_table = raw.clone();
+        let sweep = sweep_dimensions(raw.get("sweep")).map_err(err)?;
+        let at_line = |e: toml::de::Error| {
+            let msg = e.message().trim().replace('\n', " ");
+            match e.span() {
+                Some(span) if src.is_some() => {
+                    let (line, col) = line_col(src.unwrap_or_default(), span.start);
+                    err(format!("line {line}, column {col}: {msg}"))
+                }
+                _ => err(msg),
+            }
+        };
+        let mut raw = raw;
+        let base_dir = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        // Variants merge into the file as written: their own `cost.calibration` must not
+        // lose to keys the base's calibration file brought in.
+        let unexpanded = raw.clone();
+        let base: ScenarioConfig = match src {
+            // Without a calibration file, errors keep the file's line and column.
+            Some(src) if !expand_calibration(&mut raw, &base_dir).map_err(err)? => {
+                toml::from_str(src).map_err(at_line)?
+            }
+            _ => {
+                expand_calibration(&mut raw, &base_dir).map_err(err)?;
+                serde_path_to_error::deserialize(toml::Value::Table(raw.clone())).map_err(|e| {
+                    let path = e.path().to_string();
+                    err(format!("{path}: {}", e.into_inner().message().trim()))
+                })?
+            }
+        };
+        let name = base.name.clone().unwrap_or_else(|| {
+            path.file_stem()
+                .map_or_else(|| "scenario".into(), |s| s.to_string_lossy().into_owned())
+        });
+        let seed = seed.unwrap_or(base.seed);
+        base.workload.validate().map_err(|e| err(e.to_string()))?;
+
+        let mut variants = Vec::new();
+        if base.variant.is_empty() {
+            variants.push(resolve("base", base.clone(), &base_dir).map_err(err)?);
+        }
+        for (i, over) in base.variant.iter().enumerate() {
+            let vname = match over.get("name") {
+                Some(toml::Value::String(s)) if !s.trim().is_empty() => s.clone(),
+                _ => {
+                    return Err(err(format!(
+                        "variant #{}: needs a `name` (a non-empty string)",
+                        i + 1
+                    )))
+                }
+            };
+            let mut over = over.clone();
+            over.remove("name");
+            for forbidden in ["workload", "seed", "variant", "name", "sweep"] {
+                if over.contains_key(forbidden) {
+                    return Err(err(format!(
+                        "variant `{vname}`: `{forbidden}` cannot be overridden (variants share one request stream)"
+                    )));
+                }
+            }
+            let mut merged = unexpanded.clone();
+            merged.remove("variant");
+            merged.remove("sweep");
+            merge(&mut merged, &over);
+            expand_calibration(&mut merged, &base_dir)
+                .map_err(|m| err(format!("variant `{vname}`: {m}")))?;
+            let cfg: ScenarioConfig = serde_path_to_error::deserialize(toml::Value::Table(merged))
+                .map_err(|e| {
+                    let path = e.path().to_string();
+                    let msg = e.into_inner().message().trim().replace('\n', " ");
+                    if path.is_empty() || path == "." {
+                        err(format!("variant `{vname}`: {msg}"))
+                    } else {
+                        err(format!("variant `{vname}`: {path}: {msg}"))
+                    }
+                })?;
+            if variants.iter().any(|v: &Variant| v.name == vname) {
+                return Err(err(format!("variant `{vname}` is defined twice")));
+            }
+            variants.push(
+                resolve(&vname, cfg, &base_dir)
+                    .map_err(|m| err(format!("variant `{vname}`: {m}")))?,
+            );
+        }
+        Ok(Scenario {
+            name,
+            path: path.to_path_buf(),
+            base_dir,
+            seed,
+            base,
+            variants,
+            sweep,
+            raw: file_table,
+            seed_override,
+        })
+    }
+
+    /// The swept keys, in file order.
+    pub fn sweep_keys(&self) -> Vec<String> {
+        self.sweep.iter().map(|(k, _)| k.clone()).collect()
+    }
+
+    /// Every point of the sweep, in order (the last key varies fastest): the dotted keys
+    /// and their values at that point. One empty point without a sweep.
+    pub fn sweep_points(&self) -> Vec<Vec<(String, toml::Value)>> {
+        let mut points: Vec<Vec<(String, toml::Value)>> = vec![Vec::new()];
+        for (key, values) in &self.sweep {
+            points = points
+                .into_iter()
+                .flat_map(|p| {
+                    values.iter().map(move |v| {
+                        let mut q = p.clone();
+                        q.push((key.clone(), v.clone()));
+                        q
+                    })
+                })
+                .collect();
+        }
+        points
+    }
+}

@@ -1,0 +1,416 @@
+//! From a configuration to what a run needs ([`super::Variant`]): the model and GPU from the
+//! catalog or a file, every engine value checked, the deployment, its memory plan and the
+//! scheduler's limits; `[speculative]` into the engine's settings and the draft model's
+//! deployment. Errors are one line naming the key.
+
+use std::path::{Path, PathBuf};
+
+use engine::scheduler::{KvAllocator, PreemptionMode, SchedulerConfig, SchedulerKind};
+
+use super::{DynamicKConfig, EngineConfig, ScenarioConfig, SpecMethod, Variant};
+use crate::catalog::{find_gpu, find_model, gpu_from_file, model_from_file, Dtype};
+use crate::cost_model::{memory_plan, Deployment, MemoryInputs, MemoryPlan};
+
+/// A synthetic acceptance from `acceptance` rates or a `mean_acceptance_length` for `k`
+/// drafts (exactly one; `what` prefixes errors).
+pub fn acceptance_from(
+    what: &str,
+    rates: &Option<Vec<f64>>,
+    mean: Option<f64>,
+    k: u32,
+) -> Result<Option<engine::spec::Acceptance>, String> {
+    match (rates, mean) {
+        (Some(r), None) => engine::spec::Acceptance::from_rates(r)
+            .map(Some)
+            .map_err(|e| format!("{what}acceptance: {e}")),
+        (None, Some(m)) => engine::spec::Acceptance::from_mean_length(m, k)
+            .map(Some)
+            .map_err(|e| format!("{what}mean_acceptance_length: {e}")),
+        (Some(_), Some(_)) => Err(format!(
+            "{what}acceptance and {what}mean_acceptance_length: give one, not both"
+        )),
+        (None, None) => Ok(None),
+    }
+}
+
+/// A catalog entry named by `keys.0` or one described in the file `keys.1` (relative to
+/// `base_dir`): exactly one must be given; errors name the key.
+fn catalog_or_file<T: 'static>(
+    keys: (&str, &str, &str),
+    (name, file): (&Option<String>, &Option<PathBuf>),
+    base_dir: &Path,
+    find: impl Fn(&str) -> Result<&'static T, String>,
+    load: impl Fn(&Path) -> Result<&'static T, String>,
+) -> Result<&'static T, String> {
+    let (name_key, file_key, file_what) = keys;
+    match (name, file) {
+        (Some(n), None) => find(n).map_err(|e| format!("{name_key}: {e}; or give {file_key}")),
+        (None, Some(path)) => load(&base_dir.join(path)).map_err(|e| format!("{file_key}: {e}")),
+        (Some(_), Some(_)) => Err(format!("give {name_key} or {file_key}, not both")),
+        (None, None) => Err(format!(
+            "missing: give {name_key} (the catalog) or {file_key} ({file_what})"
+        )),
+    }
+}
+
+/// A catalog model by name, or an error listing the catalog.
+fn catalog_model(n: &str) -> Result<&'static crate::catalog::ModelSpec, String> {
+    find_model(n).ok_or_else(|| {
+        let names: Vec<&str> = crate::catalog::models().iter().map(|m| m.name).collect();
+        format!("unknown model `{n}` (known: {})", names.join(", "))
+    })
+}
+
+/// Checks one configuration and computes its deployment, memory plan and scheduler limits.
+pub(super) fn resolve(
+    name: &str,
+    config: ScenarioConfig,
+    base_dir: &Path,
+) -> Result<Variant, String> {
+    let model = match (&config.model.gguf, &config.model.name, &config.model.config) {
+        (Some(path), None, None) => crate::catalog::model_from_gguf(&base_dir.join(path))
+            .map_err(|e| format!("model.gguf: {e}"))?,
+        (Some(_), _, _) => {
+            return Err("give one of model.name, model.config and model.gguf".into());
+        }
+        _ => catalog_or_file(
+            (
+                "model.name",
+                "model.config",
+                "a Hugging Face config.json, or model.gguf",
+            ),
+            (&config.model.name, &config.model.config),
+            base_dir,
+            catalog_model,
+            model_from_file,
+        )?,
+    };
+    let gpu = catalog_or_file(
+        (
+            "hardware.gpu",
+            "hardware.gpu_file",
+            "a GPU described in TOML",
+        ),
+        (&config.hardware.gpu, &config.hardware.gpu_file),
+        base_dir,
+        |g| {
+            find_gpu(g).ok_or_else(|| {
+                let names: Vec<&str> = crate::catalog::gpus().map(|g| g.name).collect();
+                format!("unknown GPU `{g}` (known: {})", names.join(", "))
+            })
+        },
+        gpu_from_file,
+    )?;
+    let tp = config.hardware.tp;
+    if tp == 0 || model.heads % tp != 0 {
+        return Err(format!(
+            "hardware.tp: must divide the model's {} attention heads, got {tp}",
+            model.heads
+        ));
+    }
+    let e = &config.engine;
+    check_engine(e)?;
+    config.cost.validate()?;
+    let max_model_len = e.max_model_len.unwrap_or(model.max_position);
+    if max_model_len == 0 {
+        return Err("engine.max_model_len: must be at least 1".into());
+    }
+    let max_num_batched_tokens = e.max_num_batched_tokens.unwrap_or(match e.scheduler {
+        SchedulerKind::Chunked => 2048,
+        _ => max_model_len.max(2048),
+    });
+    // The KV cache stays 16-bit unless asked otherwise (vLLM's kv_cache_dtype = "auto" for
+    // quantized weights), in the weights' float format for float weights.
+    let kv_dtype = config.model.kv_dtype.unwrap_or(match config.model.dtype {
+        d @ (Dtype::Fp32 | Dtype::Fp16 | Dtype::Bf16) => d,
+        _ => Dtype::Bf16,
+    });
+    if !kv_dtype.is_kv_format() {
+        return Err(format!(
+            "model.kv_dtype: {} is a weight format; the KV cache takes fp16, bf16, fp8, int8 or fp32",
+            kv_dtype.as_str()
+        ));
+    }
+    let pp = config.hardware.pp;
+    if pp == 0 || pp > model.layers {
+        return Err(format!(
+            "hardware.pp: must be from 1 to the model's {} layers, got {pp}",
+            model.layers
+        ));
+    }
+    let deployment = Deployment {
+        model: model.clone(),
+        gpu: gpu.clone(),
+        tp,
+        pp,
+        dtype: config.model.dtype,
+        kv_dtype,
+    };
+    let (speculative, draft) = resolve_speculative(&config, &deployment, base_dir)?;
+    // A self-speculation draft is part of the target: nothing more to hold.
+    let own_draft = draft.as_ref().filter(|d| {
+        !(d.model.name == deployment.model.name && d.model.layers < deployment.model.layers)
+    });
+    let memory = memory_plan(
+        &deployment,
+        &MemoryInputs {
+            draft_weight_bytes: own_draft.map_or(0.0, |d| d.weight_bytes_per_gpu()),
+            draft_kv_bytes_per_token: own_draft.map_or(0.0, |d| d.kv_bytes_per_token()),
+            gpu_memory_utilization: e.gpu_memory_utilization,
+            block_size: e.block_size,
+            max_num_batched_tokens,
+            max_num_seqs: e.max_num_seqs,
+            max_model_len,
+            runtime_overhead_bytes: e.runtime_overhead_gib * 1024.0 * 1024.0 * 1024.0,
+            num_gpu_blocks_override: e.num_gpu_blocks_override,
+        },
+    )
+    .map_err(|f| f.to_string())?;
+    let mut memory = memory;
+    if e.preemption_mode == PreemptionMode::Swap {
+        memory.swap_bytes = e.swap_space_gib * 1024.0 * 1024.0 * 1024.0;
+        memory.num_cpu_blocks = (memory.swap_bytes / memory.block_bytes)
+            .floor()
+            .min(f64::from(u32::MAX)) as u32;
+    }
+    let scheduler = scheduler_config(
+        e,
+        &memory,
+        max_num_batched_tokens,
+        max_model_len,
+        model.sliding_window,
+        speculative,
+    );
+    scheduler.validate().map_err(|e| e.to_string())?;
+    Ok(Variant {
+        name: name.to_string(),
+        config,
+        deployment,
+        memory,
+        scheduler,
+        draft,
+    })
+}
+
+/// `[speculative]` of one configuration: the engine's settings (acceptance per class from
+/// the workload's classes) and the draft model's deployment (same GPUs and formats).
+fn resolve_speculative(
+    config: &ScenarioConfig,
+    target: &Deployment,
+    base_dir: &Path,
+) -> Result<(Option<engine::spec::SpecConfig>, Option<Deployment>), String> {
+    use engine::spec::{DynamicK, Method, SpecConfig};
+    let Some(sp) = config.speculative.as_ref() else {
+        return Ok((None, None));
+    };
+    let method = match sp.method {
+        SpecMethod::None => return Ok((None, None)),
+        SpecMethod::DraftModel => Method::DraftModel,
+        SpecMethod::Ngram => Method::Ngram,
+        SpecMethod::Synthetic => Method::Synthetic,
+    };
+    if sp.k == 0 || sp.k > engine::spec::MAX_K {
+        return Err(format!(
+            "speculative.k: must be from 1 to {}, got {}",
+            engine::spec::MAX_K,
+            sp.k
+        ));
+    }
+    let acceptance = acceptance_from(
+        "speculative.",
+        &sp.acceptance,
+        sp.mean_acceptance_length,
+        sp.k,
+    )?
+    .ok_or_else(|| {
+        "speculative: give acceptance (per-position rates) or mean_acceptance_length: the simulator draws acceptances from them".to_string()
+    })?;
+    let mut class_acceptance = Vec::new();
+    for (i, c) in config.workload.classes.iter().enumerate() {
+        let what = format!("workload.classes[{i}] ({}).", c.name);
+        class_acceptance.push(acceptance_from(
+            &what,
+            &c.acceptance,
+            c.mean_acceptance_length,
+            sp.k,
+        )?);
+    }
+    let dynamic = match sp.dynamic_k {
+        None => DynamicK::Off,
+        Some(DynamicKConfig {
+            disable_above: Some(b),
+            full_until: None,
+            zero_at: None,
+        }) => DynamicK::DisableAbove { batch: b },
+        Some(DynamicKConfig {
+            disable_above: None,
+            full_until: Some(f),
+            zero_at: Some(z),
+        }) => DynamicK::Linear {
+            full_until: f,
+            zero_at: z,
+        },
+        Some(_) => return Err(
+            "speculative.dynamic_k: give { disable_above = N } or { full_until = A, zero_at = B }"
+                .into(),
+        ),
+    };
+    let spec = SpecConfig {
+        method,
+        k: sp.k,
+        acceptance,
+        class_acceptance,
+        ngram_min: sp.min_n,
+        ngram_max: sp.max_n,
+        dynamic,
+    };
+    spec.validate()?;
+    let self_draft = match sp.self_draft_layers {
+        Some(n) if n == 0 || n >= target.model.layers => {
+            return Err(format!(
+                "speculative.self_draft_layers: must be from 1 to {} (the target has {} layers), got {n}",
+                target.model.layers - 1,
+                target.model.layers
+            ))
+        }
+        other => other,
+    };
+    let draft = if method == Method::DraftModel
+        && sp.draft_model.is_none()
+        && sp.draft_config.is_none()
+        && self_draft.is_some()
+    {
+        // Self-speculation: the target's first layers, its weights and KV cache shared.
+        let mut model = target.model.clone();
+        model.layers = self_draft.unwrap_or(1);
+        Some(Deployment {
+            model,
+            ..target.clone()
+        })
+    } else if method == Method::DraftModel {
+        let model = catalog_or_file(
+            (
+                "speculative.draft_model",
+                "speculative.draft_config",
+                "a Hugging Face config.json",
+            ),
+            (&sp.draft_model, &sp.draft_config),
+            base_dir,
+            catalog_model,
+            model_from_file,
+        )?;
+        let tp = sp.draft_tp.unwrap_or(target.tp);
+        if tp == 0 || tp > target.tp {
+            return Err(format!(
+                "speculative.draft_tp: must be from 1 to the target's tp ({}), got {tp}",
+                target.tp
+            ));
+        }
+        if model.vocab != target.model.vocab {
+            return Err(format!(
+                "speculative.draft_model: {} has a vocabulary of {} tokens, the target {} has {}: a draft must share the target's tokenizer",
+                model.name, model.vocab, target.model.name, target.model.vocab
+            ));
+        }
+        Some(Deployment {
+            model: model.clone(),
+            tp,
+            pp: 1,
+            ..target.clone()
+        })
+    } else {
+        // A variant that switches to n-gram keeps the base's draft keys: unused here.
+        None
+    };
+    Ok((Some(spec), draft))
+}
+
+/// Checks the engine's values that do not depend on the model.
+fn check_engine(e: &EngineConfig) -> Result<(), String> {
+    if !(1..=1024).contains(&e.block_size) || !e.block_size.is_power_of_two() {
+        return Err(format!(
+            "engine.block_size: must be a power of two from 1 to 1024, got {}",
+            e.block_size
+        ));
+    }
+    if !(e.gpu_memory_utilization > 0.0 && e.gpu_memory_utilization <= 1.0) {
+        return Err(format!(
+            "engine.gpu_memory_utilization: must be in (0, 1], got {}",
+            e.gpu_memory_utilization
+        ));
+    }
+    if !(e.runtime_overhead_gib >= 0.0 && e.runtime_overhead_gib.is_finite()) {
+        return Err(format!(
+            "engine.runtime_overhead_gib: must be a non-negative number, got {}",
+            e.runtime_overhead_gib
+        ));
+    }
+    if !(0.0..0.5).contains(&e.watermark) {
+        return Err(format!(
+            "engine.watermark: must be a fraction in [0, 0.5), got {}",
+            e.watermark
+        ));
+    }
+    if !(e.queue_aging_s > 0.0 && e.queue_aging_s.is_finite()) {
+        return Err(format!(
+            "engine.queue_aging_s: must be a positive number of seconds, got {}",
+            e.queue_aging_s
+        ));
+    }
+    if !(e.swap_space_gib >= 0.0 && e.swap_space_gib.is_finite()) {
+        return Err(format!(
+            "engine.swap_space_gib: must be a non-negative number of GiB, got {}",
+            e.swap_space_gib
+        ));
+    }
+    if e.kv_allocator == KvAllocator::Contiguous {
+        if e.enable_prefix_caching {
+            return Err(
+                "engine.kv_allocator: the contiguous allocator shares no blocks, so it has no prefix caching: set engine.enable_prefix_caching = false".into(),
+            );
+        }
+        if e.preemption_mode == PreemptionMode::Swap {
+            return Err(
+                "engine.preemption_mode: swap needs the paged allocator (engine.kv_allocator = \"paged\")".into(),
+            );
+        }
+    }
+    if e.num_gpu_blocks_override == Some(0) {
+        return Err("engine.num_gpu_blocks_override: must be at least 1".into());
+    }
+    Ok(())
+}
+
+/// The scheduler's limits and policies for an engine configuration and its memory plan.
+fn scheduler_config(
+    e: &EngineConfig,
+    memory: &MemoryPlan,
+    max_num_batched_tokens: u32,
+    max_model_len: u32,
+    model_window: Option<u32>,
+    speculative: Option<engine::spec::SpecConfig>,
+) -> SchedulerConfig {
+    SchedulerConfig {
+        kind: e.scheduler,
+        max_num_seqs: e.max_num_seqs,
+        max_num_batched_tokens,
+        max_model_len,
+        pool_tokens: memory.pool_tokens,
+        eos_token: None,
+        want_block_tables: false,
+        keep_tokens: false,
+        block_size: e.block_size,
+        prefix_caching: e.enable_prefix_caching,
+        queue: e.queue_policy,
+        queue_aging_ns: (e.queue_aging_s * 1e9) as u64,
+        admission: e.admission,
+        victim: e.preemption_victim,
+        watermark_blocks: (e.watermark * f64::from(memory.num_blocks)).ceil() as u32,
+        sliding_window: if e.disable_sliding_window || e.kv_allocator == KvAllocator::Contiguous {
+            None
+        } else {
+            model_window
+        },
+        speculative,
+    }
+}

@@ -1,0 +1,140 @@
+//! Operations on a scenario's raw TOML table, before it is typed: merging a variant over
+//! the base, setting a dotted key (sweep points, `--calibration`), expanding
+//! `cost.calibration` into the calibration file's keys, reading `[sweep]` as dimensions, and
+//! placing a parse error by line and column.
+
+use std::path::Path;
+
+use crate::cost_model::CostParams;
+
+/// 1-based line and column of byte offset `at` in `src`.
+pub(super) fn line_col(src: &str, at: usize) -> (usize, usize) {
+    let before = &src[..at.min(src.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    (line, col)
+}
+
+/// Replaces `cost.calibration = "file.toml"` (a `sim calibrate` output, relative to the
+/// scenario's folder) by that file's `[cost]` keys, under the scenario's own `[cost]` keys,
+/// which win. Returns whether a file was read.
+pub(super) fn expand_calibration(table: &mut toml::Table, base_dir: &Path) -> Result<bool, String> {
+    let Some(toml::Value::Table(cost)) = table.get_mut("cost") else {
+        return Ok(false);
+    };
+    let Some(value) = cost.remove("calibration") else {
+        return Ok(false);
+    };
+    let toml::Value::String(rel) = value else {
+        return Err(
+            "cost.calibration: expected the path of a TOML file with a [cost] table (a `sim calibrate` output)"
+                .into(),
+        );
+    };
+    let file = base_dir.join(&rel);
+    let shown = file.display();
+    let text = std::fs::read_to_string(&file)
+        .map_err(|e| format!("cost.calibration: {shown}: cannot read: {e}"))?;
+    let parsed: toml::Table = toml::from_str(&text)
+        .map_err(|e| format!("cost.calibration: {shown}: {}", e.message().trim()))?;
+    let Some(toml::Value::Table(from_file)) = parsed.get("cost") else {
+        return Err(format!("cost.calibration: {shown}: no [cost] table"));
+    };
+    // Check the file's keys on their own, so that an error names the file.
+    serde_path_to_error::deserialize::<_, CostParams>(toml::Value::Table(from_file.clone()))
+        .map_err(|e| {
+            let key = e.path().to_string();
+            format!(
+                "cost.calibration: {shown}: [cost] {key}: {}",
+                e.into_inner().message().trim()
+            )
+        })?;
+    let mut merged = from_file.clone();
+    merge(&mut merged, cost);
+    *cost = merged;
+    Ok(true)
+}
+
+/// Merges `over` into `base` recursively (tables merge, other values replace).
+pub(super) fn merge(base: &mut toml::Table, over: &toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            _ => {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// The `[sweep]` table as dimensions: each array leaf (at any depth, so both `"a.b" =
+/// [..]` and `[sweep.a] b = [..]` work) is a dotted key and its values.
+pub(super) fn sweep_dimensions(
+    table: Option<&toml::Value>,
+) -> Result<Vec<(String, Vec<toml::Value>)>, String> {
+    fn walk(
+        prefix: &str,
+        t: &toml::Table,
+        out: &mut Vec<(String, Vec<toml::Value>)>,
+    ) -> Result<(), String> {
+        for (k, v) in t {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                toml::Value::Table(sub) => walk(&key, sub, out)?,
+                toml::Value::Array(values) if !values.is_empty() => {
+                    if out.iter().any(|(k, _)| *k == key) {
+                        return Err(format!("sweep.{key}: given twice"));
+                    }
+                    let root = key.split('.').next().unwrap_or_default();
+                    if ["variant", "sweep", "name"].contains(&root) {
+                        return Err(format!("sweep.{key}: `{root}` cannot be swept"));
+                    }
+                    out.push((key, values.clone()));
+                }
+                _ => {
+                    return Err(format!(
+                        "sweep.{key}: expected a non-empty array of the values to sweep"
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+    let Some(value) = table else {
+        return Ok(Vec::new());
+    };
+    let toml::Value::Table(t) = value else {
+        return Err("sweep: expected a table of keys and value arrays".into());
+    };
+    let mut out = Vec::new();
+    walk("", t, &mut out)?;
+    Ok(out)
+}
+
+/// Sets the dotted key `key` of `table` to `value`, creating tables on the way.
+pub(super) fn set_dotted(
+    table: &mut toml::Table,
+    key: &str,
+    value: toml::Value,
+) -> Result<(), String> {
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let Some(last) = parts.pop() else {
+        return Err("empty key".into());
+    };
+    let mut t = table;
+    for (i, p) in parts.iter().enumerate() {
+        let entry = t
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        t = match entry {
+            toml::Value::Table(sub) => sub,
+            _ => return Err(format!("{key}: `{}` is not a table", parts[..=i].join("."))),
+        };
+    }
+    t.insert(last.to_string(), value);
+    Ok(())
+}

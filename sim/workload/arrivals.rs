@@ -1,0 +1,87 @@
+//! Arrival processes of generated workloads ([`ArrivalConfig`]: Poisson, gamma with a
+//! burstiness, all at once) and the inter-arrival gaps they draw from the arrival stream.
+
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Exp, Gamma};
+use serde::{Deserialize, Serialize};
+
+use super::error::check_positive;
+use super::WorkloadError;
+
+/// Arrival process of a synthetic workload (`arrival = { process = "...", ... }`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "process", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum ArrivalConfig {
+    /// Poisson process: exponential inter-arrival times with mean `1 / rate`.
+    Poisson {
+        /// Requests per second.
+        rate: f64,
+    },
+    /// Gamma inter-arrival times with shape `burstiness` and scale
+    /// `1 / (rate * burstiness)`: mean `1 / rate`, coefficient of variation
+    /// `1 / sqrt(burstiness)`. Burstiness 1 is Poisson; below 1 is burstier.
+    Gamma {
+        /// Requests per second.
+        rate: f64,
+        /// Gamma shape parameter.
+        burstiness: f64,
+    },
+    /// Every request arrives at time 0 (offline batch); needs `num_requests`.
+    AllAtOnce {},
+}
+
+impl ArrivalConfig {
+    /// Checks the parameters (`num_requests`: the workload's, which `all-at-once` needs).
+    pub(super) fn validate(&self, num_requests: Option<u64>) -> Result<(), WorkloadError> {
+        match self {
+            ArrivalConfig::Poisson { rate } => check_positive("workload.arrival.rate", *rate)?,
+            ArrivalConfig::Gamma { rate, burstiness } => {
+                check_positive("workload.arrival.rate", *rate)?;
+                check_positive("workload.arrival.burstiness", *burstiness)?;
+            }
+            ArrivalConfig::AllAtOnce {} => {
+                if num_requests.is_none() {
+                    return Err(WorkloadError::config(
+                        "workload.num_requests",
+                        "required with arrival process \"all-at-once\"",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Inter-arrival time distribution.
+#[derive(Debug, Clone)]
+pub(super) enum Gaps {
+    Exp(Exp<f64>),
+    Gamma(Gamma<f64>),
+    Zero,
+}
+
+impl Gaps {
+    /// The gaps of an arrival process.
+    pub(super) fn new(arrival: &ArrivalConfig) -> Result<Gaps, WorkloadError> {
+        Ok(match arrival {
+            ArrivalConfig::Poisson { rate } => Gaps::Exp(Exp::new(*rate).map_err(|e| {
+                WorkloadError::config("workload.arrival.rate", format!("invalid: {e}"))
+            })?),
+            ArrivalConfig::Gamma { rate, burstiness } => Gaps::Gamma(
+                Gamma::new(*burstiness, 1.0 / (rate * burstiness)).map_err(|e| {
+                    WorkloadError::config("workload.arrival", format!("invalid gamma: {e}"))
+                })?,
+            ),
+            ArrivalConfig::AllAtOnce {} => Gaps::Zero,
+        })
+    }
+
+    /// Draws the next inter-arrival gap (seconds).
+    pub(super) fn draw(&self, rng: &mut ChaCha8Rng) -> f64 {
+        match self {
+            Gaps::Exp(d) => d.sample(rng),
+            Gaps::Gamma(d) => d.sample(rng),
+            Gaps::Zero => 0.0,
+        }
+    }
+}
