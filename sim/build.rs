@@ -32,7 +32,15 @@ fn toml_files(dir: &Path) -> Vec<PathBuf> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "toml"))
         .collect();
-    files.sort_by_key(|p| natural_key(&p.file_stem().unwrap_or_default().to_string_lossy()));
+    // Names equal but for leading zeros fall back to plain order: a fixed order always.
+    files.sort_by_key(|p| {
+        let stem = p
+            .file_stem()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        (natural_key(&stem), stem)
+    });
     files
 }
 

@@ -71,6 +71,16 @@ pub struct GpuFile {
     /// Rental price, USD per GPU-hour (default 0: unknown).
     #[serde(default)]
     pub price_per_hour: Option<f64>,
+    /// Other names users type for a catalog GPU (`h100` for `h100-sxm`). Read from the
+    /// catalog's files; a scenario's `gpu_file` may keep them (a copied catalog file is a
+    /// valid `gpu_file`), where they name nothing.
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    /// Patterns of CUDA device names for a catalog GPU: every substring of one pattern must
+    /// appear in the lower-cased device name (`[["h100", "pcie"]]`); the catalog GPU with the
+    /// longest matching pattern is the device's. Unused in a `gpu_file`, like `aliases`.
+    #[serde(default)]
+    pub device_names: Vec<Vec<String>>,
 }
 
 impl Gpu {

@@ -33,16 +33,6 @@ struct GpuEntry {
     device_names: Vec<Vec<String>>,
 }
 
-/// The catalog GPU files' own keys, besides [`GpuFile`]'s.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GpuLookups {
-    #[serde(default)]
-    aliases: Vec<String>,
-    #[serde(default)]
-    device_names: Vec<Vec<String>>,
-}
-
 /// A catalog model file: its name, the Hugging Face id, and the `config.json` keys.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -67,28 +57,17 @@ fn gpu_entries() -> &'static [GpuEntry] {
 /// One catalog GPU file (embedded at build time; `catalog_files_parse` tests every one).
 fn parse_gpu_entry(file: &str, text: &str) -> Result<GpuEntry, String> {
     let shown = format!("sim/catalog/gpus/{file}");
-    let mut table: toml::Table =
-        toml::from_str(text).map_err(|e| format!("{shown}: {}", e.message()))?;
-    let mut lookups = toml::Table::new();
-    for key in ["aliases", "device_names"] {
-        if let Some(v) = table.remove(key) {
-            lookups.insert(key.into(), v);
-        }
-    }
-    let lookups: GpuLookups = lookups
-        .try_into()
-        .map_err(|e: toml::de::Error| format!("{shown}: {}", e.message()))?;
-    let file_keys: GpuFile = table
-        .try_into()
-        .map_err(|e: toml::de::Error| format!("{shown}: {}", e.message()))?;
+    let f: GpuFile = toml::from_str(text).map_err(|e| format!("{shown}: {}", e.message()))?;
+    let aliases = f.aliases.iter().map(|a| normalise(a)).collect();
+    let device_names = f
+        .device_names
+        .iter()
+        .map(|p| p.iter().map(|s| s.to_ascii_lowercase()).collect())
+        .collect();
     Ok(GpuEntry {
-        gpu: Gpu::from_file(file_keys, &shown)?,
-        aliases: lookups.aliases.iter().map(|a| normalise(a)).collect(),
-        device_names: lookups
-            .device_names
-            .into_iter()
-            .map(|p| p.iter().map(|s| s.to_ascii_lowercase()).collect())
-            .collect(),
+        gpu: Gpu::from_file(f, &shown)?,
+        aliases,
+        device_names,
     })
 }
 
@@ -97,6 +76,16 @@ fn parse_model_entry(file: &str, text: &str) -> Result<ModelSpec, String> {
     let shown = format!("sim/catalog/models/{file}");
     let entry: ModelEntry =
         toml::from_str(text).map_err(|e| format!("{shown}: {}", e.message()))?;
+    if let Some(k) = entry
+        .config
+        .keys()
+        .find(|k| !model::HF_CONFIG_KEYS.contains(&k.as_str()))
+    {
+        return Err(format!(
+            "{shown}: [config] has `{k}`, which is not a config.json key sim reads ({})",
+            model::HF_CONFIG_KEYS.join(", ")
+        ));
+    }
     let config = serde_json::to_value(&entry.config).map_err(|e| format!("{shown}: {e}"))?;
     let mut spec = ModelSpec::from_hf_value(&config, &shown)?;
     spec.name = Box::leak(entry.name.into_boxed_str());
@@ -238,6 +227,15 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), n, "a GPU name or alias is given twice");
+        let mut ids: Vec<String> = models.iter().map(|m| normalise(m.hf_id)).collect();
+        let n = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), n, "a Hugging Face id is given twice");
+        // A misspelt key is an error, not a silent default.
+        let typo = "name = \"x\"\nhf_id = \"y\"\n[config]\nhead_dimm = 64\n";
+        let e = parse_model_entry("x.toml", typo).unwrap_err();
+        assert!(e.contains("head_dimm"), "{e}");
         // Every GPU's own device name finds it again.
         for e in &gpus {
             assert_eq!(

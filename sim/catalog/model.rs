@@ -41,6 +41,29 @@ pub struct ModelSpec {
     pub experts_per_token: u32,
 }
 
+/// The `config.json` keys [`ModelSpec::from_hf_value`] reads; a catalog model file's
+/// `[config]` may hold only these, so that a misspelt key is an error, not a default.
+pub const HF_CONFIG_KEYS: [&str; 18] = [
+    "_name_or_path",
+    "head_dim",
+    "hidden_size",
+    "intermediate_size",
+    "max_position_embeddings",
+    "moe_intermediate_size",
+    "num_attention_heads",
+    "num_experts",
+    "num_experts_per_tok",
+    "num_hidden_layers",
+    "num_key_value_heads",
+    "num_local_experts",
+    "rope_theta",
+    "shared_expert_intermediate_size",
+    "sliding_window",
+    "tie_word_embeddings",
+    "use_sliding_window",
+    "vocab_size",
+];
+
 impl ModelSpec {
     /// Reads a Hugging Face `config.json` (Llama, Mistral, Mixtral, Qwen2 and other
     /// Llama-like architectures): `num_hidden_layers`, `hidden_size`,

@@ -97,9 +97,10 @@ fn from_steps(args: Args, out: &mut String) -> anyhow::Result<()> {
                 let g = gpu.as_deref().ok_or_else(|| {
                     anyhow::anyhow!("--steps: give --gpu, the catalog GPU the steps ran on")
                 })?;
+                let spec = gpu_of(g)?;
                 (
                     steps::read_steps(&file).map_err(|e| anyhow::anyhow!(e))?,
-                    gpu_of(g)?,
+                    spec,
                     g.to_string(),
                     format!("--steps {}", file.display()),
                 )

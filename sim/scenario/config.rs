@@ -235,11 +235,11 @@ pub struct ScenarioConfig {
     /// Speculative decoding (`[speculative]`; absent or `method = "none"`: off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculative: Option<SpeculativeConfig>,
-    /// Variants (raw override tables; resolved by [`Scenario::load`]).
+    /// Variants (raw override tables; resolved by [`super::Scenario::load`]).
     #[serde(default, skip_serializing)]
     pub variant: Vec<toml::Table>,
     /// `[sweep]`: scenario keys (dotted paths) and the values each takes; the run covers
-    /// every combination, crossed with the variants ([`Scenario::sweep`]).
+    /// every combination, crossed with the variants ([`super::Scenario::sweep`]).
     #[serde(default, skip_serializing)]
     pub sweep: Option<toml::Table>,
 }

@@ -146,7 +146,7 @@ impl LengthDist {
 }
 
 /// Rounds `x`, clamps it to `[lo, hi]` and to at least 1.
-pub(super) fn to_len(x: f64, lo: u32, hi: u32) -> u32 {
+fn to_len(x: f64, lo: u32, hi: u32) -> u32 {
     // `as` saturates (NaN gives 0), then the clamp applies the bounds.
     let v = x.round() as u32;
     v.clamp(lo, hi).max(1)

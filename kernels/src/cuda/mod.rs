@@ -16,450 +16,26 @@
 //! cannot load, so every entry point checks the libraries first.
 
 pub mod check;
+mod device;
+mod launch;
 pub mod meta;
+mod shape;
+
+pub use device::*;
+pub use launch::*;
+pub use shape::*;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::cublas::sys::cublasOperation_t;
-use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, LaunchConfig,
-    PushKernelArg,
-};
-use cudarc::nvrtc::CompileOptions;
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, PushKernelArg};
 use engine::plan::StepPlan;
 use half::bf16;
 
 use self::meta::{attention_splits, q_tile_for_group, StepMeta};
 pub use crate::generate::{one_sequence_step, Generation};
 use crate::gguf::Gguf;
-
-/// The kernel sources, compiled at run time.
-pub const KERNELS_CU: &str = include_str!("kernels.cu");
-
-/// Names of the kernels in [`KERNELS_CU`].
-pub const KERNEL_NAMES: [&str; 20] = [
-    "fill_uniform_bf16",
-    "fill_const_bf16",
-    "embed_gather",
-    "add_rmsnorm",
-    "rope_write_kv",
-    "silu_mul",
-    "paged_attention",
-    "attn_combine",
-    "prefill_attention",
-    "gather_rows",
-    "sample_draws",
-    "skinny_gemm_bf16_1",
-    "skinny_gemm_bf16_2",
-    "skinny_gemm_bf16_4",
-    "skinny_gemm_bf16_8",
-    "skinny_gemm_f32_1",
-    "skinny_gemm_f32_2",
-    "skinny_gemm_f32_4",
-    "skinny_gemm_f32_8",
-    "copy_blocks",
-];
-
-/// Largest step (in tokens) that `skinny_gemm` (weight streaming, one warp per output row)
-/// is compiled for; [`CudaRuntime::set_skinny_max_tokens`] picks where it replaces cuBLAS.
-pub const SKINNY_MAX_TOKENS: usize = 8;
-/// Default of [`CudaRuntime::set_skinny_max_tokens`]: on the H100 `skinny_gemm` beats cuBLAS
-/// at one token (6.96 vs 7.79 ms a Llama-3-8B step) and loses from two on (BENCHMARKS.md).
-pub const SKINNY_DEFAULT_TOKENS: usize = 1;
-/// Decode-only steps of at most this many tokens replay a CUDA graph.
-pub const GRAPH_MAX_TOKENS: usize = 8;
-const _: () = assert!(SKINNY_DEFAULT_TOKENS <= SKINNY_MAX_TOKENS);
-/// cuBLAS workspace owned by the runtime (set explicitly so that graph capture never makes
-/// cuBLAS allocate).
-pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
-/// Warps (output rows) per block of `skinny_gemm`.
-pub const SKINNY_WARPS: u32 = 8;
-/// CUDA graphs kept (one per step shape); the cache is emptied when it would grow past this.
-pub const MAX_GRAPHS: usize = 64;
-
-/// The `skinny_gemm` instance for `tokens` rows (the smallest compiled T >= tokens) with a
-/// bf16 or an fp32 output; None above [`SKINNY_MAX_TOKENS`].
-pub fn skinny_kernel(tokens: usize, f32_out: bool) -> Option<&'static str> {
-    let names = if f32_out {
-        [
-            "skinny_gemm_f32_1",
-            "skinny_gemm_f32_2",
-            "skinny_gemm_f32_4",
-            "skinny_gemm_f32_8",
-        ]
-    } else {
-        [
-            "skinny_gemm_bf16_1",
-            "skinny_gemm_bf16_2",
-            "skinny_gemm_bf16_4",
-            "skinny_gemm_bf16_8",
-        ]
-    };
-    match tokens {
-        0 | 1 => Some(names[0]),
-        2 => Some(names[1]),
-        3 | 4 => Some(names[2]),
-        5..=SKINNY_MAX_TOKENS => Some(names[3]),
-        _ => None,
-    }
-}
-
-/// Launch configuration of `skinny_gemm` for `n` output rows.
-pub fn skinny_config(n: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: ((n as u32).div_ceil(SKINNY_WARPS), 1, 1),
-        block_dim: (SKINNY_WARPS * 32, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-/// Threads per block of the attention kernel (must match `ATTN_THREADS` in the source).
-pub const ATTN_THREADS: u32 = 128;
-/// Keys per shared-memory tile of the attention kernel (`K_TILE`).
-pub const K_TILE: u32 = 32;
-/// Blocks of `paged_attention` per multiprocessor that flash-decoding splits aim for: about
-/// four waves of the six blocks an SM holds, so that the last, partial wave costs little.
-pub const DECODE_BLOCKS_PER_SM: u32 = 24;
-
-/// Errors of the CUDA runtime.
-#[derive(Debug, thiserror::Error)]
-pub enum CudaError {
-    /// The CUDA driver library is not on this machine.
-    #[error("no CUDA driver found (libcuda could not be loaded): --backend cuda needs an NVIDIA GPU and its driver")]
-    NoDriver,
-    /// A CUDA library other than the driver is missing.
-    #[error("CUDA library {0} could not be loaded (set LD_LIBRARY_PATH to the CUDA 13 libraries, e.g. /usr/local/cuda/lib64)")]
-    MissingLibrary(&'static str),
-    /// The driver reports no device.
-    #[error("no CUDA device found")]
-    NoDevice,
-    /// A driver call failed.
-    #[error("CUDA driver: {0}")]
-    Driver(String),
-    /// Run-time compilation failed.
-    #[error("NVRTC compilation of kernels.cu failed: {0}")]
-    Compile(String),
-    /// A cuBLAS call failed.
-    #[error("cuBLAS: {0}")]
-    Blas(String),
-    /// The model or the request does not fit or is not supported.
-    #[error("{0}")]
-    Config(String),
-}
-
-impl From<cudarc::driver::DriverError> for CudaError {
-    fn from(e: cudarc::driver::DriverError) -> Self {
-        CudaError::Driver(format!("{e:?}"))
-    }
-}
-
-impl From<cudarc::cublas::result::CublasError> for CudaError {
-    fn from(e: cudarc::cublas::result::CublasError) -> Self {
-        CudaError::Blas(format!("{e:?}"))
-    }
-}
-
-/// Checks that the driver, NVRTC and cuBLAS libraries can be loaded, without touching them
-/// otherwise (cudarc panics on first use of a library it cannot find).
-pub fn libraries_present() -> Result<(), CudaError> {
-    // SAFETY: these only try to open the shared libraries.
-    unsafe {
-        if !cudarc::driver::sys::is_culib_present() {
-            return Err(CudaError::NoDriver);
-        }
-        if !cudarc::nvrtc::sys::is_culib_present() {
-            return Err(CudaError::MissingLibrary("NVRTC (libnvrtc)"));
-        }
-        if !cudarc::cublas::sys::is_culib_present() {
-            return Err(CudaError::MissingLibrary("cuBLAS (libcublas)"));
-        }
-    }
-    Ok(())
-}
-
-/// What `sim doctor` reports about the GPU.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DeviceInfo {
-    /// Device name.
-    pub name: String,
-    /// Compute capability (major, minor).
-    pub compute_capability: (i32, i32),
-    /// Total memory, bytes.
-    pub total_mem: usize,
-    /// Free memory, bytes.
-    pub free_mem: usize,
-    /// Multiprocessors.
-    pub sm_count: i32,
-    /// Driver API version (e.g. 13000).
-    pub driver_version: i32,
-}
-
-fn open_device() -> Result<Arc<CudaContext>, CudaError> {
-    libraries_present()?;
-    if CudaContext::device_count()? < 1 {
-        return Err(CudaError::NoDevice);
-    }
-    Ok(CudaContext::new(0)?)
-}
-
-/// Probes the first GPU: libraries, device properties, and a compile of the kernels.
-pub fn probe() -> Result<DeviceInfo, CudaError> {
-    let ctx = open_device()?;
-    // Buffers freed by an earlier runtime go back to the stream-ordered pool; a context
-    // synchronisation releases them to the device before we read the free memory.
-    ctx.synchronize()?;
-    let (free_mem, total_mem) = ctx.mem_get_info()?;
-    let sm_count = ctx.attribute(
-        cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-    )?;
-    let mut driver_version = 0;
-    // SAFETY: writes one int.
-    unsafe {
-        cudarc::driver::sys::cuDriverGetVersion(&mut driver_version);
-    }
-    let info = DeviceInfo {
-        name: ctx.name()?,
-        compute_capability: ctx.compute_capability()?,
-        total_mem,
-        free_mem,
-        sm_count,
-        driver_version,
-    };
-    compile(&ctx, 128, 4)?;
-    Ok(info)
-}
-
-/// The architecture string NVRTC compiles for, from the compute capability.
-pub fn arch_for(cc: (i32, i32)) -> &'static str {
-    match cc {
-        (9, 0) => "sm_90",
-        (8, 9) => "sm_89",
-        (8, 6) => "sm_86",
-        (8, 0) => "sm_80",
-        (10, 0) => "sm_100",
-        (12, 0) => "sm_120",
-        (major, _) if major >= 9 => "sm_90",
-        _ => "sm_80",
-    }
-}
-
-/// Compiler options of the kernels for a head size and GQA group.
-pub fn compile_options(arch: &'static str, head_dim: u32, group: u32) -> CompileOptions {
-    CompileOptions {
-        arch: Some(arch),
-        include_paths: cuda_include_paths(),
-        options: vec![
-            format!("-DHEAD_DIM={head_dim}"),
-            format!("-DGQA_GROUP={group}"),
-            // Single-token tiles only reach paged_attention.
-            "-DQ_TILE=1".into(),
-            "-std=c++17".into(),
-        ],
-        ..CompileOptions::default()
-    }
-}
-
-/// Folders holding `cuda_bf16.h` and `mma.h` (NVRTC needs the toolkit headers):
-/// `SIM_CUDA_INCLUDE`, `$CUDA_HOME/include`, `/usr/local/cuda/include`.
-fn cuda_include_paths() -> Vec<String> {
-    let mut paths = Vec::new();
-    if let Ok(dir) = std::env::var("SIM_CUDA_INCLUDE") {
-        paths.push(dir);
-    }
-    if let Ok(home) = std::env::var("CUDA_HOME").or_else(|_| std::env::var("CUDA_PATH")) {
-        paths.push(format!("{home}/include"));
-    }
-    for p in ["/usr/local/cuda/include", "/usr/include"] {
-        paths.push(p.into());
-    }
-    paths
-        .into_iter()
-        .filter(|p| std::path::Path::new(p).join("cuda_bf16.h").exists())
-        .collect()
-}
-
-/// The compiled kernels.
-#[derive(Debug, Clone)]
-pub struct Kernels {
-    f: Vec<CudaFunction>,
-}
-
-impl Kernels {
-    fn get(&self, name: &str) -> &CudaFunction {
-        // Names come from KERNEL_NAMES, all loaded by `compile`.
-        let i = KERNEL_NAMES.iter().position(|n| *n == name).unwrap_or(0);
-        &self.f[i]
-    }
-}
-
-/// Whether the NVRTC library can be loaded (it needs no GPU and no driver).
-pub fn nvrtc_present() -> bool {
-    // SAFETY: only tries to open the shared library.
-    unsafe { cudarc::nvrtc::sys::is_culib_present() }
-}
-
-/// Compiles `kernels.cu` to PTX with NVRTC for `arch` and a model's head size and GQA group.
-pub fn compile_ptx(
-    arch: &'static str,
-    head_dim: u32,
-    group: u32,
-) -> Result<cudarc::nvrtc::Ptx, CudaError> {
-    if !nvrtc_present() {
-        return Err(CudaError::MissingLibrary("NVRTC (libnvrtc)"));
-    }
-    cudarc::nvrtc::compile_ptx_with_opts(KERNELS_CU, compile_options(arch, head_dim, group))
-        .map_err(|e| CudaError::Compile(format!("{e:?}")))
-}
-
-/// Compiles `kernels.cu` for the device and loads every kernel.
-pub fn compile(ctx: &Arc<CudaContext>, head_dim: u32, group: u32) -> Result<Kernels, CudaError> {
-    if !head_dim.is_multiple_of(64) || head_dim > 256 {
-        return Err(CudaError::Config(format!(
-            "head_dim {head_dim} is not supported by the attention kernel (64, 128, 192 or 256)"
-        )));
-    }
-    let ptx = compile_ptx(arch_for(ctx.compute_capability()?), head_dim, group)?;
-    let module = ctx.load_module(ptx)?;
-    let f = KERNEL_NAMES
-        .iter()
-        .map(|n| module.load_function(n))
-        .collect::<Result<Vec<_>, _>>()?;
-    let k = Kernels { f };
-    // prefill_attention uses more than the default 48 KB of dynamic shared memory.
-    let bytes = meta::prefill_smem_bytes(head_dim) as i32;
-    // SAFETY: sets an attribute of a loaded function.
-    unsafe {
-        cudarc::driver::sys::cuFuncSetAttribute(
-            k.get("prefill_attention").cu_function(),
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            bytes,
-        )
-        .result()?;
-    }
-    Ok(k)
-}
-
-/// A Llama-architecture shape (what the forward pass needs to know of a model).
-#[derive(Debug, Clone, PartialEq)]
-pub struct LlamaShape {
-    /// Decoder layers.
-    pub layers: u32,
-    /// Hidden size.
-    pub hidden: u32,
-    /// Query heads.
-    pub heads: u32,
-    /// KV heads.
-    pub kv_heads: u32,
-    /// Head dimension.
-    pub head_dim: u32,
-    /// MLP intermediate size.
-    pub intermediate: u32,
-    /// Vocabulary.
-    pub vocab: u32,
-    /// RoPE base.
-    pub rope_theta: f32,
-    /// RMSNorm epsilon.
-    pub rms_eps: f32,
-    /// LM head shares the embedding.
-    pub tied_embeddings: bool,
-    /// RoPE pairs (2i, 2i+1) as in GGUF, instead of (i, i + d/2).
-    pub rope_interleaved: bool,
-}
-
-impl LlamaShape {
-    /// Query heads per KV head.
-    pub fn group(&self) -> u32 {
-        self.heads / self.kv_heads.max(1)
-    }
-
-    /// Width of the fused QKV projection.
-    pub fn qkv_dim(&self) -> u32 {
-        (self.heads + 2 * self.kv_heads) * self.head_dim
-    }
-
-    /// Weight bytes in bf16.
-    pub fn weight_bytes(&self) -> u64 {
-        let h = u64::from(self.hidden);
-        let per_layer = h * u64::from(self.qkv_dim())
-            + u64::from(self.heads * self.head_dim) * h
-            + 3 * h * u64::from(self.intermediate)
-            + 2 * h;
-        let embed = u64::from(self.vocab) * h;
-        let head = if self.tied_embeddings { 0 } else { embed };
-        2 * (u64::from(self.layers) * per_layer + embed + head + h)
-    }
-
-    /// KV bytes per token (all layers, bf16).
-    pub fn kv_bytes_per_token(&self) -> u64 {
-        2 * 2 * u64::from(self.layers) * u64::from(self.kv_heads) * u64::from(self.head_dim)
-    }
-
-    fn validate(&self) -> Result<(), CudaError> {
-        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
-            return Err(CudaError::Config(format!(
-                "heads ({}) must be a multiple of kv_heads ({})",
-                self.heads, self.kv_heads
-            )));
-        }
-        if self.group() > 32 {
-            return Err(CudaError::Config(format!(
-                "GQA group {} is larger than the attention kernel's 32 rows",
-                self.group()
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// Where the weights come from.
-#[derive(Clone, Copy)]
-enum Weights<'a> {
-    /// Random (seeded) on the device.
-    Synthetic(u64),
-    /// A GGUF file.
-    Gguf(&'a Gguf),
-}
-
-/// The Llama shape described by a GGUF file's metadata (`llama.*` keys).
-pub fn gguf_shape(g: &Gguf) -> Result<LlamaShape, CudaError> {
-    let e = |e: crate::gguf::GgufError| CudaError::Config(e.to_string());
-    let arch = g
-        .metadata
-        .get("general.architecture")
-        .and_then(crate::gguf::Value::as_str)
-        .unwrap_or("");
-    if arch != "llama" {
-        return Err(CudaError::Config(format!(
-            "{}: general.architecture is `{arch}`, only `llama` is supported",
-            g.path().display()
-        )));
-    }
-    let hidden = g.meta_u32("llama.embedding_length").map_err(e)?;
-    let heads = g.meta_u32("llama.attention.head_count").map_err(e)?;
-    let vocab = match g.meta_u32("llama.vocab_size") {
-        Ok(v) => v,
-        Err(_) => g.tensor("token_embd.weight").map_err(e)?.dims[1] as u32,
-    };
-    Ok(LlamaShape {
-        layers: g.meta_u32("llama.block_count").map_err(e)?,
-        hidden,
-        heads,
-        kv_heads: g.meta_u32("llama.attention.head_count_kv").unwrap_or(heads),
-        head_dim: hidden / heads.max(1),
-        intermediate: g.meta_u32("llama.feed_forward_length").map_err(e)?,
-        vocab,
-        rope_theta: g.meta_f64("llama.rope.freq_base").unwrap_or(10000.0) as f32,
-        rms_eps: g
-            .meta_f64("llama.attention.layer_norm_rms_epsilon")
-            .unwrap_or(1e-5) as f32,
-        // SmolLM2 has no output.weight: the embedding doubles as the LM head.
-        tied_embeddings: !g.tensors.contains_key("output.weight"),
-        // GGUF Llama Q/K weights are permuted for interleaved RoPE pairs.
-        rope_interleaved: true,
-    })
-}
 
 struct LayerWeights {
     attn_norm: CudaSlice<bf16>,
@@ -531,22 +107,118 @@ pub struct CudaRuntime {
     xfer: CudaSlice<i32>,
 }
 
-fn grid_for(n: u64, threads: u32) -> LaunchConfig {
-    let blocks = n.div_ceil(u64::from(threads)).clamp(1, 65_535 * 16) as u32;
-    LaunchConfig {
-        grid_dim: (blocks, 1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: 0,
-    }
+/// The weights of a model on the device.
+struct ModelWeights {
+    embed: CudaSlice<bf16>,
+    lm_head: Option<CudaSlice<bf16>>,
+    final_norm: CudaSlice<bf16>,
+    layers: Vec<LayerWeights>,
 }
 
-/// One block of `threads` threads per item (token, row, draw, block pair).
-fn block_per_item(items: usize, threads: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (items as u32, 1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: 0,
+/// Loads (or generates, seeded, on the device) every weight of `shape`, in the file's
+/// order: the embedding, the LM head when untied, each layer's, the final norm.
+fn load_weights(
+    stream: &Arc<CudaStream>,
+    k: &Kernels,
+    shape: &LlamaShape,
+    weights: Weights<'_>,
+) -> Result<ModelWeights, CudaError> {
+    let h = shape.hidden as usize;
+    let alloc = |n: usize| -> Result<CudaSlice<bf16>, CudaError> {
+        // SAFETY: every weight buffer is filled right after allocation.
+        Ok(unsafe { stream.alloc::<bf16>(n.max(1)) }?)
+    };
+    let mut counter = 0u64;
+    let mut fill = |buf: &mut CudaSlice<bf16>, fan_in: usize| -> Result<(), CudaError> {
+        counter += 1;
+        let n = buf.len() as u64;
+        let seed = match weights {
+            Weights::Synthetic(seed) => seed,
+            Weights::Gguf(_) => 0,
+        };
+        let s = seed.wrapping_mul(1_000_003).wrapping_add(counter << 40);
+        let scale = 1.0f32 / (fan_in.max(1) as f32).sqrt();
+        let mut b = stream.launch_builder(k.get("fill_uniform_bf16"));
+        b.arg(buf).arg(&n).arg(&s).arg(&scale);
+        // SAFETY: the kernel writes n elements of buf.
+        unsafe { b.launch(grid_for(n, 256)) }?;
+        Ok(())
+    };
+    let ones = |n: usize| -> Result<CudaSlice<bf16>, CudaError> {
+        let mut buf = alloc(n)?;
+        let n64 = n as u64;
+        let one = 1.0f32;
+        let mut b = stream.launch_builder(k.get("fill_const_bf16"));
+        b.arg(&mut buf).arg(&n64).arg(&one);
+        // SAFETY: writes n elements.
+        unsafe { b.launch(grid_for(n64, 256)) }?;
+        Ok(buf)
+    };
+    let vocab = shape.vocab as usize;
+    let qd = (shape.heads * shape.head_dim) as usize;
+    let inter = shape.intermediate as usize;
+    // Uploads host f32 values as bf16.
+    let upload = |v: Vec<f32>| -> Result<CudaSlice<bf16>, CudaError> {
+        let host: Vec<bf16> = v.into_iter().map(bf16::from_f32).collect();
+        Ok(stream.clone_htod(&host)?)
+    };
+    // A weight: random, or the stacked rows of GGUF tensors ([`Gguf::stacked`]).
+    let mut weight = |names: &[(String, u64)], fan_in: u64| -> Result<CudaSlice<bf16>, CudaError> {
+        let rows: u64 = names.iter().map(|(_, r)| r).sum();
+        match weights {
+            Weights::Synthetic(_) => {
+                let mut w = alloc((rows * fan_in) as usize)?;
+                fill(&mut w, fan_in as usize)?;
+                Ok(w)
+            }
+            Weights::Gguf(g) => upload(
+                g.stacked(names, fan_in)
+                    .map_err(|e| CudaError::Config(e.to_string()))?,
+            ),
+        }
+    };
+    let (vocab_u, h_u) = (vocab as u64, h as u64);
+    let embed = weight(&[("token_embd.weight".into(), vocab_u)], h_u)?;
+    let lm_head = if shape.tied_embeddings {
+        None
+    } else {
+        Some(weight(&[("output.weight".into(), vocab_u)], h_u)?)
+    };
+    let kvd = u64::from(shape.kv_heads * shape.head_dim);
+    let mut layers = Vec::with_capacity(shape.layers as usize);
+    for l in 0..shape.layers {
+        let [attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down] =
+            crate::gguf::llama_layer(l, [h_u, qd as u64, kvd, inter as u64]);
+        let wqkv = weight(&wqkv.0, wqkv.1)?;
+        let wo = weight(&wo.0, wo.1)?;
+        let w_gate_up = weight(&w_gate_up.0, w_gate_up.1)?;
+        let w_down = weight(&w_down.0, w_down.1)?;
+        let (attn_norm, mlp_norm) = match weights {
+            Weights::Synthetic(_) => (ones(h)?, ones(h)?),
+            Weights::Gguf(_) => (
+                weight(&attn_norm.0, attn_norm.1)?,
+                weight(&mlp_norm.0, mlp_norm.1)?,
+            ),
+        };
+        layers.push(LayerWeights {
+            attn_norm,
+            wqkv,
+            wo,
+            mlp_norm,
+            w_gate_up,
+            w_down,
+        });
     }
+    let final_norm = match weights {
+        Weights::Synthetic(_) => ones(h)?,
+        Weights::Gguf(_) => weight(&[("output_norm.weight".into(), 1)], h_u)?,
+    };
+    Ok(ModelWeights {
+        embed,
+        lm_head,
+        final_norm,
+        layers,
+    })
 }
 
 impl CudaRuntime {
@@ -619,97 +291,12 @@ impl CudaRuntime {
                 free as f64 / 1e9
             )));
         }
-        let h = shape.hidden as usize;
-        let alloc = |n: usize| -> Result<CudaSlice<bf16>, CudaError> {
-            // SAFETY: every weight buffer is filled right after allocation.
-            Ok(unsafe { stream.alloc::<bf16>(n.max(1)) }?)
-        };
-        let mut counter = 0u64;
-        let mut fill = |buf: &mut CudaSlice<bf16>, fan_in: usize| -> Result<(), CudaError> {
-            counter += 1;
-            let n = buf.len() as u64;
-            let seed = match weights {
-                Weights::Synthetic(seed) => seed,
-                Weights::Gguf(_) => 0,
-            };
-            let s = seed.wrapping_mul(1_000_003).wrapping_add(counter << 40);
-            let scale = 1.0f32 / (fan_in.max(1) as f32).sqrt();
-            let mut b = stream.launch_builder(k.get("fill_uniform_bf16"));
-            b.arg(buf).arg(&n).arg(&s).arg(&scale);
-            // SAFETY: the kernel writes n elements of buf.
-            unsafe { b.launch(grid_for(n, 256)) }?;
-            Ok(())
-        };
-        let ones = |n: usize| -> Result<CudaSlice<bf16>, CudaError> {
-            let mut buf = alloc(n)?;
-            let n64 = n as u64;
-            let one = 1.0f32;
-            let mut b = stream.launch_builder(k.get("fill_const_bf16"));
-            b.arg(&mut buf).arg(&n64).arg(&one);
-            // SAFETY: writes n elements.
-            unsafe { b.launch(grid_for(n64, 256)) }?;
-            Ok(buf)
-        };
-        let vocab = shape.vocab as usize;
-        let qd = (shape.heads * shape.head_dim) as usize;
-        let inter = shape.intermediate as usize;
-        // Uploads host f32 values as bf16.
-        let upload = |v: Vec<f32>| -> Result<CudaSlice<bf16>, CudaError> {
-            let host: Vec<bf16> = v.into_iter().map(bf16::from_f32).collect();
-            Ok(stream.clone_htod(&host)?)
-        };
-        // A weight: random, or the stacked rows of GGUF tensors ([`Gguf::stacked`]).
-        let mut weight =
-            |names: &[(String, u64)], fan_in: u64| -> Result<CudaSlice<bf16>, CudaError> {
-                let rows: u64 = names.iter().map(|(_, r)| r).sum();
-                match weights {
-                    Weights::Synthetic(_) => {
-                        let mut w = alloc((rows * fan_in) as usize)?;
-                        fill(&mut w, fan_in as usize)?;
-                        Ok(w)
-                    }
-                    Weights::Gguf(g) => upload(
-                        g.stacked(names, fan_in)
-                            .map_err(|e| CudaError::Config(e.to_string()))?,
-                    ),
-                }
-            };
-        let (vocab_u, h_u) = (vocab as u64, h as u64);
-        let embed = weight(&[("token_embd.weight".into(), vocab_u)], h_u)?;
-        let lm_head = if shape.tied_embeddings {
-            None
-        } else {
-            Some(weight(&[("output.weight".into(), vocab_u)], h_u)?)
-        };
-        let kvd = u64::from(shape.kv_heads * shape.head_dim);
-        let mut layers = Vec::with_capacity(shape.layers as usize);
-        for l in 0..shape.layers {
-            let [attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down] =
-                crate::gguf::llama_layer(l, [h_u, qd as u64, kvd, inter as u64]);
-            let wqkv = weight(&wqkv.0, wqkv.1)?;
-            let wo = weight(&wo.0, wo.1)?;
-            let w_gate_up = weight(&w_gate_up.0, w_gate_up.1)?;
-            let w_down = weight(&w_down.0, w_down.1)?;
-            let (attn_norm, mlp_norm) = match weights {
-                Weights::Synthetic(_) => (ones(h)?, ones(h)?),
-                Weights::Gguf(_) => (
-                    weight(&attn_norm.0, attn_norm.1)?,
-                    weight(&mlp_norm.0, mlp_norm.1)?,
-                ),
-            };
-            layers.push(LayerWeights {
-                attn_norm,
-                wqkv,
-                wo,
-                mlp_norm,
-                w_gate_up,
-                w_down,
-            });
-        }
-        let final_norm = match weights {
-            Weights::Synthetic(_) => ones(h)?,
-            Weights::Gguf(_) => weight(&[("output_norm.weight".into(), 1)], h_u)?,
-        };
+        let ModelWeights {
+            embed,
+            lm_head,
+            final_norm,
+            layers,
+        } = load_weights(&stream, &k, &shape, weights)?;
         let cache_len =
             num_blocks as usize * block_size as usize * (shape.kv_heads * shape.head_dim) as usize;
         let mut k_cache = Vec::with_capacity(shape.layers as usize);
@@ -1079,22 +666,7 @@ impl CudaRuntime {
         }
         // Capture before the timed region: vLLM captures its graphs at start-up.
         if graph && !self.graphs.contains_key(&(l, splits)) {
-            if self.graphs.len() >= MAX_GRAPHS {
-                self.graphs.clear();
-            }
-            self.stream.begin_capture(
-                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            )?;
-            let enqueued = self.enqueue(&l, splits);
-            let captured = self
-                .stream
-                .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
-            enqueued?;
-            let g = captured?.ok_or_else(|| {
-                CudaError::Config("CUDA graph capture of a decode step returned no graph".into())
-            })?;
-            g.upload()?;
-            self.graphs.insert((l, splits), g);
+            self.capture(&l, splits)?;
         }
         self.start.record(&self.stream)?;
         self.transfers(plan)?;
@@ -1104,70 +676,105 @@ impl CudaRuntime {
             None => self.enqueue(&l, splits)?,
         }
         self.end.record(&self.stream)?;
-        let mut sampled = Vec::new();
-        let mut host_ns = 0u64;
-        if l.samples > 0 {
-            let Some(a) = self.act.as_ref() else {
-                return Err(CudaError::Config("activation buffers missing".into()));
-            };
-            let mut host = vec![0i32; a.ids.len()];
-            self.stream.memcpy_dtoh(&a.ids, &mut host)?;
-            let vocab = self.shape.vocab as usize;
-            let verifies = plan.num_verify() > 0;
-            // Host verification is part of the step (vLLM verifies inside its step).
-            let host_started = std::time::Instant::now();
-            let logits = if self.keep_logits || verifies {
-                self.stream
-                    .clone_dtoh(&a.logits.slice(0..l.samples * vocab))?
-            } else {
-                Vec::new()
-            };
-            let draws: Vec<u32> = host[..l.draws]
-                .iter()
-                .map(|&x| {
-                    u32::try_from(x)
-                        .ok()
-                        .filter(|&t| t < self.shape.vocab)
-                        .ok_or_else(|| {
-                            CudaError::Config(format!("the sampling kernel returned token {x}"))
-                        })
-                })
-                .collect::<Result<_, _>>()?;
-            if verifies {
-                // Verify works are verified on the host from their logits rows, as the
-                // CPU runtime does; the other works keep the kernel's draws.
-                let (mut row, mut d) = (0usize, 0usize);
-                for w in &plan.work {
-                    if w.kind == engine::plan::WorkKind::Verify {
-                        let (accepted, tokens) =
-                            crate::generate::verify_work(w, &w.token_ids, |j| {
-                                &logits[(row + j) * vocab..(row + j + 1) * vocab]
-                            });
-                        sampled.extend(tokens);
-                        self.accepted.push(accepted);
-                        row += w.len as usize;
-                        d += w.len as usize;
-                    } else if w.sample {
-                        let n = w.num_samples.max(1) as usize;
-                        sampled.extend_from_slice(&draws[d..d + n]);
-                        row += 1;
-                        d += n;
-                    }
-                }
-                host_ns = host_started.elapsed().as_nanos() as u64;
-            } else {
-                sampled = draws;
-            }
-            if self.keep_logits {
-                self.logits = logits;
-            }
-        }
+        let (sampled, host_ns) = if l.samples > 0 {
+            self.collect_samples(plan, &l)?
+        } else {
+            (Vec::new(), 0)
+        };
         self.stream.synchronize()?;
         let ms = self.start.elapsed_ms(&self.end)?;
         Ok((
             ((f64::from(ms) * 1e6).round().max(1.0) as u64).saturating_add(host_ns),
             sampled,
         ))
+    }
+
+    /// Captures the kernels of a step of layout `l` into a CUDA graph (the cache emptied
+    /// when it is full) and uploads it.
+    fn capture(&mut self, l: &meta::MetaLayout, splits: u32) -> Result<(), CudaError> {
+        if self.graphs.len() >= MAX_GRAPHS {
+            self.graphs.clear();
+        }
+        self.stream.begin_capture(
+            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )?;
+        let enqueued = self.enqueue(l, splits);
+        let captured = self
+            .stream
+            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+        enqueued?;
+        let g = captured?.ok_or_else(|| {
+            CudaError::Config("CUDA graph capture of a decode step returned no graph".into())
+        })?;
+        g.upload()?;
+        self.graphs.insert((*l, splits), g);
+        Ok(())
+    }
+
+    /// The tokens of a step's sampled rows, in plan order: the sampling kernel's draws, and
+    /// for verify works the host's verification of their logits rows (whose time, returned
+    /// in ns, counts in the step's).
+    fn collect_samples(
+        &mut self,
+        plan: &StepPlan,
+        l: &meta::MetaLayout,
+    ) -> Result<(Vec<u32>, u64), CudaError> {
+        let mut sampled = Vec::new();
+        let mut host_ns = 0u64;
+        let Some(a) = self.act.as_ref() else {
+            return Err(CudaError::Config("activation buffers missing".into()));
+        };
+        let mut host = vec![0i32; a.ids.len()];
+        self.stream.memcpy_dtoh(&a.ids, &mut host)?;
+        let vocab = self.shape.vocab as usize;
+        let verifies = plan.num_verify() > 0;
+        // Host verification is part of the step (vLLM verifies inside its step).
+        let host_started = std::time::Instant::now();
+        let logits = if self.keep_logits || verifies {
+            self.stream
+                .clone_dtoh(&a.logits.slice(0..l.samples * vocab))?
+        } else {
+            Vec::new()
+        };
+        let draws: Vec<u32> = host[..l.draws]
+            .iter()
+            .map(|&x| {
+                u32::try_from(x)
+                    .ok()
+                    .filter(|&t| t < self.shape.vocab)
+                    .ok_or_else(|| {
+                        CudaError::Config(format!("the sampling kernel returned token {x}"))
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        if verifies {
+            // Verify works are verified on the host from their logits rows, as the
+            // CPU runtime does; the other works keep the kernel's draws.
+            let (mut row, mut d) = (0usize, 0usize);
+            for w in &plan.work {
+                if w.kind == engine::plan::WorkKind::Verify {
+                    let (accepted, tokens) = crate::generate::verify_work(w, &w.token_ids, |j| {
+                        &logits[(row + j) * vocab..(row + j + 1) * vocab]
+                    });
+                    sampled.extend(tokens);
+                    self.accepted.push(accepted);
+                    row += w.len as usize;
+                    d += w.len as usize;
+                } else if w.sample {
+                    let n = w.num_samples.max(1) as usize;
+                    sampled.extend_from_slice(&draws[d..d + n]);
+                    row += 1;
+                    d += n;
+                }
+            }
+            host_ns = host_started.elapsed().as_nanos() as u64;
+        } else {
+            sampled = draws;
+        }
+        if self.keep_logits {
+            self.logits = logits;
+        }
+        Ok((sampled, host_ns))
     }
 
     /// Enqueues the kernels of one step whose metadata (layout `l`) is in `self.meta`:
@@ -1276,273 +883,12 @@ impl CudaRuntime {
     }
 }
 
-/// Draws `draws` tokens (`sample_draws`: argmax, or temperature / top-k / top-p with the
-/// draw's uniform number) from rows of `logits` into `ids`.
-pub(crate) fn launch_sampling(
-    st: &CudaStream,
-    kf: &Kernels,
-    ids: &mut CudaSlice<i32>,
-    logits: &CudaSlice<f32>,
-    draws: &cudarc::driver::CudaView<'_, i32>,
-    n: usize,
-    vocab: u32,
-) -> Result<(), CudaError> {
-    if n == 0 {
-        return Ok(());
-    }
-    let vocab = vocab as i32;
-    let mut b = st.launch_builder(kf.get("sample_draws"));
-    b.arg(ids).arg(logits).arg(draws).arg(&vocab);
-    let cfg = block_per_item(n, 1024);
-    // SAFETY: each draw names a row of `vocab` logits; ids holds at least n entries.
-    unsafe { b.launch(cfg) }?;
-    Ok(())
-}
-
 /// The CPU swap pool: pinned host memory laid out `[layer][K, V][cpu block][block]`, and
 /// its address on the device.
 struct SwapPool {
     _host: cudarc::driver::PinnedHostSlice<bf16>,
     dev: cudarc::driver::sys::CUdeviceptr,
     blocks: u32,
-}
-
-/// The GEMM paths of a step: `skinny_gemm` for a few tokens, cuBLAS otherwise.
-struct Ops<'a> {
-    blas: &'a CudaBlas,
-    st: &'a CudaStream,
-    kf: &'a Kernels,
-    /// Largest token count that takes `skinny_gemm` (0: none).
-    skinny_max: usize,
-}
-
-impl Ops<'_> {
-    /// Launches `skinny_gemm` when `t` is small enough and `k` a multiple of 8; false when
-    /// the caller must use cuBLAS.
-    fn skinny<O: cudarc::driver::DeviceRepr>(
-        &self,
-        out: &mut CudaSlice<O>,
-        x: &CudaSlice<bf16>,
-        w: &CudaSlice<bf16>,
-        [t, k, n]: [usize; 3],
-        f32_out: bool,
-    ) -> Result<bool, CudaError> {
-        let Some(name) =
-            skinny_kernel(t, f32_out).filter(|_| t <= self.skinny_max && k.is_multiple_of(8))
-        else {
-            return Ok(false);
-        };
-        let (ti, ki, ni) = (t as i32, k as i32, n as i32);
-        let mut b = self.st.launch_builder(self.kf.get(name));
-        b.arg(out).arg(x).arg(w).arg(&ti).arg(&ki).arg(&ni);
-        // SAFETY: w holds n x k, x at least t x k, out at least t x n elements; rows of k
-        // bf16 are 16-byte aligned since k is a multiple of 8.
-        unsafe { b.launch(skinny_config(n)) }?;
-        Ok(true)
-    }
-
-    /// `out[t x n] = x[t x k] * w[n x k]^T` (row-major, as PyTorch's Linear).
-    fn linear(
-        &self,
-        out: &mut CudaSlice<bf16>,
-        x: &CudaSlice<bf16>,
-        w: &CudaSlice<bf16>,
-        t: usize,
-        k: usize,
-        n: usize,
-    ) -> Result<(), CudaError> {
-        if self.skinny(out, x, w, [t, k, n], false)? {
-            return Ok(());
-        }
-        let cfg = GemmConfig {
-            transa: cublasOperation_t::CUBLAS_OP_T,
-            transb: cublasOperation_t::CUBLAS_OP_N,
-            m: n as i32,
-            n: t as i32,
-            k: k as i32,
-            alpha: bf16::ONE,
-            lda: k as i32,
-            ldb: k as i32,
-            beta: bf16::ZERO,
-            ldc: n as i32,
-        };
-        // SAFETY: w holds n x k, x at least t x k, out at least t x n elements.
-        unsafe { self.blas.gemm(cfg, w, x, out) }?;
-        Ok(())
-    }
-
-    /// `out[t x n] = x[t x k] * w[n x k]^T` with fp32 output (the logits: bf16 logits would
-    /// round values near 20 to steps of 0.125 and tie greedy choices).
-    fn linear_f32_out(
-        &self,
-        out: &mut CudaSlice<f32>,
-        x: &CudaSlice<bf16>,
-        w: &CudaSlice<bf16>,
-        t: usize,
-        k: usize,
-        n: usize,
-    ) -> Result<(), CudaError> {
-        if self.skinny(out, x, w, [t, k, n], true)? {
-            return Ok(());
-        }
-        use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType_t};
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
-        let st = self.st;
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        let (wp, _gw) = w.device_ptr(st);
-        let (xp, _gx) = x.device_ptr(st);
-        let (op, _go) = out.device_ptr_mut(st);
-        // SAFETY: w holds n x k, x at least t x k, out at least t x n elements; alpha and
-        // beta are host f32 as CUBLAS_COMPUTE_32F expects.
-        unsafe {
-            cudarc::cublas::result::gemm_ex(
-                *self.blas.handle(),
-                cublasOperation_t::CUBLAS_OP_T,
-                cublasOperation_t::CUBLAS_OP_N,
-                n as i32,
-                t as i32,
-                k as i32,
-                (&alpha) as *const f32 as *const _,
-                wp as *const _,
-                cudaDataType_t::CUDA_R_16BF,
-                k as i32,
-                xp as *const _,
-                cudaDataType_t::CUDA_R_16BF,
-                k as i32,
-                (&beta) as *const f32 as *const _,
-                op as *mut _,
-                cudaDataType_t::CUDA_R_32F,
-                n as i32,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }?;
-        Ok(())
-    }
-}
-
-/// `residual += delta` (when `add`), then `h = RMSNorm(residual) x w`, over `tokens` rows.
-#[allow(clippy::too_many_arguments)]
-fn add_rmsnorm(
-    st: &CudaStream,
-    kf: &Kernels,
-    a: &mut Activations,
-    add: bool,
-    w: &CudaSlice<bf16>,
-    tokens: usize,
-    hidden: i32,
-    eps: f32,
-) -> Result<(), CudaError> {
-    let add = i32::from(add);
-    let mut b = st.launch_builder(kf.get("add_rmsnorm"));
-    b.arg(&mut a.h)
-        .arg(&mut a.residual)
-        .arg(&a.delta)
-        .arg(&add)
-        .arg(w)
-        .arg(&hidden)
-        .arg(&eps);
-    let cfg = block_per_item(tokens, 256);
-    // SAFETY: `tokens` rows of `hidden` in every buffer (activations sized for the step).
-    unsafe { b.launch(cfg) }?;
-    Ok(())
-}
-
-/// Launches the attention of one layer for a step: `paged_attention` over the single-token
-/// tiles (with `splits` flash-decoding splits and their combine) and `prefill_attention`
-/// over the multi-token tiles. `dims` = (heads, kv_heads, head_dim, block_size).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_attention(
-    st: &CudaStream,
-    kf: &Kernels,
-    l: &meta::MetaLayout,
-    meta: &CudaSlice<i32>,
-    out: &mut CudaSlice<bf16>,
-    part_acc: &mut CudaSlice<f32>,
-    part_ml: &mut CudaSlice<f32>,
-    q: &CudaSlice<bf16>,
-    k_cache: &CudaSlice<bf16>,
-    v_cache: &CudaSlice<bf16>,
-    dims: [u32; 4],
-    splits: u32,
-    window: i32,
-) -> Result<(), CudaError> {
-    let [heads_u, kv_heads_u, head_dim, block_size] = dims;
-    let positions = meta.slice(l.positions..l.positions + l.tokens);
-    let tables = meta.slice(l.block_tables..l.block_tables + l.seqs * l.max_blocks);
-    let (heads, kv_heads, bs) = (heads_u as i32, kv_heads_u as i32, block_size as i32);
-    let max_blocks = l.max_blocks as i32;
-    let nsplit = splits as i32;
-    let scale = 1.0f32 / (head_dim as f32).sqrt();
-    if l.tiles > 0 {
-        let tiles = meta.slice(l.tile_data..l.tile_data + 4 * l.tiles);
-        let mut b = st.launch_builder(kf.get("paged_attention"));
-        b.arg(&mut *out)
-            .arg(&mut *part_acc)
-            .arg(&mut *part_ml)
-            .arg(q)
-            .arg(k_cache)
-            .arg(v_cache)
-            .arg(&tables)
-            .arg(&max_blocks)
-            .arg(&tiles)
-            .arg(&positions)
-            .arg(&heads)
-            .arg(&kv_heads)
-            .arg(&bs)
-            .arg(&nsplit)
-            .arg(&scale)
-            .arg(&window);
-        let cfg = LaunchConfig {
-            grid_dim: (l.tiles as u32, kv_heads_u, splits),
-            block_dim: (ATTN_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: tiles, tables and positions describe this step (StepMeta); the partial
-        // buffers hold tokens x heads x splits rows when splits > 1.
-        unsafe { b.launch(cfg) }?;
-        if splits > 1 {
-            let mut b = st.launch_builder(kf.get("attn_combine"));
-            b.arg(&mut *out)
-                .arg(&*part_acc)
-                .arg(&*part_ml)
-                .arg(&tiles)
-                .arg(&heads)
-                .arg(&nsplit);
-            let cfg = LaunchConfig {
-                grid_dim: (l.tiles as u32, heads_u, 1),
-                block_dim: (head_dim, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: the partials of every single-token tile were written above.
-            unsafe { b.launch(cfg) }?;
-        }
-    }
-    if l.ptiles > 0 {
-        let ptiles = meta.slice(l.ptile_data..l.ptile_data + 4 * l.ptiles);
-        let mut b = st.launch_builder(kf.get("prefill_attention"));
-        b.arg(&mut *out)
-            .arg(q)
-            .arg(k_cache)
-            .arg(v_cache)
-            .arg(&tables)
-            .arg(&max_blocks)
-            .arg(&ptiles)
-            .arg(&positions)
-            .arg(&heads)
-            .arg(&kv_heads)
-            .arg(&bs)
-            .arg(&scale)
-            .arg(&window);
-        let cfg = LaunchConfig {
-            grid_dim: (l.ptiles as u32, kv_heads_u, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: meta::prefill_smem_bytes(head_dim),
-        };
-        // SAFETY: as above; each multi-token tile writes its own rows of `out`.
-        unsafe { b.launch(cfg) }?;
-    }
-    Ok(())
 }
 
 impl crate::generate::StepRuntime for CudaRuntime {

@@ -11,10 +11,6 @@ use crate::workload::csv_file::{
 };
 use crate::workload::WorkloadError;
 
-/// Largest trace file (in bytes) whose rows are counted when it is opened (for
-/// [`crate::workload::Workload::expected_len`]); larger traces report no expected length.
-const COUNT_ROWS_MAX_BYTES: u64 = 256 * 1024 * 1024;
-
 /// A CSV trace being streamed.
 #[derive(Debug)]
 pub(super) struct CsvRows {
@@ -39,10 +35,7 @@ impl CsvRows {
     ) -> Result<(CsvRows, Option<u64>), WorkloadError> {
         let mut reader = open_csv(&path)?;
         let idx = column_indices(&mut reader, &path, columns)?;
-        let size = std::fs::metadata(&path)
-            .map(|m| m.len())
-            .unwrap_or(u64::MAX);
-        let rows = if size <= COUNT_ROWS_MAX_BYTES {
+        let rows = if super::countable(&path) {
             Some(count_rows(&path)?)
         } else {
             None

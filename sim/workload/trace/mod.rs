@@ -21,13 +21,22 @@ pub use mooncake::{mooncake_token, MOONCAKE_BLOCK_TOKENS};
 use super::error::{check_path, check_positive};
 use super::WorkloadError;
 
+/// Largest trace file (in bytes) whose requests are counted when it is opened (for
+/// [`crate::workload::Workload::expected_len`]); larger traces report no expected length.
+pub(super) const COUNT_MAX_BYTES: u64 = 256 * 1024 * 1024;
+
+/// Whether a trace file is small enough to count its requests up front.
+fn countable(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.len() <= COUNT_MAX_BYTES)
+}
+
 /// A trace to replay (`trace = { format = "...", path = "...", time_scale = 1.0 }`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TraceConfig {
-    /// Column layout of the CSV.
+    /// The file's format.
     pub format: TraceFormat,
-    /// Path of the CSV, relative to the scenario's folder.
+    /// Path of the trace file, relative to the scenario's folder.
     pub path: PathBuf,
     /// Multiplies inter-arrival times (0.5 replays at twice the rate).
     #[serde(default = "default_time_scale")]

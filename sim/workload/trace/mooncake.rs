@@ -55,10 +55,12 @@ pub(super) fn open(
         path: path.clone(),
         source,
     })?;
-    // One request per line.
-    let count = std::fs::read(&path)
-        .ok()
-        .map(|b| b.iter().filter(|&&c| c == b'\n').count() as u64);
+    // One request per line, counted in a streaming pass (files up to 256 MiB).
+    let count = if super::countable(&path) {
+        count_lines(&path)
+    } else {
+        None
+    };
     let reader = MooncakeReader {
         path,
         lines: std::io::BufReader::new(file).lines(),
@@ -154,5 +156,21 @@ impl TraceReader for MooncakeReader {
 
     fn clamped_outputs(&self) -> u64 {
         self.clamped_outputs
+    }
+}
+
+/// The newlines of a file, read in chunks (`None` if it cannot be read).
+fn count_lines(path: &std::path::Path) -> Option<u64> {
+    use std::io::BufRead;
+    let mut reader = std::io::BufReader::with_capacity(1 << 16, File::open(path).ok()?);
+    let mut n = 0u64;
+    loop {
+        let buf = reader.fill_buf().ok()?;
+        if buf.is_empty() {
+            return Some(n);
+        }
+        n += buf.iter().filter(|&&c| c == b'\n').count() as u64;
+        let len = buf.len();
+        reader.consume(len);
     }
 }
