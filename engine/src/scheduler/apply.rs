@@ -31,30 +31,11 @@ impl Scheduler {
         let mut work = Vec::with_capacity(resp.granted.len());
         let mut recomputed = 0;
         for (k, &g) in resp.granted.iter().enumerate() {
-            let entry = &req.entries[g];
             let hit = resp.hits.get(k).copied().unwrap_or(0);
-            let Some(tokens) = self.grant(entry, self.pending_tokens[g], hit, now) else {
-                continue;
-            };
-            let table = tables.next().unwrap_or_default();
-            if tokens == 0 {
-                // Admitted (blocks reserved) but not computing in this step.
-                continue;
+            if let Some(w) = self.grant(&req.entries[g], g, hit, now, &mut tables, &mut recomputed)
+            {
+                work.push(w);
             }
-            let drafts = self.pending_drafts.get(g).cloned().flatten();
-            let Some(s) = self.seqs.get(&entry.seq) else {
-                continue;
-            };
-            let start = s.num_computed;
-            recomputed += s.recompute_upto.min(start + tokens).saturating_sub(start);
-            work.push(seq_work(
-                s,
-                entry.seq,
-                tokens,
-                drafts,
-                self.cfg.keep_tokens,
-                table,
-            ));
         }
         self.plan(work, resp, recomputed, now)
     }
@@ -86,11 +67,21 @@ impl Scheduler {
         self.last_admitted_arrival = None;
     }
 
-    /// A granted entry: a waiting sequence is admitted (joins the running set, its first
-    /// scheduling recorded), a prefix-cache hit counts as computed. Returns the tokens it
-    /// computes in this step (`None`: the sequence is not live).
-    fn grant(&mut self, entry: &ReserveEntry, tokens: u32, hit: u32, now: Nanos) -> Option<u32> {
-        let mut tokens = tokens;
+    /// A granted entry (`g`, its index in the request): a waiting sequence is admitted
+    /// (joins the running set, its first scheduling recorded), a prefix-cache hit counts as
+    /// computed, and the sequence takes the next block table. Returns its work in this step
+    /// (`None`: not live, or admitted without computing yet). One lookup of the sequence:
+    /// this runs per step and sequence.
+    fn grant(
+        &mut self,
+        entry: &ReserveEntry,
+        g: usize,
+        hit: u32,
+        now: Nanos,
+        tables: &mut impl Iterator<Item = Vec<u32>>,
+        recomputed: &mut u32,
+    ) -> Option<SeqWork> {
+        let mut tokens = self.pending_tokens[g];
         if entry.kind == EntryKind::Waiting {
             // Granted waiting entries are a prefix of the queue (no skipping), behind
             // only the sequences preempted in this very step (priority preemption).
@@ -127,7 +118,22 @@ impl Scheduler {
                 }
             }
         }
-        Some(tokens)
+        let table = tables.next().unwrap_or_default();
+        if tokens == 0 {
+            // Admitted (blocks reserved) but not computing in this step.
+            return None;
+        }
+        let drafts = self.pending_drafts.get(g).cloned().flatten();
+        let start = s.num_computed;
+        *recomputed += s.recompute_upto.min(start + tokens).saturating_sub(start);
+        Some(seq_work(
+            s,
+            entry.seq,
+            tokens,
+            drafts,
+            self.cfg.keep_tokens,
+            table,
+        ))
     }
 
     /// The step plan of `work`, with the block manager's moves, and the step's statistics.
@@ -177,6 +183,7 @@ impl Scheduler {
 /// The work of sequence `s` in a step: `tokens` from its computed position (a verify when
 /// it has drafts, else a decode or a prefill chunk), with its block table and, for real
 /// backends, its token ids.
+#[inline]
 fn seq_work(
     s: &Sequence,
     seq: SeqId,

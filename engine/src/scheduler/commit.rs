@@ -6,30 +6,16 @@
 use super::*;
 
 impl Scheduler {
-    /// Step 3: commits the backend's outcome at time `now` (the step's end).
+    /// Step 3: commits the backend's outcome at time `now` (the step's end). One loop over
+    /// the plan's works, each sequence looked up once: this is the engine's hottest path
+    /// (per step and sequence), so the verify and sampling branches stay inline.
     pub fn commit(
         &mut self,
         plan: &StepPlan,
         outcome: &StepOutcome,
         now: Nanos,
     ) -> Result<CommitResult, EngineError> {
-        if outcome.accepted.len() != plan.num_verify() {
-            return Err(EngineError::Backend(format!(
-                "step {}: backend returned {} acceptance counts for {} verify steps",
-                plan.step,
-                outcome.accepted.len(),
-                plan.num_verify()
-            )));
-        }
-        let expected = StepOutcome::expected_samples(plan, &outcome.accepted);
-        if outcome.sampled.len() != expected {
-            return Err(EngineError::Backend(format!(
-                "step {}: backend returned {} sampled tokens where the plan and its acceptances make {}",
-                plan.step,
-                outcome.sampled.len(),
-                expected
-            )));
-        }
+        check_outcome(plan, outcome)?;
         let mut result = CommitResult::default();
         let mut sampled = outcome.sampled.iter();
         let mut accepted = outcome.accepted.iter();
@@ -56,7 +42,34 @@ impl Scheduler {
                 let tokens: Vec<u32> = (0..=a)
                     .map(|_| sampled.next().copied().unwrap_or(crate::backend::SIM_TOKEN))
                     .collect();
-                self.commit_verify(w.seq, k, &tokens, now, &mut result);
+                let computed = s.num_computed + 1 + a;
+                let (keep, eos) = (self.cfg.keep_tokens, self.cfg.eos_token);
+                let (mut reason, mut emitted) = (None, 0u32);
+                for (j, &t) in tokens.iter().enumerate() {
+                    // One inter-token gap per step: the tokens arrive together.
+                    reason = append_token(s, t, now, keep, eos, &mut self.itl_gaps, j == 0);
+                    emitted += 1;
+                    if reason.is_some() {
+                        break;
+                    }
+                }
+                // (A request that ended inside the accepted drafts has fewer tokens.)
+                s.num_computed = computed.min(s.num_tokens);
+                register_full_blocks(s, bs, w.seq, &mut result.cache);
+                record_spec(&mut self.spec_stats, s.request.class, k, a, emitted);
+                if let Some(g) = self.groups.get_mut(&s.request.id) {
+                    g.generated += emitted;
+                }
+                match reason {
+                    None => result.rollback.push((w.seq, s.num_computed)),
+                    Some(reason) => {
+                        s.status = SeqStatus::Finished;
+                        result.to_free.push(w.seq);
+                        if let Some(rec) = self.finish(w.seq, reason, now) {
+                            result.finished.push(rec);
+                        }
+                    }
+                }
                 continue;
             }
             s.num_computed += w.len;
@@ -70,12 +83,69 @@ impl Scheduler {
             let tokens: Vec<u32> = (0..k)
                 .map(|_| sampled.next().copied().unwrap_or(crate::backend::SIM_TOKEN))
                 .collect();
-            self.commit_samples(w.seq, &tokens, now, &mut result, &mut sampled_groups);
+            // Parallel sampling: the prompt's first `n` tokens fork the sequence; the
+            // children share its blocks (forked in the block manager with this commit).
+            let mut children = Vec::new();
+            if k > 1 {
+                for (j, &t) in tokens.iter().enumerate().skip(1) {
+                    let mut c = s.clone();
+                    c.request.n = 1;
+                    // Preemptions before the fork were the parent's (counted once).
+                    c.num_preemptions = 0;
+                    c.shared_tokens = s.num_computed / self.cfg.block_size * self.cfg.block_size;
+                    let id = child_id(s.request.id, j as u32);
+                    c.admitted_seq = self.admissions;
+                    self.admissions += 1;
+                    children.push((id, c, t));
+                }
+                if let Some(g) = self.groups.get_mut(&s.request.id) {
+                    g.members.extend(children.iter().map(|(id, _, _)| *id));
+                }
+            }
+            if let Some(g) = self.groups.get_mut(&s.request.id) {
+                g.generated += k as u32;
+                if g.beam {
+                    sampled_groups.push(s.request.id);
+                }
+            }
+            let keep = self.cfg.keep_tokens;
+            let eos = self.cfg.eos_token;
+            let mut outcomes = Vec::with_capacity(k);
+            let reason = append_token(s, tokens[0], now, keep, eos, &mut self.itl_gaps, true);
+            outcomes.push((w.seq, reason));
+            for (id, mut c, t) in children {
+                let reason = append_token(&mut c, t, now, keep, eos, &mut self.itl_gaps, true);
+                if reason.is_none() {
+                    result.forks.push((w.seq, id));
+                    self.running.push(id);
+                }
+                self.seqs.insert(id, c);
+                outcomes.push((id, reason));
+            }
+            for (id, reason) in outcomes {
+                let Some(reason) = reason else { continue };
+                if let Some(s) = self.seqs.get_mut(&id) {
+                    s.status = SeqStatus::Finished;
+                }
+                // A child that ends at its first token was never forked: nothing to free.
+                if id == w.seq || result.forks.iter().any(|&(_, c)| c == id) {
+                    result.to_free.push(id);
+                }
+                if let Some(rec) = self.finish(id, reason, now) {
+                    result.finished.push(rec);
+                }
+            }
         }
         sampled_groups.dedup();
         for rid in sampled_groups {
             self.reselect_beams(rid, plan, &mut result);
         }
+        self.drop_finished(&result);
+        Ok(result)
+    }
+
+    /// Removes the finished sequences from the running set and the live ones.
+    fn drop_finished(&mut self, result: &CommitResult) {
         if !result.to_free.is_empty() {
             let seqs = &self.seqs;
             self.running.retain(|id| {
@@ -88,124 +158,6 @@ impl Scheduler {
         }
         // Children that ended at their first token hold no blocks but are done too.
         self.seqs.retain(|_, s| s.status != SeqStatus::Finished);
-        Ok(result)
-    }
-
-    /// Commits a verify step of sequence `seq`: its `k` drafts, of which `tokens.len() - 1`
-    /// were accepted, then the model's own token; the rejected slots are rolled back.
-    fn commit_verify(
-        &mut self,
-        seq: SeqId,
-        k: u32,
-        tokens: &[u32],
-        now: Nanos,
-        result: &mut CommitResult,
-    ) {
-        let bs = self.cfg.block_size;
-        let Some(s) = self.seqs.get_mut(&seq) else {
-            return;
-        };
-        let a = tokens.len() as u32 - 1;
-        let computed = s.num_computed + 1 + a;
-        let (keep, eos) = (self.cfg.keep_tokens, self.cfg.eos_token);
-        let (mut reason, mut emitted) = (None, 0u32);
-        for (j, &t) in tokens.iter().enumerate() {
-            // One inter-token gap per step: the tokens arrive together.
-            reason = append_token(s, t, now, keep, eos, &mut self.itl_gaps, j == 0);
-            emitted += 1;
-            if reason.is_some() {
-                break;
-            }
-        }
-        // (A request that ended inside the accepted drafts has fewer tokens.)
-        s.num_computed = computed.min(s.num_tokens);
-        register_full_blocks(s, bs, seq, &mut result.cache);
-        let class = usize::from(s.request.class);
-        if self.spec_stats.len() <= class {
-            self.spec_stats.resize(class + 1, Default::default());
-        }
-        self.spec_stats[class].record(k, a, emitted);
-        if let Some(g) = self.groups.get_mut(&s.request.id) {
-            g.generated += emitted;
-        }
-        match reason {
-            None => result.rollback.push((seq, s.num_computed)),
-            Some(reason) => {
-                s.status = SeqStatus::Finished;
-                result.to_free.push(seq);
-                if let Some(rec) = self.finish(seq, reason, now) {
-                    result.finished.push(rec);
-                }
-            }
-        }
-    }
-
-    /// Commits the tokens sampled for sequence `seq`: one, or the `n` first tokens of a
-    /// parallel-sampling request, whose children fork from it here.
-    fn commit_samples(
-        &mut self,
-        seq: SeqId,
-        tokens: &[u32],
-        now: Nanos,
-        result: &mut CommitResult,
-        sampled_groups: &mut Vec<SeqId>,
-    ) {
-        let k = tokens.len();
-        let Some(s) = self.seqs.get_mut(&seq) else {
-            return;
-        };
-        // Parallel sampling: the prompt's first `n` tokens fork the sequence; the
-        // children share its blocks (forked in the block manager with this commit).
-        let mut children = Vec::new();
-        if k > 1 {
-            for (j, &t) in tokens.iter().enumerate().skip(1) {
-                let mut c = s.clone();
-                c.request.n = 1;
-                // Preemptions before the fork were the parent's (counted once).
-                c.num_preemptions = 0;
-                c.shared_tokens = s.num_computed / self.cfg.block_size * self.cfg.block_size;
-                let id = child_id(s.request.id, j as u32);
-                c.admitted_seq = self.admissions;
-                self.admissions += 1;
-                children.push((id, c, t));
-            }
-            if let Some(g) = self.groups.get_mut(&s.request.id) {
-                g.members.extend(children.iter().map(|(id, _, _)| *id));
-            }
-        }
-        if let Some(g) = self.groups.get_mut(&s.request.id) {
-            g.generated += k as u32;
-            if g.beam {
-                sampled_groups.push(s.request.id);
-            }
-        }
-        let keep = self.cfg.keep_tokens;
-        let eos = self.cfg.eos_token;
-        let mut outcomes = Vec::with_capacity(k);
-        let reason = append_token(s, tokens[0], now, keep, eos, &mut self.itl_gaps, true);
-        outcomes.push((seq, reason));
-        for (id, mut c, t) in children {
-            let reason = append_token(&mut c, t, now, keep, eos, &mut self.itl_gaps, true);
-            if reason.is_none() {
-                result.forks.push((seq, id));
-                self.running.push(id);
-            }
-            self.seqs.insert(id, c);
-            outcomes.push((id, reason));
-        }
-        for (id, reason) in outcomes {
-            let Some(reason) = reason else { continue };
-            if let Some(s) = self.seqs.get_mut(&id) {
-                s.status = SeqStatus::Finished;
-            }
-            // A child that ends at its first token was never forked: nothing to free.
-            if id == seq || result.forks.iter().any(|&(_, c)| c == id) {
-                result.to_free.push(id);
-            }
-            if let Some(rec) = self.finish(id, reason, now) {
-                result.finished.push(rec);
-            }
-        }
     }
 
     /// Beam search: once every beam of request `rid` has a new token (and none finished),
@@ -321,4 +273,43 @@ impl Scheduler {
         rec.num_preemptions = g.preemptions;
         Some(rec)
     }
+}
+
+/// Checks that the backend returned an acceptance count per verify work and the tokens the
+/// plan and those acceptances make.
+fn check_outcome(plan: &StepPlan, outcome: &StepOutcome) -> Result<(), EngineError> {
+    if outcome.accepted.len() != plan.num_verify() {
+        return Err(EngineError::Backend(format!(
+            "step {}: backend returned {} acceptance counts for {} verify steps",
+            plan.step,
+            outcome.accepted.len(),
+            plan.num_verify()
+        )));
+    }
+    let expected = StepOutcome::expected_samples(plan, &outcome.accepted);
+    if outcome.sampled.len() != expected {
+        return Err(EngineError::Backend(format!(
+            "step {}: backend returned {} sampled tokens where the plan and its acceptances make {}",
+            plan.step,
+            outcome.sampled.len(),
+            expected
+        )));
+    }
+    Ok(())
+}
+
+/// Counts a verify step of `k` drafts, `accepted` of them accepted and `emitted` tokens
+/// emitted, in its class's acceptance counters.
+fn record_spec(
+    stats: &mut Vec<crate::spec::SpecStats>,
+    class: u16,
+    k: u32,
+    accepted: u32,
+    emitted: u32,
+) {
+    let class = usize::from(class);
+    if stats.len() <= class {
+        stats.resize(class + 1, Default::default());
+    }
+    stats[class].record(k, accepted, emitted);
 }
