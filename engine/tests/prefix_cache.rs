@@ -110,6 +110,10 @@ impl Rng {
 
 const MAX_LEN: u32 = 96;
 
+/// One random engine run (scheduler, eviction policy, pool, arrivals all drawn from
+/// `seed`) with every invariant checked after every step. Long (about 180 lines) on
+/// purpose: the run is one loop whose state a reader follows top to bottom, and a failure
+/// reproduces from the seed alone.
 fn run_fuzz(seed: u64) -> Result<(), String> {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let kinds = [

@@ -1,10 +1,11 @@
 //! The CPU reference runtime: a Llama forward pass over the engine's paged KV cache,
 //! multithreaded by a team of spinning threads (`cpu/team.rs`). Weights come from a GGUF file
-//! (Q4_0/Q4_1/Q8_0 blocks kept at the file's size and multiplied in integers by 8-bit
-//! activations as llama.cpp does: regrouped sixteen rows at a time for AVX-512 VNNI
-//! where the CPU has it (`cpu/packed.rs`), row by row with AVX2 or scalar code otherwise;
-//! `SIM_CPU_ISA=avx2|scalar` forces a fallback; other formats dequantized to f32 at
-//! load through [`crate::gguf`]), or are synthetic f32 for any shape. Norms, RoPE, attention and the KV cache are f32. The KV
+//! (Q4_0/Q4_1/Q8_0 blocks kept at the file's size, `cpu/blocks.rs`, and multiplied in
+//! integers by 8-bit activations as llama.cpp does, `cpu/matmul.rs`: regrouped sixteen rows
+//! at a time for AVX-512 VNNI where the CPU has it (`cpu/packed.rs`), row by row with AVX2
+//! or scalar code otherwise; `SIM_CPU_ISA=avx2|scalar` forces a fallback; other formats
+//! dequantized to f32 at load through [`crate::gguf`]), or are synthetic f32 for any shape.
+//! Norms, RoPE (`cpu/ops.rs`), attention and the KV cache are f32. The KV
 //! cache of each layer is laid out as the block manager's blocks
 //! (`[block][kv_head][slot][head_dim]`), exactly as on the GPU, so the block tables of a
 //! [`StepPlan`] address it directly; block copies (copy-on-write) and swaps move whole

@@ -2,7 +2,7 @@
 //!
 //! The pool holds `num_blocks` fixed-size blocks of `block_size` token slots. Each sequence
 //! owns a block table (logical block i -> physical block id). Blocks carry a reference
-//! count so that copy-on-write forks and prefix sharing (later) can share a block; a block
+//! count so that copy-on-write forks and prefix sharing can share a block; a block
 //! with ref count 0 sits in the free queue. Freed blocks are appended to the tail of the
 //! free queue and allocation takes from the head, so the queue is already in the order an
 //! LRU prefix cache evicts (vLLM V1's `FreeKVCacheBlockQueue`).

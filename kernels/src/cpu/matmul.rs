@@ -14,7 +14,7 @@ pub(super) const TILE: usize = 4;
 /// lanes, converted and accumulated in f32 lanes with the two scales, and one horizontal
 /// sum per row and token at the end.
 #[cfg(target_arch = "x86_64")]
-pub(super) mod simd {
+mod simd {
     use super::{IntBlock, QuantActs};
     use std::arch::x86_64::*;
 

@@ -115,8 +115,9 @@ struct ModelWeights {
     layers: Vec<LayerWeights>,
 }
 
-/// Loads (or generates, seeded, on the device) every weight of `shape`, in the file's
-/// order: the embedding, the LM head when untied, each layer's, the final norm.
+/// Loads (or generates, seeded, on the device) every weight of `shape`, in a fixed order
+/// (the synthetic weights' seeds depend on it): the embedding, the LM head when untied, each
+/// layer's projections then its norms, the final norm.
 fn load_weights(
     stream: &Arc<CudaStream>,
     k: &Kernels,

@@ -214,7 +214,9 @@ pub fn verify_check(seed: u64) -> Result<Vec<RuntimeCase>, CudaError> {
             total,
         });
     }
-    cases.push(verify_mixed_step(&shape, seed, &prompt, &step, &one)?);
+    cases.push(verify_mixed_step(
+        &shape, seed, block_size, &prompt, &step, &one,
+    )?);
     Ok(cases)
 }
 
@@ -262,11 +264,11 @@ fn one_work_plan(
 fn verify_mixed_step(
     shape: &LlamaShape,
     seed: u64,
+    block_size: u32,
     prompt: &[u32],
     step: &dyn Fn(u32, &[u32], bool) -> StepPlan,
     one: &dyn Fn(Vec<u32>) -> Result<u32, CudaError>,
 ) -> Result<RuntimeCase, CudaError> {
-    let block_size = 16u32;
     let vocab = shape.vocab as usize;
     let mut rt = CudaRuntime::synthetic(shape.clone(), seed, block_size, 32)?;
     rt.keep_logits(true);
