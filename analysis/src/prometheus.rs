@@ -159,7 +159,7 @@ pub fn exposition(v: &VariantData) -> String {
         "KV-cache usage (vLLM V0's name), mean over the run's steps.",
         s.mean_kv_usage,
     );
-    let last = v.steps.last().copied().unwrap_or([0.0; 6]);
+    let last = v.last_step.unwrap_or([0.0; 6]);
     gauge(
         &mut out,
         v,
@@ -255,6 +255,7 @@ mod tests {
             tpot_ms: vec![20.0],
             e2el_ms: vec![1000.0, 4000.0],
             steps: vec![[1.0, 0.5, 4.0, 2.0, 100.0, 0.0]],
+            last_step: Some([1.0, 0.5, 4.0, 2.0, 100.0, 0.0]),
             plan: None,
             warnings: Vec::new(),
             hit_rate: Vec::new(),

@@ -131,15 +131,10 @@ pub fn read_result_set(dir: &Path) -> Result<ResultSet, AnalysisError> {
 pub fn read_runs(runs: &[std::path::PathBuf]) -> Result<ResultSet, AnalysisError> {
     let mut set = ResultSet::new();
     let mut add = |run: &Path| -> Result<(), AnalysisError> {
-        let mut vs: Vec<std::path::PathBuf> = std::fs::read_dir(run)
-            .map_err(|e| AnalysisError::io(run, e))?
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| p.join("summary.json").exists())
-            .collect();
+        let mut vs = crate::report::run_variants(run)?;
         vs.sort();
         for v in vs {
-            let s = read_summary_json(&v.join("summary.json"))?;
+            let s = read_summary_json(&run.join(v).join("summary.json"))?;
             set.entry(s.variant.clone()).or_default().push(s);
         }
         Ok(())

@@ -95,18 +95,22 @@ impl Gpu {
     /// Checks the figures of a parsed [`GpuFile`] and converts them to SI units; `shown`
     /// (the file) prefixes errors.
     pub fn from_file(f: GpuFile, shown: &str) -> Result<Gpu, String> {
+        // Upper bounds far above any device (a 1e300 GiB GPU is a typo, and would ask the
+        // simulator for a pool it cannot track).
         let positive = [
-            ("memory_gib", f.memory_gib),
-            ("bf16_tflops", f.bf16_tflops),
-            ("fp32_tflops", f.fp32_tflops),
-            ("memory_bandwidth_gbs", f.memory_bandwidth_gbs),
-            ("interconnect_gbs", f.interconnect_gbs),
-            ("pcie_gbs", f.pcie_gbs),
-            ("fp8_tflops", f.fp8_tflops.unwrap_or(1.0)),
+            ("memory_gib", f.memory_gib, 1e5),
+            ("bf16_tflops", f.bf16_tflops, 1e6),
+            ("fp32_tflops", f.fp32_tflops, 1e6),
+            ("memory_bandwidth_gbs", f.memory_bandwidth_gbs, 1e6),
+            ("interconnect_gbs", f.interconnect_gbs, 1e6),
+            ("pcie_gbs", f.pcie_gbs, 1e6),
+            ("fp8_tflops", f.fp8_tflops.unwrap_or(1.0), 1e6),
         ];
-        for (k, v) in positive {
-            if !(v > 0.0 && v.is_finite()) {
-                return Err(format!("{shown}: `{k}` must be a positive number, got {v}"));
+        for (k, v, max) in positive {
+            if !(v > 0.0 && v <= max) {
+                return Err(format!(
+                    "{shown}: `{k}` must be a positive number of at most {max}, got {v:?}"
+                ));
             }
         }
         if let Some(e) = f.allreduce_eff {

@@ -19,8 +19,19 @@ pub struct Args {
 pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     let Args { scenario } = args;
     let scn = Scenario::load(&scenario, None)?;
-    // Open the workload too: trace and length files must exist and have their columns.
-    sim::workload::Workload::open(&scn.base.workload, &scn.base_dir, scn.seed)?;
+    // Open the workload too: trace and length files must exist and have their columns;
+    // a trace's every row is read, as `sim run` would read it.
+    let workload = sim::workload::Workload::open(&scn.base.workload, &scn.base_dir, scn.seed)?;
+    let trace_rows = if scn.base.workload.trace.is_some() {
+        let mut n = 0u64;
+        for r in workload {
+            r.map_err(|e| anyhow::anyhow!("{}: {e}", scenario.display()))?;
+            n += 1;
+        }
+        Some(n)
+    } else {
+        None
+    };
     print_plan(out, &scn);
     outln!(out);
     // Every point of a sweep must resolve too.
@@ -29,6 +40,9 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         for p in &points {
             scn.at_point(p)?;
         }
+    }
+    if let Some(n) = trace_rows {
+        outln!(out, "trace: {n} requests read, every row valid");
     }
     if scn.sweep.is_empty() {
         outln!(out, "ok: {} variant(s) fit", scn.variants.len());

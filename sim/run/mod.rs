@@ -84,7 +84,65 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SimError + '_ {
 
 /// Runs one variant: its workload through the engine on the chosen backend and driver,
 /// records collected (and written under `out_dir`), the summary and the warnings returned.
+///
+/// The files are written into `<out_dir>.partial/` and the folder renamed to `out_dir` (an
+/// earlier run's folder replaced) only once the run has finished, so that a folder named
+/// for a variant always holds a whole run. A run that fails leaves `<out_dir>.partial/` with
+/// the error in its `FAILED` file.
 pub fn run_variant(
+    scenario: &Scenario,
+    variant: &Variant,
+    backend_kind: BackendKind,
+    driver: DriverKind,
+    out_dir: Option<&Path>,
+    progress: &ProgressBar,
+    on_progress: &dyn Fn(),
+) -> Result<VariantResult, SimError> {
+    let Some(dir) = out_dir else {
+        return run_variant_into(
+            scenario,
+            variant,
+            backend_kind,
+            driver,
+            None,
+            progress,
+            on_progress,
+        );
+    };
+    let mut partial = dir.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial).map_err(io_err(&partial))?;
+    }
+    std::fs::create_dir_all(&partial).map_err(io_err(&partial))?;
+    let result = run_variant_into(
+        scenario,
+        variant,
+        backend_kind,
+        driver,
+        Some(&partial),
+        progress,
+        on_progress,
+    );
+    match result {
+        Ok(r) => {
+            if dir.exists() {
+                std::fs::remove_dir_all(dir).map_err(io_err(dir))?;
+            }
+            std::fs::rename(&partial, dir).map_err(io_err(dir))?;
+            Ok(r)
+        }
+        Err(e) => {
+            // Best effort: the run's own error is what the caller reports.
+            let _ = std::fs::write(partial.join("FAILED"), format!("{e}\n"));
+            Err(e)
+        }
+    }
+}
+
+/// [`run_variant`] writing straight into `out_dir`.
+fn run_variant_into(
     scenario: &Scenario,
     variant: &Variant,
     backend_kind: BackendKind,

@@ -234,6 +234,7 @@ impl Scenario {
             path.file_stem()
                 .map_or_else(|| "scenario".into(), |s| s.to_string_lossy().into_owned())
         });
+        check_folder_name("name", &name).map_err(err)?;
         let seed = seed.unwrap_or(base.seed);
         base.workload.validate().map_err(|e| err(e.to_string()))?;
 
@@ -251,6 +252,7 @@ impl Scenario {
                     )))
                 }
             };
+            check_folder_name(&format!("variant `{vname}`: name"), &vname).map_err(err)?;
             let mut over = over.clone();
             over.remove("name");
             for forbidden in ["workload", "seed", "variant", "name", "sweep"] {
@@ -320,4 +322,23 @@ impl Scenario {
         }
         points
     }
+}
+
+/// A scenario's or a variant's name names a results folder (`results/<scenario>/<variant>`):
+/// it must stay one folder inside the output folder. Errors say which `key`.
+fn check_folder_name(key: &str, name: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("{key}: {why}, got {name:?}"));
+    if name.is_empty() || name == "." || name == ".." {
+        return bad("must name a folder (not empty, `.` or `..`)");
+    }
+    if name.contains(['/', '\\']) {
+        return bad("names a results folder, so it may not hold `/` or `\\`");
+    }
+    if name.chars().any(char::is_control) {
+        return bad("may not hold control characters");
+    }
+    if name.len() > 200 {
+        return bad("must be at most 200 bytes long");
+    }
+    Ok(())
 }

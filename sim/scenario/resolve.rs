@@ -167,12 +167,28 @@ pub(super) fn resolve(
     )
     .map_err(|f| f.to_string())?;
     let mut memory = memory;
+    if u64::from(memory.num_blocks) > MAX_POOL_BLOCKS {
+        return Err(format!(
+            "the KV pool would hold {} blocks ({} tokens of {} bytes each): more than the {MAX_POOL_BLOCKS} blocks the simulator tracks ({:.0} GB of device memory for {:.1} MB of KV per token); check the GPU's memory, or set engine.num_gpu_blocks_override",
+            memory.num_blocks,
+            memory.pool_tokens,
+            memory.kv_bytes_per_token,
+            deployment.gpu.mem_bytes / 1e9,
+            memory.kv_bytes_per_token / 1e6
+        ));
+    }
     if e.preemption_mode == PreemptionMode::Swap {
         memory.swap_bytes = e.swap_space_gib * 1024.0 * 1024.0 * 1024.0;
-        memory.num_cpu_blocks = (memory.swap_bytes / memory.block_bytes)
-            .floor()
-            .min(f64::from(u32::MAX)) as u32;
+        let blocks = (memory.swap_bytes / memory.block_bytes).floor();
+        if blocks > MAX_POOL_BLOCKS as f64 {
+            return Err(format!(
+                "engine.swap_space_gib: {} GiB is {blocks:.0} CPU blocks of {} bytes, more than the {MAX_POOL_BLOCKS} the simulator tracks",
+                e.swap_space_gib, memory.block_bytes
+            ));
+        }
+        memory.num_cpu_blocks = blocks as u32;
     }
+    check_prompt_parts(&config.workload, max_model_len)?;
     let scheduler = scheduler_config(
         e,
         &memory,
@@ -413,4 +429,49 @@ fn scheduler_config(
         },
         speculative,
     }
+}
+
+/// Most KV blocks a simulated pool (GPU or CPU swap) may hold: 2^24, 268M tokens at 16 a
+/// block, far beyond any device, while the block manager's bookkeeping stays under ~1 GB.
+pub const MAX_POOL_BLOCKS: u64 = 1 << 24;
+
+/// Generated prompt parts (a class's shared prefix, a multi-turn system prompt, SGLang's
+/// shared-prefix dataset) longer than `max_model_len`: every request would be rejected, and
+/// its token ids are built for each request, so they are refused up front.
+fn check_prompt_parts(
+    w: &crate::workload::WorkloadConfig,
+    max_model_len: u32,
+) -> Result<(), String> {
+    let too_long = |key: String, tokens: u64| {
+        if tokens > u64::from(max_model_len) {
+            Err(format!(
+                "{key}: {tokens} tokens, longer than max_model_len ({max_model_len}): every request would be rejected"
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    for (i, c) in w.classes.iter().enumerate() {
+        if let Some(p) = c.shared_prefix {
+            too_long(
+                format!("workload.class[{i}].shared_prefix.tokens"),
+                u64::from(p.tokens),
+            )?;
+        }
+    }
+    if let Some(m) = &w.multi_turn {
+        if let Some(p) = m.system_prompt {
+            too_long(
+                "workload.multi_turn.system_prompt.tokens".into(),
+                u64::from(p.tokens),
+            )?;
+        }
+    }
+    if let Some(g) = &w.generated_shared_prefix {
+        too_long(
+            "workload.generated_shared_prefix.system_prompt_len + question_len".into(),
+            u64::from(g.system_prompt_len) + u64::from(g.question_len),
+        )?;
+    }
+    Ok(())
 }

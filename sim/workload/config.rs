@@ -262,6 +262,16 @@ impl ClassConfig {
     /// Checks one class; `key` is its dotted key (`workload.class[2]`).
     fn validate(&self, key: &str) -> Result<(), WorkloadError> {
         check_positive(&format!("{key}.weight"), self.weight)?;
+        if let Some(p) = self.shared_prefix {
+            for (k, v) in [("groups", p.groups), ("tokens", p.tokens)] {
+                if v == 0 {
+                    return Err(WorkloadError::config(
+                        format!("{key}.shared_prefix.{k}"),
+                        "must be at least 1, got 0",
+                    ));
+                }
+            }
+        }
         if self.beam_search && self.n < 2 {
             return Err(WorkloadError::config(
                 format!("{key}.n"),

@@ -37,8 +37,11 @@ pub struct VariantData {
     /// E2EL, ms.
     pub e2el_ms: Vec<f64>,
     /// Per step: `(start s, KV usage, running, waiting, batched tokens, cumulative
-    /// preemptions)`.
+    /// preemptions)`, averaged over chunks of consecutive steps to at most 800 rows (as the
+    /// charts draw them).
     pub steps: Vec<[f64; 6]>,
+    /// The last step's row, as it was.
+    pub last_step: Option<[f64; 6]>,
     /// `plan.json`, when present.
     pub plan: Option<serde_json::Value>,
     /// `warnings.txt` lines.
@@ -55,54 +58,103 @@ fn bad(path: &Path, msg: String) -> AnalysisError {
     )
 }
 
-/// Reads `path` as CSV: for each row the values of `columns` (by header name), empty
-/// cells as NaN. A missing file gives no rows.
-fn csv_columns(path: &Path, columns: &[&str]) -> Result<Vec<Vec<f64>>, AnalysisError> {
+/// Reads `path` as CSV, one row at a time: for each row the values of `columns` (by header
+/// name, empty cells as NaN) go to `each`. A missing file has no rows. Returns the rows read.
+fn csv_columns<const N: usize>(
+    path: &Path,
+    columns: [&str; N],
+    mut each: impl FnMut([f64; N]),
+) -> Result<u64, AnalysisError> {
     if !path.exists() {
-        return Ok(Vec::new());
+        return Ok(0);
     }
-    let mut r = csv::Reader::from_path(path).map_err(|e| AnalysisError::Csv {
+    let csv_err = |e| AnalysisError::Csv {
         path: path.to_path_buf(),
         source: e,
-    })?;
-    let header = r
-        .headers()
-        .map_err(|e| AnalysisError::Csv {
-            path: path.to_path_buf(),
-            source: e,
-        })?
-        .clone();
-    let idx: Vec<usize> = columns
-        .iter()
-        .map(|c| {
-            header
-                .iter()
-                .position(|h| h == *c)
-                .ok_or_else(|| bad(path, format!("no column `{c}`")))
-        })
-        .collect::<Result<_, _>>()?;
-    let mut rows = Vec::new();
-    for (line, rec) in r.records().enumerate() {
-        let rec = rec.map_err(|e| AnalysisError::Csv {
-            path: path.to_path_buf(),
-            source: e,
-        })?;
-        let row = idx
+    };
+    let mut r = csv::Reader::from_path(path).map_err(csv_err)?;
+    let header = r.headers().map_err(csv_err)?.clone();
+    let mut idx = [0usize; N];
+    for (slot, c) in idx.iter_mut().zip(columns) {
+        *slot = header
             .iter()
-            .zip(columns)
-            .map(|(&i, c)| match rec.get(i).unwrap_or("") {
-                "" => Ok(f64::NAN),
-                v => v.parse::<f64>().map_err(|_| {
-                    bad(
-                        path,
-                        format!("line {}: `{c}` is `{v}`, not a number", line + 2),
-                    )
-                }),
-            })
-            .collect::<Result<Vec<f64>, _>>()?;
-        rows.push(row);
+            .position(|h| h == c)
+            .ok_or_else(|| bad(path, format!("no column `{c}`")))?;
     }
-    Ok(rows)
+    let mut rec = csv::StringRecord::new();
+    let mut line = 1u64;
+    while r.read_record(&mut rec).map_err(csv_err)? {
+        line += 1;
+        let mut row = [f64::NAN; N];
+        for ((v, &i), c) in row.iter_mut().zip(&idx).zip(columns) {
+            match rec.get(i).unwrap_or("") {
+                "" => {}
+                text => {
+                    *v = text.parse::<f64>().map_err(|_| {
+                        bad(
+                            path,
+                            format!("line {line}: `{c}` is `{text}`, not a number"),
+                        )
+                    })?
+                }
+            }
+        }
+        each(row);
+    }
+    Ok(line - 1)
+}
+
+/// A step as the charts read it (see [`VariantData::steps`]).
+type StepRow = [f64; 6];
+
+/// Points kept per over-time chart ([`crate::plots::downsample`]'s bound).
+const MAX_POINTS: usize = 800;
+
+/// A variant's `steps.csv` as chart rows `(start s, KV usage, running, waiting, batched
+/// tokens, cumulative preemptions)`, averaged over chunks as [`crate::plots::downsample`] averages them
+/// (at most [`MAX_POINTS`] rows), and the last step's row. Two passes over the file, so
+/// that memory does not grow with the run's steps.
+fn read_steps(path: &Path) -> Result<(Vec<StepRow>, Option<StepRow>), AnalysisError> {
+    let columns = [
+        "start_s",
+        "kv_usage",
+        "num_running",
+        "num_waiting",
+        "num_batched_tokens",
+        "num_preempted",
+    ];
+    let n = csv_columns(path, columns, |_| {})? as usize;
+    let per = if n <= MAX_POINTS {
+        1
+    } else {
+        n.div_ceil(MAX_POINTS)
+    };
+    let mut out = Vec::with_capacity(n.min(MAX_POINTS));
+    let mut chunk: Vec<[f64; 6]> = Vec::with_capacity(per);
+    let mut preempted = 0.0;
+    let mut last = None;
+    // The same sums, in the same order, as `downsample` over the whole column.
+    let mean =
+        |chunk: &[[f64; 6]], j: usize| chunk.iter().map(|r| r[j]).sum::<f64>() / chunk.len() as f64;
+    let flush = |chunk: &mut Vec<[f64; 6]>, out: &mut Vec<[f64; 6]>| {
+        if chunk.len() == 1 {
+            out.push(chunk[0]);
+        } else if !chunk.is_empty() {
+            out.push(std::array::from_fn(|j| mean(chunk, j)));
+        }
+        chunk.clear();
+    };
+    csv_columns(path, columns, |r| {
+        preempted += r[5];
+        let row = [r[0], r[1], r[2], r[3], r[4], preempted];
+        last = Some(row);
+        chunk.push(row);
+        if chunk.len() == per {
+            flush(&mut chunk, &mut out);
+        }
+    })?;
+    flush(&mut chunk, &mut out);
+    Ok((out, last))
 }
 
 /// Reads a variant's folder.
@@ -112,9 +164,10 @@ pub fn read_variant(dir: &Path) -> Result<VariantData, AnalysisError> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let summary = read_summary_json(&dir.join("summary.json"))?;
-    let req = csv_columns(
+    let mut req: Vec<[f64; 6]> = Vec::new();
+    csv_columns(
         &dir.join("requests.csv"),
-        &[
+        [
             "ttft_ms",
             "tpot_ms",
             "e2el_ms",
@@ -122,6 +175,7 @@ pub fn read_variant(dir: &Path) -> Result<VariantData, AnalysisError> {
             "prompt_len",
             "cached_tokens",
         ],
+        |r| req.push(r),
     )?;
     let mut by_arrival: Vec<(f64, f64, f64)> = req
         .iter()
@@ -143,25 +197,7 @@ pub fn read_variant(dir: &Path) -> Result<VariantData, AnalysisError> {
     }
     let col =
         |i: usize| -> Vec<f64> { req.iter().map(|r| r[i]).filter(|v| v.is_finite()).collect() };
-    let raw = csv_columns(
-        &dir.join("steps.csv"),
-        &[
-            "start_s",
-            "kv_usage",
-            "num_running",
-            "num_waiting",
-            "num_batched_tokens",
-            "num_preempted",
-        ],
-    )?;
-    let mut preempted = 0.0;
-    let steps = raw
-        .iter()
-        .map(|r| {
-            preempted += r[5];
-            [r[0], r[1], r[2], r[3], r[4], preempted]
-        })
-        .collect();
+    let (steps, last_step) = read_steps(&dir.join("steps.csv"))?;
     let plan = match std::fs::read_to_string(dir.join("plan.json")) {
         Ok(t) => serde_json::from_str(&t).ok(),
         Err(_) => None,
@@ -176,15 +212,17 @@ pub fn read_variant(dir: &Path) -> Result<VariantData, AnalysisError> {
         e2el_ms: col(2),
         summary,
         steps,
+        last_step,
         plan,
         warnings,
         hit_rate,
     })
 }
 
-/// The variants of a run folder: sub-folders with a `summary.json`, in `comparison.csv`'s
-/// order when it exists, else by name.
-pub fn read_run(dir: &Path) -> Result<Vec<VariantData>, AnalysisError> {
+/// The variants of a run folder, as folder names: those its `comparison.csv` lists (the
+/// last run into the folder), in that order, when it has one; else every sub-folder with a
+/// `summary.json`, by name. Folders an earlier run left there are not part of the run.
+pub fn run_variants(dir: &Path) -> Result<Vec<String>, AnalysisError> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .map_err(|e| AnalysisError::io(dir, e))?
         .filter_map(Result::ok)
@@ -192,7 +230,7 @@ pub fn read_run(dir: &Path) -> Result<Vec<VariantData>, AnalysisError> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    let order: Vec<String> = csv::Reader::from_path(dir.join("comparison.csv"))
+    let order: Option<Vec<String>> = csv::Reader::from_path(dir.join("comparison.csv"))
         .ok()
         .and_then(|mut r| {
             let h = r.headers().ok()?.clone();
@@ -203,10 +241,20 @@ pub fn read_run(dir: &Path) -> Result<Vec<VariantData>, AnalysisError> {
                     .filter_map(|rec| rec.get(i).map(str::to_owned))
                     .collect(),
             )
-        })
-        .unwrap_or_default();
-    names.sort_by_key(|n| order.iter().position(|o| o == n).unwrap_or(usize::MAX));
-    names.iter().map(|n| read_variant(&dir.join(n))).collect()
+        });
+    if let Some(order) = order {
+        names.retain(|n| order.contains(n));
+        names.sort_by_key(|n| order.iter().position(|o| o == n).unwrap_or(usize::MAX));
+    }
+    Ok(names)
+}
+
+/// The variants of a run folder ([`run_variants`]), read.
+pub fn read_run(dir: &Path) -> Result<Vec<VariantData>, AnalysisError> {
+    run_variants(dir)?
+        .iter()
+        .map(|n| read_variant(&dir.join(n)))
+        .collect()
 }
 
 /// Escapes text for HTML.

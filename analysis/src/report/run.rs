@@ -281,6 +281,23 @@ fn memory_table(header: &[String], variants: &[VariantData]) -> String {
 /// ([`crate::prometheus`]); returns the report's path.
 pub fn write_run_report(dir: &Path) -> Result<PathBuf, AnalysisError> {
     let variants = read_run(dir)?;
+    if variants.is_empty() {
+        let failed: Vec<String> = std::fs::read_dir(dir)
+            .map_err(|e| AnalysisError::io(dir, e))?
+            .filter_map(Result::ok)
+            .filter(|e| e.path().join("FAILED").exists())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        let why = if failed.is_empty() {
+            "no variant folder with a summary.json (is it the folder `sim run` wrote?)".to_string()
+        } else {
+            format!(
+                "no finished run; these runs failed (see their FAILED file): {}",
+                failed.join(", ")
+            )
+        };
+        return Err(super::bad(dir, why));
+    }
     for v in &variants {
         let path = dir.join(&v.name).join("metrics.prom");
         std::fs::write(&path, crate::prometheus::exposition(v))

@@ -20,6 +20,7 @@ impl Scheduler {
         let mut sampled = outcome.sampled.iter();
         let mut accepted = outcome.accepted.iter();
         let mut sampled_groups: Vec<SeqId> = Vec::new();
+        let mut unforked: Vec<SeqId> = Vec::new();
         let bs = self.cfg.block_size;
         for w in &plan.work {
             let Some(s) = self.seqs.get_mut(&w.seq) else {
@@ -130,6 +131,8 @@ impl Scheduler {
                 // A child that ends at its first token was never forked: nothing to free.
                 if id == w.seq || result.forks.iter().any(|&(_, c)| c == id) {
                     result.to_free.push(id);
+                } else {
+                    unforked.push(id);
                 }
                 if let Some(rec) = self.finish(id, reason, now) {
                     result.finished.push(rec);
@@ -140,12 +143,14 @@ impl Scheduler {
         for rid in sampled_groups {
             self.reselect_beams(rid, plan, &mut result);
         }
-        self.drop_finished(&result);
+        self.drop_finished(&result, &unforked);
         Ok(result)
     }
 
-    /// Removes the finished sequences from the running set and the live ones.
-    fn drop_finished(&mut self, result: &CommitResult) {
+    /// Removes the finished sequences from the running set and the live ones: those whose
+    /// blocks are freed, and children that ended at their first token (`unforked`). Only
+    /// these are touched, so that a step's cost does not grow with the waiting queue.
+    fn drop_finished(&mut self, result: &CommitResult, unforked: &[SeqId]) {
         if !result.to_free.is_empty() {
             let seqs = &self.seqs;
             self.running.retain(|id| {
@@ -157,7 +162,9 @@ impl Scheduler {
             }
         }
         // Children that ended at their first token hold no blocks but are done too.
-        self.seqs.retain(|_, s| s.status != SeqStatus::Finished);
+        for id in unforked {
+            self.seqs.remove(id);
+        }
     }
 
     /// Beam search: once every beam of request `rid` has a new token (and none finished),

@@ -106,7 +106,7 @@ pub fn gguf_shape(g: &Gguf) -> Result<LlamaShape, CudaError> {
         Ok(v) => v,
         Err(_) => g.tensor("token_embd.weight").map_err(e)?.dims[1] as u32,
     };
-    Ok(LlamaShape {
+    let shape = LlamaShape {
         layers: g.meta_u32("llama.block_count").map_err(e)?,
         hidden,
         heads,
@@ -122,5 +122,80 @@ pub fn gguf_shape(g: &Gguf) -> Result<LlamaShape, CudaError> {
         tied_embeddings: !g.tensors.contains_key("output.weight"),
         // GGUF Llama Q/K weights are permuted for interleaved RoPE pairs.
         rope_interleaved: true,
-    })
+    };
+    check_gguf(g, &shape)?;
+    Ok(shape)
+}
+
+/// The metadata's shape against itself and against the file's tensors, before anything is
+/// allocated for it: no zero dimension, heads a multiple of the KV heads and dividing the
+/// hidden size, and every tensor the forward pass reads present with the shape the metadata
+/// implies (so a `block_count` of 2^31 is an error naming the first missing layer).
+fn check_gguf(g: &Gguf, s: &LlamaShape) -> Result<(), CudaError> {
+    let path = g.path().display();
+    let bad = |msg: String| CudaError::Config(format!("{path}: {msg}"));
+    for (key, v) in [
+        ("llama.block_count", s.layers),
+        ("llama.embedding_length", s.hidden),
+        ("llama.attention.head_count", s.heads),
+        ("llama.attention.head_count_kv", s.kv_heads),
+        ("llama.feed_forward_length", s.intermediate),
+        ("llama.vocab_size", s.vocab),
+    ] {
+        if v == 0 {
+            return Err(bad(format!("`{key}` is 0")));
+        }
+    }
+    if !s.hidden.is_multiple_of(s.heads) {
+        return Err(bad(format!(
+            "`llama.embedding_length` ({}) is not a multiple of `llama.attention.head_count` ({})",
+            s.hidden, s.heads
+        )));
+    }
+    if !s.heads.is_multiple_of(s.kv_heads) {
+        return Err(bad(format!(
+            "`llama.attention.head_count` ({}) is not a multiple of `llama.attention.head_count_kv` ({})",
+            s.heads, s.kv_heads
+        )));
+    }
+    let (h, inter, vocab) = (
+        u64::from(s.hidden),
+        u64::from(s.intermediate),
+        u64::from(s.vocab),
+    );
+    let qd = u64::from(s.heads) * u64::from(s.head_dim);
+    let kvd = u64::from(s.kv_heads) * u64::from(s.head_dim);
+    let expect = |name: &str, dims: &[u64]| -> Result<(), CudaError> {
+        let t = g.tensor(name).map_err(|_| {
+            bad(format!(
+                "tensor `{name}` is not in the file, but the metadata (llama.block_count {}) needs it",
+                s.layers
+            ))
+        })?;
+        if t.dims != dims {
+            return Err(bad(format!(
+                "tensor `{name}` has shape {:?}, the metadata implies {dims:?}",
+                t.dims
+            )));
+        }
+        Ok(())
+    };
+    expect("token_embd.weight", &[h, vocab])?;
+    if g.tensors.contains_key("output.weight") {
+        expect("output.weight", &[h, vocab])?;
+    }
+    expect("output_norm.weight", &[h])?;
+    for l in 0..s.layers {
+        let n = |t: &str| format!("blk.{l}.{t}.weight");
+        expect(&n("attn_norm"), &[h])?;
+        expect(&n("attn_q"), &[h, qd])?;
+        expect(&n("attn_k"), &[h, kvd])?;
+        expect(&n("attn_v"), &[h, kvd])?;
+        expect(&n("attn_output"), &[qd, h])?;
+        expect(&n("ffn_norm"), &[h])?;
+        expect(&n("ffn_gate"), &[h, inter])?;
+        expect(&n("ffn_up"), &[h, inter])?;
+        expect(&n("ffn_down"), &[inter, h])?;
+    }
+    Ok(())
 }

@@ -25,6 +25,10 @@ use super::WorkloadError;
 /// [`crate::workload::Workload::expected_len`]); larger traces report no expected length.
 pub(super) const COUNT_MAX_BYTES: u64 = 256 * 1024 * 1024;
 
+/// Longest prompt a trace row may give when the format carries its token ids (Mooncake):
+/// 2^24 tokens, 64 MB of ids, far beyond any model's context.
+pub(super) const MAX_PROMPT_TOKENS: u32 = 1 << 24;
+
 /// Whether a trace file is small enough to count its requests up front.
 fn countable(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.len() <= COUNT_MAX_BYTES)

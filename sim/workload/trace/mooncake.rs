@@ -112,6 +112,16 @@ impl TraceReader for MooncakeReader {
             };
             let mut prompt = to_u32(row.input_length, "input_length")?;
             let mut output = to_u32(row.output_length, "output_length")?;
+            if prompt > super::MAX_PROMPT_TOKENS {
+                return Err(bad(
+                    "input_length",
+                    &prompt.to_string(),
+                    format!(
+                        "more than the {} prompt tokens a replayed request may have",
+                        super::MAX_PROMPT_TOKENS
+                    ),
+                ));
+            }
             let capacity = row.hash_ids.len() * MOONCAKE_BLOCK_TOKENS;
             if prompt as usize > capacity {
                 return Err(bad(
