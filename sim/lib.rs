@@ -25,6 +25,7 @@
 pub mod catalog;
 pub mod cost_model;
 pub mod driver;
+pub mod messages;
 pub mod plan;
 pub mod run;
 pub mod scenario;

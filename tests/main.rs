@@ -1,6 +1,8 @@
 //! Integration tests of the `sim` package, one binary (they link once).
 
+mod bad_inputs;
 mod cli;
+mod models;
 mod mooncake;
 mod physics;
 mod prefix;

@@ -19,8 +19,16 @@ pub enum AnalysisError {
         #[source]
         source: std::io::Error,
     },
+    /// A results folder or file does not hold what it should.
+    #[error("{}: {message}", path.display())]
+    Invalid {
+        /// The folder or file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
     /// Writing a CSV row failed.
-    #[error("CSV error writing {}", path.display())]
+    #[error("CSV error in {}", path.display())]
     Csv {
         /// The file (or logical output name) concerned.
         path: PathBuf,

@@ -143,13 +143,13 @@ pub fn read_runs(runs: &[std::path::PathBuf]) -> Result<ResultSet, AnalysisError
         add(r)?;
     }
     if set.is_empty() {
-        return Err(AnalysisError::io(
-            runs.first().map_or(Path::new("."), |p| p.as_path()),
-            std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "no results here (no <variant>/summary.json, no seed-*/ replicas)",
-            ),
-        ));
+        return Err(AnalysisError::Invalid {
+            path: runs
+                .first()
+                .map_or(Path::new("."), |p| p.as_path())
+                .to_path_buf(),
+            message: "no results here (no <variant>/summary.json, no seed-*/ replicas)".into(),
+        });
     }
     Ok(set)
 }

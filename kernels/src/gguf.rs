@@ -328,6 +328,9 @@ impl Gguf {
             path: path.to_path_buf(),
             source,
         };
+        if path.is_dir() {
+            return Err(io(std::io::Error::other("a directory, not a GGUF file")));
+        }
         let file = std::fs::File::open(path).map_err(io)?;
         // SAFETY: the map is read-only and lives as long as `Gguf`; a file changed under
         // us can give wrong values but every access is bounds-checked against the map.

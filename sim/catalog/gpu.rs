@@ -88,7 +88,8 @@ impl Gpu {
     pub fn from_toml_file(path: &std::path::Path) -> Result<Gpu, String> {
         let shown = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?;
-        let f: GpuFile = toml::from_str(&text).map_err(|e| format!("{shown}: {}", e.message()))?;
+        let f: GpuFile = toml::from_str(&text)
+            .map_err(|e| format!("{shown}: {}", crate::messages::concise(e.message())))?;
         Gpu::from_file(f, &shown)
     }
 

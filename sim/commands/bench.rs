@@ -31,6 +31,9 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         driver,
         variants,
     } = args;
+    if requests == Some(0) {
+        anyhow::bail!("--requests: must be at least 1");
+    }
     let scn = Scenario::load(&scenario, None)?;
     let results = sim::run::bench_scenario(&scn, driver, &variants, requests)?;
     outln!(

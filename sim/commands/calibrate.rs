@@ -44,6 +44,11 @@ pub struct Args {
 
 /// Runs `sim calibrate`, printing into `out`.
 pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
+    if args.backend == Some(BackendKind::Model) {
+        anyhow::bail!(
+            "--backend model: sim calibrate fits the cost model to measurements; --backend cuda measures the CUDA runtime, --steps FILE refits recorded steps, --from fits profiles"
+        );
+    }
     if args.backend.is_some_and(|b| b != BackendKind::Model) || args.steps.is_some() {
         from_steps(args, out)
     } else {

@@ -27,13 +27,13 @@ pub struct Args {
     #[arg(long, default_value_t = 128)]
     pub max_tokens: u32,
     /// Sampling temperature (0: greedy).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub temperature: f32,
     /// Top-k cut (0: none).
     #[arg(long, default_value_t = 0)]
     pub top_k: u32,
     /// Top-p cut in (0, 1] (1: none).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Seed of the draws.
     #[arg(long, default_value_t = 0)]

@@ -14,7 +14,7 @@ pub struct Args {
     /// Scenario TOML file (its base configuration: model, engine, workload, SLO).
     pub scenario: PathBuf,
     /// Target request rate, req/s.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub rate: f64,
     /// GPUs to compare (repeatable; default: the scenario's).
     #[arg(long = "gpu")]
@@ -105,7 +105,26 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
             "--gpu: the scenario describes its GPU in a file; name catalog GPUs to compare"
         );
     }
+    for g in &inputs.gpus {
+        if sim::catalog::find_gpu(g).is_none() {
+            anyhow::bail!("--gpu: unknown GPU `{g}` (see `sim gpus`)");
+        }
+    }
+    if let Some(tp) = inputs.tps.iter().find(|&&tp| tp == 0) {
+        anyhow::bail!("--tp: must be at least 1, got {tp}");
+    }
     let rows = sim::plan::plan(&scn, &inputs)?;
     outln!(out, "{}", sim::plan::table(&rows, rate).trim_end());
+    // Every combination skipped: nothing was planned, which is an error, not a table.
+    if let Some(why) = rows
+        .iter()
+        .map(|r| r.skipped.as_deref())
+        .collect::<Option<Vec<_>>>()
+    {
+        anyhow::bail!(
+            "no GPU x TP x format combination fits: {}",
+            why.first().copied().unwrap_or("nothing to plan")
+        );
+    }
     Ok(())
 }

@@ -21,7 +21,8 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     let scn = Scenario::load(&scenario, None)?;
     // Open the workload too: trace and length files must exist and have their columns;
     // a trace's every row is read, as `sim run` would read it.
-    let workload = sim::workload::Workload::open(&scn.base.workload, &scn.base_dir, scn.seed)?;
+    let workload = sim::workload::Workload::open(&scn.base.workload, &scn.base_dir, scn.seed)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", scenario.display()))?;
     let trace_rows = if scn.base.workload.trace.is_some() {
         let mut n = 0u64;
         for r in workload {

@@ -150,7 +150,7 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
     let per_token = 2.0 * f64::from(m.hidden)
         + qkv
         + f64::from(m.heads * m.head_dim) / tp
-        + 3.0 * f64::from(m.intermediate) / tp * f64::from(m.experts_per_token.max(1));
+        + m.mlp_matrices() * f64::from(m.intermediate) / tp * f64::from(m.experts_per_token.max(1));
     let activations =
         t * per_token * 2.0 + f64::from(inp.max_num_seqs) * f64::from(m.vocab) / tp * 4.0;
     let kv_per_token = d.kv_bytes_per_token() + inp.draft_kv_bytes_per_token;

@@ -187,8 +187,9 @@ impl CostModel {
         let lin = self.linear_layers(tokens);
         let attn_s = self.attention_s(&a);
         // Two RMSNorms, RoPE, SwiGLU and two residual adds: five memory-bound kernels.
-        let ew_bytes =
-            tokens * (6.0 * hidden + 2.0 * (lin.q + lin.kv) + 3.0 * inter * lin.top_k) * act;
+        let ew_bytes = tokens
+            * (6.0 * hidden + 2.0 * (lin.q + lin.kv) + m.mlp_matrices() * inter * lin.top_k)
+            * act;
         let ew_s = ew_bytes / (self.d.gpu.mem_bw * self.p.elementwise_memory_eff)
             + 5.0 * self.p.kernel_launch_us() * 1e-6;
         let ar_s = 2.0 * self.allreduce_s(tokens * hidden * act);
@@ -314,7 +315,8 @@ impl CostModel {
         let shapes = [
             (hidden, q + 2.0 * kv, 1.0, 1.0),
             (q, hidden, 1.0, 1.0),
-            (hidden, 2.0 * inter, top_k, touched),
+            // Gate and up together when gated, the up projection alone otherwise.
+            (hidden, (m.mlp_matrices() - 1.0) * inter, top_k, touched),
             (inter, hidden, top_k, touched),
         ];
         let mut w = LinearWork {

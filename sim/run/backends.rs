@@ -97,6 +97,12 @@ fn cpu_runtime(
             d.model.name, d.tp, d.pp
         )));
     }
+    if !d.model.gated_mlp {
+        return Err(cpu_err(format!(
+            "model {}: the CPU runtime runs Llama-architecture models (a gated MLP); this one's MLP has two matrices",
+            d.model.name
+        )));
+    }
     let m = &variant.memory;
     let shape = d.model.llama_shape();
     let per_block = u64::from(m.block_size)
@@ -198,9 +204,9 @@ fn cuda_runtime(
         ))));
     }
     let d = &variant.deployment;
-    if d.model.is_moe() {
+    if d.model.is_moe() || !d.model.gated_mlp {
         return Err(cuda_err(kernels::cuda::CudaError::Config(format!(
-            "model {}: the CUDA runtime runs dense Llama-architecture MLPs only (no mixture of experts yet)",
+            "model {}: the CUDA runtime runs dense Llama-architecture MLPs only (no mixture of experts or two-matrix MLP yet)",
             d.model.name
         ))));
     }

@@ -356,8 +356,12 @@ pub fn run_scenario(
         return Err(SimError::Scenario(crate::scenario::ScenarioError {
             file: scenario.path.display().to_string(),
             msg: format!(
-                "no variant named {:?} (variants: {})",
-                opts.only,
+                "--variant: no variant named {} (variants: {})",
+                opts.only
+                    .iter()
+                    .map(|v| format!("`{v}`"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 names.join(", ")
             ),
         }));

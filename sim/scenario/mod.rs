@@ -199,8 +199,14 @@ impl Scenario {
         let seed_override = seed;
         let file_table = raw.clone();
         let sweep = sweep_dimensions(raw.get("sweep")).map_err(err)?;
-        let at_line = |e: toml::de::Error| {
-            let msg = e.message().trim().replace('\n', " ");
+        // A parse error placed by line and column, with the key it concerns when serde can
+        // tell (`line 14, column 16: workload.num_requests: invalid type ...`).
+        let at_line = |e: toml::de::Error, key: Option<String>| {
+            let msg = crate::messages::concise(e.message());
+            let msg = match key {
+                Some(k) => format!("{k}: {msg}"),
+                None => msg,
+            };
             match e.span() {
                 Some(span) if src.is_some() => {
                     let (line, col) = line_col(src.unwrap_or_default(), span.start);
@@ -220,13 +226,24 @@ impl Scenario {
         let base: ScenarioConfig = match src {
             // Without a calibration file, errors keep the file's line and column.
             Some(src) if !expand_calibration(&mut raw, &base_dir).map_err(err)? => {
-                toml::from_str(src).map_err(at_line)?
+                toml::from_str(src).map_err(|e| {
+                    let key = serde_path_to_error::deserialize::<_, ScenarioConfig>(
+                        toml::Value::Table(raw.clone()),
+                    )
+                    .err()
+                    .map(|pe| pe.path().to_string())
+                    .filter(|k| !k.is_empty() && k != ".");
+                    at_line(e, key)
+                })?
             }
             _ => {
                 expand_calibration(&mut raw, &base_dir).map_err(err)?;
                 serde_path_to_error::deserialize(toml::Value::Table(raw.clone())).map_err(|e| {
                     let path = e.path().to_string();
-                    err(format!("{path}: {}", e.into_inner().message().trim()))
+                    err(format!(
+                        "{path}: {}",
+                        crate::messages::concise(e.into_inner().message())
+                    ))
                 })?
             }
         };
@@ -271,7 +288,7 @@ impl Scenario {
             let cfg: ScenarioConfig = serde_path_to_error::deserialize(toml::Value::Table(merged))
                 .map_err(|e| {
                     let path = e.path().to_string();
-                    let msg = e.into_inner().message().trim().replace('\n', " ");
+                    let msg = crate::messages::concise(e.into_inner().message());
                     if path.is_empty() || path == "." {
                         err(format!("variant `{vname}`: {msg}"))
                     } else {

@@ -110,6 +110,18 @@ pub(super) fn resolve(
     }
     let e = &config.engine;
     check_engine(e)?;
+    let slo = &config.slo;
+    for (key, bound) in [
+        ("slo.ttft_ms", slo.ttft_ms),
+        ("slo.tpot_ms", slo.tpot_ms),
+        ("slo.e2el_ms", slo.e2el_ms),
+    ] {
+        if let Some(x) = bound.filter(|x| !(*x > 0.0 && x.is_finite())) {
+            return Err(format!(
+                "{key}: must be a positive number of milliseconds, got {x}"
+            ));
+        }
+    }
     config.cost.validate()?;
     let max_model_len = e.max_model_len.unwrap_or(model.max_position);
     if max_model_len == 0 {
@@ -316,6 +328,12 @@ fn resolve_speculative(
             model_from_file,
         )?;
         let tp = sp.draft_tp.unwrap_or(target.tp);
+        if tp > 0 && tp <= target.tp && model.heads % tp != 0 {
+            return Err(format!(
+                "speculative.draft_tp: must divide the draft model's {} attention heads, got {tp}",
+                model.heads
+            ));
+        }
         if tp == 0 || tp > target.tp {
             return Err(format!(
                 "speculative.draft_tp: must be from 1 to the target's tp ({}), got {tp}",

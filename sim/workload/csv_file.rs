@@ -56,7 +56,7 @@ pub(super) fn field<'r>(
             path: path.to_path_buf(),
             line: record_line(record),
             column: column.to_string(),
-            text: other.unwrap_or_default().to_string(),
+            text: super::error::quoted(other.unwrap_or_default()),
             message: "missing value".to_string(),
         }),
     }
@@ -73,7 +73,7 @@ pub(super) fn parse_count(
         path: path.to_path_buf(),
         line: record_line(record),
         column: column.to_string(),
-        text: text.to_string(),
+        text: super::error::quoted(text),
         message: message.to_string(),
     };
     if let Ok(v) = text.parse::<u32>() {

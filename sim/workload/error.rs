@@ -83,7 +83,7 @@ impl WorkloadError {
         WorkloadError::Csv {
             path: path.to_path_buf(),
             line: err.position().map(|p| p.line()),
-            message: err.to_string(),
+            message: quoted(&err.to_string()),
         }
     }
 }
@@ -139,5 +139,16 @@ pub(super) fn check_path(key: &str, path: &Path) -> Result<(), WorkloadError> {
         Err(WorkloadError::config(key, "must not be empty"))
     } else {
         Ok(())
+    }
+}
+
+/// A value as an error quotes it: at most 80 characters (a broken quote can make a whole
+/// file one field).
+pub(super) fn quoted(text: &str) -> String {
+    if text.chars().count() <= 80 {
+        text.to_string()
+    } else {
+        let head: String = text.chars().take(80).collect();
+        format!("{head}... ({} bytes)", text.len())
     }
 }

@@ -130,6 +130,12 @@ impl Workload {
         let (source, class_names, expected_len) = match (&cfg.trace, &cfg.arrival) {
             (Some(trace), _) => {
                 let (reader, rows) = trace::open(trace, base_dir)?;
+                if rows == Some(0) {
+                    return Err(WorkloadError::config(
+                        "workload.trace",
+                        format!("{} holds no requests", base_dir.join(&trace.path).display()),
+                    ));
+                }
                 let expected = match (rows, cfg.num_requests) {
                     (Some(r), Some(n)) => Some(r.min(n)),
                     (r, n) => r.or(n),

@@ -52,10 +52,10 @@ pub struct VariantData {
 }
 
 fn bad(path: &Path, msg: String) -> AnalysisError {
-    AnalysisError::io(
-        path,
-        std::io::Error::new(std::io::ErrorKind::InvalidData, msg),
-    )
+    AnalysisError::Invalid {
+        path: path.to_path_buf(),
+        message: msg,
+    }
 }
 
 /// Reads `path` as CSV, one row at a time: for each row the values of `columns` (by header

@@ -34,6 +34,8 @@ fn gpt_13b() -> ModelSpec {
         sliding_window: None,
         num_experts: 1,
         experts_per_token: 1,
+        gated_mlp: true,
+        position_embeddings: 0,
     }
 }
 

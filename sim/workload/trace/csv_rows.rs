@@ -74,7 +74,7 @@ impl CsvRows {
             path: path.to_path_buf(),
             line: record_line(record),
             column: c_time.to_string(),
-            text: time_text.to_string(),
+            text: crate::workload::error::quoted(time_text),
             message,
         })?;
         let prompt_text = field(record, self.idx[1], path, c_prompt)?;
