@@ -323,6 +323,11 @@ pub struct Scheduler {
     policy: Box<dyn SchedulePolicy + Send>,
     seqs: FxHashMap<SeqId, Sequence>,
     waiting: VecDeque<SeqId>,
+    /// Requests that have only arrived, in arrival order, behind `waiting` (FCFS queue
+    /// only). A step looks at no more than `max_num_seqs + 1` waiting sequences, so the
+    /// others stay compact until they near the head ([`Scheduler::promote_arrivals`]): a
+    /// queue of 300,000 requests then costs a `Request` each, not a `Sequence` in a map.
+    arrived: VecDeque<Request>,
     running: Vec<SeqId>,
     admissions: u64,
     steps: u64,
@@ -365,6 +370,7 @@ impl Scheduler {
             cfg,
             seqs: FxHashMap::default(),
             waiting: VecDeque::new(),
+            arrived: VecDeque::new(),
             running: Vec::new(),
             admissions: 0,
             steps: 0,
@@ -423,6 +429,30 @@ impl Scheduler {
                 },
             );
         }
+        if self.cfg.queue == QueuePolicy::Fcfs {
+            self.arrived.push_back(req);
+        } else {
+            self.enqueue(req);
+        }
+        None
+    }
+
+    /// The waiting queue's head up to `max_num_seqs + 1` sequences, from the arrivals
+    /// (in order, so nothing a step can see changes).
+    pub(crate) fn promote_arrivals(&mut self) {
+        let want = self.cfg.max_num_seqs as usize + 1;
+        while self.waiting.len() < want {
+            let Some(req) = self.arrived.pop_front() else {
+                break;
+            };
+            self.enqueue(req);
+        }
+    }
+
+    /// A request joins the waiting queue as a sequence (its prompt's block hashes computed
+    /// for the prefix cache).
+    fn enqueue(&mut self, req: Request) {
+        let id = req.id;
         let mut seq = Sequence::new(req);
         if self.cfg.prefix_caching && !seq.request.prompt_tokens.is_empty() {
             // Only the prompt's own tokens (a longer list would hash generated positions).
@@ -438,17 +468,16 @@ impl Scheduler {
         }
         self.seqs.insert(id, seq);
         self.waiting.push_back(id);
-        None
     }
 
     /// True when some sequence waits or runs.
     pub fn has_work(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty()
+        !self.waiting.is_empty() || !self.arrived.is_empty() || !self.running.is_empty()
     }
 
-    /// Requests waiting.
+    /// Requests waiting (arrivals not yet at the queue's head included).
     pub fn num_waiting(&self) -> usize {
-        self.waiting.len()
+        self.waiting.len() + self.arrived.len()
     }
 
     /// Sequences running.
@@ -456,12 +485,13 @@ impl Scheduler {
         self.running.len()
     }
 
-    /// Live sequences (waiting or running).
+    /// Live sequences (waiting or running) and arrivals.
     pub fn num_live(&self) -> usize {
-        self.seqs.len()
+        self.seqs.len() + self.arrived.len()
     }
 
-    /// Waiting (and preempted) sequences in queue order.
+    /// Waiting (and preempted) sequences in queue order, up to the head's
+    /// `max_num_seqs + 1` under FCFS (later arrivals are not sequences yet).
     pub fn waiting(&self) -> impl Iterator<Item = &Sequence> + '_ {
         self.waiting.iter().filter_map(|id| self.seqs.get(id))
     }

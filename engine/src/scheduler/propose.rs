@@ -8,6 +8,7 @@ use super::*;
 impl Scheduler {
     /// Step 1: the policy's reservation request for the block manager.
     pub fn propose(&mut self, now: Nanos) -> ReserveRequest {
+        self.promote_arrivals();
         // Queue order: FCFS keeps arrival order (preempted requests in front); the others
         // sort by their key at this instant (aging moves keys with time).
         let (policy, aging) = (self.cfg.queue, self.cfg.queue_aging_ns);
