@@ -512,6 +512,19 @@ fn validation_against_calibration_and_profiles() {
 }
 
 #[test]
+fn the_gemm_fit_holds_on_the_gpu_it_did_not_see() {
+    // Fitted to one GPU's layer profile, tested on the other's: the held-out median stays
+    // within a few points of the in-sample one (VALIDATION.md prints both).
+    let held = sim::cost_model::calibration::gemm_held_out(std::path::Path::new("calibration"))
+        .expect("fit");
+    assert_eq!(held.len(), 2);
+    for h in &held {
+        assert_ne!(h.fitted_on, h.tested_on);
+        assert!(h.in_sample < 0.06 && h.held_out < 0.10, "{h:?}");
+    }
+}
+
+#[test]
 fn the_shipped_defaults_are_the_calibration_fit() {
     // `sim calibrate` reproduces the defaults from the profiles in the repository.
     let fit =

@@ -83,6 +83,9 @@ impl CpuRuntime {
     /// blocks of `block_size` tokens.
     pub fn from_gguf(g: &Gguf, block_size: u32, num_blocks: u32) -> Result<CpuRuntime, CpuError> {
         let shape = gguf_shape(g).map_err(|e| CpuError::Config(e.to_string()))?;
+        // The file's blocks are copied in (vectors and other formats as f32, more).
+        let file = std::fs::metadata(g.path()).map_or(0, |m| m.len());
+        check_host_memory("GGUF", file, kv_cache_bytes(&shape, block_size, num_blocks))?;
         let err = |e: crate::gguf::GgufError| CpuError::Config(e.to_string());
         let (h, vocab) = (u64::from(shape.hidden), u64::from(shape.vocab));
         let dims = [
@@ -132,6 +135,12 @@ impl CpuRuntime {
         block_size: u32,
         num_blocks: u32,
     ) -> Result<CpuRuntime, CpuError> {
+        // Synthetic weights are f32: twice the bf16 bytes.
+        check_host_memory(
+            "synthetic f32",
+            2 * shape.weight_bytes(),
+            kv_cache_bytes(&shape, block_size, num_blocks),
+        )?;
         let (h, qd) = (
             shape.hidden as usize,
             (shape.heads * shape.head_dim) as usize,
@@ -663,6 +672,42 @@ impl crate::generate::StepRuntime for CpuRuntime {
 
 /// The CPU runtime as an engine backend.
 pub type CpuBackend = crate::generate::RuntimeBackend<CpuRuntime>;
+
+/// Bytes of the f32 K and V caches of `num_blocks` blocks of `block_size` tokens.
+fn kv_cache_bytes(shape: &LlamaShape, block_size: u32, num_blocks: u32) -> u64 {
+    u64::from(num_blocks)
+        * u64::from(block_size)
+        * 2
+        * u64::from(shape.layers)
+        * u64::from(shape.kv_heads)
+        * u64::from(shape.head_dim)
+        * 4
+}
+
+/// Refuses, before allocating, a model whose weights and KV cache need more host memory than
+/// the system has available (`MemAvailable` of `/proc/meminfo`, where there is one).
+fn check_host_memory(what: &str, weights: u64, kv: u64) -> Result<(), CpuError> {
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        });
+    let Some(kb) = available else {
+        return Ok(());
+    };
+    let (need, free) = (weights.saturating_add(kv), kb.saturating_mul(1024));
+    if need > free {
+        return Err(CpuError::Config(format!(
+            "needs {:.1} GB of host memory ({:.1} GB of {what} weights, {:.1} GB of KV cache) but {:.1} GB are available: quantized GGUF weights or a smaller model or KV cache need less",
+            need as f64 / 1e9,
+            weights as f64 / 1e9,
+            kv as f64 / 1e9,
+            free as f64 / 1e9
+        )));
+    }
+    Ok(())
+}
 
 #[cfg(test)]
 mod tests {

@@ -60,8 +60,9 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-/// The `config.json` keys [`ModelSpec::from_hf_value`] reads; a catalog model file's
-/// `[config]` may hold only these, so that a misspelt key is an error, not a default.
+/// The Llama-family `config.json` keys [`ModelSpec::from_hf_value`] reads (other families'
+/// spellings aside): a catalog model file's `[config]` may hold only these, so that a
+/// misspelt key is an error, not a default.
 pub const HF_CONFIG_KEYS: [&str; 18] = [
     "_name_or_path",
     "head_dim",

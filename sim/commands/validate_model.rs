@@ -25,7 +25,14 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     let splitwise =
         sim::cost_model::calibration::splitwise_measurements(&data.join("calibration.csv"))?;
     let held_out = sim::cost_model::calibration::vllm_2023_held_out(&splitwise);
-    let text = sim::cost_model::validation::report(&calibration, &profiles, &throughput, &held_out);
+    let gemm_held_out = sim::cost_model::calibration::gemm_held_out(&data)?;
+    let text = sim::cost_model::validation::report(
+        &calibration,
+        &profiles,
+        &throughput,
+        &held_out,
+        &gemm_held_out,
+    );
     std::fs::write(&path, &text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     if let Some(summary) = text.split("## Summary").nth(1) {
         outln!(out, "{}", summary.trim());

@@ -113,26 +113,6 @@ fn cpu_runtime(
     let blocks = m
         .num_blocks
         .min((CPU_KV_BUDGET_BYTES / per_block.max(1)).max(1) as u32);
-    // Host memory before allocating: synthetic weights are f32 (twice the bf16 bytes),
-    // a GGUF's are mapped from the file; the KV cache is f32.
-    let weights = match &variant.config.model.gguf {
-        Some(path) => std::fs::metadata(scenario.base_dir.join(path)).map_or(0, |m| m.len()),
-        None => 2 * shape.weight_bytes(),
-    };
-    let need = weights + u64::from(blocks) * per_block;
-    if let Some(free) = available_memory() {
-        if need > free {
-            return Err(cpu_err(format!(
-                "model {} needs {:.1} GB of host memory ({:.1} GB of {} weights, {:.1} GB of KV cache) but {:.1} GB are available: give model.gguf (quantized weights) or a smaller model",
-                d.model.name,
-                need as f64 / 1e9,
-                weights as f64 / 1e9,
-                if variant.config.model.gguf.is_some() { "GGUF" } else { "synthetic f32" },
-                (need - weights) as f64 / 1e9,
-                free as f64 / 1e9
-            )));
-        }
-    }
     let mut rt = match &variant.config.model.gguf {
         Some(path) => {
             let g = kernels::gguf::Gguf::open(&scenario.base_dir.join(path))
@@ -234,13 +214,4 @@ fn cuda_runtime(
     }
     rt.warm_up().map_err(cuda_err)?;
     Ok((rt, blocks))
-}
-
-/// Memory the system can give this process without swapping (`MemAvailable` of
-/// `/proc/meminfo`), when the platform says.
-fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }

@@ -98,33 +98,22 @@ pub fn run_variant(
     progress: &ProgressBar,
     on_progress: &dyn Fn(),
 ) -> Result<VariantResult, SimError> {
-    let Some(dir) = out_dir else {
-        return run_variant_into(
-            scenario,
-            variant,
-            backend_kind,
-            driver,
-            None,
-            progress,
-            on_progress,
-        );
+    let partial = match out_dir {
+        Some(dir) => Some(fresh_partial(dir)?),
+        None => None,
     };
-    let mut partial = dir.as_os_str().to_owned();
-    partial.push(".partial");
-    let partial = PathBuf::from(partial);
-    if partial.exists() {
-        std::fs::remove_dir_all(&partial).map_err(io_err(&partial))?;
-    }
-    std::fs::create_dir_all(&partial).map_err(io_err(&partial))?;
     let result = run_variant_into(
         scenario,
         variant,
         backend_kind,
         driver,
-        Some(&partial),
+        partial.as_deref(),
         progress,
         on_progress,
     );
+    let (Some(dir), Some(partial)) = (out_dir, partial) else {
+        return result;
+    };
     match result {
         Ok(r) => {
             if dir.exists() {
@@ -139,6 +128,18 @@ pub fn run_variant(
             Err(e)
         }
     }
+}
+
+/// `<dir>.partial`, emptied and created.
+fn fresh_partial(dir: &Path) -> Result<PathBuf, SimError> {
+    let mut partial = dir.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial).map_err(io_err(&partial))?;
+    }
+    std::fs::create_dir_all(&partial).map_err(io_err(&partial))?;
+    Ok(partial)
 }
 
 /// [`run_variant`] writing straight into `out_dir`.

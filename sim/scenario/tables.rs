@@ -35,8 +35,12 @@ pub(super) fn expand_calibration(table: &mut toml::Table, base_dir: &Path) -> Re
     let shown = file.display();
     let text = std::fs::read_to_string(&file)
         .map_err(|e| format!("cost.calibration: {shown}: cannot read: {e}"))?;
-    let parsed: toml::Table = toml::from_str(&text)
-        .map_err(|e| format!("cost.calibration: {shown}: {}", e.message().trim()))?;
+    let parsed: toml::Table = toml::from_str(&text).map_err(|e| {
+        format!(
+            "cost.calibration: {shown}: {}",
+            crate::messages::concise(e.message())
+        )
+    })?;
     let Some(toml::Value::Table(from_file)) = parsed.get("cost") else {
         return Err(format!("cost.calibration: {shown}: no [cost] table"));
     };

@@ -141,6 +141,61 @@ pub fn calibrate(dir: &Path) -> Result<Fit, ValidationError> {
     })
 }
 
+/// The GEMM fit held out by GPU: fitted (the same grid as [`calibrate`]) to one GPU's layer
+/// profile, its median error on the other GPU's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GemmHeldOut {
+    /// Catalog GPU the fit saw.
+    pub fitted_on: &'static str,
+    /// Catalog GPU it is tested on.
+    pub tested_on: &'static str,
+    /// (compute efficiency, memory efficiency, overlap exponent) of the fit.
+    pub fit: (f64, f64, Option<f64>),
+    /// Median absolute error on the GPU it saw.
+    pub in_sample: f64,
+    /// Median absolute error on the other GPU.
+    pub held_out: f64,
+}
+
+/// [`calibrate`]'s GEMM fit done on each GPU's profile alone and tested on the other's.
+pub fn gemm_held_out(dir: &Path) -> Result<Vec<GemmHeldOut>, ValidationError> {
+    let points = gemm_profile_points(dir)?;
+    let gpus: Vec<&'static str> = {
+        let mut g: Vec<&'static str> = points.iter().map(|p| p.1).collect();
+        g.dedup();
+        g
+    };
+    let mut out = Vec::new();
+    for &fitted_on in &gpus {
+        let (seen, rest): (Vec<_>, Vec<_>) = points.iter().partition(|p| p.1 == fitted_on);
+        let seen: Vec<_> = seen.into_iter().copied().collect();
+        let (in_sample, ec, em, p) =
+            grid_fit(|params| error_stats(gemm_point_checks(&seen, params).iter()).0);
+        let params = CostParams {
+            gemm_compute_eff: ec,
+            gemm_memory_eff: em,
+            overlap_exponent: p,
+            ..CostParams::default()
+        };
+        for &tested_on in gpus.iter().filter(|&&g| g != fitted_on) {
+            let test: Vec<_> = rest
+                .iter()
+                .filter(|p| p.1 == tested_on)
+                .copied()
+                .copied()
+                .collect();
+            out.push(GemmHeldOut {
+                fitted_on,
+                tested_on,
+                fit: (ec, em, p),
+                in_sample,
+                held_out: error_stats(gemm_point_checks(&test, &params).iter()).0,
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// Fits the GEMM efficiencies and overlap exponent to measured GEMMs listed in a CSV with
 /// the columns `gpu,m,k,n,ms` (a catalog GPU, the GEMM's M x K by K x N shape in 16 bits,
 /// and the measured time in ms, each timed alone so the launch cost of eager PyTorch is in

@@ -91,7 +91,7 @@ impl TraceReader for MooncakeReader {
                 path: self.path.clone(),
                 line: self.line,
                 column: column.into(),
-                text: text.chars().take(80).collect(),
+                text: crate::workload::error::quoted(text),
                 message,
             };
             let row: MooncakeRow = serde_json::from_str(&line)
