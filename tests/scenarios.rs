@@ -375,3 +375,47 @@ fn mixed_rate_sweep_shows_each_schedulers_knee() {
         "knees: static {st}, continuous {co}, chunked {ch}"
     );
 }
+
+/// What each queue policy does to an overloaded queue (a short run of the overload
+/// scenario; BENCHMARKS.md shows that none makes a step's cost grow with the queue):
+/// priority serves the chat class (priority 0) first and RAG (2) last; shortest prompt
+/// first serves chat's short prompts at once and cuts the mean latency; shortest true output
+/// first serves code completions at once but makes chat's long answers wait; lpm, with
+/// nothing cached and more than 128 waiting, is FCFS (as SGLang falls back).
+#[test]
+fn queue_policies_reorder_an_overloaded_queue() {
+    let scn = Scenario::load(Path::new("scenarios/overload.toml"), None).expect("loads");
+    let opts = RunOptions {
+        driver: DriverKind::Inline,
+        requests: Some(3000),
+        ..RunOptions::default()
+    };
+    let results = run_scenario(&scn, &opts).expect("runs");
+    let get = |name: &str| summary(&results, name);
+    let ttft = |variant: &str, class: &str| {
+        get(variant)
+            .classes
+            .iter()
+            .find(|c| c.name == class)
+            .unwrap_or_else(|| panic!("class {class}"))
+            .median_ttft_ms
+    };
+    // Under FCFS every class waits about as long (~59 s at the median).
+    let fcfs = get("fcfs");
+    for class in ["chat", "rag", "code"] {
+        let t = ttft("fcfs", class);
+        assert!((t / ttft("fcfs", "chat") - 1.0).abs() < 0.1, "{class}: {t}");
+    }
+    assert!(ttft("priority", "chat") < 0.25 * ttft("fcfs", "chat"));
+    assert!(ttft("priority", "code") < ttft("fcfs", "code"));
+    assert!(ttft("priority", "rag") > 1.3 * ttft("fcfs", "rag"));
+    assert!(ttft("sjf", "chat") < 0.1 * ttft("fcfs", "chat"));
+    assert!(get("sjf").mean_e2el_ms < 0.8 * fcfs.mean_e2el_ms);
+    assert!(ttft("sjf-oracle", "code") < 0.1 * ttft("fcfs", "code"));
+    assert!(ttft("sjf-oracle", "chat") > 1.3 * ttft("fcfs", "chat"));
+    assert_eq!(get("lpm").mean_ttft_ms, fcfs.mean_ttft_ms);
+    for r in &results {
+        assert_eq!(r.summary.completed, 3000, "{}", r.summary.variant);
+        assert_eq!(r.summary.leaked_blocks, 0);
+    }
+}

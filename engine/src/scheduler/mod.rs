@@ -14,6 +14,7 @@
 //!    freed.
 
 mod apply;
+mod backlog;
 mod chunked;
 mod commit;
 mod continuous;
@@ -323,11 +324,14 @@ pub struct Scheduler {
     policy: Box<dyn SchedulePolicy + Send>,
     seqs: FxHashMap<SeqId, Sequence>,
     waiting: VecDeque<SeqId>,
-    /// Requests that have only arrived, in arrival order, behind `waiting` (FCFS queue
-    /// only). A step looks at no more than `max_num_seqs + 1` waiting sequences, so the
-    /// others stay compact until they near the head ([`Scheduler::promote_arrivals`]): a
-    /// queue of 300,000 requests then costs a `Request` each, not a `Sequence` in a map.
-    arrived: VecDeque<Request>,
+    /// The rest of the waiting queue, behind `waiting`. A step looks at no more than
+    /// `max_num_seqs + 1` waiting sequences, so the others stay compact (most are still
+    /// plain requests) and out of the step's way until they near the head
+    /// ([`Scheduler::refill_head`]): a queue of 300,000 requests costs a `Request` each,
+    /// not a `Sequence` in a map, nor a sort per step.
+    backlog: backlog::Backlog,
+    /// Scratch: the head of a keyed queue with its keys, while it is refilled.
+    head_keys: Vec<policy::QueueKey>,
     running: Vec<SeqId>,
     admissions: u64,
     steps: u64,
@@ -366,11 +370,12 @@ impl Scheduler {
         cfg.validate()?;
         Ok(Scheduler {
             policy: cfg.kind.policy(),
+            backlog: backlog::Backlog::new(cfg.queue, cfg.queue_aging_ns),
+            head_keys: Vec::new(),
             policy_cfg: cfg.clone(),
             cfg,
             seqs: FxHashMap::default(),
             waiting: VecDeque::new(),
-            arrived: VecDeque::new(),
             running: Vec::new(),
             admissions: 0,
             steps: 0,
@@ -429,29 +434,110 @@ impl Scheduler {
                 },
             );
         }
-        if self.cfg.queue == QueuePolicy::Fcfs {
-            self.arrived.push_back(req);
-        } else {
-            self.enqueue(req);
-        }
+        self.backlog.push_arrival(req, now);
         None
     }
 
-    /// The waiting queue's head up to `max_num_seqs + 1` sequences, from the arrivals
-    /// (in order, so nothing a step can see changes).
-    pub(crate) fn promote_arrivals(&mut self) {
-        let want = self.cfg.max_num_seqs as usize + 1;
-        while self.waiting.len() < want {
-            let Some(req) = self.arrived.pop_front() else {
+    /// The head of the waiting queue at `now`: its first `max_num_seqs + 1` sequences in
+    /// the queue policy's order (all of them for lpm up to [`policy::LPM_MAX_QUEUE`], which
+    /// it sorts itself). FCFS and lpm take arrivals in order, so nothing a step can see
+    /// changes; the keyed policies sort the head and swap in whatever in the backlog now
+    /// ranks before its last, giving back what falls behind.
+    pub(crate) fn refill_head(&mut self, now: Nanos) {
+        let mut want = self.cfg.max_num_seqs as usize + 1;
+        if !self.backlog.keyed() {
+            if self.cfg.queue == QueuePolicy::Lpm && self.num_waiting() <= policy::LPM_MAX_QUEUE {
+                want = usize::MAX;
+            }
+            while self.waiting.len() < want {
+                let Some(backlog::Entry::Fresh(req)) = self.backlog.pop(now) else {
+                    break;
+                };
+                let id = self.new_sequence(req);
+                self.waiting.push_back(id);
+            }
+            return;
+        }
+        let (policy, aging) = (self.cfg.queue, self.cfg.queue_aging_ns);
+        // The backlog's keys are taken at the latest time it saw (time does not go back).
+        let now = self.backlog.latest(now);
+        let seqs = &self.seqs;
+        let mut head = std::mem::take(&mut self.head_keys);
+        head.clear();
+        head.extend(
+            self.waiting
+                .drain(..)
+                .map(|id| policy.key(id, &seqs[&id], now, aging)),
+        );
+        // Keys are unique (they end with the sequence id); the head is mostly in order.
+        if !head.is_sorted() {
+            head.sort_unstable();
+        }
+        while head.len() > want {
+            self.give_back(&mut head, now);
+        }
+        while let Some(next) = self.backlog.peek_key(now) {
+            if head.len() >= want && head.last().is_some_and(|&last| next > last) {
                 break;
+            }
+            let id = match self.backlog.pop(now) {
+                Some(backlog::Entry::Fresh(req)) => self.new_sequence(req),
+                Some(backlog::Entry::Seq(id)) => id,
+                None => break,
             };
-            self.enqueue(req);
+            debug_assert_eq!(id, next.3);
+            let at = head.partition_point(|&k| k < next);
+            head.insert(at, next);
+            if head.len() > want {
+                self.give_back(&mut head, now);
+            }
+        }
+        self.waiting.extend(head.iter().map(|k| k.3));
+        self.head_keys = head;
+    }
+
+    /// Invariant check of the queue after [`Scheduler::propose`] at `now` (property tests):
+    /// the head holds `max_num_seqs + 1` sequences when more wait and, under a keyed
+    /// policy, is sorted by key and ranks before everything in the backlog.
+    pub fn check_queue_order(&mut self, now: Nanos) -> Result<(), String> {
+        let want = self.cfg.max_num_seqs as usize + 1;
+        if !self.backlog.is_empty() && self.waiting.len() < want {
+            return Err(format!(
+                "head of {} with {} more waiting behind it (want {want})",
+                self.waiting.len(),
+                self.backlog.len()
+            ));
+        }
+        if !self.backlog.keyed() {
+            return Ok(());
+        }
+        let (policy, aging) = (self.cfg.queue, self.cfg.queue_aging_ns);
+        let keys: Vec<_> = self
+            .waiting
+            .iter()
+            .map(|&id| policy.key(id, &self.seqs[&id], now, aging))
+            .collect();
+        if !keys.is_sorted() {
+            return Err(format!("head out of order at {now}: {keys:?}"));
+        }
+        match (keys.last(), self.backlog.peek_key(now)) {
+            (Some(last), Some(next)) if next < *last => Err(format!(
+                "backlog key {next:?} ranks before the head's last {last:?} at {now}"
+            )),
+            _ => Ok(()),
         }
     }
 
-    /// A request joins the waiting queue as a sequence (its prompt's block hashes computed
-    /// for the prefix cache).
-    fn enqueue(&mut self, req: Request) {
+    /// The head's last sequence goes back to the backlog.
+    fn give_back(&mut self, head: &mut Vec<policy::QueueKey>, now: Nanos) {
+        if let Some((.., id)) = head.pop() {
+            self.backlog.push_seq(id, &self.seqs[&id].request, now);
+        }
+    }
+
+    /// A request becomes a waiting sequence (its prompt's block hashes computed for the
+    /// prefix cache); returns its id.
+    fn new_sequence(&mut self, req: Request) -> SeqId {
         let id = req.id;
         let mut seq = Sequence::new(req);
         if self.cfg.prefix_caching && !seq.request.prompt_tokens.is_empty() {
@@ -467,17 +553,17 @@ impl Scheduler {
             seq.block_hashes = Some(hashes.into());
         }
         self.seqs.insert(id, seq);
-        self.waiting.push_back(id);
+        id
     }
 
     /// True when some sequence waits or runs.
     pub fn has_work(&self) -> bool {
-        !self.waiting.is_empty() || !self.arrived.is_empty() || !self.running.is_empty()
+        !self.waiting.is_empty() || !self.backlog.is_empty() || !self.running.is_empty()
     }
 
     /// Requests waiting (arrivals not yet at the queue's head included).
     pub fn num_waiting(&self) -> usize {
-        self.waiting.len() + self.arrived.len()
+        self.waiting.len() + self.backlog.len()
     }
 
     /// Sequences running.
@@ -487,11 +573,11 @@ impl Scheduler {
 
     /// Live sequences (waiting or running) and arrivals.
     pub fn num_live(&self) -> usize {
-        self.seqs.len() + self.arrived.len()
+        self.seqs.len() + self.backlog.len()
     }
 
-    /// Waiting (and preempted) sequences in queue order, up to the head's
-    /// `max_num_seqs + 1` under FCFS (later arrivals are not sequences yet).
+    /// The head of the waiting queue (preempted sequences included) in queue order, as the
+    /// last step saw it: up to `max_num_seqs + 1` sequences when more wait.
     pub fn waiting(&self) -> impl Iterator<Item = &Sequence> + '_ {
         self.waiting.iter().filter_map(|id| self.seqs.get(id))
     }

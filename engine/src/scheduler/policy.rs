@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::request::{Nanos, Sequence};
+use crate::request::{Nanos, SeqId, Sequence};
 
 /// Order of the waiting queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -30,22 +30,29 @@ pub enum QueuePolicy {
 /// Longest waiting queue that `lpm` sorts (SGLang falls back to FCFS beyond 128).
 pub const LPM_MAX_QUEUE: usize = 128;
 
+/// A waiting sequence's place in a queue policy's order, smaller first: `(primary, arrival,
+/// request id, sequence id)`. The sequence id orders the members of a parallel-sampling
+/// group (same request) that wait together after a preemption.
+pub type QueueKey = (i64, Nanos, SeqId, SeqId);
+
 impl QueuePolicy {
-    /// Sort key of a waiting sequence at time `now` (smaller is served first; ties by
-    /// arrival then id). `None` for FCFS, whose queue order is kept as is.
-    pub fn key(self, s: &Sequence, now: Nanos, aging_ns: u64) -> Option<(i64, Nanos, u64)> {
+    /// Sort key of waiting sequence `id` at time `now` (smaller is served first; ties by
+    /// arrival, then request and sequence id; FCFS ranks by arrival alone, though its
+    /// queue keeps preempted sequences in front instead of sorting).
+    pub fn key(self, id: SeqId, s: &Sequence, now: Nanos, aging_ns: u64) -> QueueKey {
+        let r = &s.request;
         let aged = |len: u32| {
-            let periods = now.saturating_sub(s.request.arrival) / aging_ns.max(1);
+            let periods = now.saturating_sub(r.arrival) / aging_ns.max(1);
             i64::from(len) >> periods.min(32)
         };
         let primary = match self {
-            QueuePolicy::Fcfs => return None,
-            QueuePolicy::Priority => i64::from(s.request.priority),
-            QueuePolicy::Sjf => aged(s.request.prompt_len),
-            QueuePolicy::SjfOracle => aged(s.request.max_tokens),
+            QueuePolicy::Fcfs => 0,
+            QueuePolicy::Priority => i64::from(r.priority),
+            QueuePolicy::Sjf => aged(r.prompt_len),
+            QueuePolicy::SjfOracle => aged(r.max_tokens),
             QueuePolicy::Lpm => -i64::from(s.probed_prefix),
         };
-        Some((primary, s.request.arrival, s.request.id))
+        (primary, r.arrival, r.id, id)
     }
 }
 

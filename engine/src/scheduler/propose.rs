@@ -8,16 +8,17 @@ use super::*;
 impl Scheduler {
     /// Step 1: the policy's reservation request for the block manager.
     pub fn propose(&mut self, now: Nanos) -> ReserveRequest {
-        self.promote_arrivals();
-        // Queue order: FCFS keeps arrival order (preempted requests in front); the others
-        // sort by their key at this instant (aging moves keys with time).
+        self.refill_head(now);
+        // Queue order: FCFS keeps arrival order (preempted requests in front), the keyed
+        // policies' head is sorted by `refill_head`, and lpm sorts a short queue by the
+        // cached prefixes probed last step (beyond `LPM_MAX_QUEUE` it is FCFS).
         let (policy, aging) = (self.cfg.queue, self.cfg.queue_aging_ns);
-        let lpm_fcfs = policy == QueuePolicy::Lpm && self.waiting.len() > policy::LPM_MAX_QUEUE;
-        if policy != QueuePolicy::Fcfs && !lpm_fcfs && self.waiting.len() > 1 {
+        let lpm_fcfs = policy == QueuePolicy::Lpm && self.num_waiting() > policy::LPM_MAX_QUEUE;
+        if policy == QueuePolicy::Lpm && !lpm_fcfs && self.waiting.len() > 1 {
             let seqs = &self.seqs;
             self.waiting
                 .make_contiguous()
-                .sort_by_key(|id| policy.key(&seqs[id], now, aging));
+                .sort_by_key(|&id| policy.key(id, &seqs[&id], now, aging));
         }
         // Chunked prefill with speculation: the running decodes' drafts come before new
         // prompts (vLLM V1 schedules running requests' spec tokens first), so the policy
