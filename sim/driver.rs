@@ -3,7 +3,8 @@
 //! The clock owns a min-heap of events keyed by `(time in integer nanoseconds, sequence
 //! number)`, so ties resolve in insertion order and every run is deterministic. Arrivals are
 //! pulled lazily from the workload (one pending arrival at a time, so memory follows the
-//! live requests, not the trace). Whenever the worker is idle and work exists, the clock
+//! live requests, not the trace), through the benchmark [`Client`], which may cap the
+//! requests in flight (a closed loop, `max_in_flight`). Whenever the worker is idle and work exists, the clock
 //! asks the scheduler for a step, hands the plan to the worker, and schedules `StepDone` at
 //! `now + duration`.
 //!
@@ -306,29 +307,117 @@ pub struct RunStats {
     pub spec: Vec<engine::spec::SpecStats>,
 }
 
+/// The benchmark client between the workload and the engine (vLLM's `bench serve`): with
+/// `max_in_flight`, at most that many requests are sent and not yet ended; a request that
+/// arrives with every slot taken is sent when one frees (`think_ns` after the request that
+/// held it ended), and its arrival, which latencies count from, is then.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Client {
+    /// Requests in flight at most (`None`: an open loop, every request sent on arrival).
+    pub max_in_flight: Option<u32>,
+    /// A slot's pause between a request ending and the next being sent.
+    pub think_ns: Nanos,
+}
+
+/// The client's slots: how many are free now, and when those still thinking free.
+struct Slots {
+    free: u64,
+    thinking: BinaryHeap<Reverse<Nanos>>,
+    think_ns: Nanos,
+    /// Pulled from the workload, waiting for a slot.
+    held: Option<Request>,
+    /// An arrival is on the clock (one at a time, so the workload is read lazily).
+    scheduled: bool,
+    /// The workload has no more requests.
+    exhausted: bool,
+    last_arrival: Nanos,
+}
+
+impl Slots {
+    fn new(client: Client) -> Self {
+        Slots {
+            free: client.max_in_flight.map_or(u64::MAX, u64::from),
+            thinking: BinaryHeap::new(),
+            think_ns: client.think_ns,
+            held: None,
+            scheduled: false,
+            exhausted: false,
+            last_arrival: 0,
+        }
+    }
+
+    /// A request ended at `now`: its slot frees after the think time.
+    fn release(&mut self, now: Nanos) {
+        if self.free == u64::MAX {
+            return;
+        }
+        if self.think_ns == 0 {
+            self.free += 1;
+        } else {
+            self.thinking
+                .push(Reverse(now.saturating_add(self.think_ns)));
+        }
+    }
+
+    /// Puts the next request on the clock when none is and a slot can take it: sent at its
+    /// arrival, or when the slot frees, and never before `now`.
+    fn send_next(
+        &mut self,
+        workload: &mut dyn Iterator<Item = Result<Request, WorkloadError>>,
+        clock: &mut Clock,
+        stats: &mut RunStats,
+        now: Nanos,
+    ) -> Result<(), DriverError> {
+        if self.scheduled || (self.exhausted && self.held.is_none()) {
+            return Ok(());
+        }
+        let mut req = match self.held.take() {
+            Some(r) => r,
+            None => match workload.next().transpose()? {
+                Some(r) => r,
+                None => {
+                    self.exhausted = true;
+                    return Ok(());
+                }
+            },
+        };
+        let slot = if self.free == u64::MAX {
+            0
+        } else if self.free > 0 {
+            self.free -= 1;
+            now
+        } else if let Some(Reverse(t)) = self.thinking.pop() {
+            t
+        } else {
+            self.held = Some(req);
+            return Ok(());
+        };
+        // The workload yields in arrival order; guard anyway so time never runs back.
+        let t = req.arrival.max(slot).max(self.last_arrival);
+        self.last_arrival = t;
+        req.arrival = t;
+        stats.arrived += 1;
+        self.scheduled = true;
+        clock.push(t, Event::Arrival(req));
+        Ok(())
+    }
+}
+
 /// Runs a workload through an engine until every request has ended, feeding records to
-/// `sink`. `progress` is called with the number of ended requests.
+/// `sink`, with `client` sending the requests. `progress` is called with the number of
+/// ended requests.
 pub async fn run<E: EngineHandle>(
     engine: &mut E,
     workload: &mut dyn Iterator<Item = Result<Request, WorkloadError>>,
+    client: Client,
     sink: &mut RunCollector,
     progress: &mut dyn FnMut(u64),
 ) -> Result<RunStats, DriverError> {
     let mut clock = Clock::default();
     let mut stats = RunStats::default();
     let mut busy = false;
-    let mut last_arrival: Nanos = 0;
-    let mut pull = |clock: &mut Clock, stats: &mut RunStats| -> Result<(), DriverError> {
-        if let Some(req) = workload.next().transpose()? {
-            // The workload yields in arrival order; guard anyway so time never runs back.
-            let t = req.arrival.max(last_arrival);
-            last_arrival = t;
-            stats.arrived += 1;
-            clock.push(t, Event::Arrival(req));
-        }
-        Ok(())
-    };
-    pull(&mut clock, &mut stats)?;
+    let mut slots = Slots::new(client);
+    slots.send_next(workload, &mut clock, &mut stats, 0)?;
     let (_, pool_blocks, _) = engine.pool_usage().await?;
     let block_size = engine.block_size().await?;
 
@@ -337,12 +426,14 @@ pub async fn run<E: EngineHandle>(
         stats.end_time = now;
         match ev.event {
             Event::Arrival(req) => {
+                slots.scheduled = false;
                 if let Some(rejected) = engine.arrive(req, now).await? {
                     sink.record_request(&rejected)?;
                     stats.ended += 1;
                     progress(stats.ended);
+                    slots.release(now);
                 }
-                pull(&mut clock, &mut stats)?;
+                slots.send_next(workload, &mut clock, &mut stats, now)?;
             }
             Event::Wake => {}
             Event::StepDone(plan, outcome) => {
@@ -355,6 +446,10 @@ pub async fn run<E: EngineHandle>(
                 if !result.finished.is_empty() {
                     stats.ended += result.finished.len() as u64;
                     progress(stats.ended);
+                    for _ in &result.finished {
+                        slots.release(now);
+                    }
+                    slots.send_next(workload, &mut clock, &mut stats, now)?;
                 }
             }
         }
@@ -460,26 +555,40 @@ pub enum DriverKind {
     Inline,
 }
 
+/// The engine's three cores, as a driver takes them.
+pub struct EngineParts {
+    /// The scheduler.
+    pub scheduler: Scheduler,
+    /// The KV block manager.
+    pub block_manager: BlockManager,
+    /// The backend that executes steps.
+    pub backend: Box<dyn Backend>,
+}
+
 /// Runs to completion with the chosen driver.
 pub fn run_to_end(
     kind: DriverKind,
-    scheduler: Scheduler,
-    block_manager: BlockManager,
-    backend: Box<dyn Backend>,
+    parts: EngineParts,
     workload: &mut dyn Iterator<Item = Result<Request, WorkloadError>>,
+    client: Client,
     sink: &mut RunCollector,
     progress: &mut dyn FnMut(u64),
 ) -> Result<RunStats, DriverError> {
+    let EngineParts {
+        scheduler,
+        block_manager,
+        backend,
+    } = parts;
     match kind {
         DriverKind::Inline => {
             let mut engine = InlineEngine::new(scheduler, block_manager, backend);
-            futures_executor::block_on(run(&mut engine, workload, sink, progress))
+            futures_executor::block_on(run(&mut engine, workload, client, sink, progress))
         }
         DriverKind::Actors => {
             let system = actix::System::new();
             let result = system.block_on(async move {
                 let mut engine = ActorEngine::start(scheduler, block_manager, backend);
-                run(&mut engine, workload, sink, progress).await
+                run(&mut engine, workload, client, sink, progress).await
             });
             result
         }

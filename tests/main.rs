@@ -2,6 +2,7 @@
 
 mod bad_inputs;
 mod cli;
+mod client;
 mod models;
 mod mooncake;
 mod physics;

@@ -66,6 +66,7 @@ fn unbounded_cache_hits_what_the_trace_repeats() {
         classes: Vec::new(),
         multi_turn: None,
         generated_shared_prefix: None,
+        max_in_flight: None,
     };
     let workload = Workload::open(&cfg, Path::new("."), 0).expect("workload");
     let sched_cfg = SchedulerConfig {

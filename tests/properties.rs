@@ -537,6 +537,7 @@ impl<'a> Harness<'a> {
                 .map(|&s| (s, self.bm.table(s).len()))
                 .collect();
             let req = self.sched.propose(now);
+            self.sched.check_queue_order(now).map_err(fail)?;
             let resp = self.bm.reserve(&req);
             let blocks_used = resp.blocks_used;
             prop_assert_eq!(blocks_used, self.bm.num_used());
@@ -1189,10 +1190,13 @@ fn drive(
     let mut workload = requests.iter().cloned().map(Ok::<Request, WorkloadError>);
     let stats = run_to_end(
         driver,
-        scheduler,
-        block_manager,
-        backend,
+        sim::driver::EngineParts {
+            scheduler,
+            block_manager,
+            backend,
+        },
         &mut workload,
+        sim::driver::Client::default(),
         &mut sink,
         &mut |_| {},
     )

@@ -180,10 +180,13 @@ fn run_variant_into(
     let mut last = 0;
     let stats = run_to_end(
         driver,
-        scheduler,
-        block_manager,
-        backend,
+        crate::driver::EngineParts {
+            scheduler,
+            block_manager,
+            backend,
+        },
         &mut workload,
+        variant.config.workload.client(),
         &mut collector,
         &mut |ended| {
             if ended >= last + 256 {

@@ -19,7 +19,8 @@
 //! engine.scheduler = "static"
 //! ```
 //! Unknown keys anywhere are errors; a variant may override any table but `workload` and
-//! `seed` (the request stream is shared by construction).
+//! `seed` (the request stream is shared by construction), except the client's cap
+//! `workload.max_in_flight`.
 
 mod config;
 mod resolve;
@@ -272,8 +273,14 @@ impl Scenario {
             check_folder_name(&format!("variant `{vname}`: name"), &vname).map_err(err)?;
             let mut over = over.clone();
             over.remove("name");
+            // The client's cap on requests in flight is the one workload key a variant may
+            // set: the request stream stays the same, only when each is sent changes.
+            let client_only = over
+                .get("workload")
+                .and_then(|w| w.as_table())
+                .is_some_and(|w| w.keys().all(|k| k == "max_in_flight"));
             for forbidden in ["workload", "seed", "variant", "name", "sweep"] {
-                if over.contains_key(forbidden) {
+                if over.contains_key(forbidden) && !(forbidden == "workload" && client_only) {
                     return Err(err(format!(
                         "variant `{vname}`: `{forbidden}` cannot be overridden (variants share one request stream)"
                     )));

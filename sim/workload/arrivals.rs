@@ -1,5 +1,7 @@
 //! Arrival processes of generated workloads ([`ArrivalConfig`]: Poisson, gamma with a
-//! burstiness, all at once) and the inter-arrival gaps they draw from the arrival stream.
+//! burstiness, all at once, closed loop) and the inter-arrival gaps they draw from the
+//! arrival stream. A closed loop's requests are all ready at time 0: the driver's client
+//! ([`crate::driver::Client`]) sends each when one of its `concurrency` slots frees.
 
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Exp, Gamma};
@@ -28,7 +30,20 @@ pub enum ArrivalConfig {
     },
     /// Every request arrives at time 0 (offline batch); needs `num_requests`.
     AllAtOnce {},
+    /// A closed loop of `concurrency` clients (vLLM's `bench serve --max-concurrency` with
+    /// an infinite rate, aiconfigurator's `batch_size`): each sends a request, waits for
+    /// its last token, thinks `think_time_s`, and sends the next. Needs `num_requests`.
+    ClosedLoop {
+        /// Requests in flight at once (clients).
+        concurrency: u32,
+        /// Pause between a client's request ending and its next being sent (seconds).
+        #[serde(default)]
+        think_time_s: f64,
+    },
 }
+
+/// Most clients a closed loop may have (a slot each is kept while they think).
+pub const MAX_CONCURRENCY: u32 = 1 << 20;
 
 impl ArrivalConfig {
     /// Checks the parameters (`num_requests`: the workload's, which `all-at-once` needs).
@@ -44,6 +59,29 @@ impl ArrivalConfig {
                     return Err(WorkloadError::config(
                         "workload.num_requests",
                         "required with arrival process \"all-at-once\"",
+                    ));
+                }
+            }
+            ArrivalConfig::ClosedLoop {
+                concurrency,
+                think_time_s,
+            } => {
+                if !(1..=MAX_CONCURRENCY).contains(concurrency) {
+                    return Err(WorkloadError::config(
+                        "workload.arrival.concurrency",
+                        format!("must be 1 to {MAX_CONCURRENCY}, got {concurrency}"),
+                    ));
+                }
+                if !(think_time_s.is_finite() && *think_time_s >= 0.0 && *think_time_s <= 1e6) {
+                    return Err(WorkloadError::config(
+                        "workload.arrival.think_time_s",
+                        format!("must be 0 to 1e6 seconds, got {think_time_s}"),
+                    ));
+                }
+                if num_requests.is_none() {
+                    return Err(WorkloadError::config(
+                        "workload.num_requests",
+                        "required with arrival process \"closed-loop\"",
                     ));
                 }
             }
@@ -72,7 +110,7 @@ impl Gaps {
                     WorkloadError::config("workload.arrival", format!("invalid gamma: {e}"))
                 })?,
             ),
-            ArrivalConfig::AllAtOnce {} => Gaps::Zero,
+            ArrivalConfig::AllAtOnce {} | ArrivalConfig::ClosedLoop { .. } => Gaps::Zero,
         })
     }
 

@@ -42,6 +42,11 @@ pub struct WorkloadConfig {
     /// `arrival` paces its requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generated_shared_prefix: Option<GeneratedSharedPrefix>,
+    /// Most requests in flight at once, as a benchmark client caps them (vLLM's `bench
+    /// serve --max-concurrency`): a request that arrives with every slot taken is sent when
+    /// one frees, and its latencies count from then (the engine sees the send time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
 }
 
 /// One request class of a synthetic workload (`[[workload.class]]`).
@@ -128,6 +133,24 @@ fn default_one() -> f64 {
 }
 
 impl WorkloadConfig {
+    /// The benchmark client that sends the requests: a closed loop's clients, or
+    /// `max_in_flight`, or no cap at all.
+    pub fn client(&self) -> crate::driver::Client {
+        match self.arrival {
+            Some(ArrivalConfig::ClosedLoop {
+                concurrency,
+                think_time_s,
+            }) => crate::driver::Client {
+                max_in_flight: Some(concurrency),
+                think_ns: (think_time_s * 1e9).round() as u64,
+            },
+            _ => crate::driver::Client {
+                max_in_flight: self.max_in_flight,
+                think_ns: 0,
+            },
+        }
+    }
+
     /// Checks every value and the combination of keys, without touching files.
     ///
     /// Errors name the key, e.g. `workload.arrival.rate: must be a positive number, got -3`.
@@ -140,6 +163,20 @@ impl WorkloadConfig {
         }
         if let Some(d) = self.duration_s {
             check_positive("workload.duration_s", d)?;
+        }
+        if let Some(m) = self.max_in_flight {
+            if !(1..=super::arrivals::MAX_CONCURRENCY).contains(&m) {
+                return Err(WorkloadError::config(
+                    "workload.max_in_flight",
+                    format!("must be 1 to {}, got {m}", super::arrivals::MAX_CONCURRENCY),
+                ));
+            }
+            if matches!(self.arrival, Some(ArrivalConfig::ClosedLoop { .. })) {
+                return Err(WorkloadError::config(
+                    "workload.max_in_flight",
+                    "not with arrival process \"closed-loop\", whose concurrency caps the requests in flight",
+                ));
+            }
         }
         match (&self.arrival, &self.trace) {
             (Some(_), Some(_)) => Err(WorkloadError::config(

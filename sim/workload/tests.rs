@@ -54,6 +54,7 @@ fn synthetic(arrival: ArrivalConfig, n: u64, classes: Vec<ClassConfig>) -> Workl
         classes,
         multi_turn: None,
         generated_shared_prefix: None,
+        max_in_flight: None,
     }
 }
 
@@ -543,6 +544,7 @@ fn azure_inline_trace() {
         classes: vec![],
         multi_turn: None,
         generated_shared_prefix: None,
+        max_in_flight: None,
     };
     let mut w = Workload::open(&cfg, dir.path(), 0).expect("open");
     assert_eq!(w.class_names(), vec!["trace"]);
@@ -640,6 +642,7 @@ fn trace_errors_name_file_line_and_column() {
             classes: vec![],
             multi_turn: None,
             generated_shared_prefix: None,
+            max_in_flight: None,
         };
         let mut w = Workload::open(&cfg, dir.path(), 0).expect("open");
         let err = w
@@ -666,6 +669,7 @@ fn trace_errors_name_file_line_and_column() {
         classes: vec![],
         multi_turn: None,
         generated_shared_prefix: None,
+        max_in_flight: None,
     };
     let err = Workload::open(&cfg, dir.path(), 0)
         .expect_err("missing column")
@@ -706,6 +710,7 @@ fn vidur_trace() {
         classes: vec![],
         multi_turn: None,
         generated_shared_prefix: None,
+        max_in_flight: None,
     };
     let mut w = Workload::open(&cfg, dir.path(), 0).expect("open");
     let reqs: Vec<Request> = w.by_ref().collect::<Result<_, _>>().expect("rows");
@@ -761,6 +766,7 @@ fn real_azure_conv_trace() {
         classes: vec![],
         multi_turn: None,
         generated_shared_prefix: None,
+        max_in_flight: None,
     };
     let mut w = Workload::open(&cfg, Path::new("/nonexistent-base"), 0).expect("open");
     assert_eq!(w.expected_len(), Some(19_366));

@@ -173,6 +173,19 @@ for path, v, expect in [("workload.num_requests", "0", "workload.num_requests"),
 m("workload-arrival-beyond-horizon", "workload.arrival", '{ process = "poisson", rate = 1e-12 }', "horizon", command="run")
 s = mutate("workload.arrival", '{ process = "all-at-once" }'); del s["workload"]["num_requests"]
 case("workload-all-at-once-no-count", "workload.num_requests", scenario=s)
+s = mutate("workload.arrival", '{ process = "closed-loop", concurrency = 4 }'); del s["workload"]["num_requests"]
+case("workload-closed-loop-no-count", "workload.num_requests", scenario=s)
+for i, (v, expect) in enumerate([('{ process = "closed-loop", concurrency = 0 }', "concurrency"),
+                  ('{ process = "closed-loop", concurrency = 4000000000 }', "concurrency"),
+                  ('{ process = "closed-loop" }', "concurrency"),
+                  ('{ process = "closed-loop", concurrency = 4, think_time_s = -1.0 }', "think_time_s"),
+                  ('{ process = "closed-loop", concurrency = 4, think_time_s = nan }', "think_time_s"),
+                  ('{ process = "closed-loop", concurrency = 4, rate = 2.0 }', "rate")]):
+    m("workload-closed-loop-%d-%s" % (i, expect), "workload.arrival", v, expect)
+for v in ["0", "-1", "2000000"]:
+    m("workload-max-in-flight-" + v, "workload.max_in_flight", v, "max_in_flight")
+s = mutate("workload.arrival", '{ process = "closed-loop", concurrency = 4 }'); s["workload"]["max_in_flight"] = "2"
+case("workload-max-in-flight-closed-loop", "max_in_flight", scenario=s)
 s = mutate("workload.num_requests", None)
 case("workload-no-count", "workload.num_requests", scenario=s)
 s = dict(mutate("workload.num_requests", "5")); s["class"] = []
