@@ -26,6 +26,7 @@ pub mod catalog;
 pub mod cost_model;
 pub mod driver;
 pub mod messages;
+pub mod observed;
 pub mod plan;
 pub mod run;
 pub mod scenario;

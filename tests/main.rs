@@ -5,6 +5,7 @@ mod cli;
 mod client;
 mod models;
 mod mooncake;
+mod observed;
 mod physics;
 mod prefix;
 mod properties;

@@ -1,0 +1,244 @@
+//! Runs of real engines, read into one shape ([`ObservedRun`]) for `sim replay` and
+//! `sim calibrate --observed`: each request as the engine saw it (when it was sent, its
+//! prompt and output lengths, the measured TTFT and end-to-end latency) and what the files
+//! say about the deployment (model, engine arguments, the KV blocks the engine allocated).
+//!
+//! One file per format, each a small reader:
+//! - `llmservingsim.rs`: a run directory of LLMServingSim's vLLM harness (`vllm/meta.json`,
+//!   `vllm/requests.jsonl` with engine-side timestamps);
+//! - `vllm_bench.rs`: `vllm bench serve --save-result --save-detailed` JSON;
+//! - `blis.rs`: a BLIS / inference-sim TraceV2 CSV;
+//! - `plain_csv.rs`: a documented CSV for any other engine;
+//! - `silicon.rs`: closed-loop aggregate rows (aiconfigurator's `silicon.csv`: mean TTFT and
+//!   TPOT of `batch_size` clients at fixed lengths), which are not per-request runs.
+//!
+//! Readers of other tools' files ignore keys they do not use (those tools add keys between
+//! versions); every field they use is checked, and an error names the file, the line and the
+//! field.
+
+mod blis;
+mod llmservingsim;
+mod plain_csv;
+pub mod silicon;
+mod vllm_bench;
+
+use std::path::{Path, PathBuf};
+
+/// What can go wrong reading a run: one line naming the file, line and field.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{}{}: {message}", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default(), field.as_ref().map(|f| format!(": {f}")).unwrap_or_default())]
+pub struct ObservedError {
+    /// The file.
+    pub path: PathBuf,
+    /// 1-based line (JSON lines, CSV rows), when the problem is in one.
+    pub line: Option<u64>,
+    /// The field or column.
+    pub field: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl ObservedError {
+    pub(crate) fn new(path: &Path, message: impl Into<String>) -> Self {
+        ObservedError {
+            path: path.to_path_buf(),
+            line: None,
+            field: None,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn at(
+        path: &Path,
+        line: Option<u64>,
+        field: &str,
+        message: impl Into<String>,
+    ) -> Self {
+        ObservedError {
+            path: path.to_path_buf(),
+            line,
+            field: Some(field.to_string()),
+            message: message.into(),
+        }
+    }
+}
+
+/// One request of a real run, as the engine (or the benchmark client) measured it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObservedRequest {
+    /// The run's name for it.
+    pub id: String,
+    /// When it was sent (reached the engine), seconds after the run's first request; `None`
+    /// when the file does not say (a vLLM bench result before vLLM 0.15).
+    pub send_s: Option<f64>,
+    /// Prompt tokens.
+    pub prompt_len: u32,
+    /// Output tokens generated.
+    pub output_len: u32,
+    /// Prompt token ids, when the run ships them (for the prefix cache).
+    pub prompt_tokens: Vec<u32>,
+    /// False when the request failed (its latencies are then `None`).
+    pub ok: bool,
+    /// Time to first token (ms).
+    pub ttft_ms: Option<f64>,
+    /// End-to-end latency, send to last token (ms).
+    pub e2el_ms: Option<f64>,
+    /// Engine-side queueing delay, arrival to first scheduled (ms), when measured.
+    pub queue_ms: Option<f64>,
+}
+
+impl ObservedRequest {
+    /// Time per output token after the first (ms): `(E2EL - TTFT) / (output - 1)`.
+    pub fn tpot_ms(&self) -> Option<f64> {
+        let (t, e) = (self.ttft_ms?, self.e2el_ms?);
+        (self.output_len > 1).then(|| (e - t) / f64::from(self.output_len - 1))
+    }
+}
+
+/// The deployment a run was measured on, as far as its files say.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ObservedEngine {
+    /// Engine name (`vllm`, `sglang`, `trtllm`, ...).
+    pub engine: Option<String>,
+    /// Engine version.
+    pub version: Option<String>,
+    /// Model name as the engine was given it (a Hugging Face id).
+    pub model: Option<String>,
+    /// The model's `config.json`, when the run ships it.
+    pub model_config: Option<PathBuf>,
+    /// GPU name as the run reports it (e.g. `NVIDIA GeForce RTX 4090`, `RTXPRO6000`).
+    pub gpu: Option<String>,
+    /// Tensor parallelism.
+    pub tp: Option<u32>,
+    /// Data parallel replicas.
+    pub dp: Option<u32>,
+    /// Expert parallelism enabled.
+    pub expert_parallel: bool,
+    /// `max_num_seqs`.
+    pub max_num_seqs: Option<u32>,
+    /// `max_num_batched_tokens`.
+    pub max_num_batched_tokens: Option<u32>,
+    /// `max_model_len`.
+    pub max_model_len: Option<u32>,
+    /// Weights' dtype (`bfloat16`, ...).
+    pub dtype: Option<String>,
+    /// KV blocks the engine allocated on each GPU (vLLM's `num_gpu_blocks`).
+    pub num_gpu_blocks: Option<u32>,
+    /// KV block size (tokens).
+    pub block_size: Option<u32>,
+    /// `gpu_memory_utilization`.
+    pub gpu_memory_utilization: Option<f64>,
+    /// Prefix caching on.
+    pub prefix_caching: Option<bool>,
+    /// The benchmark client's cap on requests in flight.
+    pub max_concurrency: Option<u32>,
+    /// The offered request rate (req/s; `None`: all at once or unknown).
+    pub request_rate: Option<f64>,
+}
+
+/// A real run: its requests in send order and its deployment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObservedRun {
+    /// The file or directory read.
+    pub path: PathBuf,
+    /// Its format (`llmservingsim`, `vllm-bench`, `tracev2`, `csv`).
+    pub format: &'static str,
+    /// What the files say about the deployment.
+    pub engine: ObservedEngine,
+    /// The requests, in send order.
+    pub requests: Vec<ObservedRequest>,
+}
+
+/// Longest run read (requests), so that a corrupt file cannot exhaust memory.
+pub const MAX_REQUESTS: usize = 10_000_000;
+
+/// Reads a run, its format told by its shape: a directory with `vllm/meta.json`
+/// (LLMServingSim), a `.json` file (vLLM bench), a `.csv` whose header has
+/// `send_time_us` (TraceV2) or `send_s` (the plain CSV).
+pub fn open(path: &Path) -> Result<ObservedRun, ObservedError> {
+    if path.is_dir() {
+        if path.join("vllm").join("meta.json").is_file() {
+            return llmservingsim::read(path);
+        }
+        return Err(ObservedError::new(
+            path,
+            "not a run: a directory must hold vllm/meta.json and vllm/requests.jsonl (LLMServingSim)",
+        ));
+    }
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    match ext {
+        "json" => vllm_bench::read(path),
+        "csv" => {
+            let header = first_line(path)?;
+            let cols: Vec<&str> = header.split(',').map(str::trim).collect();
+            if cols.contains(&"send_time_us") {
+                blis::read(path)
+            } else if cols.contains(&"send_s") {
+                plain_csv::read(path)
+            } else {
+                Err(ObservedError::new(
+                    path,
+                    "unknown CSV run: the header must have `send_time_us` (BLIS TraceV2) or `send_s` (sim's plain run CSV)",
+                ))
+            }
+        }
+        _ => Err(ObservedError::new(
+            path,
+            "unknown run format: give an LLMServingSim run directory, a vLLM bench .json, or a .csv (TraceV2 or plain)",
+        )),
+    }
+}
+
+fn first_line(path: &Path) -> Result<String, ObservedError> {
+    use std::io::{BufRead, Read};
+    let f = std::fs::File::open(path)
+        .map_err(|e| ObservedError::new(path, format!("cannot read: {e}")))?;
+    let mut line = String::new();
+    std::io::BufReader::new(f.take(1 << 16))
+        .read_line(&mut line)
+        .map_err(|e| ObservedError::new(path, format!("cannot read: {e}")))?;
+    Ok(line.trim_start_matches('\u{feff}').trim_end().to_string())
+}
+
+/// Checks a latency read from a file: finite, not negative.
+pub(crate) fn latency(
+    path: &Path,
+    line: Option<u64>,
+    field: &str,
+    ms: f64,
+) -> Result<f64, ObservedError> {
+    if !ms.is_finite() || ms < 0.0 {
+        return Err(ObservedError::at(
+            path,
+            line,
+            field,
+            format!("must be a finite, non-negative latency, got {ms}"),
+        ));
+    }
+    Ok(ms)
+}
+
+/// Turns absolute send times into seconds after the first, checking they never go back.
+pub(crate) fn relative_sends(
+    path: &Path,
+    sends: &[(Option<u64>, f64)],
+    field: &str,
+) -> Result<Vec<f64>, ObservedError> {
+    let t0 = sends.first().map_or(0.0, |s| s.1);
+    let mut last = f64::NEG_INFINITY;
+    sends
+        .iter()
+        .map(|&(line, t)| {
+            if t < last {
+                return Err(ObservedError::at(
+                    path,
+                    line,
+                    field,
+                    format!("times must not go back: {t} after {last}"),
+                ));
+            }
+            last = t;
+            Ok(t - t0)
+        })
+        .collect()
+}

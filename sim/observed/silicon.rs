@@ -1,0 +1,174 @@
+//! Closed-loop aggregate rows: aiconfigurator's `silicon.csv` (measured deployments of
+//! vLLM, SGLang and TensorRT-LLM). Each row is one benchmark: `batch_size` clients in a closed
+//! loop (`silicon_concurrency` in `silicon_data_source` when it says), every request of
+//! `isl` prompt and `osl` output tokens, on `tp_size` GPUs of `system`, and the measured mean
+//! TTFT and TPOT (`silicon_ttft_ms`, `silicon_tpot_ms`). Aggregated (`agg`) rows run prefill
+//! and decode on the same GPUs; `disagg` rows split them (their `prefill_*`/`decode_*`
+//! columns), which is read but left to the fleet issue.
+
+use std::path::Path;
+
+use super::ObservedError;
+
+/// One measured deployment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AggregateRow {
+    /// 1-based line in the file.
+    pub line: u64,
+    /// The row's id.
+    pub id: String,
+    /// Engine (`vllm`, `sglang`, `trtllm`).
+    pub backend: String,
+    /// Engine version.
+    pub backend_version: String,
+    /// Hugging Face model id.
+    pub model: String,
+    /// GPU system (`h100_sxm`, `h200_sxm`, `b200_sxm`, `gb200`, ...).
+    pub system: String,
+    /// `agg` or `disagg`.
+    pub mode: String,
+    /// Weights' quantization (`fp8`, `fp8_block`, `nvfp4`; empty: the model's own dtype).
+    pub gemm_quant: String,
+    /// Prompt tokens of every request.
+    pub isl: u32,
+    /// Output tokens of every request.
+    pub osl: u32,
+    /// Clients in the closed loop (`None`: a disaggregated row that does not say).
+    pub concurrency: Option<u32>,
+    /// Tensor parallelism (aggregated rows).
+    pub tp: Option<u32>,
+    /// Pipeline parallelism (aggregated rows).
+    pub pp: Option<u32>,
+    /// Attention data parallelism (aggregated rows).
+    pub attention_dp: Option<u32>,
+    /// Expert parallelism (aggregated rows).
+    pub moe_ep: Option<u32>,
+    /// Measured mean TTFT (ms).
+    pub ttft_ms: f64,
+    /// Measured mean TPOT (ms).
+    pub tpot_ms: f64,
+}
+
+/// Reads every row of an aiconfigurator `silicon.csv`.
+pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
+    let mut rdr = csv::ReaderBuilder::new()
+        .from_path(path)
+        .map_err(|e| ObservedError::new(path, format!("cannot read: {e}")))?;
+    let header = rdr
+        .headers()
+        .map_err(|e| ObservedError::new(path, format!("malformed CSV: {e}")))?
+        .clone();
+    let col = |name: &str| header.iter().position(|h| h.trim() == name);
+    let need = |name: &str| {
+        col(name)
+            .ok_or_else(|| ObservedError::at(path, Some(1), name, "column not found in the header"))
+    };
+    let cols = [
+        "id",
+        "backend",
+        "backend_version",
+        "model_path",
+        "system",
+        "mode",
+        "gemm_quant_mode",
+        "isl",
+        "osl",
+        "batch_size",
+        "silicon_ttft_ms",
+        "silicon_tpot_ms",
+    ]
+    .map(need);
+    let [id, backend, version, model, system, mode, quant, isl, osl, batch, ttft, tpot] = cols;
+    let (id, backend, version, model, system, mode, quant, isl, osl) = (
+        id?, backend?, version?, model?, system?, mode?, quant?, isl?, osl?,
+    );
+    let (batch, ttft, tpot) = (batch?, ttft?, tpot?);
+    let (source, tp, pp, adp, ep) = (
+        col("silicon_data_source"),
+        col("tp_size"),
+        col("pp_size"),
+        col("attention_dp_size"),
+        col("moe_ep_size"),
+    );
+    let mut rows = Vec::new();
+    for (i, rec) in rdr.records().enumerate() {
+        let line = i as u64 + 2;
+        let rec = rec.map_err(|e| {
+            ObservedError::at(path, Some(line), "row", format!("malformed CSV: {e}"))
+        })?;
+        let text = |c: usize| rec.get(c).map(str::trim).unwrap_or("").to_string();
+        let int = |c: usize, name: &str| -> Result<u32, ObservedError> {
+            let t = text(c);
+            t.parse::<u32>().ok().filter(|&x| x > 0).ok_or_else(|| {
+                ObservedError::at(
+                    path,
+                    Some(line),
+                    name,
+                    format!("expected a positive integer, got {t:?}"),
+                )
+            })
+        };
+        let opt_int = |c: Option<usize>, name: &str| -> Result<Option<u32>, ObservedError> {
+            // Empty or 0: not given (a size that does not apply to the row).
+            match c {
+                Some(c) if !text(c).is_empty() && text(c) != "0" => int(c, name).map(Some),
+                _ => Ok(None),
+            }
+        };
+        let ms = |c: usize, name: &str| -> Result<f64, ObservedError> {
+            let t = text(c);
+            t.parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .ok_or_else(|| {
+                    ObservedError::at(
+                        path,
+                        Some(line),
+                        name,
+                        format!("expected a positive latency, got {t:?}"),
+                    )
+                })
+        };
+        let mode_text = text(mode);
+        // Disaggregated rows leave batch_size empty (their decode_batch_size counts).
+        let concurrency = source
+            .and_then(|c| {
+                let s = text(c);
+                let v = s
+                    .split(';')
+                    .find_map(|kv| kv.trim().strip_prefix("silicon_concurrency="))?;
+                v.trim().parse::<u32>().ok().filter(|&x| x > 0)
+            })
+            .map(|c| Ok(Some(c)))
+            .unwrap_or_else(|| {
+                if mode_text == "disagg" && text(batch).is_empty() {
+                    Ok(None)
+                } else {
+                    int(batch, "batch_size").map(Some)
+                }
+            })?;
+        rows.push(AggregateRow {
+            line,
+            id: text(id),
+            backend: text(backend),
+            backend_version: text(version),
+            model: text(model),
+            system: text(system),
+            gemm_quant: text(quant),
+            isl: int(isl, "isl")?,
+            osl: int(osl, "osl")?,
+            concurrency,
+            tp: opt_int(tp, "tp_size")?,
+            pp: opt_int(pp, "pp_size")?,
+            attention_dp: opt_int(adp, "attention_dp_size")?,
+            moe_ep: opt_int(ep, "moe_ep_size")?,
+            ttft_ms: ms(ttft, "silicon_ttft_ms")?,
+            tpot_ms: ms(tpot, "silicon_tpot_ms")?,
+            mode: mode_text,
+        });
+    }
+    if rows.is_empty() {
+        return Err(ObservedError::new(path, "no rows"));
+    }
+    Ok(rows)
+}

@@ -1,0 +1,201 @@
+//! Readers of real engines' runs (`sim::observed`): the LLMServingSim vLLM runs carried in
+//! `calibration/serving/` against the measured figures that project printed for them
+//! (`validation/summary.txt`, its "vLLM" column), aiconfigurator's `silicon.csv`, small
+//! fixtures of vLLM bench JSON, BLIS TraceV2 and the plain CSV, and bad files.
+
+use std::path::{Path, PathBuf};
+
+use sim::observed::{self, ObservedRun};
+
+const RUNS: &str = "calibration/serving/llmservingsim";
+
+fn mean(xs: impl Iterator<Item = f64>) -> f64 {
+    let v: Vec<f64> = xs.collect();
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+/// The measured column of a `validation/summary.txt` row (e.g. `TTFT Mean`).
+fn measured(dir: &Path, row: &str) -> f64 {
+    let text = std::fs::read_to_string(dir.join("validation/summary.txt")).expect("summary");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(row))
+        .unwrap_or_else(|| panic!("{row}"));
+    line[row.len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|x| x.parse().ok())
+        .expect("number")
+}
+
+#[test]
+fn llmservingsim_runs_read_as_vllm_measured_them() {
+    for (run, gpu, tp, seqs) in [
+        ("RTX4090/Llama-3.1-8B", "NVIDIA GeForce RTX 4090", 1, 256),
+        ("RTXPRO6000/Llama-3.1-8B", "RTXPRO6000", 1, 128),
+        ("RTXPRO6000/Qwen3-32B", "RTXPRO6000", 2, 128),
+    ] {
+        let dir = PathBuf::from(RUNS).join(run);
+        let r: ObservedRun = observed::open(&dir).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.format, "llmservingsim");
+        assert_eq!(r.requests.len(), 300);
+        assert_eq!(r.engine.gpu.as_deref(), Some(gpu));
+        assert_eq!(r.engine.tp, Some(tp));
+        assert_eq!(r.engine.max_num_seqs, Some(seqs));
+        assert_eq!(r.engine.max_num_batched_tokens, Some(2048));
+        assert!(r.engine.model_config.is_some());
+        assert_eq!(r.requests[0].send_s, Some(0.0));
+        assert!(r.requests.windows(2).all(|w| w[0].send_s <= w[1].send_s));
+        // The means LLMServingSim printed for the same run, to their 0.1 ms rounding.
+        let ttft = mean(r.requests.iter().filter_map(|q| q.ttft_ms));
+        let e2el = mean(r.requests.iter().filter_map(|q| q.e2el_ms));
+        let tpot = mean(r.requests.iter().filter_map(|q| q.tpot_ms()));
+        assert!(
+            (ttft - measured(&dir, "TTFT Mean")).abs() < 0.06,
+            "{run}: TTFT {ttft}"
+        );
+        assert!(
+            (e2el - measured(&dir, "Latency Mean")).abs() < 0.06,
+            "{run}: E2EL {e2el}"
+        );
+        assert!(
+            (tpot - measured(&dir, "TPOT Mean")).abs() < 0.06,
+            "{run}: TPOT {tpot}"
+        );
+    }
+    // The RTX 4090 run also records the KV cache vLLM allocated.
+    let r = observed::open(&PathBuf::from(RUNS).join("RTX4090/Llama-3.1-8B")).expect("run");
+    assert_eq!(r.engine.num_gpu_blocks, Some(2588));
+    assert_eq!(r.engine.block_size, Some(16));
+    assert_eq!(r.engine.gpu_memory_utilization, Some(0.9));
+    assert_eq!(r.engine.prefix_caching, Some(true));
+    assert_eq!(r.engine.version.as_deref(), Some("0.19.0"));
+}
+
+#[test]
+fn silicon_rows_read_with_their_concurrency() {
+    let rows = observed::silicon::read(Path::new("calibration/serving/aiconfigurator/silicon.csv"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(rows.len(), 3052);
+    let agg = rows.iter().filter(|r| r.mode == "agg").count();
+    assert_eq!(agg, 2179, "as Python's csv module counts them");
+    let r = rows
+        .iter()
+        .find(|r| {
+            r.id == "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_1024x128_c8_tp1_epnone_1"
+        })
+        .expect("row");
+    assert_eq!(
+        (r.isl, r.osl, r.concurrency, r.tp),
+        (1024, 128, Some(8), Some(1))
+    );
+    assert!((r.ttft_ms - 190.9545068625).abs() < 1e-9);
+    assert!((r.tpot_ms - 7.94357745).abs() < 1e-9);
+    // Every aggregated row says its concurrency; disaggregated ones from the source note,
+    // when it has one.
+    assert!(rows
+        .iter()
+        .filter(|r| r.mode == "agg")
+        .all(|r| r.concurrency.is_some()));
+    let d = rows.iter().find(|r| r.mode == "disagg").expect("disagg");
+    assert!(d.concurrency.is_some() && d.tp.is_none());
+}
+
+#[test]
+fn vllm_bench_json_reads_in_send_order_with_failures_kept() {
+    let r = observed::open(Path::new("tests/data/observed/vllm_bench.json")).expect("reads");
+    assert_eq!(r.format, "vllm-bench");
+    assert_eq!(r.engine.engine.as_deref(), Some("vllm"));
+    assert_eq!(r.engine.max_concurrency, Some(2));
+    assert_eq!(r.engine.request_rate, None, "\"inf\" is no rate");
+    let ids: Vec<&str> = r.requests.iter().map(|q| q.id.as_str()).collect();
+    assert_eq!(ids, ["1", "2", "0"], "sorted by start_times");
+    let sends: Vec<f64> = r.requests.iter().map(|q| q.send_s.unwrap()).collect();
+    assert_eq!(sends, [0.0, 0.5, 1.0]);
+    let first = &r.requests[2];
+    assert_eq!((first.prompt_len, first.output_len), (500, 4));
+    assert!((first.ttft_ms.unwrap() - 100.0).abs() < 1e-9);
+    assert!((first.e2el_ms.unwrap() - 160.0).abs() < 1e-9, "TTFT + ITLs");
+    let failed = &r.requests[1];
+    assert!(!failed.ok && failed.ttft_ms.is_none());
+}
+
+#[test]
+fn tracev2_and_plain_csv_read() {
+    let r = observed::open(Path::new("tests/data/observed/tracev2.csv")).expect("reads");
+    assert_eq!(r.format, "tracev2");
+    let ids: Vec<&str> = r.requests.iter().map(|q| q.id.as_str()).collect();
+    assert_eq!(ids, ["0", "1", "2"], "in send order");
+    // The server's prompt count wins; else input + prefix.
+    assert_eq!(r.requests[0].prompt_len, 305);
+    assert_eq!(r.requests[1].prompt_len, 300);
+    assert_eq!(r.requests[1].send_s, Some(0.002));
+    assert!((r.requests[1].ttft_ms.unwrap() - 50.0).abs() < 1e-9);
+    assert!((r.requests[1].e2el_ms.unwrap() - 150.0).abs() < 1e-9);
+    assert!(!r.requests[2].ok);
+
+    let r = observed::open(Path::new("tests/data/observed/plain.csv")).expect("reads");
+    assert_eq!(r.format, "csv");
+    assert_eq!(r.requests[1].send_s, Some(0.5));
+    assert_eq!(r.requests[0].queue_ms, Some(3.0));
+    assert!((r.requests[0].tpot_ms().unwrap() - 10.0).abs() < 1e-9);
+    assert!(!r.requests[2].ok);
+}
+
+/// A bad run file in a temporary folder: `(file name, content, text the error must name)`.
+const BAD: &[(&str, &str, &str)] = &[
+    ("a.csv", "send_s,prompt_len,output_len,ttft_ms\n1,2,3,4\n", "e2el_ms"),
+    ("b.csv", "send_s,prompt_len,output_len,ttft_ms,e2el_ms\n1,2,3,4,5\n0.5,2,3,4,5\n", ":3: send_s: times must not go back"),
+    ("c.csv", "send_s,prompt_len,output_len,ttft_ms,e2el_ms\n1,2,3,-4,5\n", ":2: ttft_ms"),
+    ("d.csv", "send_s,prompt_len,output_len,ttft_ms,e2el_ms\n1,2,3,40,5\n", ":2: e2el_ms"),
+    ("e.csv", "send_s,prompt_len,output_len,ttft_ms,e2el_ms,color\n1,2,3,4,5,red\n", ":1: color: unknown column"),
+    ("f.csv", "send_s,prompt_len,output_len,ttft_ms,e2el_ms\n1,two,3,4,5\n", ":2: prompt_len"),
+    ("g.csv", "send_s,prompt_len,output_len,ttft_ms,e2el_ms\n", "no requests"),
+    ("h.csv", "a,b\n1,2\n", "send_time_us"),
+    ("i.json", "{\"input_lens\": [1, 2], \"output_lens\": [1], \"ttfts\": [0.1, 0.1], \"itls\": [[], []]}", "output_lens: 1 entries for 2 requests"),
+    ("j.json", "{\"input_lens\": [1], \"output_lens\": [1], \"ttfts\": [0.1]}", "itls: missing"),
+    ("k.json", "{\"input_lens\": [1], \"output_lens\": [1], \"ttfts\": [-0.1], \"itls\": [[]]}", "ttfts[0]"),
+    ("l.json", "{\"input_lens\": [1, ", "json"),
+    ("m.txt", "x", "unknown run format"),
+    ("n.csv", "request_id,input_tokens,output_tokens,send_time_us,first_chunk_time_us,last_chunk_time_us,status\n1,10,5,1000,500,2000,ok\n", ":2: first_chunk_time_us"),
+    ("o.csv", "request_id,input_tokens,output_tokens,send_time_us,first_chunk_time_us\n", "last_chunk_time_us: column not found"),
+];
+
+#[test]
+fn bad_run_files_give_one_line_naming_file_line_and_field() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, content, want) in BAD {
+        let path = dir.path().join(name);
+        std::fs::write(&path, content).expect("write");
+        let err = observed::open(&path).expect_err(name).to_string();
+        assert!(err.contains(name), "{name}: {err}");
+        assert!(err.contains(want), "{name}: want {want:?} in {err}");
+        assert!(!err.contains('\n') && err.len() <= 300, "{name}: {err}");
+    }
+    // LLMServingSim runs: timestamps out of order, a missing field, a missing file.
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(run.join("vllm")).expect("mkdir");
+    std::fs::write(run.join("vllm/meta.json"), "{\"model\": \"m\"}").expect("write");
+    let line = |q: f64, s: f64, f: f64, l: f64| {
+        format!("{{\"request_id\": \"r\", \"input_toks\": 5, \"output_toks\": 2, \"queued_ts\": {q}, \"scheduled_ts\": {s}, \"first_token_ts\": {f}, \"last_token_ts\": {l}}}\n")
+    };
+    for (content, want) in [
+        (
+            line(1.0, 1.1, 1.2, 1.3) + &line(0.5, 1.1, 1.2, 1.3),
+            "requests.jsonl:2: queued_ts",
+        ),
+        (line(1.0, 1.1, 0.9, 1.3), "requests.jsonl:1: first_token_ts"),
+        (
+            "{\"request_id\": \"r\"}\n".to_string(),
+            "requests.jsonl:1: json: missing field `input_toks`",
+        ),
+    ] {
+        std::fs::write(run.join("vllm/requests.jsonl"), content).expect("write");
+        let err = observed::open(&run).expect_err(want).to_string();
+        assert!(err.contains(want), "want {want:?} in {err}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+    std::fs::remove_file(run.join("vllm/requests.jsonl")).expect("rm");
+    let err = observed::open(&run).expect_err("missing").to_string();
+    assert!(err.contains("requests.jsonl: cannot read"), "{err}");
+}
