@@ -28,6 +28,7 @@ pub mod driver;
 pub mod messages;
 pub mod observed;
 pub mod plan;
+pub mod replay;
 pub mod run;
 pub mod scenario;
 pub mod speculate;

@@ -29,6 +29,26 @@ pub fn concise(msg: &str) -> String {
     }
 }
 
+/// An unknown catalog name's message: the nearest known name when one is close, and
+/// where the whole list is (`listed_by`, e.g. `sim models`), so the line stays short as the
+/// catalog grows.
+pub fn unknown_name(what: &str, name: &str, known: &[&str], listed_by: &str) -> String {
+    let lower = name.to_ascii_lowercase();
+    let best = known
+        .iter()
+        .map(|k| (strsim::jaro_winkler(&lower, &k.to_ascii_lowercase()), *k))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    match best {
+        Some((score, k)) if score > 0.8 => {
+            format!("unknown {what} `{name}` (did you mean `{k}`? `{listed_by}` lists them)")
+        }
+        _ => format!(
+            "unknown {what} `{name}` (`{listed_by}` lists the {} known)",
+            known.len()
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -122,14 +122,19 @@ fn model_that_does_not_fit_reports_the_numbers() {
 }
 
 #[test]
-fn unknown_names_list_the_catalog() {
+fn unknown_names_point_at_the_catalog() {
+    // A near miss is named; the whole list is where `sim gpus` / `sim models` print it.
     assert_bad(
         &GOOD.replace("h100-sxm", "tpu-v9"),
-        &["hardware.gpu", "tpu-v9", "a100-80gb"],
+        &["hardware.gpu", "tpu-v9", "`sim gpus` lists the"],
     );
     assert_bad(
         &GOOD.replace("llama-3-8b", "gpt-9"),
-        &["model.name", "gpt-9", "llama-2-7b"],
+        &["model.name", "gpt-9", "`sim models` lists the"],
+    );
+    assert_bad(
+        &GOOD.replace("llama-3-8b", "llama-3.1-8"),
+        &["model.name", "did you mean `llama-3.1-8b`?"],
     );
 }
 

@@ -10,6 +10,7 @@ mod physics;
 mod prefix;
 mod properties;
 mod real_runtime;
+mod replay;
 mod scenarios;
 mod spec;
 

@@ -30,6 +30,7 @@ pub mod gpus;
 pub mod merge;
 pub mod models;
 pub mod plan;
+pub mod replay;
 pub mod report;
 pub mod run;
 pub mod speculate;

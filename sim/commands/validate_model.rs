@@ -26,12 +26,14 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         sim::cost_model::calibration::splitwise_measurements(&data.join("calibration.csv"))?;
     let held_out = sim::cost_model::calibration::vllm_2023_held_out(&splitwise);
     let gemm_held_out = sim::cost_model::calibration::gemm_held_out(&data)?;
+    let replays = replays(&data.join("serving").join("llmservingsim"))?;
     let text = sim::cost_model::validation::report(
         &calibration,
         &profiles,
         &throughput,
         &held_out,
         &gemm_held_out,
+        &replays,
     );
     std::fs::write(&path, &text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     if let Some(summary) = text.split("## Summary").nth(1) {
@@ -39,4 +41,45 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     }
     outln!(out, "wrote {}", path.display());
     Ok(())
+}
+
+/// Every LLMServingSim run under `dir` (`<GPU>/<model>/`), replayed in a scratch folder that
+/// is removed afterwards; runs `sim replay` cannot take yet are listed with the reason.
+fn replays(dir: &std::path::Path) -> anyhow::Result<sim::cost_model::validation::Replays> {
+    let mut out = sim::cost_model::validation::Replays::default();
+    let Ok(gpus) = std::fs::read_dir(dir) else {
+        return Ok(out);
+    };
+    let mut runs: Vec<PathBuf> = Vec::new();
+    for g in gpus.flatten() {
+        if let Ok(models) = std::fs::read_dir(g.path()) {
+            runs.extend(
+                models
+                    .flatten()
+                    .map(|m| m.path())
+                    .filter(|p| p.join("vllm").is_dir()),
+            );
+        }
+    }
+    runs.sort();
+    let scratch = std::env::temp_dir().join(format!("sim-validate-replays-{}", std::process::id()));
+    for run in runs {
+        let observed = sim::observed::open(&run)?;
+        let opts = sim::replay::ReplayOptions {
+            out_dir: scratch.join(run.file_name().unwrap_or_default()),
+            calibration: None,
+            model: None,
+            gpu: None,
+            driver: sim::driver::DriverKind::Inline,
+        };
+        match sim::replay::replay(&observed, &opts) {
+            Ok(r) => out.done.push(r),
+            Err(sim::replay::ReplayError::Run { message, .. }) => {
+                out.skipped.push((run.display().to_string(), message));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(out)
 }

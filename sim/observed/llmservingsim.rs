@@ -4,16 +4,18 @@
 //! monotonic timestamps in seconds: `queued_ts` (arrival in the engine), `scheduled_ts`,
 //! `first_token_ts`, `last_token_ts`, and `input_toks`, `output_toks`. TTFT is first token
 //! minus queued, E2EL last token minus queued, queueing scheduled minus queued. The
-//! directory's `config.json` is the model's; the GPU is `hardware.device_name` or the
-//! parent directory's name. The workload file `meta.json` names (`dataset_path`, relative
+//! directory's `config.json` is LLMServingSim's cluster description, not the model's: the
+//! model is found by its name. The GPU is `hardware.device_name` or the parent directory's
+//! name. The workload file `meta.json` names (`dataset_path`, relative
 //! to the folder above the GPU folders) gives each prompt's token ids, when present.
+//! Requests are taken in the order of their queue times.
 
 use std::io::BufRead;
 use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{latency, relative_sends, ObservedEngine, ObservedError, ObservedRequest, ObservedRun};
+use super::{latency, ObservedEngine, ObservedError, ObservedRequest, ObservedRun};
 
 #[derive(Deserialize)]
 struct Meta {
@@ -93,12 +95,11 @@ pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
             .to_string();
         Some(parent)
     });
-    let config = dir.join("config.json");
     let engine = ObservedEngine {
         engine: Some("vllm".into()),
         version: meta.vllm_version.clone(),
         model: kw.and_then(|k| k.model.clone()).or(meta.model.clone()),
-        model_config: config.is_file().then_some(config),
+        model_config: None,
         gpu,
         tp: kw.and_then(|k| k.tensor_parallel_size),
         dp: kw.and_then(|k| k.data_parallel_size),
@@ -178,15 +179,16 @@ pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
     if requests.is_empty() {
         return Err(ObservedError::new(&req_path, "no requests"));
     }
-    for (r, t) in requests
-        .iter_mut()
-        .zip(relative_sends(&req_path, &sends, "queued_ts")?)
-    {
-        r.send_s = Some(t);
+    // In send order: the file is in request order, and under data parallelism the engines'
+    // queue times interleave by microseconds.
+    let t0 = sends.iter().map(|s| s.1).fold(f64::INFINITY, f64::min);
+    for (r, (_, t)) in requests.iter_mut().zip(&sends) {
+        r.send_s = Some(t - t0);
     }
     if let Some(ds) = &meta.dataset_path {
         attach_tokens(dir, ds, &mut requests)?;
     }
+    requests.sort_by(|a, b| a.send_s.unwrap_or(0.0).total_cmp(&b.send_s.unwrap_or(0.0)));
     Ok(ObservedRun {
         path: dir.to_path_buf(),
         format: "llmservingsim",

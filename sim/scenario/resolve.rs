@@ -57,7 +57,7 @@ fn catalog_or_file<T: 'static>(
 fn catalog_model(n: &str) -> Result<&'static crate::catalog::ModelSpec, String> {
     find_model(n).ok_or_else(|| {
         let names: Vec<&str> = crate::catalog::models().iter().map(|m| m.name).collect();
-        format!("unknown model `{n}` (known: {})", names.join(", "))
+        crate::messages::unknown_name("model", n, &names, "sim models")
     })
 }
 
@@ -96,7 +96,7 @@ pub(super) fn resolve(
         |g| {
             find_gpu(g).ok_or_else(|| {
                 let names: Vec<&str> = crate::catalog::gpus().map(|g| g.name).collect();
-                format!("unknown GPU `{g}` (known: {})", names.join(", "))
+                crate::messages::unknown_name("GPU", g, &names, "sim gpus")
             })
         },
         gpu_from_file,

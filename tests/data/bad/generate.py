@@ -326,6 +326,14 @@ CLI = [
     ("no results", "compare {bad}/data {bad}/scenarios"),
     ("missing-dir", "compare {tmp}/missing-dir {tmp}"),
     ("merge", "merge {tmp} --out {tmp}/m"),
+    ("unknown run format", "replay {bad}/cli.txt --out {tmp}"),
+    ("not a run", "replay {bad}/data --out {tmp}"),
+    ("steps.csv: unknown CSV run", "replay {bad}/data/steps.csv --out {tmp}"),
+    ("run-bad.csv:3: send_s", "replay {bad}/data/run-bad.csv --out {tmp}"),
+    ("--model tpu-llm", "replay {bad}/data/run-ok.csv --model tpu-llm --out {tmp}"),
+    ("does not name its GPU", "replay {bad}/data/run-ok.csv --model llama-3-8b --out {tmp}"),
+    ("--gpu rtx-9090", "replay {bad}/data/run-ok.csv --model llama-3-8b --gpu rtx-9090 --out {tmp}"),
+    ("run-bench-old.json: the run has no send times", "replay {bad}/data/run-bench-old.json --model llama-3-8b --gpu h100 --out {tmp}"),
 ]
 
 GPU_OK = {"name": '"g"', "memory_gib": "80", "bf16_tflops": "989", "fp32_tflops": "67",
@@ -429,6 +437,9 @@ DATA_FILES = {
     "steps.csv": "batch,ctx,tokens,ms\n1,512,0,6.8\n",
     "steps-bad.csv": "batch,ctx,tokens,ms\n1,512,0,fast\n",
     "gemm-bad-gpu.csv": "gpu,m,k,n,ms\ntpu-v5,64,4096,4096,0.1\n",
+    "run-ok.csv": "send_s,prompt_len,output_len,ttft_ms,e2el_ms\n0,100,10,20,120\n",
+    "run-bad.csv": "send_s,prompt_len,output_len,ttft_ms,e2el_ms\n1,100,10,20,120\n0.5,100,10,20,120\n",
+    "run-bench-old.json": '{"input_lens": [100], "output_lens": [10], "ttfts": [0.02], "itls": [[0.01]], "errors": [""]}',
 }
 GGUF_FILES = {
     "not-gguf.gguf": b"this is not a GGUF file at all\n",

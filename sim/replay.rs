@@ -1,0 +1,515 @@
+//! `sim replay`: a real run ([`crate::observed`]) replayed through the simulator, and the
+//! measured figures set against the simulated ones.
+//!
+//! From the run comes the scenario: the model (by its Hugging Face id, from the catalog),
+//! the GPU (by the device name the run reports), the engine's arguments (vLLM V1: chunked
+//! prefill with `max_num_seqs`, `max_num_batched_tokens`, `max_model_len`, the block size,
+//! prefix caching, `gpu_memory_utilization`, tensor parallelism), the KV blocks the engine
+//! really allocated when the run records them (`num_gpu_blocks_override`), the client's cap
+//! on requests in flight, and exactly its requests: each sent when the engine saw it, with
+//! its prompt and output lengths (failed requests are left out and counted). The scenario
+//! and its trace are written into the output folder (`replay.toml`, `trace.csv`), so `sim
+//! run` repeats the replay. Out: TTFT, TPOT, E2EL (mean, p50, p90, p99), queueing delay,
+//! throughput and the KV capacity the memory plan predicts, each measured, simulated and
+//! the signed error, as a table and `replay.csv`.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::driver::DriverKind;
+use crate::observed::ObservedRun;
+use crate::run::{run_scenario, RunOptions};
+use crate::scenario::Scenario;
+
+/// What went wrong building or running a replay.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The run does not say enough to build the scenario (with what to give instead).
+    #[error("{path}: {message}")]
+    Run {
+        /// The run.
+        path: PathBuf,
+        /// What is missing.
+        message: String,
+    },
+    /// The replay's scenario or its run failed.
+    #[error(transparent)]
+    Sim(#[from] crate::SimError),
+    /// The replay's scenario did not load.
+    #[error(transparent)]
+    Scenario(#[from] crate::scenario::ScenarioError),
+    /// Writing or reading the output folder failed.
+    #[error("{path}: {message}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+}
+
+/// How to replay.
+#[derive(Debug, Clone)]
+pub struct ReplayOptions {
+    /// Output folder (the scenario, its trace, the simulated run, `replay.csv`).
+    pub out_dir: PathBuf,
+    /// A `sim calibrate` output whose `[cost]` the replay uses.
+    pub calibration: Option<PathBuf>,
+    /// Catalog model to use instead of the one the run names.
+    pub model: Option<String>,
+    /// Catalog GPU to use instead of the one the run names.
+    pub gpu: Option<String>,
+    /// Driver.
+    pub driver: DriverKind,
+}
+
+/// One compared figure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figure {
+    /// Metric name, e.g. `ttft_mean_ms`.
+    pub metric: String,
+    /// Measured on the real engine.
+    pub measured: f64,
+    /// Simulated.
+    pub simulated: f64,
+}
+
+impl Figure {
+    /// Signed relative error of the simulation, in percent (`None` when nothing was
+    /// measured).
+    pub fn error_pct(&self) -> Option<f64> {
+        (self.measured != 0.0).then(|| (self.simulated / self.measured - 1.0) * 100.0)
+    }
+}
+
+/// A finished replay.
+#[derive(Debug, Clone)]
+pub struct Replay {
+    /// The run replayed.
+    pub run: PathBuf,
+    /// Catalog model and GPU it was replayed on, and the tensor parallelism.
+    pub deployment: String,
+    /// Requests replayed.
+    pub requests: usize,
+    /// Failed requests of the run, left out.
+    pub failed: usize,
+    /// The compared figures (`kv_blocks`: the memory plan's prediction against the
+    /// engine's count).
+    pub figures: Vec<Figure>,
+    /// The runtime reserve (GiB) the engine's KV block count implies, which the replay used.
+    pub reserve_gib: Option<f64>,
+}
+
+impl Replay {
+    /// The figure `metric`.
+    pub fn figure(&self, metric: &str) -> Option<&Figure> {
+        self.figures.iter().find(|f| f.metric == metric)
+    }
+
+    /// The comparison as a text table.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "replay of {} ({}): {} requests{}",
+            self.run.display(),
+            self.deployment,
+            self.requests,
+            if self.failed > 0 {
+                format!(", {} failed requests left out", self.failed)
+            } else {
+                String::new()
+            }
+        );
+        if let Some(r) = self.reserve_gib {
+            let _ = writeln!(
+                s,
+                "the engine's KV blocks imply a runtime reserve of {r:.3} GiB (beside weights and activations); the replay holds them"
+            );
+        }
+        let _ = writeln!(
+            s,
+            "{:<22} {:>12} {:>12} {:>9}",
+            "metric", "measured", "simulated", "error"
+        );
+        for f in &self.figures {
+            let err = f
+                .error_pct()
+                .map_or_else(|| "-".to_string(), |e| format!("{e:+.1}%"));
+            let _ = writeln!(
+                s,
+                "{:<22} {:>12.2} {:>12.2} {:>9}",
+                f.metric, f.measured, f.simulated, err
+            );
+        }
+        s
+    }
+}
+
+/// The catalog model a run names: its Hugging Face id, or the same without an `-Instruct`
+/// or `-FP8` suffix or a `Meta-` prefix (instruct and quantized checkpoints share their
+/// base model's shape).
+fn resolve_model(run: &ObservedRun, over: Option<&str>) -> Result<&'static str, ReplayError> {
+    let err = |m: String| ReplayError::Run {
+        path: run.path.clone(),
+        message: m,
+    };
+    if let Some(name) = over {
+        return crate::catalog::find_model(name)
+            .map(|m| m.name)
+            .ok_or_else(|| {
+                err(format!(
+                    "--model {name}: not in the catalog (`sim models` lists it)"
+                ))
+            });
+    }
+    let Some(id) = run.engine.model.as_deref() else {
+        return Err(err("the run does not name its model: give --model".into()));
+    };
+    let mut tries = vec![id.to_string()];
+    let (org, name) = id.split_once('/').unwrap_or(("", id));
+    let mut base = name.to_string();
+    for suffix in ["-Instruct", "-FP8", "-NVFP4", "-Instruct-2507"] {
+        if let Some(b) = base.strip_suffix(suffix) {
+            base = b.to_string();
+        }
+    }
+    let base = base.strip_prefix("Meta-").unwrap_or(&base).to_string();
+    tries.push(format!("{org}/{base}"));
+    tries.push(base);
+    tries
+        .iter()
+        .find_map(|t| crate::catalog::find_model(t))
+        .map(|m| m.name)
+        .ok_or_else(|| {
+            err(format!(
+                "model `{id}` is not in the catalog: give --model (`sim models` lists them)"
+            ))
+        })
+}
+
+/// The catalog GPU a run names (a CUDA device name or a folder name such as `RTX4090`).
+fn resolve_gpu(run: &ObservedRun, over: Option<&str>) -> Result<&'static str, ReplayError> {
+    let err = |m: String| ReplayError::Run {
+        path: run.path.clone(),
+        message: m,
+    };
+    if let Some(name) = over {
+        return crate::catalog::find_gpu(name)
+            .map(|g| g.name)
+            .ok_or_else(|| {
+                err(format!(
+                    "--gpu {name}: not in the catalog (`sim gpus` lists it)"
+                ))
+            });
+    }
+    let Some(name) = run.engine.gpu.as_deref() else {
+        return Err(err("the run does not name its GPU: give --gpu".into()));
+    };
+    crate::catalog::gpu_for_device(name)
+        .or_else(|| crate::catalog::find_gpu(name).map(|g| g.name))
+        .ok_or_else(|| {
+            err(format!(
+                "GPU `{name}` is not in the catalog: give --gpu (`sim gpus` lists them)"
+            ))
+        })
+}
+
+/// Replays `run` and compares.
+pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayError> {
+    let e = &run.engine;
+    if e.dp.is_some_and(|d| d > 1) || e.expert_parallel {
+        return Err(ReplayError::Run {
+            path: run.path.clone(),
+            message: format!(
+                "data parallelism ({}) and expert parallelism ({}) are not replayed yet (issue 18)",
+                e.dp.unwrap_or(1),
+                if e.expert_parallel { "on" } else { "off" }
+            ),
+        });
+    }
+    let model = resolve_model(run, opts.model.as_deref())?;
+    let gpu = resolve_gpu(run, opts.gpu.as_deref())?;
+    let io = |path: &Path, err: std::io::Error| ReplayError::Io {
+        path: path.to_path_buf(),
+        message: err.to_string(),
+    };
+    std::fs::create_dir_all(&opts.out_dir).map_err(|e| io(&opts.out_dir, e))?;
+    // The trace: every request that succeeded, at its send time.
+    let ok: Vec<_> = run
+        .requests
+        .iter()
+        .filter(|r| r.ok && r.output_len > 0)
+        .collect();
+    let failed = run.requests.len() - ok.len();
+    if ok.is_empty() {
+        return Err(ReplayError::Run {
+            path: run.path.clone(),
+            message: "no request succeeded".into(),
+        });
+    }
+    let mut trace = String::from("arrived_at,num_prefill_tokens,num_decode_tokens\n");
+    for r in &ok {
+        let Some(t) = r.send_s else {
+            return Err(ReplayError::Run {
+                path: run.path.clone(),
+                message: "the run has no send times (vLLM bench before 0.15 saves none): replay needs them".into(),
+            });
+        };
+        let _ = writeln!(trace, "{t:.9},{},{}", r.prompt_len, r.output_len);
+    }
+    let trace_path = opts.out_dir.join("trace.csv");
+    std::fs::write(&trace_path, trace).map_err(|e| io(&trace_path, e))?;
+    // The memory plan's own prediction first; then, when the run records the KV blocks
+    // the engine allocated, the replay holds exactly those, with the runtime reserve that
+    // count implies (vLLM's profile run measured it; the plan's default is a guess).
+    let path = opts.out_dir.join("replay.toml");
+    std::fs::write(&path, scenario_text(run, model, gpu, opts, None)).map_err(|e| io(&path, e))?;
+    let predicted = Scenario::load(&path, None)?.variants[0].memory.clone();
+    let mut reserve_gib = None;
+    if let Some(blocks) = e.num_gpu_blocks {
+        let p = &predicted;
+        let reserve = p.gpu_mem_bytes * p.gpu_memory_utilization
+            - p.weight_bytes
+            - p.activation_bytes
+            - (f64::from(blocks) + 0.5) * p.block_bytes;
+        if reserve < 0.0 {
+            return Err(ReplayError::Run {
+                path: run.path.clone(),
+                message: format!(
+                    "the engine allocated {blocks} KV blocks of {} bytes, more than the {:.2} GB the memory plan leaves after weights and activations: check the GPU's memory",
+                    p.block_bytes,
+                    (p.gpu_mem_bytes * p.gpu_memory_utilization - p.weight_bytes - p.activation_bytes) / 1e9
+                ),
+            });
+        }
+        let gib = reserve / f64::from(1u32 << 30);
+        reserve_gib = Some(gib);
+        let text = scenario_text(run, model, gpu, opts, Some((blocks, gib)));
+        std::fs::write(&path, text).map_err(|e| io(&path, e))?;
+    }
+    let scn = Scenario::load(&path, None)?;
+    let sim_dir = opts.out_dir.join("sim");
+    let run_opts = RunOptions {
+        out_dir: Some(sim_dir.clone()),
+        driver: opts.driver,
+        ..RunOptions::default()
+    };
+    run_scenario(&scn, &run_opts)?;
+    let simulated = read_simulated(&sim_dir.join("base").join("requests.csv"))?;
+    let measured: Vec<Sample> = ok
+        .iter()
+        .map(|r| Sample {
+            send_s: r.send_s.unwrap_or(0.0),
+            ttft_ms: r.ttft_ms.unwrap_or(0.0),
+            tpot_ms: r.tpot_ms(),
+            e2el_ms: r.e2el_ms.unwrap_or(0.0),
+            queue_ms: r.queue_ms,
+        })
+        .collect();
+    let mut figures = compare(&measured, &simulated);
+    if let Some(m) = e.num_gpu_blocks {
+        figures.push(Figure {
+            metric: "kv_blocks".into(),
+            measured: f64::from(m),
+            simulated: f64::from(predicted.num_blocks),
+        });
+    }
+    let replay = Replay {
+        run: run.path.clone(),
+        deployment: format!("{model} on {} x {gpu}", e.tp.unwrap_or(1)),
+        requests: ok.len(),
+        failed,
+        figures,
+        reserve_gib,
+    };
+    let csv_path = opts.out_dir.join("replay.csv");
+    let mut csv = String::from("metric,measured,simulated,error_pct\n");
+    for f in &replay.figures {
+        let _ = writeln!(
+            csv,
+            "{},{:.6},{:.6},{}",
+            f.metric,
+            f.measured,
+            f.simulated,
+            f.error_pct().map_or(String::new(), |e| format!("{e:.3}"))
+        );
+    }
+    std::fs::write(&csv_path, csv).map_err(|e| io(&csv_path, e))?;
+    Ok(replay)
+}
+
+/// A run's name for folders and scenario names: its file or folder name, with anything
+/// but letters, digits, `-` and `.` made `-`.
+pub fn run_name(path: &Path) -> String {
+    path.file_stem()
+        .and_then(|n| n.to_str())
+        .unwrap_or("run")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+/// The replay's scenario file.
+fn scenario_text(
+    run: &ObservedRun,
+    model: &str,
+    gpu: &str,
+    opts: &ReplayOptions,
+    blocks: Option<(u32, f64)>,
+) -> String {
+    let e = &run.engine;
+    let mut s = String::new();
+    let name = run_name(&run.path);
+    let _ = writeln!(s, "# Written by `sim replay {}`.", run.path.display());
+    let _ = writeln!(s, "name = \"replay-{name}\"\nseed = 0\n");
+    let _ = writeln!(s, "[model]\nname = \"{model}\"\ndtype = \"bf16\"\n");
+    let _ = writeln!(
+        s,
+        "[hardware]\ngpu = \"{gpu}\"\ntp = {}\n",
+        e.tp.unwrap_or(1)
+    );
+    let _ = writeln!(s, "[engine]\nscheduler = \"chunked\"");
+    if let Some(v) = e.max_num_seqs {
+        let _ = writeln!(s, "max_num_seqs = {v}");
+    }
+    if let Some(v) = e.max_num_batched_tokens {
+        let _ = writeln!(s, "max_num_batched_tokens = {v}");
+    }
+    if let Some(v) = e.max_model_len {
+        let _ = writeln!(s, "max_model_len = {v}");
+    }
+    if let Some(v) = e.block_size {
+        let _ = writeln!(s, "block_size = {v}");
+    }
+    if let Some(v) = e.gpu_memory_utilization {
+        let _ = writeln!(s, "gpu_memory_utilization = {v}");
+    }
+    // vLLM V1 caches prefixes unless told not to.
+    let _ = writeln!(
+        s,
+        "enable_prefix_caching = {}",
+        e.prefix_caching.unwrap_or(true)
+    );
+    if let Some((b, reserve)) = blocks {
+        let _ = writeln!(
+            s,
+            "# The KV blocks the engine allocated, and the reserve they imply."
+        );
+        let _ = writeln!(s, "num_gpu_blocks_override = {b}");
+        let _ = writeln!(s, "runtime_overhead_gib = {reserve:.6}");
+    }
+    let _ = writeln!(
+        s,
+        "\n[workload]\ntrace = {{ format = \"vidur\", path = \"trace.csv\" }}"
+    );
+    if let Some(c) = e.max_concurrency {
+        let _ = writeln!(s, "max_in_flight = {c}");
+    }
+    if let Some(cal) = &opts.calibration {
+        let abs = std::fs::canonicalize(cal).unwrap_or_else(|_| cal.clone());
+        let _ = writeln!(s, "\n[cost]\ncalibration = {:?}", abs.display().to_string());
+    }
+    s
+}
+
+/// One request's figures, measured or simulated.
+struct Sample {
+    send_s: f64,
+    ttft_ms: f64,
+    tpot_ms: Option<f64>,
+    e2el_ms: f64,
+    queue_ms: Option<f64>,
+}
+
+/// The simulated requests, from the replay's `requests.csv`.
+fn read_simulated(path: &Path) -> Result<Vec<Sample>, ReplayError> {
+    let err = |m: String| ReplayError::Io {
+        path: path.to_path_buf(),
+        message: m,
+    };
+    let mut rdr = csv::Reader::from_path(path).map_err(|e| err(e.to_string()))?;
+    let h = rdr.headers().map_err(|e| err(e.to_string()))?.clone();
+    let col = |n: &str| {
+        h.iter()
+            .position(|c| c == n)
+            .ok_or_else(|| err(format!("no column {n}")))
+    };
+    let (arrival, ttft, tpot, e2el, queue, reason) = (
+        col("arrival_s")?,
+        col("ttft_ms")?,
+        col("tpot_ms")?,
+        col("e2el_ms")?,
+        col("queue_ms")?,
+        col("finish_reason")?,
+    );
+    let mut out = Vec::new();
+    for rec in rdr.records() {
+        let rec = rec.map_err(|e| err(e.to_string()))?;
+        if &rec[reason] != "length" && &rec[reason] != "stop" {
+            continue;
+        }
+        let num = |c: usize| rec[c].parse::<f64>().ok();
+        out.push(Sample {
+            send_s: num(arrival).unwrap_or(0.0),
+            ttft_ms: num(ttft).unwrap_or(0.0),
+            tpot_ms: num(tpot),
+            e2el_ms: num(e2el).unwrap_or(0.0),
+            queue_ms: num(queue),
+        });
+    }
+    Ok(out)
+}
+
+/// Means and percentiles of both sides.
+fn compare(measured: &[Sample], simulated: &[Sample]) -> Vec<Figure> {
+    type Pick = fn(&Sample) -> Option<f64>;
+    let metrics: [(&str, Pick); 4] = [
+        ("ttft", |s| Some(s.ttft_ms)),
+        ("tpot", |s| s.tpot_ms),
+        ("e2el", |s| Some(s.e2el_ms)),
+        ("queue", |s| s.queue_ms),
+    ];
+    let mut figures = Vec::new();
+    for (name, pick) in metrics {
+        let m: Vec<f64> = measured.iter().filter_map(pick).collect();
+        let s: Vec<f64> = simulated.iter().filter_map(pick).collect();
+        if m.is_empty() || s.is_empty() {
+            continue;
+        }
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        figures.push(Figure {
+            metric: format!("{name}_mean_ms"),
+            measured: mean(&m),
+            simulated: mean(&s),
+        });
+        for p in [50.0, 90.0, 99.0] {
+            figures.push(Figure {
+                metric: format!("{name}_p{p:.0}_ms"),
+                measured: analysis::percentile(&m, p),
+                simulated: analysis::percentile(&s, p),
+            });
+        }
+    }
+    // Requests per second over the makespan (first send to last finish).
+    let throughput = |v: &[Sample]| {
+        let start = v.iter().map(|s| s.send_s).fold(f64::INFINITY, f64::min);
+        let end = v
+            .iter()
+            .map(|s| s.send_s + s.e2el_ms / 1e3)
+            .fold(f64::NEG_INFINITY, f64::max);
+        v.len() as f64 / (end - start).max(1e-9)
+    };
+    figures.push(Figure {
+        metric: "throughput_rps".into(),
+        measured: throughput(measured),
+        simulated: throughput(simulated),
+    });
+    figures
+}
