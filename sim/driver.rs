@@ -317,12 +317,19 @@ pub struct Client {
     pub max_in_flight: Option<u32>,
     /// A slot's pause between a request ending and the next being sent.
     pub think_ns: Nanos,
+    /// A closed loop's clients start one by one over this time (the `k`-th of `N` at
+    /// `k x ramp / N`), so that their requests do not run in lockstep.
+    pub ramp_ns: Nanos,
 }
 
-/// The client's slots: how many are free now, and when those still thinking free.
+/// The client's slots: clients not started yet (the `k`-th of `cap` starts `k x ramp / cap`
+/// in), and when the others free (a request's end plus the think time).
 struct Slots {
-    free: u64,
-    thinking: BinaryHeap<Reverse<Nanos>>,
+    /// Clients, `None` for an open loop (no cap).
+    cap: Option<u64>,
+    started: u64,
+    ramp_ns: Nanos,
+    freed: BinaryHeap<Reverse<Nanos>>,
     think_ns: Nanos,
     /// Pulled from the workload, waiting for a slot.
     held: Option<Request>,
@@ -336,8 +343,10 @@ struct Slots {
 impl Slots {
     fn new(client: Client) -> Self {
         Slots {
-            free: client.max_in_flight.map_or(u64::MAX, u64::from),
-            thinking: BinaryHeap::new(),
+            cap: client.max_in_flight.map(u64::from),
+            started: 0,
+            ramp_ns: client.ramp_ns,
+            freed: BinaryHeap::new(),
             think_ns: client.think_ns,
             held: None,
             scheduled: false,
@@ -348,14 +357,28 @@ impl Slots {
 
     /// A request ended at `now`: its slot frees after the think time.
     fn release(&mut self, now: Nanos) {
-        if self.free == u64::MAX {
-            return;
+        if self.cap.is_some() {
+            self.freed.push(Reverse(now.saturating_add(self.think_ns)));
         }
-        if self.think_ns == 0 {
-            self.free += 1;
-        } else {
-            self.thinking
-                .push(Reverse(now.saturating_add(self.think_ns)));
+    }
+
+    /// The earliest slot: a client yet to start, or a freed one (`Some(0)` with no cap).
+    fn take_slot(&mut self) -> Option<Nanos> {
+        let Some(cap) = self.cap else {
+            return Some(0);
+        };
+        let start = (self.started < cap).then(|| {
+            (u128::from(self.started) * u128::from(self.ramp_ns) / u128::from(cap)) as Nanos
+        });
+        let freed = self.freed.peek().map(|r| r.0);
+        match (start, freed) {
+            (Some(s), Some(f)) if f < s => self.freed.pop().map(|r| r.0),
+            (Some(s), _) => {
+                self.started += 1;
+                Some(s)
+            }
+            (None, Some(_)) => self.freed.pop().map(|r| r.0),
+            (None, None) => None,
         }
     }
 
@@ -381,18 +404,16 @@ impl Slots {
                 }
             },
         };
-        let slot = if self.free == u64::MAX {
-            0
-        } else if self.free > 0 {
-            self.free -= 1;
-            now
-        } else if let Some(Reverse(t)) = self.thinking.pop() {
-            t
-        } else {
+        let Some(slot) = self.take_slot() else {
             self.held = Some(req);
             return Ok(());
         };
         // The workload yields in arrival order; guard anyway so time never runs back.
+        let slot = if self.cap.is_some() {
+            slot.max(now)
+        } else {
+            slot
+        };
         let t = req.arrival.max(slot).max(self.last_arrival);
         self.last_arrival = t;
         req.arrival = t;

@@ -141,3 +141,27 @@ fn max_in_flight_holds_arrivals_until_a_slot_frees() {
         last = c.1;
     }
 }
+
+#[test]
+fn a_ramp_starts_the_clients_one_by_one() {
+    let dir = run(
+        r#"arrival = { process = "closed-loop", concurrency = 4, ramp_up_s = 0.2 }"#,
+        "",
+    );
+    let rows = requests(&dir.path().join("out"), "base");
+    // Each send takes the earliest slot: client k's start (k x 0.2 s / 4) or the end of an
+    // earlier request, whichever comes first; the four starts are all used.
+    let ends = finishes(&rows);
+    let mut starts_used = 0;
+    for r in &rows {
+        let start = starts_used * 50_000_000;
+        if starts_used < 4 && r.1.abs_diff(start) <= 1 {
+            starts_used += 1;
+        } else {
+            assert!(ends.iter().any(|e| e.abs_diff(r.1) <= 1), "request {} sent at {}", r.0, r.1);
+        }
+    }
+    assert_eq!(starts_used, 4);
+    assert_eq!(rows[0].1, 0);
+    assert_eq!(peak_in_flight(&rows), 4);
+}

@@ -124,13 +124,17 @@ fn normalise(name: &str) -> String {
 /// the name says which: the GPU with the most specific matching `device_names` pattern.
 pub fn gpu_for_device(device: &str) -> Option<&'static str> {
     let d = device.to_ascii_lowercase();
-    let mut best: Option<(usize, &'static str)> = None;
+    // The most substrings wins, then the most characters (`gb200` over `b200`).
+    let mut best: Option<((usize, usize), &'static str)> = None;
     for e in gpu_entries() {
         for pattern in &e.device_names {
-            if pattern.iter().all(|s| d.contains(s.as_str()))
-                && best.is_none_or(|(n, _)| pattern.len() > n)
+            let score = (
+                pattern.len(),
+                pattern.iter().map(String::len).sum::<usize>(),
+            );
+            if pattern.iter().all(|s| d.contains(s.as_str())) && best.is_none_or(|(n, _)| score > n)
             {
-                best = Some((pattern.len(), e.gpu.name));
+                best = Some((score, e.gpu.name));
             }
         }
     }
@@ -301,6 +305,13 @@ mod tests {
             ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
             ("NVIDIA A100 80GB PCIe", "a100-80gb-pcie"),
             ("NVIDIA A100-PCIE-40GB", "a100-40gb"),
+            ("NVIDIA B200", "b200"),
+            ("NVIDIA GB200", "gb200"),
+            ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+            (
+                "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                "rtx-pro-6000",
+            ),
             ("NVIDIA L40S", "l40s"),
         ] {
             assert_eq!(gpu_for_device(device), Some(gpu), "{device}");

@@ -13,11 +13,19 @@ pub struct Args {
     /// Markdown file to write.
     #[arg(long, default_value = "VALIDATION.md")]
     pub out: PathBuf,
+    /// Also write every simulated aiconfigurator row (measured and simulated TTFT, TPOT)
+    /// to this CSV.
+    #[arg(long)]
+    pub silicon_csv: Option<PathBuf>,
 }
 
 /// Runs `sim validate-model`, printing into `out`.
 pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
-    let Args { data, out: path } = args;
+    let Args {
+        data,
+        out: path,
+        silicon_csv,
+    } = args;
     let calibration =
         sim::cost_model::validation::calibration_checks(&data.join("calibration.csv"))?;
     let profiles = sim::cost_model::validation::profile_checks(&data)?;
@@ -26,7 +34,20 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         sim::cost_model::calibration::splitwise_measurements(&data.join("calibration.csv"))?;
     let held_out = sim::cost_model::calibration::vllm_2023_held_out(&splitwise);
     let gemm_held_out = sim::cost_model::calibration::gemm_held_out(&data)?;
-    let replays = replays(&data.join("serving").join("llmservingsim"))?;
+    let mut replays = replays(&data.join("serving").join("llmservingsim"))?;
+    let silicon = data
+        .join("serving")
+        .join("aiconfigurator")
+        .join("silicon.csv");
+    if silicon.is_file() {
+        let rows = sim::observed::silicon::read(&silicon)?;
+        let (checks, skipped) = sim::cost_model::validation::silicon::silicon_checks(&rows, None)?;
+        if let Some(csv_path) = &silicon_csv {
+            write_silicon_csv(csv_path, &checks)?;
+        }
+        replays.silicon = checks;
+        replays.silicon_skipped = skipped;
+    }
     let text = sim::cost_model::validation::report(
         &calibration,
         &profiles,
@@ -82,4 +103,55 @@ fn replays(dir: &std::path::Path) -> anyhow::Result<sim::cost_model::validation:
     }
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(out)
+}
+
+/// One line per simulated aiconfigurator row.
+fn write_silicon_csv(
+    path: &std::path::Path,
+    checks: &[sim::cost_model::validation::silicon::SiliconCheck],
+) -> anyhow::Result<()> {
+    let err = |e: csv::Error| anyhow::anyhow!("{}: {e}", path.display());
+    let mut w = csv::Writer::from_path(path).map_err(err)?;
+    w.write_record([
+        "id",
+        "backend",
+        "gpu",
+        "model",
+        "quant",
+        "tp",
+        "isl",
+        "osl",
+        "concurrency",
+        "measured_ttft_ms",
+        "simulated_ttft_ms",
+        "measured_tpot_ms",
+        "simulated_tpot_ms",
+        "lockstep_ttft_ms",
+        "lockstep_tpot_ms",
+    ])
+    .map_err(err)?;
+    for c in checks {
+        let r = &c.row;
+        w.write_record([
+            r.id.clone(),
+            r.backend.clone(),
+            c.gpu.to_string(),
+            c.model.to_string(),
+            r.gemm_quant.clone(),
+            r.tp.unwrap_or(1).to_string(),
+            r.isl.to_string(),
+            r.osl.to_string(),
+            r.concurrency.unwrap_or(1).to_string(),
+            format!("{:.4}", r.ttft_ms),
+            format!("{:.4}", c.ttft_ms),
+            format!("{:.4}", r.tpot_ms),
+            format!("{:.4}", c.tpot_ms),
+            format!("{:.4}", c.lockstep_ttft_ms),
+            format!("{:.4}", c.lockstep_tpot_ms),
+        ])
+        .map_err(err)?;
+    }
+    w.flush()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(())
 }

@@ -132,6 +132,17 @@ impl Scenario {
         Scenario::from_table(path, Some(&src), raw, seed)
     }
 
+    /// A scenario from text, as [`Scenario::load`] reads a file (`path`: the name errors
+    /// give, whose folder relative paths start from): what `sim` builds in memory (the
+    /// closed-loop checks of `sim validate-model`) loads like a file.
+    pub fn from_text(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
+        let raw: toml::Table = toml::from_str(text).map_err(|e| ScenarioError {
+            file: path.display().to_string(),
+            msg: e.message().trim().replace('\n', " "),
+        })?;
+        Scenario::from_table(path, Some(text), raw, None)
+    }
+
     /// [`Scenario::load`] with a calibration file (`sim run --calibration FILE`): as if
     /// the scenario's `[cost]` had `calibration = FILE`, under its own `[cost]` keys.
     pub fn load_calibrated(

@@ -39,6 +39,10 @@ pub enum ArrivalConfig {
         /// Pause between a client's request ending and its next being sent (seconds).
         #[serde(default)]
         think_time_s: f64,
+        /// The clients start one by one over this time (seconds; default 0: all at once,
+        /// so that with fixed lengths their requests run in lockstep, wave after wave).
+        #[serde(default)]
+        ramp_up_s: f64,
     },
 }
 
@@ -65,7 +69,14 @@ impl ArrivalConfig {
             ArrivalConfig::ClosedLoop {
                 concurrency,
                 think_time_s,
+                ramp_up_s,
             } => {
+                if !(ramp_up_s.is_finite() && *ramp_up_s >= 0.0 && *ramp_up_s <= 1e6) {
+                    return Err(WorkloadError::config(
+                        "workload.arrival.ramp_up_s",
+                        format!("must be 0 to 1e6 seconds, got {ramp_up_s}"),
+                    ));
+                }
                 if !(1..=MAX_CONCURRENCY).contains(concurrency) {
                     return Err(WorkloadError::config(
                         "workload.arrival.concurrency",

@@ -140,13 +140,16 @@ impl WorkloadConfig {
             Some(ArrivalConfig::ClosedLoop {
                 concurrency,
                 think_time_s,
+                ramp_up_s,
             }) => crate::driver::Client {
                 max_in_flight: Some(concurrency),
                 think_ns: (think_time_s * 1e9).round() as u64,
+                ramp_ns: (ramp_up_s * 1e9).round() as u64,
             },
             _ => crate::driver::Client {
                 max_in_flight: self.max_in_flight,
                 think_ns: 0,
+                ramp_ns: 0,
             },
         }
     }

@@ -14,6 +14,7 @@ pub use super::measurements::ValidationError;
 pub mod fidelity;
 mod profiles;
 mod published;
+pub mod silicon;
 
 pub(crate) use profiles::gemm_point_checks;
 pub use profiles::profile_checks;
@@ -167,6 +168,7 @@ pub fn report(
     );
     defaults_section(&mut s, gemm_held_out);
     replays_section(&mut s, replays);
+    silicon_section(&mut s, replays);
     let _ = writeln!(
         s,
         "\n## Reading\n\n- End to end, the target is {target}: median {:.1}%, largest {:.1}% over {e2e_n} rows. The Splitwise rows count with their fitted profile; V02 and V03 set the weight-only streaming efficiencies, so they are in-sample too; V01, V07 and V14 are fitted to nothing (gpt-fast, FasterTransformer, TensorRT-LLM).\n- The all-reduce parameters per GPU (`allreduce_eff`, `allreduce_latency_us` in the catalog) were fitted to the single-node rows of Vidur's NCCL profiles; rows across nodes (`devices_per_node < num_workers`) are skipped, as the catalog has no inter-node network. The largest operator errors are kilobyte-sized all-reduces, where NCCL's latency varies with the algorithm it picks.\n- GEMMs use one compute and one memory efficiency (0.75 and 0.85) joined by a soft maximum `(t_c^1.5 + t_m^1.5)^(1/1.5)`: `sim calibrate` fits the three to Vidur's layer profiles (4.4% median error over both GPUs, against 4.7% on the A100 and 14.4% on the H100 for the first constants 0.70 and 0.80 under a plain maximum). gpt-fast's A100s (V01-V03) were capped at 330 W and stream about 10% below that fit. The large square GEMMs of V31 reach 89-93% of the A100's peak, above the fitted 75%. Vidur's own large GEMMs saturate at 70-78% of peak, so this gap is between the two sources' measurements, not between GEMM shapes.\n- Under the soft roofline the effective GEMM efficiency already varies with M and the weight shape: it is lowest near the ridge point. Two explicitly shape-dependent forms were tried against Vidur's 2,088 layer rows (`python3 calibration/shape_models.py`). One has efficiencies saturating in the GEMM's FLOPs and bytes; the other has compute efficiency times the last wave's tile utilisation over the SMs. The best of each moves the median error from 4.39% to 4.30% and 4.36%, and neither lowers the largest. Since the data does not support the extra parameters, they are not shipped.",
@@ -184,6 +186,10 @@ pub struct Replays {
     pub done: Vec<crate::replay::Replay>,
     /// `(run, why it was not replayed)`.
     pub skipped: Vec<(String, String)>,
+    /// aiconfigurator's closed-loop rows simulated ([`silicon`]).
+    pub silicon: Vec<silicon::SiliconCheck>,
+    /// `(why, rows)` of the rows not simulated.
+    pub silicon_skipped: Vec<(String, usize)>,
 }
 
 /// The replays of real runs: measured against simulated, with the default cost model (so
@@ -237,6 +243,94 @@ fn replays_section(s: &mut String, r: &Replays) {
         s,
         "\nLatencies in ms (simulated vs measured). Under this load every run queues (TTFT is mostly waiting), so TTFT follows the throughput error. Without calibration the RTX PRO 6000 Llama-3.1-8B run is within 7% on every figure; the RTX 4090 run is predicted too slow (decode on GDDR6X) and the Qwen3-32B TP2 run too fast (all-reduce over PCIe). Fitting those terms to real runs with held-out errors is `sim calibrate --observed` (issue 17, not yet done)."
     );
+}
+
+/// aiconfigurator's measured deployments against the simulator, by engine, GPU, model and
+/// dtype: median and 90th-percentile absolute errors of the mean TTFT and TPOT.
+fn silicon_section(s: &mut String, r: &Replays) {
+    if r.silicon.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\n## Measured deployments (aiconfigurator `silicon.csv`)\n\nEach aggregated row is a closed-loop benchmark (`concurrency` clients, fixed `isl`/`osl`) of vLLM, SGLang or TensorRT-LLM; `sim validate-model` simulates it as a closed loop of {} waves of requests with the shipped defaults (nothing was fitted to these rows) and compares the mean TTFT and TPOT: once with the clients in lockstep (all starting together: with fixed lengths each wave's prefills queue behind each other) and once with the clients starting at staggered phases over one request's life (the lockstep run's E2EL). The staggered run gives the error columns; the lockstep column shows the other bound. Signed medians show the bias; |err| columns the spread.\n\n| engine | GPU | model | dtype | rows | TTFT median (lockstep) | TTFT median | TTFT median abs | TTFT p90 abs | TPOT median | TPOT median abs | TPOT p90 abs |\n|---|---|---|---|---|---|---|---|---|---|---|---|",
+        silicon::WAVES
+    );
+    let mut groups: Vec<(String, String, String, String)> = r
+        .silicon
+        .iter()
+        .map(|c| {
+            let dtype = if c.row.gemm_quant.is_empty() {
+                "bf16".to_string()
+            } else {
+                c.row.gemm_quant.clone()
+            };
+            (
+                c.row.backend.clone(),
+                c.gpu.to_string(),
+                c.model.to_string(),
+                dtype,
+            )
+        })
+        .collect();
+    groups.sort();
+    groups.dedup();
+    let stats = |checks: &[&silicon::SiliconCheck]| {
+        let mut l: Vec<f64> = checks
+            .iter()
+            .map(|c| 100.0 * c.lockstep_ttft_error())
+            .collect();
+        let mut t: Vec<f64> = checks.iter().map(|c| c.ttft_error()).collect();
+        let mut p: Vec<f64> = checks.iter().map(|c| c.tpot_error()).collect();
+        let abs = |v: &[f64]| v.iter().map(|x| x.abs() * 100.0).collect::<Vec<f64>>();
+        let (ta, pa) = (abs(&t), abs(&p));
+        t.iter_mut().for_each(|x| *x *= 100.0);
+        p.iter_mut().for_each(|x| *x *= 100.0);
+        l.sort_by(f64::total_cmp);
+        [
+            analysis::median(&l),
+            analysis::median(&t),
+            analysis::median(&ta),
+            analysis::percentile(&ta, 90.0),
+            analysis::median(&p),
+            analysis::median(&pa),
+            analysis::percentile(&pa, 90.0),
+        ]
+    };
+    let row = |s: &mut String, label: [&str; 4], checks: &[&silicon::SiliconCheck]| {
+        let [l, a, b, c, d, e, f] = stats(checks);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {l:+.1}% | {a:+.1}% | {b:.1}% | {c:.1}% | {d:+.1}% | {e:.1}% | {f:.1}% |",
+            label[0],
+            label[1],
+            label[2],
+            label[3],
+            checks.len()
+        );
+    };
+    for (engine, gpu, model, dtype) in &groups {
+        let checks: Vec<&silicon::SiliconCheck> = r
+            .silicon
+            .iter()
+            .filter(|c| {
+                let d = if c.row.gemm_quant.is_empty() {
+                    "bf16"
+                } else {
+                    c.row.gemm_quant.as_str()
+                };
+                &c.row.backend == engine && c.gpu == gpu && c.model == model && d == dtype
+            })
+            .collect();
+        row(s, [engine, gpu, model, dtype], &checks);
+    }
+    let all: Vec<&silicon::SiliconCheck> = r.silicon.iter().collect();
+    row(s, ["**all**", "", "", ""], &all);
+    let skipped: usize = r.silicon_skipped.iter().map(|(_, n)| n).sum();
+    let _ = writeln!(s, "\nNot simulated ({skipped} rows):");
+    for (why, n) in &r.silicon_skipped {
+        let _ = writeln!(s, "- {n}: {why}");
+    }
 }
 
 /// What each default of the cost model was fitted to, with the GEMM fit's held-out error
@@ -316,6 +410,18 @@ fn defaults_section(s: &mut String, gemm_held_out: &[GemmHeldOut]) {
             "2 matrices instead of 3".into(),
             "nothing: shapes from config.json; parameter counts match the model cards (Phi-2 2.78 B, OPT-13B 12.85 B, GPT-2 124 M)",
             "no step-time measurement yet",
+        ),
+        (
+            "GPUs rtx-4090, rtx-pro-6000, b200, gb200 (catalog)".into(),
+            "datasheet peaks and bandwidths; all-reduce 0.6 / 50 us over PCIe, 0.6 / 20 us over NVLink 5".into(),
+            "nothing: datasheets; the all-reduce figures are guesses",
+            "replays of the LLMServingSim runs and aiconfigurator's rows, below",
+        ),
+        (
+            "`runtime_overhead_gib` (memory plan)".into(),
+            "1.0 GiB".into(),
+            "nothing: a guess; vLLM 0.19's 2,588 blocks on the RTX 4090 imply 0.80 GiB",
+            "the RTX 4090 replay, below (one run: too few to fit)",
         ),
     ];
     for (k, v, fitted, checked) in rows {

@@ -180,7 +180,8 @@ for i, (v, expect) in enumerate([('{ process = "closed-loop", concurrency = 0 }'
                   ('{ process = "closed-loop" }', "concurrency"),
                   ('{ process = "closed-loop", concurrency = 4, think_time_s = -1.0 }', "think_time_s"),
                   ('{ process = "closed-loop", concurrency = 4, think_time_s = nan }', "think_time_s"),
-                  ('{ process = "closed-loop", concurrency = 4, rate = 2.0 }', "rate")]):
+                  ('{ process = "closed-loop", concurrency = 4, rate = 2.0 }', "rate"),
+                  ('{ process = "closed-loop", concurrency = 4, ramp_up_s = -1.0 }', "ramp_up_s")]):
     m("workload-closed-loop-%d-%s" % (i, expect), "workload.arrival", v, expect)
 for v in ["0", "-1", "2000000"]:
     m("workload-max-in-flight-" + v, "workload.max_in_flight", v, "max_in_flight")

@@ -1,0 +1,228 @@
+//! The cost model against aiconfigurator's measured deployments
+//! (`calibration/serving/aiconfigurator/silicon.csv`): every aggregated row of a dense model
+//! and a GPU the catalog has is simulated as the benchmark ran it — `concurrency` clients
+//! in a closed loop, every request `isl` prompt and `osl` output tokens, on `tp` GPUs, in the
+//! row's dtype — and its mean TTFT and TPOT set against the measured ones. Twice: with the
+//! clients in lockstep (all starting at once; with fixed lengths their requests then start
+//! and end together, wave after wave, and a wave's prefills queue behind each other), and
+//! with the clients starting at staggered phases over one request's life (as clients that
+//! have drifted apart). The two bound what the benchmark saw. Rows the
+//! simulator cannot take yet are counted by reason (MoE and MLA models, fp4, pipeline or
+//! attention data parallelism: issue 18).
+//!
+//! In: the CSV. Out: one [`SiliconCheck`] per simulated row, and the skipped counts.
+
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use crate::catalog::Dtype;
+use crate::observed::silicon::AggregateRow;
+use crate::run::{run_variant, BackendKind};
+use crate::scenario::Scenario;
+use crate::workload::{ArrivalConfig, LengthDist};
+
+/// `(why, rows)` of the rows not simulated.
+pub type Skipped = Vec<(String, usize)>;
+
+/// One simulated row.
+#[derive(Debug, Clone)]
+pub struct SiliconCheck {
+    /// The measured row.
+    pub row: AggregateRow,
+    /// Catalog model and GPU it ran on.
+    pub model: &'static str,
+    /// Catalog GPU.
+    pub gpu: &'static str,
+    /// Simulated mean TTFT (ms), clients starting at staggered phases.
+    pub ttft_ms: f64,
+    /// Simulated mean TPOT (ms), clients starting at staggered phases.
+    pub tpot_ms: f64,
+    /// Simulated mean TTFT (ms), clients in lockstep (all starting at once).
+    pub lockstep_ttft_ms: f64,
+    /// Simulated mean TPOT (ms), clients in lockstep.
+    pub lockstep_tpot_ms: f64,
+}
+
+impl SiliconCheck {
+    /// Signed relative TTFT error.
+    pub fn ttft_error(&self) -> f64 {
+        self.ttft_ms / self.row.ttft_ms - 1.0
+    }
+    /// Signed relative TPOT error.
+    pub fn tpot_error(&self) -> f64 {
+        self.tpot_ms / self.row.tpot_ms - 1.0
+    }
+    /// Signed relative TTFT error of the lockstep run.
+    pub fn lockstep_ttft_error(&self) -> f64 {
+        self.lockstep_ttft_ms / self.row.ttft_ms - 1.0
+    }
+}
+
+/// Requests each closed loop runs, in multiples of its concurrency: the first wave fills
+/// the batch, the later ones run in the steady state the benchmark measures.
+pub const WAVES: u64 = 3;
+
+const TEMPLATE: &str = r#"
+name = "silicon"
+seed = 0
+
+[model]
+name = "llama-3.1-8b"
+
+[hardware]
+gpu = "h100-sxm"
+
+[engine]
+scheduler = "chunked"
+
+[workload]
+num_requests = 3
+arrival = { process = "closed-loop", concurrency = 1 }
+
+[[workload.class]]
+name = "fixed"
+prompt = { dist = "fixed", value = 1024 }
+output = { dist = "fixed", value = 128 }
+"#;
+
+/// Why a row is not simulated (`None`: it is), and what it resolves to.
+fn plan(row: &AggregateRow) -> Result<(&'static str, &'static str, Dtype), String> {
+    if row.mode != "agg" {
+        return Err("disaggregated (fleets: issue 20)".into());
+    }
+    if row.pp.unwrap_or(1) > 1 || row.attention_dp.unwrap_or(1) > 1 {
+        return Err("pipeline or attention data parallelism (issue 18)".into());
+    }
+    let dtype = match row.gemm_quant.as_str() {
+        "" => Dtype::Bf16,
+        "fp8" | "fp8_block" => Dtype::Fp8,
+        "nvfp4" => return Err("fp4 weights (issue 18)".into()),
+        q => return Err(format!("quantization `{q}`")),
+    };
+    let (org, name) = row.model.split_once('/').unwrap_or(("", &row.model));
+    let mut base = name.to_string();
+    for suffix in ["-NVFP4", "-FP8", "-Instruct"] {
+        if let Some(b) = base.strip_suffix(suffix) {
+            base = b.to_string();
+        }
+    }
+    let base = base.strip_prefix("Meta-").unwrap_or(&base).to_string();
+    let model = [row.model.clone(), format!("{org}/{base}"), base]
+        .iter()
+        .find_map(|t| crate::catalog::find_model(t))
+        .filter(|m| m.num_experts <= 1)
+        .map(|m| m.name)
+        .ok_or_else(|| "model not in the catalog (MoE and MLA: issue 18)".to_string())?;
+    let gpu = crate::catalog::find_gpu(&row.system)
+        .map(|g| g.name)
+        .ok_or_else(|| format!("GPU `{}` not in the catalog", row.system))?;
+    Ok((model, gpu, dtype))
+}
+
+/// One closed-loop run of `row` (clients starting over `ramp_s`); `None` when the
+/// deployment does not fit.
+fn simulate(
+    scn: &Scenario,
+    row: &AggregateRow,
+    model: &str,
+    gpu: &str,
+    dtype: Dtype,
+    ramp_s: f64,
+) -> Result<Option<analysis::Summary>, crate::SimError> {
+    let mut cfg = scn.base.clone();
+    cfg.model.name = Some(model.to_string());
+    cfg.model.dtype = dtype;
+    cfg.hardware.gpu = Some(gpu.to_string());
+    cfg.hardware.tp = row.tp.unwrap_or(1);
+    let c = row.concurrency.unwrap_or(1);
+    // Engines run the whole closed loop in one batch; vLLM V1's default budget.
+    cfg.engine.max_num_seqs = c.max(256);
+    cfg.engine.max_num_batched_tokens = Some(8192);
+    cfg.engine.max_model_len = Some(row.isl + row.osl);
+    cfg.workload.num_requests = Some(WAVES * u64::from(c));
+    cfg.workload.arrival = Some(ArrivalConfig::ClosedLoop {
+        concurrency: c,
+        think_time_s: 0.0,
+        ramp_up_s: ramp_s,
+    });
+    cfg.workload.classes[0].prompt = Some(LengthDist::Fixed { value: row.isl });
+    cfg.workload.classes[0].output = Some(LengthDist::Fixed { value: row.osl });
+    // A deployment that does not fit (weights or KV) is skipped, not an error.
+    let Ok(v) = scn.resolve_config(&row.id, cfg) else {
+        return Ok(None);
+    };
+    let r = run_variant(
+        scn,
+        &v,
+        BackendKind::Model,
+        crate::driver::DriverKind::Inline,
+        None,
+        &indicatif::ProgressBar::hidden(),
+        &|| {},
+    )?;
+    Ok(Some(r.summary))
+}
+
+/// Simulates every row it can (in parallel) with the default cost model, or with
+/// `calibration`'s `[cost]`.
+pub fn silicon_checks(
+    rows: &[AggregateRow],
+    calibration: Option<&Path>,
+) -> Result<(Vec<SiliconCheck>, Skipped), crate::SimError> {
+    let mut text = TEMPLATE.to_string();
+    if let Some(c) = calibration {
+        let abs = std::path::absolute(c).unwrap_or_else(|_| c.to_path_buf());
+        text.push_str(&format!(
+            "\n[cost]\ncalibration = {:?}\n",
+            abs.display().to_string()
+        ));
+    }
+    let scn = Scenario::from_text(Path::new("silicon.toml"), &text)?;
+    let mut skipped: Vec<(String, usize)> = Vec::new();
+    let mut todo = Vec::new();
+    for row in rows {
+        match plan(row) {
+            Ok(p) => todo.push((row, p)),
+            Err(why) => match skipped.iter_mut().find(|(w, _)| *w == why) {
+                Some((_, n)) => *n += 1,
+                None => skipped.push((why, 1)),
+            },
+        }
+    }
+    let results: Vec<Result<Option<SiliconCheck>, crate::SimError>> = todo
+        .par_iter()
+        .map(|(row, (model, gpu, dtype))| {
+            // Clients in lockstep first; then, as the benchmark's clients drift apart, each
+            // starting at its own phase of one request's life (the first pass's E2EL).
+            let Some(lockstep) = simulate(&scn, row, model, gpu, *dtype, 0.0)? else {
+                return Ok(None);
+            };
+            let ramp = lockstep.mean_e2el_ms / 1e3;
+            let Some(r) = simulate(&scn, row, model, gpu, *dtype, ramp)? else {
+                return Ok(None);
+            };
+            Ok(Some(SiliconCheck {
+                row: (*row).clone(),
+                model,
+                gpu,
+                ttft_ms: r.mean_ttft_ms,
+                tpot_ms: r.mean_tpot_ms,
+                lockstep_ttft_ms: lockstep.mean_ttft_ms,
+                lockstep_tpot_ms: lockstep.mean_tpot_ms,
+            }))
+        })
+        .collect();
+    let mut checks = Vec::new();
+    let mut unfit = 0;
+    for r in results {
+        match r? {
+            Some(c) => checks.push(c),
+            None => unfit += 1,
+        }
+    }
+    if unfit > 0 {
+        skipped.push(("does not fit the simulator's memory plan".into(), unfit));
+    }
+    Ok((checks, skipped))
+}
