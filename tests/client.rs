@@ -158,7 +158,12 @@ fn a_ramp_starts_the_clients_one_by_one() {
         if starts_used < 4 && r.1.abs_diff(start) <= 1 {
             starts_used += 1;
         } else {
-            assert!(ends.iter().any(|e| e.abs_diff(r.1) <= 1), "request {} sent at {}", r.0, r.1);
+            assert!(
+                ends.iter().any(|e| e.abs_diff(r.1) <= 1),
+                "request {} sent at {}",
+                r.0,
+                r.1
+            );
         }
     }
     assert_eq!(starts_used, 4);
