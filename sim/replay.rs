@@ -11,7 +11,8 @@
 //! and its trace are written into the output folder (`replay.toml`, `trace.csv`), so `sim
 //! run` repeats the replay. Out: TTFT, TPOT, E2EL (mean, p50, p90, p99), queueing delay,
 //! throughput and the KV capacity the memory plan predicts, each measured, simulated and
-//! the signed error, as a table and `replay.csv`.
+//! the signed error, as a table, `replay.csv`, and `replay.html` with the measured and
+//! simulated distributions (CDFs) overlaid.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -323,6 +324,9 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
         figures,
         reserve_gib,
     };
+    let html_path = opts.out_dir.join("replay.html");
+    std::fs::write(&html_path, report_html(&replay, &measured, &simulated))
+        .map_err(|e| io(&html_path, e))?;
     let csv_path = opts.out_dir.join("replay.csv");
     let mut csv = String::from("metric,measured,simulated,error_pct\n");
     for f in &replay.figures {
@@ -512,4 +516,56 @@ fn compare(measured: &[Sample], simulated: &[Sample]) -> Vec<Figure> {
         simulated: throughput(simulated),
     });
     figures
+}
+
+/// `replay.html`: the comparison table and the measured and simulated CDFs of TTFT, TPOT
+/// and E2EL overlaid.
+fn report_html(r: &Replay, measured: &[Sample], simulated: &[Sample]) -> String {
+    let esc = |t: &str| {
+        t.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    };
+    let mut h = String::new();
+    let title = format!("Replay of {}", esc(&r.run.display().to_string()));
+    let _ = write!(
+        h,
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title><style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child{{text-align:left}}</style></head><body><h1>{title}</h1><p>{} &mdash; {} requests{}</p><table><tr><th>metric</th><th>measured</th><th>simulated</th><th>error</th></tr>",
+        esc(&r.deployment),
+        r.requests,
+        if r.failed > 0 { format!(", {} failed left out", r.failed) } else { String::new() }
+    );
+    for f in &r.figures {
+        let err = f
+            .error_pct()
+            .map_or_else(|| "-".to_string(), |e| format!("{e:+.1}%"));
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{:.2}</td><td>{:.2}</td><td>{err}</td></tr>",
+            f.metric, f.measured, f.simulated
+        );
+    }
+    h.push_str("</table>");
+    type Pick = fn(&Sample) -> Option<f64>;
+    let charts: [(&str, Pick); 3] = [
+        ("TTFT (ms)", |s| Some(s.ttft_ms)),
+        ("TPOT (ms)", |s| s.tpot_ms),
+        ("E2EL (ms)", |s| Some(s.e2el_ms)),
+    ];
+    for (label, pick) in charts {
+        let series = |name: &str, v: &[Sample]| analysis::plots::Series {
+            name: name.to_string(),
+            points: analysis::plots::cdf(&v.iter().filter_map(pick).collect::<Vec<f64>>(), 400),
+        };
+        let chart = analysis::plots::Chart {
+            title: format!("CDF of {label}"),
+            x_label: label.to_string(),
+            y_label: "fraction of requests".into(),
+            series: vec![series("measured", measured), series("simulated", simulated)],
+            ..Default::default()
+        };
+        h.push_str(&analysis::plots::svg(&chart, (720, 360)));
+    }
+    h.push_str("</body></html>\n");
+    h
 }

@@ -56,6 +56,9 @@ fn llama_8b_on_rtx_pro_6000_replays_within_ten_percent() {
         .nth(1)
         .expect("row")
         .starts_with("0.000000000,"));
+    let html = std::fs::read_to_string(out.path().join("replay.html")).expect("replay.html");
+    assert_eq!(html.matches("<svg").count(), 3, "TTFT, TPOT and E2EL CDFs");
+    assert!(html.contains("measured") && html.contains("simulated"));
     let csv = std::fs::read_to_string(out.path().join("replay.csv")).expect("replay.csv");
     assert!(csv.starts_with("metric,measured,simulated,error_pct\nttft_mean_ms,"));
 }

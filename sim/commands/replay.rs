@@ -1,20 +1,22 @@
 //! `sim replay`: a real engine's run replayed through the simulator (its deployment, its
-//! KV blocks, exactly its requests at their send times), measured against simulated.
+//! KV blocks, exactly its requests at their send times), measured against simulated; a
+//! folder of runs gives one row per run and the medians of the errors.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use sim::driver::DriverKind;
-use sim::replay::{replay, ReplayOptions};
+use sim::replay::{replay, Replay, ReplayError, ReplayOptions};
 
 /// Replay a real engine's run and compare measured with simulated latencies.
 ///
 /// RUN is an LLMServingSim run directory (vllm/meta.json + vllm/requests.jsonl), a `vllm
 /// bench serve --save-result --save-detailed` JSON (vLLM 0.15 or later, for the send
 /// times), a BLIS TraceV2 CSV, or sim's plain run CSV (send_s, prompt_len, output_len,
-/// ttft_ms, e2el_ms).
+/// ttft_ms, e2el_ms). A folder holding such runs (LLMServingSim's `<GPU>/<model>/` layout
+/// included) replays each, one row per run, with the medians of the errors.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The run.
+    /// The run, or a folder of runs.
     pub run: PathBuf,
     /// Output folder (default: results/replay-<run name>).
     #[arg(long)]
@@ -33,25 +35,167 @@ pub struct Args {
     pub driver: DriverKind,
 }
 
+/// The runs under `dir`: LLMServingSim run folders and run files, two levels deep, sorted.
+fn runs_in(dir: &Path) -> Vec<PathBuf> {
+    let mut runs = Vec::new();
+    let visit = |d: &Path, depth: u32, runs: &mut Vec<PathBuf>| -> Vec<PathBuf> {
+        let mut sub = Vec::new();
+        let Ok(entries) = std::fs::read_dir(d) else {
+            return sub;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.join("vllm").join("meta.json").is_file() {
+                runs.push(p);
+            } else if p.is_dir() && depth < 2 {
+                sub.push(p);
+            } else if p.extension().is_some_and(|x| x == "json" || x == "csv") {
+                runs.push(p);
+            }
+        }
+        sub
+    };
+    let mut level = vec![dir.to_path_buf()];
+    for depth in 0..3 {
+        let mut next = Vec::new();
+        for d in &level {
+            next.extend(visit(d, depth, &mut runs));
+        }
+        level = next;
+    }
+    runs.sort();
+    runs
+}
+
 /// Runs `sim replay`, printing into `out`.
 pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
-    let observed = sim::observed::open(&args.run)?;
     let name = sim::replay::run_name(&args.run);
     let out_dir = args
         .out
+        .clone()
         .unwrap_or_else(|| PathBuf::from("results").join(format!("replay-{name}")));
-    let opts = ReplayOptions {
-        out_dir: out_dir.clone(),
-        calibration: args.calibration,
-        model: args.model,
-        gpu: args.gpu,
+    let opts = |dir: PathBuf| ReplayOptions {
+        out_dir: dir,
+        calibration: args.calibration.clone(),
+        model: args.model.clone(),
+        gpu: args.gpu.clone(),
         driver: args.driver,
     };
-    let r = replay(&observed, &opts)?;
-    out.push_str(&r.table());
+    let is_folder = args.run.is_dir() && !args.run.join("vllm").join("meta.json").is_file();
+    if !is_folder {
+        let observed = sim::observed::open(&args.run)?;
+        let r = replay(&observed, &opts(out_dir.clone()))?;
+        out.push_str(&r.table());
+        outln!(
+            out,
+            "results in {} (replay.csv, replay.html, replay.toml, trace.csv, sim/)",
+            out_dir.display()
+        );
+        return Ok(());
+    }
+    let runs = runs_in(&args.run);
+    if runs.is_empty() {
+        anyhow::bail!(
+            "{}: no runs found (LLMServingSim run folders, .json or .csv runs)",
+            args.run.display()
+        );
+    }
+    let mut done: Vec<(String, Replay)> = Vec::new();
+    let mut skipped: Vec<String> = Vec::new();
+    for run in &runs {
+        let rel = run
+            .strip_prefix(&args.run)
+            .unwrap_or(run)
+            .display()
+            .to_string();
+        let observed = match sim::observed::open(run) {
+            Ok(o) => o,
+            Err(e) => {
+                skipped.push(format!("{rel}: {e}"));
+                continue;
+            }
+        };
+        let dir = out_dir.join(sim::replay::run_name(Path::new(&rel.replace('/', "-"))));
+        match replay(&observed, &opts(dir)) {
+            Ok(r) => done.push((rel, r)),
+            Err(ReplayError::Run { message, .. }) => skipped.push(format!("{rel}: {message}")),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if done.is_empty() {
+        anyhow::bail!(
+            "{}: no run replayed: {} found, all skipped (first: {})",
+            args.run.display(),
+            runs.len(),
+            skipped[0]
+        );
+    }
+    for s in &skipped {
+        outln!(out, "skipped {s}");
+    }
+    let metrics = [
+        "ttft_mean_ms",
+        "ttft_p50_ms",
+        "ttft_p90_ms",
+        "tpot_mean_ms",
+        "e2el_mean_ms",
+        "throughput_rps",
+    ];
+    let mut csv = format!(
+        "run,deployment,{}\n",
+        metrics.map(|m| format!("{m}_error_pct")).join(",")
+    );
     outln!(
         out,
-        "results in {} (replay.csv, replay.toml, trace.csv, sim/)",
+        "{:<40} {}",
+        "run (error of the simulation)",
+        metrics.map(|m| format!("{m:>15}")).join("")
+    );
+    let err = |r: &Replay, m: &str| r.figure(m).and_then(|f| f.error_pct());
+    for (rel, r) in &done {
+        let cells: Vec<String> = metrics
+            .iter()
+            .map(|m| err(r, m).map_or_else(|| "-".into(), |e| format!("{e:+.1}%")))
+            .collect();
+        outln!(
+            out,
+            "{:<40} {}",
+            rel,
+            cells.iter().map(|c| format!("{c:>15}")).collect::<String>()
+        );
+        let raw: Vec<String> = metrics
+            .iter()
+            .map(|m| err(r, m).map_or(String::new(), |e| format!("{e:.3}")))
+            .collect();
+        csv.push_str(&format!("{rel},{},{}\n", r.deployment, raw.join(",")));
+    }
+    let medians: Vec<String> = metrics
+        .iter()
+        .map(|m| {
+            let v: Vec<f64> = done.iter().filter_map(|(_, r)| err(r, m)).collect();
+            if v.is_empty() {
+                "-".into()
+            } else {
+                format!("{:+.1}%", analysis::median(&v))
+            }
+        })
+        .collect();
+    outln!(
+        out,
+        "{:<40} {}",
+        "median",
+        medians
+            .iter()
+            .map(|c| format!("{c:>15}"))
+            .collect::<String>()
+    );
+    std::fs::create_dir_all(&out_dir).map_err(|e| anyhow::anyhow!("{}: {e}", out_dir.display()))?;
+    let path = out_dir.join("runs.csv");
+    std::fs::write(&path, csv).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    outln!(
+        out,
+        "{} runs replayed; results in {} (runs.csv, one folder per run)",
+        done.len(),
         out_dir.display()
     );
     Ok(())

@@ -126,8 +126,6 @@ fn write_silicon_csv(
         "simulated_ttft_ms",
         "measured_tpot_ms",
         "simulated_tpot_ms",
-        "lockstep_ttft_ms",
-        "lockstep_tpot_ms",
     ])
     .map_err(err)?;
     for c in checks {
@@ -146,8 +144,6 @@ fn write_silicon_csv(
             format!("{:.4}", c.ttft_ms),
             format!("{:.4}", r.tpot_ms),
             format!("{:.4}", c.tpot_ms),
-            format!("{:.4}", c.lockstep_ttft_ms),
-            format!("{:.4}", c.lockstep_tpot_ms),
         ])
         .map_err(err)?;
     }

@@ -2,11 +2,11 @@
 //! (`calibration/serving/aiconfigurator/silicon.csv`): every aggregated row of a dense model
 //! and a GPU the catalog has is simulated as the benchmark ran it — `concurrency` clients
 //! in a closed loop, every request `isl` prompt and `osl` output tokens, on `tp` GPUs, in the
-//! row's dtype — and its mean TTFT and TPOT set against the measured ones. Twice: with the
-//! clients in lockstep (all starting at once; with fixed lengths their requests then start
-//! and end together, wave after wave, and a wave's prefills queue behind each other), and
-//! with the clients starting at staggered phases over one request's life (as clients that
-//! have drifted apart). The two bound what the benchmark saw. Rows the
+//! row's dtype — and its mean TTFT and TPOT set against the measured ones. The client is
+//! InferenceX's (a fork of vLLM's `benchmark_serving`, which produced most rows): a
+//! random dataset whose prompt and output lengths are uniform in `[0.8 L, L]`
+//! (`--random-range-ratio 0.8`, `--ignore-eos`), `10 x concurrency` requests, all clients
+//! starting at once (`--request-rate inf --max-concurrency C`). Rows the
 //! simulator cannot take yet are counted by reason (MoE and MLA models, fp4, pipeline or
 //! attention data parallelism: issue 18).
 //!
@@ -34,14 +34,10 @@ pub struct SiliconCheck {
     pub model: &'static str,
     /// Catalog GPU.
     pub gpu: &'static str,
-    /// Simulated mean TTFT (ms), clients starting at staggered phases.
+    /// Simulated mean TTFT (ms).
     pub ttft_ms: f64,
-    /// Simulated mean TPOT (ms), clients starting at staggered phases.
+    /// Simulated mean TPOT (ms).
     pub tpot_ms: f64,
-    /// Simulated mean TTFT (ms), clients in lockstep (all starting at once).
-    pub lockstep_ttft_ms: f64,
-    /// Simulated mean TPOT (ms), clients in lockstep.
-    pub lockstep_tpot_ms: f64,
 }
 
 impl SiliconCheck {
@@ -53,15 +49,11 @@ impl SiliconCheck {
     pub fn tpot_error(&self) -> f64 {
         self.tpot_ms / self.row.tpot_ms - 1.0
     }
-    /// Signed relative TTFT error of the lockstep run.
-    pub fn lockstep_ttft_error(&self) -> f64 {
-        self.lockstep_ttft_ms / self.row.ttft_ms - 1.0
-    }
 }
 
-/// Requests each closed loop runs, in multiples of its concurrency: the first wave fills
-/// the batch, the later ones run in the steady state the benchmark measures.
-pub const WAVES: u64 = 3;
+/// Requests each closed loop runs, in multiples of its concurrency (InferenceX's
+/// `--num-prompts $((CONC*10))`).
+pub const WAVES: u64 = 10;
 
 const TEMPLATE: &str = r#"
 name = "silicon"
@@ -120,15 +112,13 @@ fn plan(row: &AggregateRow) -> Result<(&'static str, &'static str, Dtype), Strin
     Ok((model, gpu, dtype))
 }
 
-/// One closed-loop run of `row` (clients starting over `ramp_s`); `None` when the
-/// deployment does not fit.
+/// One closed-loop run of `row`; `None` when the deployment does not fit.
 fn simulate(
     scn: &Scenario,
     row: &AggregateRow,
     model: &str,
     gpu: &str,
     dtype: Dtype,
-    ramp_s: f64,
 ) -> Result<Option<analysis::Summary>, crate::SimError> {
     let mut cfg = scn.base.clone();
     cfg.model.name = Some(model.to_string());
@@ -144,10 +134,15 @@ fn simulate(
     cfg.workload.arrival = Some(ArrivalConfig::ClosedLoop {
         concurrency: c,
         think_time_s: 0.0,
-        ramp_up_s: ramp_s,
+        ramp_up_s: 0.0,
     });
-    cfg.workload.classes[0].prompt = Some(LengthDist::Fixed { value: row.isl });
-    cfg.workload.classes[0].output = Some(LengthDist::Fixed { value: row.osl });
+    // The client's random dataset: lengths uniform in [0.8 L, L].
+    let range = |l: u32| LengthDist::Uniform {
+        min: (f64::from(l) * 0.8) as u32,
+        max: l,
+    };
+    cfg.workload.classes[0].prompt = Some(range(row.isl));
+    cfg.workload.classes[0].output = Some(range(row.osl));
     // A deployment that does not fit (weights or KV) is skipped, not an error.
     let Ok(v) = scn.resolve_config(&row.id, cfg) else {
         return Ok(None);
@@ -193,13 +188,7 @@ pub fn silicon_checks(
     let results: Vec<Result<Option<SiliconCheck>, crate::SimError>> = todo
         .par_iter()
         .map(|(row, (model, gpu, dtype))| {
-            // Clients in lockstep first; then, as the benchmark's clients drift apart, each
-            // starting at its own phase of one request's life (the first pass's E2EL).
-            let Some(lockstep) = simulate(&scn, row, model, gpu, *dtype, 0.0)? else {
-                return Ok(None);
-            };
-            let ramp = lockstep.mean_e2el_ms / 1e3;
-            let Some(r) = simulate(&scn, row, model, gpu, *dtype, ramp)? else {
+            let Some(r) = simulate(&scn, row, model, gpu, *dtype)? else {
                 return Ok(None);
             };
             Ok(Some(SiliconCheck {
@@ -208,8 +197,6 @@ pub fn silicon_checks(
                 gpu,
                 ttft_ms: r.mean_ttft_ms,
                 tpot_ms: r.mean_tpot_ms,
-                lockstep_ttft_ms: lockstep.mean_ttft_ms,
-                lockstep_tpot_ms: lockstep.mean_tpot_ms,
             }))
         })
         .collect();
