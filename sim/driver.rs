@@ -320,6 +320,10 @@ pub struct Client {
     /// A closed loop's clients start one by one over this time (the `k`-th of `N` at
     /// `k x ramp / N`), so that their requests do not run in lockstep.
     pub ramp_ns: Nanos,
+    /// The engine's front end (`cost.request_overhead_ms`): a request reaches the
+    /// scheduler this long after it is sent; its arrival, which latencies count from,
+    /// stays the send.
+    pub frontend_ns: Nanos,
 }
 
 /// The client's slots: clients not started yet (the `k`-th of `cap` starts `k x ramp / cap`
@@ -331,6 +335,7 @@ struct Slots {
     ramp_ns: Nanos,
     freed: BinaryHeap<Reverse<Nanos>>,
     think_ns: Nanos,
+    frontend_ns: Nanos,
     /// Pulled from the workload, waiting for a slot.
     held: Option<Request>,
     /// An arrival is on the clock (one at a time, so the workload is read lazily).
@@ -348,6 +353,7 @@ impl Slots {
             ramp_ns: client.ramp_ns,
             freed: BinaryHeap::new(),
             think_ns: client.think_ns,
+            frontend_ns: client.frontend_ns,
             held: None,
             scheduled: false,
             exhausted: false,
@@ -409,8 +415,10 @@ impl Slots {
             return Ok(());
         };
         // The workload yields in arrival order; guard anyway so time never runs back.
+        // Never before `now` as the scheduler counts it: a send at `t` arrives at
+        // `t + frontend`.
         let slot = if self.cap.is_some() {
-            slot.max(now)
+            slot.max(now.saturating_sub(self.frontend_ns))
         } else {
             slot
         };
@@ -419,7 +427,7 @@ impl Slots {
         req.arrival = t;
         stats.arrived += 1;
         self.scheduled = true;
-        clock.push(t, Event::Arrival(req));
+        clock.push(t.saturating_add(self.frontend_ns), Event::Arrival(req));
         Ok(())
     }
 }

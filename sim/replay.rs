@@ -419,6 +419,10 @@ fn scenario_text(
     if let Some(cal) = &opts.calibration {
         let abs = std::fs::canonicalize(cal).unwrap_or_else(|_| cal.clone());
         let _ = writeln!(s, "\n[cost]\ncalibration = {:?}", abs.display().to_string());
+        if run.format == "llmservingsim" {
+            // Its timestamps are the engine's own: no front end between send and queue.
+            let _ = writeln!(s, "request_overhead_ms = 0.0");
+        }
     }
     s
 }

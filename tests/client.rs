@@ -170,3 +170,33 @@ fn a_ramp_starts_the_clients_one_by_one() {
     assert_eq!(rows[0].1, 0);
     assert_eq!(peak_in_flight(&rows), 4);
 }
+
+/// `cost.request_overhead_ms`: the engine's front end delays every request on its way to
+/// the scheduler; its arrival stays the send, so TTFT includes the delay, and a closed
+/// loop's clients still send at once.
+#[test]
+fn the_front_end_delays_requests_on_their_way_to_the_scheduler() {
+    let dir = run(
+        r#"arrival = { process = "closed-loop", concurrency = 4 }"#,
+        "[[variant]]\nname = \"fe\"\ncost.request_overhead_ms = 25.0\n",
+    );
+    let path = dir.path().join("out").join("fe").join("requests.csv");
+    let mut rdr = csv::Reader::from_path(path).expect("csv");
+    let ns = |s: &str| (s.parse::<f64>().expect("seconds") * 1e9).round() as u64;
+    let mut rows: Vec<(u64, u64, u64)> = rdr
+        .records()
+        .map(|r| {
+            let r = r.expect("row");
+            (r[0].parse().expect("id"), ns(&r[2]), ns(&r[3]))
+        })
+        .collect();
+    rows.sort_unstable();
+    assert_eq!(rows.len(), 300);
+    for (id, arrival, scheduled) in &rows {
+        assert!(scheduled - arrival >= 25_000_000, "request {id}");
+    }
+    assert!(
+        rows[..4].iter().all(|r| r.1 == 0),
+        "the four clients send at once"
+    );
+}

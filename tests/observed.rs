@@ -198,3 +198,30 @@ fn bad_run_files_give_one_line_naming_file_line_and_field() {
     let err = observed::open(&run).expect_err("missing").to_string();
     assert!(err.contains("requests.jsonl: cannot read"), "{err}");
 }
+
+/// `sim calibrate --observed` on twelve TensorRT-LLM rows (H100/H200, at most 8 clients):
+/// one engine, a fit per fold, every row held out once, and the fitted front-end cost
+/// lowers the held-out TTFT error below the uncalibrated one.
+#[test]
+fn the_front_end_cost_is_fitted_with_held_out_errors() {
+    use sim::cost_model::calibration::observed::{
+        fit_request_overhead, fit_toml, median_abs, CANDIDATES_MS,
+    };
+    let rows =
+        observed::silicon::read(Path::new("tests/data/observed/silicon-small.csv")).expect("rows");
+    assert_eq!(rows.len(), 12);
+    let fits = fit_request_overhead(&rows, 3).expect("fits");
+    assert_eq!(fits.len(), 1);
+    let f = &fits[0];
+    assert_eq!((f.engine.as_str(), f.rows), ("trtllm", 12));
+    assert_eq!(f.fold_fits_ms.len(), 3);
+    assert_eq!(f.held_out_ttft.len(), 12);
+    assert!(CANDIDATES_MS.contains(&f.request_overhead_ms));
+    assert!(
+        f.request_overhead_ms > 0.0,
+        "the uncalibrated TTFT is short at low concurrency"
+    );
+    assert!(median_abs(&f.held_out_ttft) < median_abs(&f.baseline_ttft));
+    let toml = fit_toml(f, "silicon-small.csv", 3);
+    assert!(toml.contains("[cost]\nframework = \"tensorrt-llm\"\nrequest_overhead_ms = "));
+}

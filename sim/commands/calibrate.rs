@@ -40,6 +40,14 @@ pub struct Args {
     /// --backend cuda it defaults to the catalog entry of the device found.
     #[arg(long)]
     pub gpu: Option<String>,
+    /// Fit the per-request front-end cost of each engine to measured deployments
+    /// (aiconfigurator's silicon.csv), with k-fold held-out errors; writes
+    /// `<out folder>/observed-<engine>.toml` (default folder: calibration/).
+    #[arg(long)]
+    pub observed: Option<PathBuf>,
+    /// Folds of the cross-validation (--observed).
+    #[arg(long, default_value_t = 5)]
+    pub folds: usize,
 }
 
 /// Runs `sim calibrate`, printing into `out`.
@@ -49,11 +57,40 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
             "--backend model: sim calibrate fits the cost model to measurements; --backend cuda measures the CUDA runtime, --steps FILE refits recorded steps, --from fits profiles"
         );
     }
+    if let Some(path) = &args.observed {
+        return from_observed(path, &args, out);
+    }
     if args.backend.is_some_and(|b| b != BackendKind::Model) || args.steps.is_some() {
         from_steps(args, out)
     } else {
         from_profiles(args, out)
     }
+}
+
+/// Fits each engine's front-end cost to measured deployments, k-fold.
+fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<()> {
+    if !(2..=20).contains(&args.folds) {
+        anyhow::bail!("--folds: must be 2 to 20, got {}", args.folds);
+    }
+    let rows = sim::observed::silicon::read(path)?;
+    let fits = sim::cost_model::calibration::observed::fit_request_overhead(&rows, args.folds)?;
+    let dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("calibration"));
+    std::fs::create_dir_all(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    out.push_str(&sim::cost_model::calibration::observed::fit_table(&fits));
+    for f in &fits {
+        let text = sim::cost_model::calibration::observed::fit_toml(
+            f,
+            &path.display().to_string(),
+            args.folds,
+        );
+        let file = dir.join(format!("observed-{}.toml", f.engine));
+        std::fs::write(&file, text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+        outln!(out, "wrote {}", file.display());
+    }
+    Ok(())
 }
 
 /// Fits to Vidur's profiles (a folder) or to measured GEMMs (a CSV).

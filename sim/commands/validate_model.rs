@@ -46,6 +46,7 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
             write_silicon_csv(csv_path, &checks)?;
         }
         replays.silicon = checks;
+        replays.observed_fits = observed_fits(&data)?;
         replays.silicon_skipped = skipped;
     }
     let text = sim::cost_model::validation::report(
@@ -150,4 +151,40 @@ fn write_silicon_csv(
     w.flush()
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     Ok(())
+}
+
+/// The shipped `calibration/observed-<engine>.toml` fits, each with its header comment
+/// joined into one line.
+fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(data)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", data.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("observed-") && n.ends_with(".toml"))
+        })
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        let text =
+            std::fs::read_to_string(&f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
+        let header: Vec<&str> = text
+            .lines()
+            .take_while(|l| l.starts_with('#'))
+            .map(|l| l.trim_start_matches('#').trim())
+            .collect();
+        let value = text
+            .lines()
+            .find(|l| l.starts_with("request_overhead_ms"))
+            .unwrap_or("")
+            .to_string();
+        out.push((
+            f.display().to_string(),
+            format!("`{value}`. {}", header.join(" ")),
+        ));
+    }
+    Ok(out)
 }

@@ -59,6 +59,12 @@ pub struct CostParams {
     /// Additional CPU overhead per sequence in the step, microseconds (default: the
     /// framework's).
     pub per_seq_overhead_us: Option<f64>,
+    /// The engine's front end per request, milliseconds: API server, tokenizer and
+    /// scheduling before a request reaches the scheduler, which no step accounts for. The
+    /// request is enqueued this long after it is sent; its latencies count from the send,
+    /// as a benchmark client measures them (default 0: none modelled).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_overhead_ms: Option<f64>,
     /// Fraction of the 16-bit GEMM rate kept when weights are dequantized on the fly
     /// (weight-only int8/int4/GGUF formats: the unpacking costs ALU work in the GEMM).
     pub dequant_compute_eff: f64,
@@ -89,6 +95,7 @@ impl Default for CostParams {
             overlap_exponent: Some(1.5),
             step_overhead_us: None,
             per_seq_overhead_us: None,
+            request_overhead_ms: None,
             dequant_compute_eff: 0.85,
             w8_memory_eff: 0.74,
             w4_memory_eff: 0.56,
@@ -107,6 +114,11 @@ impl CostParams {
     pub fn step_overhead_us(&self) -> f64 {
         self.step_overhead_us
             .unwrap_or(self.framework.overheads_us().0)
+    }
+
+    /// The front end's delay per request in effect, nanoseconds.
+    pub fn request_overhead_ns(&self) -> u64 {
+        (self.request_overhead_ms.unwrap_or(0.0) * 1e6).round() as u64
     }
 
     /// CPU overhead per sequence in effect, microseconds.
@@ -154,6 +166,13 @@ impl CostParams {
             ("cost.step_overhead_us", self.step_overhead_us()),
             ("cost.per_seq_overhead_us", self.per_seq_overhead_us()),
         ];
+        if let Some(ms) = self.request_overhead_ms {
+            if !(0.0..=60_000.0).contains(&ms) {
+                return Err(format!(
+                    "cost.request_overhead_ms: must be 0 to 60000 ms, got {ms}"
+                ));
+            }
+        }
         for (k, v) in overheads {
             if !(v >= 0.0 && v.is_finite()) {
                 return Err(format!("{k}: must be a non-negative number, got {v}"));

@@ -186,7 +186,10 @@ fn run_variant_into(
             backend,
         },
         &mut workload,
-        variant.config.workload.client(),
+        crate::driver::Client {
+            frontend_ns: variant.config.cost.request_overhead_ns(),
+            ..variant.config.workload.client()
+        },
         &mut collector,
         &mut |ended| {
             if ended >= last + 256 {

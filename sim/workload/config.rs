@@ -134,7 +134,8 @@ fn default_one() -> f64 {
 
 impl WorkloadConfig {
     /// The benchmark client that sends the requests: a closed loop's clients, or
-    /// `max_in_flight`, or no cap at all.
+    /// `max_in_flight`, or no cap at all (the engine's front end, a cost parameter, is
+    /// set by the run).
     pub fn client(&self) -> crate::driver::Client {
         match self.arrival {
             Some(ArrivalConfig::ClosedLoop {
@@ -145,11 +146,13 @@ impl WorkloadConfig {
                 max_in_flight: Some(concurrency),
                 think_ns: (think_time_s * 1e9).round() as u64,
                 ramp_ns: (ramp_up_s * 1e9).round() as u64,
+                frontend_ns: 0,
             },
             _ => crate::driver::Client {
                 max_in_flight: self.max_in_flight,
                 think_ns: 0,
                 ramp_ns: 0,
+                frontend_ns: 0,
             },
         }
     }

@@ -190,6 +190,8 @@ pub struct Replays {
     pub silicon: Vec<silicon::SiliconCheck>,
     /// `(why, rows)` of the rows not simulated.
     pub silicon_skipped: Vec<(String, usize)>,
+    /// The shipped `sim calibrate --observed` fits: `(file, its header comment)`.
+    pub observed_fits: Vec<(String, String)>,
 }
 
 /// The replays of real runs: measured against simulated, with the default cost model (so
@@ -241,7 +243,7 @@ fn replays_section(s: &mut String, r: &Replays) {
     }
     let _ = writeln!(
         s,
-        "\nLatencies in ms (simulated vs measured). Under this load every run queues (TTFT is mostly waiting), so TTFT follows the throughput error. Without calibration the RTX PRO 6000 Llama-3.1-8B run is within 7% on every figure; the RTX 4090 run is predicted too slow (decode on GDDR6X) and the Qwen3-32B TP2 run too fast (all-reduce over PCIe). Fitting those terms to real runs with held-out errors is `sim calibrate --observed` (issue 17, not yet done)."
+        "\nLatencies in ms (simulated vs measured). Under this load every run queues (TTFT is mostly waiting), so TTFT follows the throughput error. Without calibration the RTX PRO 6000 Llama-3.1-8B run is within 7% on every figure; the RTX 4090 run is predicted too slow (decode on GDDR6X) and the Qwen3-32B TP2 run too fast (all-reduce over PCIe). Fitting the GPU and all-reduce terms to such runs is not done yet: `sim calibrate --observed` fits only each engine's front-end cost so far, which these engine-side timestamps do not include."
     );
 }
 
@@ -322,8 +324,17 @@ fn silicon_section(s: &mut String, r: &Replays) {
     row(s, ["**all**", "", "", ""], &all);
     let _ = writeln!(
         s,
-        "\nTPOT is close for most groups; TTFT is predicted too short: the simulator has no per-request cost outside the GPU steps (API server, tokenizer, scheduling delay), which matters most where a prefill is short. Fitting those terms per engine to these rows, with k-fold held-out errors, is `sim calibrate --observed`, not built yet. Rows of a group whose measured TTFT falls as concurrency grows (TensorRT-LLM 1.0.0rc3 on H100) look like measurement artifacts."
+        "\nTPOT is close for most groups; TTFT is predicted too short: the simulator has no per-request cost outside the GPU steps (API server, tokenizer, scheduling delay), which matters most where a prefill is short. A constant front-end cost per engine is what `sim calibrate --observed` fits so far (below); the rest of the TTFT gap (queueing behind other prefills, each engine's scheduling) is not modelled yet. Rows of a group whose measured TTFT falls as concurrency grows (TensorRT-LLM 1.0.0rc3 on H100) look like measurement artifacts."
     );
+    if !r.observed_fits.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nThe per-request front-end cost fitted per engine by `sim calibrate --observed` (k-fold: each row's error comes from the fit on the other folds), as the shipped files record it; a scenario opts in with `cost.calibration = \"calibration/observed-<engine>.toml\"`:\n"
+        );
+        for (file, header) in &r.observed_fits {
+            let _ = writeln!(s, "- `{file}`: {header}");
+        }
+    }
     let skipped: usize = r.silicon_skipped.iter().map(|(_, n)| n).sum();
     let _ = writeln!(s, "\nNot simulated ({skipped} rows):");
     for (why, n) in &r.silicon_skipped {

@@ -119,8 +119,19 @@ fn simulate(
     model: &str,
     gpu: &str,
     dtype: Dtype,
+    request_overhead_ms: Option<f64>,
 ) -> Result<Option<analysis::Summary>, crate::SimError> {
     let mut cfg = scn.base.clone();
+    // The engine's CPU overheads: TensorRT-LLM's C++ runtime, or vLLM V1's for vLLM and
+    // SGLang (both Python schedulers with CUDA graphs).
+    cfg.cost.framework = if row.backend == "trtllm" {
+        crate::cost_model::Framework::TensorrtLlm
+    } else {
+        crate::cost_model::Framework::VllmV1
+    };
+    if request_overhead_ms.is_some() {
+        cfg.cost.request_overhead_ms = request_overhead_ms;
+    }
     cfg.model.name = Some(model.to_string());
     cfg.model.dtype = dtype;
     cfg.hardware.gpu = Some(gpu.to_string());
@@ -165,6 +176,16 @@ pub fn silicon_checks(
     rows: &[AggregateRow],
     calibration: Option<&Path>,
 ) -> Result<(Vec<SiliconCheck>, Skipped), crate::SimError> {
+    silicon_checks_with(rows, calibration, &|_| None)
+}
+
+/// [`silicon_checks`] with a front-end cost per request for each engine
+/// (`request_overhead_ms(backend)`; `None`: the scenario's).
+pub fn silicon_checks_with(
+    rows: &[AggregateRow],
+    calibration: Option<&Path>,
+    request_overhead_ms: &(dyn Fn(&str) -> Option<f64> + Sync),
+) -> Result<(Vec<SiliconCheck>, Skipped), crate::SimError> {
     let mut text = TEMPLATE.to_string();
     if let Some(c) = calibration {
         let abs = std::path::absolute(c).unwrap_or_else(|_| c.to_path_buf());
@@ -188,7 +209,8 @@ pub fn silicon_checks(
     let results: Vec<Result<Option<SiliconCheck>, crate::SimError>> = todo
         .par_iter()
         .map(|(row, (model, gpu, dtype))| {
-            let Some(r) = simulate(&scn, row, model, gpu, *dtype)? else {
+            let overhead = request_overhead_ms(&row.backend);
+            let Some(r) = simulate(&scn, row, model, gpu, *dtype, overhead)? else {
                 return Ok(None);
             };
             Ok(Some(SiliconCheck {
