@@ -34,7 +34,13 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         sim::cost_model::calibration::splitwise_measurements(&data.join("calibration.csv"))?;
     let held_out = sim::cost_model::calibration::vllm_2023_held_out(&splitwise);
     let gemm_held_out = sim::cost_model::calibration::gemm_held_out(&data)?;
-    let mut replays = replays(&data.join("serving").join("llmservingsim"))?;
+    let runs = data.join("serving").join("llmservingsim");
+    let mut replays = replays(&runs, None)?;
+    let fit = data.join("observed-vllm.toml");
+    if fit.is_file() {
+        replays.done_calibrated = replays_with(&runs, &fit)?;
+        replays.calibrated_with = Some(fit.display().to_string());
+    }
     let silicon = data
         .join("serving")
         .join("aiconfigurator")
@@ -67,7 +73,10 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
 
 /// Every LLMServingSim run under `dir` (`<GPU>/<model>/`), replayed in a scratch folder that
 /// is removed afterwards; runs `sim replay` cannot take yet are listed with the reason.
-fn replays(dir: &std::path::Path) -> anyhow::Result<sim::cost_model::validation::Replays> {
+fn replays(
+    dir: &std::path::Path,
+    calibration: Option<&std::path::Path>,
+) -> anyhow::Result<sim::cost_model::validation::Replays> {
     let mut out = sim::cost_model::validation::Replays::default();
     let Ok(gpus) = std::fs::read_dir(dir) else {
         return Ok(out);
@@ -89,7 +98,7 @@ fn replays(dir: &std::path::Path) -> anyhow::Result<sim::cost_model::validation:
         let observed = sim::observed::open(&run)?;
         let opts = sim::replay::ReplayOptions {
             out_dir: scratch.join(run.file_name().unwrap_or_default()),
-            calibration: None,
+            calibration: calibration.map(std::path::Path::to_path_buf),
             model: None,
             gpu: None,
             driver: sim::driver::DriverKind::Inline,
@@ -176,15 +185,23 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
             .take_while(|l| l.starts_with('#'))
             .map(|l| l.trim_start_matches('#').trim())
             .collect();
-        let value = text
+        let values: Vec<String> = text
             .lines()
-            .find(|l| l.starts_with("request_overhead_ms"))
-            .unwrap_or("")
-            .to_string();
+            .filter(|l| l.starts_with("step_overhead_us") || l.starts_with("request_overhead_ms"))
+            .map(|l| format!("`{l}`"))
+            .collect();
         out.push((
             f.display().to_string(),
-            format!("`{value}`. {}", header.join(" ")),
+            format!("{}. {}", values.join(", "), header.join(" ")),
         ));
     }
     Ok(out)
+}
+
+/// The runs under `dir` replayed with `calibration`.
+fn replays_with(
+    dir: &std::path::Path,
+    calibration: &std::path::Path,
+) -> anyhow::Result<Vec<sim::replay::Replay>> {
+    Ok(replays(dir, Some(calibration))?.done)
 }

@@ -1,22 +1,27 @@
-//! `sim calibrate --observed`: the cost model's per-request front-end cost
-//! (`cost.request_overhead_ms`) fitted per engine to aiconfigurator's measured deployments,
-//! with k-fold held-out errors.
+//! `sim calibrate --observed`: two of the cost model's CPU-side terms fitted per engine to
+//! aiconfigurator's measured deployments, with k-fold held-out errors: the overhead of
+//! every step (`cost.step_overhead_us`, which TPOT shows) and the per-request front end
+//! (`cost.request_overhead_ms`, which TTFT shows).
 //!
-//! Every simulable row is simulated once per candidate cost ([`CANDIDATES_MS`], the
-//! closed loop of [`crate::cost_model::validation::silicon`]); then, per engine and per
-//! fold, the candidate with the smallest median absolute TTFT error on the other folds is
-//! chosen and its errors on the held-out fold are kept. Reported errors are those held-out
-//! errors; the spread of the fold fits is the fit's uncertainty. The fit on all rows is what
-//! the calibration file carries.
+//! Every simulable row of an engine is simulated once per candidate (the closed loop of
+//! [`crate::cost_model::validation::silicon`]). Per fold, the step overhead with the
+//! smallest median absolute TPOT error on the other folds is chosen, then, with it, the
+//! front-end cost with the smallest median absolute TTFT error; the held-out fold's errors
+//! under that pair are kept. Reported errors are those held-out errors; the spread of the
+//! fold fits is the fit's uncertainty. The fit on all rows is what the calibration file
+//! carries.
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
-use crate::cost_model::validation::silicon::{silicon_checks_with, SiliconCheck};
+use crate::cost_model::validation::silicon::{silicon_checks_with, EngineCost};
 use crate::observed::silicon::AggregateRow;
 
 /// The front-end costs tried, milliseconds.
 pub const CANDIDATES_MS: [f64; 8] = [0.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0];
+
+/// The step overheads tried, microseconds.
+pub const STEP_CANDIDATES_US: [f64; 6] = [100.0, 300.0, 600.0, 1000.0, 1500.0, 2500.0];
 
 /// One engine's fit.
 #[derive(Debug, Clone)]
@@ -25,17 +30,24 @@ pub struct EngineFit {
     pub engine: String,
     /// Rows fitted.
     pub rows: usize,
-    /// The cost fitted on every row (ms).
+    /// The front-end cost fitted on every row (ms).
     pub request_overhead_ms: f64,
-    /// The cost each fold's fit chose (ms).
-    pub fold_fits_ms: Vec<f64>,
+    /// The step overhead fitted on every row (us).
+    pub step_overhead_us: f64,
+    /// Each fold's fit: (step overhead us, front-end cost ms).
+    pub fold_fits: Vec<(f64, f64)>,
     /// Held-out signed TTFT errors (one per row).
     pub held_out_ttft: Vec<f64>,
     /// Held-out signed TPOT errors (one per row).
     pub held_out_tpot: Vec<f64>,
-    /// In-sample TTFT errors without any front-end cost (the baseline).
+    /// TTFT errors with the framework's defaults and no front-end cost (the baseline).
     pub baseline_ttft: Vec<f64>,
+    /// TPOT errors with the framework's defaults (the baseline).
+    pub baseline_tpot: Vec<f64>,
 }
+
+/// `(TTFT, TPOT)` signed errors of an engine's rows under one candidate.
+type Errors = Vec<(f64, f64)>;
 
 /// The median of the absolute values.
 pub fn median_abs(v: &[f64]) -> f64 {
@@ -43,72 +55,118 @@ pub fn median_abs(v: &[f64]) -> f64 {
     analysis::median(&a)
 }
 
-/// Fits the front-end cost per engine with `folds`-fold cross-validation.
+/// `(TTFT, TPOT)` errors of `rows` (one engine's) with `cost`, in the order of its checks.
+fn pass(rows: &[AggregateRow], cost: EngineCost) -> Result<Errors, crate::SimError> {
+    let (done, _) = silicon_checks_with(rows, None, &|_| cost)?;
+    Ok(done
+        .iter()
+        .map(|k| (k.ttft_error(), k.tpot_error()))
+        .collect())
+}
+
+/// The candidate (index) whose errors have the smallest median absolute value on `train`.
+fn best(errors: &[Errors], train: &[usize], ttft: bool) -> usize {
+    let score = |c: usize| {
+        let v: Vec<f64> = train
+            .iter()
+            .map(|&i| if ttft { errors[c][i].0 } else { errors[c][i].1 })
+            .collect();
+        median_abs(&v)
+    };
+    (0..errors.len())
+        .min_by(|&a, &b| score(a).total_cmp(&score(b)))
+        .unwrap_or(0)
+}
+
+/// Fits the step overhead and the front-end cost per engine with `folds`-fold
+/// cross-validation.
 pub fn fit_request_overhead(
     rows: &[AggregateRow],
     folds: usize,
 ) -> Result<Vec<EngineFit>, crate::SimError> {
-    // errors[c][i]: row i's (TTFT, TPOT) errors with candidate c.
-    let mut errors: Vec<Vec<(f64, f64)>> = Vec::new();
-    let mut checks: Vec<SiliconCheck> = Vec::new();
-    for &c in &CANDIDATES_MS {
-        let (done, _) = silicon_checks_with(rows, None, &|_| Some(c))?;
-        errors.push(
-            done.iter()
-                .map(|k| (k.ttft_error(), k.tpot_error()))
-                .collect(),
-        );
-        checks = done;
-    }
-    let mut engines: Vec<String> = checks.iter().map(|c| c.row.backend.clone()).collect();
+    let folds = folds.max(2);
+    let mut engines: Vec<String> = rows.iter().map(|r| r.backend.clone()).collect();
     engines.sort();
     engines.dedup();
-    let folds = folds.max(2);
     let mut fits = Vec::new();
     for engine in engines {
-        let mut idx: Vec<usize> = (0..checks.len())
-            .filter(|&i| checks[i].row.backend == engine)
+        let mine: Vec<AggregateRow> = rows
+            .iter()
+            .filter(|r| r.backend == engine)
+            .cloned()
             .collect();
-        if idx.len() < folds {
+        let baseline = pass(&mine, EngineCost::default())?;
+        let n = baseline.len();
+        if n < folds {
             continue;
         }
+        // TPOT under each step overhead (no front-end cost: it barely moves TPOT).
+        let mut by_step = Vec::new();
+        for &us in &STEP_CANDIDATES_US {
+            by_step.push(pass(
+                &mine,
+                EngineCost {
+                    step_overhead_us: Some(us),
+                    request_overhead_ms: Some(0.0),
+                },
+            )?);
+        }
         // A fixed shuffle, so folds mix GPUs, models and concurrencies.
+        let mut idx: Vec<usize> = (0..n).collect();
         idx.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(17));
-        let best = |train: &[usize]| -> usize {
-            (0..CANDIDATES_MS.len())
-                .min_by(|&a, &b| {
-                    let e = |c: usize| {
-                        median_abs(&train.iter().map(|&i| errors[c][i].0).collect::<Vec<_>>())
-                    };
-                    e(a).total_cmp(&e(b))
-                })
-                .unwrap_or(0)
+        let split = |f: usize| -> (Vec<usize>, Vec<usize>) {
+            let test = (f..n).step_by(folds).map(|j| idx[j]).collect();
+            let train = (0..n).filter(|j| j % folds != f).map(|j| idx[j]).collect();
+            (test, train)
         };
+        let step_of: Vec<usize> = (0..folds)
+            .map(|f| best(&by_step, &split(f).1, false))
+            .collect();
+        let step_all = best(&by_step, &idx, false);
+        // TTFT under each front-end cost, at every step overhead a fit chose.
+        let mut needed: Vec<usize> = step_of.clone();
+        needed.push(step_all);
+        needed.sort_unstable();
+        needed.dedup();
+        let mut by_req: Vec<(usize, Vec<Errors>)> = Vec::new();
+        for &s in &needed {
+            let mut errs = Vec::new();
+            for &ms in &CANDIDATES_MS {
+                errs.push(pass(
+                    &mine,
+                    EngineCost {
+                        step_overhead_us: Some(STEP_CANDIDATES_US[s]),
+                        request_overhead_ms: Some(ms),
+                    },
+                )?);
+            }
+            by_req.push((s, errs));
+        }
+        let req_errors = |s: usize| &by_req.iter().find(|(k, _)| *k == s).expect("computed").1;
         let mut held_out_ttft = Vec::new();
         let mut held_out_tpot = Vec::new();
-        let mut fold_fits_ms = Vec::new();
-        for f in 0..folds {
-            let test: Vec<usize> = (f..idx.len()).step_by(folds).map(|j| idx[j]).collect();
-            let train: Vec<usize> = (0..idx.len())
-                .filter(|j| j % folds != f)
-                .map(|j| idx[j])
-                .collect();
-            let c = best(&train);
-            fold_fits_ms.push(CANDIDATES_MS[c]);
+        let mut fold_fits = Vec::new();
+        for (f, &s) in step_of.iter().enumerate() {
+            let (test, train) = split(f);
+            let errs = req_errors(s);
+            let r = best(errs, &train, true);
+            fold_fits.push((STEP_CANDIDATES_US[s], CANDIDATES_MS[r]));
             for &i in &test {
-                held_out_ttft.push(errors[c][i].0);
-                held_out_tpot.push(errors[c][i].1);
+                held_out_ttft.push(errs[r][i].0);
+                held_out_tpot.push(errs[r][i].1);
             }
         }
-        let all = best(&idx);
+        let r_all = best(req_errors(step_all), &idx, true);
         fits.push(EngineFit {
             engine,
-            rows: idx.len(),
-            request_overhead_ms: CANDIDATES_MS[all],
-            fold_fits_ms,
+            rows: n,
+            request_overhead_ms: CANDIDATES_MS[r_all],
+            step_overhead_us: STEP_CANDIDATES_US[step_all],
+            fold_fits,
             held_out_ttft,
             held_out_tpot,
-            baseline_ttft: idx.iter().map(|&i| errors[0][i].0).collect(),
+            baseline_ttft: baseline.iter().map(|e| e.0).collect(),
+            baseline_tpot: baseline.iter().map(|e| e.1).collect(),
         });
     }
     Ok(fits)
@@ -121,52 +179,54 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
     } else {
         "vllm-v1"
     };
-    let (lo, hi) = fit
-        .fold_fits_ms
+    let folds_text: Vec<String> = fit
+        .fold_fits
         .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| {
-            (l.min(x), h.max(x))
-        });
+        .map(|(s, r)| format!("{s:.0} us / {r:.0} ms"))
+        .collect();
+    let edge = if fit.request_overhead_ms >= CANDIDATES_MS[CANDIDATES_MS.len() - 1] {
+        "\n# The front-end cost is the largest tried: a constant does not explain these rows."
+    } else {
+        ""
+    };
     format!(
-        "# {engine}: the per-request front-end cost fitted by `sim calibrate --observed {source}`\n\
-         # to {rows} measured closed-loop deployments of {engine} (aiconfigurator silicon.csv).\n\
-         # {folds}-fold held-out: TTFT median |err| {t:.1}% (without the cost: {b:.1}%), TPOT median\n\
-         # |err| {p:.1}%; the folds' fits range {lo:.0}-{hi:.0} ms.{edge}\n\
-         [cost]\nframework = \"{framework}\"\nrequest_overhead_ms = {ms:.1}\n",
+        "# {engine}: the step overhead and per-request front-end cost fitted by `sim calibrate\n\
+         # --observed {source}` to {rows} measured closed-loop deployments of {engine}\n\
+         # (aiconfigurator silicon.csv). {folds}-fold held-out: TTFT median |err| {t:.1}% (defaults:\n\
+         # {bt:.1}%), TPOT median |err| {p:.1}% (defaults: {bp:.1}%); the folds' fits: {ff}.{edge}\n\
+         [cost]\nframework = \"{framework}\"\nstep_overhead_us = {us:.1}\nrequest_overhead_ms = {ms:.1}\n",
         engine = fit.engine,
         rows = fit.rows,
         t = 100.0 * median_abs(&fit.held_out_ttft),
-        b = 100.0 * median_abs(&fit.baseline_ttft),
+        bt = 100.0 * median_abs(&fit.baseline_ttft),
         p = 100.0 * median_abs(&fit.held_out_tpot),
+        bp = 100.0 * median_abs(&fit.baseline_tpot),
+        ff = folds_text.join(", "),
+        us = fit.step_overhead_us,
         ms = fit.request_overhead_ms,
-        edge = if fit.request_overhead_ms >= CANDIDATES_MS[CANDIDATES_MS.len() - 1] {
-            "\n# At the largest cost tried: a constant front-end cost does not explain these rows."
-        } else {
-            ""
-        },
     )
 }
 
 /// The fits as a table (held-out errors in percent).
 pub fn fit_table(fits: &[EngineFit]) -> String {
     let mut s = String::from(
-        "engine   rows  fit ms  fold fits ms      TTFT |err| held out (p50, p90)  without   TPOT |err| held out (p50, p90)\n",
+        "engine   rows  step us  front ms   TTFT |err| held out p50 / p90 (defaults p50)   TPOT |err| held out p50 / p90 (defaults p50)\n",
     );
     for f in fits {
         let abs = |v: &[f64]| v.iter().map(|x| 100.0 * x.abs()).collect::<Vec<f64>>();
         let (t, p) = (abs(&f.held_out_ttft), abs(&f.held_out_tpot));
-        let folds: Vec<String> = f.fold_fits_ms.iter().map(|x| format!("{x:.0}")).collect();
         s.push_str(&format!(
-            "{:<8} {:>4} {:>7.0}  {:<16} {:>8.1}% {:>8.1}%             {:>6.1}%   {:>8.1}% {:>8.1}%\n",
+            "{:<8} {:>4} {:>8.0} {:>9.0}   {:>8.1}% / {:>6.1}% ({:>5.1}%)                {:>8.1}% / {:>6.1}% ({:>5.1}%)\n",
             f.engine,
             f.rows,
+            f.step_overhead_us,
             f.request_overhead_ms,
-            folds.join(","),
             analysis::median(&t),
             analysis::percentile(&t, 90.0),
             100.0 * median_abs(&f.baseline_ttft),
             analysis::median(&p),
             analysis::percentile(&p, 90.0),
+            100.0 * median_abs(&f.baseline_tpot),
         ));
     }
     s

@@ -190,6 +190,10 @@ pub struct Replays {
     pub silicon: Vec<silicon::SiliconCheck>,
     /// `(why, rows)` of the rows not simulated.
     pub silicon_skipped: Vec<(String, usize)>,
+    /// The runs replayed again with a shipped fit.
+    pub done_calibrated: Vec<crate::replay::Replay>,
+    /// That fit's file.
+    pub calibrated_with: Option<String>,
     /// The shipped `sim calibrate --observed` fits: `(file, its header comment)`.
     pub observed_fits: Vec<(String, String)>,
 }
@@ -200,11 +204,31 @@ fn replays_section(s: &mut String, r: &Replays) {
     if r.done.is_empty() && r.skipped.is_empty() {
         return;
     }
+    let header = "| run | deployment | TTFT mean | TTFT p50 | TTFT p90 | TPOT mean | E2EL mean | throughput | KV blocks |\n|---|---|---|---|---|---|---|---|---|";
     let _ = writeln!(
         s,
-        "\n## Replays of real runs (`sim replay`)\n\nvLLM 0.19 runs of LLMServingSim (`calibration/serving/llmservingsim/`, 300 ShareGPT requests at ~10 req/s each), replayed request by request with the shipped defaults: none of these figures was fitted, so all are held out. Error = (simulated - measured) / measured. The KV column is the memory plan's prediction against the blocks vLLM allocated (only the RTX 4090 run records them); the replay itself holds vLLM's count.\n\n| run | deployment | TTFT mean | TTFT p50 | TTFT p90 | TPOT mean | E2EL mean | throughput | KV blocks |\n|---|---|---|---|---|---|---|---|---|"
+        "\n## Replays of real runs (`sim replay`)\n\nvLLM 0.19 runs of LLMServingSim (`calibration/serving/llmservingsim/`, 300 ShareGPT requests at ~10 req/s each), replayed request by request with the shipped defaults: none of these figures was fitted, so all are held out. Error = (simulated - measured) / measured. The KV column is the memory plan's prediction against the blocks vLLM allocated (only the RTX 4090 run records them); the replay itself holds vLLM's count.\n\n{header}"
     );
-    for rep in &r.done {
+    replay_rows(s, &r.done);
+    for (run, why) in &r.skipped {
+        let _ = writeln!(s, "\nNot replayed: {run}: {why}.");
+    }
+    let _ = writeln!(
+        s,
+        "\nLatencies in ms (simulated vs measured). Under this load every run queues (TTFT is mostly waiting), so TTFT follows the throughput error. Without calibration the RTX PRO 6000 Llama-3.1-8B run is within 7% on every figure; the RTX 4090 run is predicted too slow (decode on GDDR6X) and the Qwen3-32B TP2 run too fast (all-reduce over PCIe)."
+    );
+    if let Some(cal) = &r.calibrated_with {
+        let _ = writeln!(
+            s,
+            "\nThe same runs with `{cal}` (the step overhead fitted to aiconfigurator's vLLM rows on H100, H200 and B200; its front-end cost does not apply, as these timestamps are the engine's own): a held-out check across sources and GPUs.\n\n{header}"
+        );
+        replay_rows(s, &r.done_calibrated);
+    }
+}
+
+/// One table row per replay: simulated vs measured (error).
+fn replay_rows(s: &mut String, done: &[crate::replay::Replay]) {
+    for rep in done {
         // `simulated vs measured (error)`, with `digits` decimals and a unit.
         let cell_with = |m: &str, digits: usize, unit: &str| {
             rep.figure(m)
@@ -238,13 +262,6 @@ fn replays_section(s: &mut String, r: &Replays) {
             cell("kv_blocks"),
         );
     }
-    for (run, why) in &r.skipped {
-        let _ = writeln!(s, "\nNot replayed: {run}: {why}.");
-    }
-    let _ = writeln!(
-        s,
-        "\nLatencies in ms (simulated vs measured). Under this load every run queues (TTFT is mostly waiting), so TTFT follows the throughput error. Without calibration the RTX PRO 6000 Llama-3.1-8B run is within 7% on every figure; the RTX 4090 run is predicted too slow (decode on GDDR6X) and the Qwen3-32B TP2 run too fast (all-reduce over PCIe). Fitting the GPU and all-reduce terms to such runs is not done yet: `sim calibrate --observed` fits only each engine's front-end cost so far, which these engine-side timestamps do not include."
-    );
 }
 
 /// aiconfigurator's measured deployments against the simulator, by engine, GPU, model and
@@ -324,12 +341,12 @@ fn silicon_section(s: &mut String, r: &Replays) {
     row(s, ["**all**", "", "", ""], &all);
     let _ = writeln!(
         s,
-        "\nTPOT is close for most groups; TTFT is predicted too short: the simulator has no per-request cost outside the GPU steps (API server, tokenizer, scheduling delay), which matters most where a prefill is short. A constant front-end cost per engine is what `sim calibrate --observed` fits so far (below); the rest of the TTFT gap (queueing behind other prefills, each engine's scheduling) is not modelled yet. Rows of a group whose measured TTFT falls as concurrency grows (TensorRT-LLM 1.0.0rc3 on H100) look like measurement artifacts."
+        "\nTPOT is close for most groups; TTFT is predicted too short: the simulator has no per-request cost outside the GPU steps (API server, tokenizer, scheduling delay), which matters most where a prefill is short. A step overhead and a constant front-end cost per engine are what `sim calibrate --observed` fits so far (below); the rest of the TTFT gap (queueing behind other prefills, each engine's scheduling) is not modelled yet. Rows of a group whose measured TTFT falls as concurrency grows (TensorRT-LLM 1.0.0rc3 on H100) look like measurement artifacts."
     );
     if !r.observed_fits.is_empty() {
         let _ = writeln!(
             s,
-            "\nThe per-request front-end cost fitted per engine by `sim calibrate --observed` (k-fold: each row's error comes from the fit on the other folds), as the shipped files record it; a scenario opts in with `cost.calibration = \"calibration/observed-<engine>.toml\"`:\n"
+            "\nThe step overhead and per-request front-end cost fitted per engine by `sim calibrate --observed` (k-fold: each row's error comes from the fit on the other folds), as the shipped files record it; a scenario opts in with `cost.calibration = \"calibration/observed-<engine>.toml\"`:\n"
         );
         for (file, header) in &r.observed_fits {
             let _ = writeln!(s, "- `{file}`: {header}");

@@ -22,6 +22,15 @@ use crate::run::{run_variant, BackendKind};
 use crate::scenario::Scenario;
 use crate::workload::{ArrivalConfig, LengthDist};
 
+/// Cost terms an engine's rows are simulated with, over the scenario's (`None`: keep).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineCost {
+    /// `cost.request_overhead_ms`.
+    pub request_overhead_ms: Option<f64>,
+    /// `cost.step_overhead_us`.
+    pub step_overhead_us: Option<f64>,
+}
+
 /// `(why, rows)` of the rows not simulated.
 pub type Skipped = Vec<(String, usize)>;
 
@@ -119,7 +128,7 @@ fn simulate(
     model: &str,
     gpu: &str,
     dtype: Dtype,
-    request_overhead_ms: Option<f64>,
+    engine: EngineCost,
 ) -> Result<Option<analysis::Summary>, crate::SimError> {
     let mut cfg = scn.base.clone();
     // The engine's CPU overheads: TensorRT-LLM's C++ runtime, or vLLM V1's for vLLM and
@@ -129,8 +138,11 @@ fn simulate(
     } else {
         crate::cost_model::Framework::VllmV1
     };
-    if request_overhead_ms.is_some() {
-        cfg.cost.request_overhead_ms = request_overhead_ms;
+    if engine.request_overhead_ms.is_some() {
+        cfg.cost.request_overhead_ms = engine.request_overhead_ms;
+    }
+    if engine.step_overhead_us.is_some() {
+        cfg.cost.step_overhead_us = engine.step_overhead_us;
     }
     cfg.model.name = Some(model.to_string());
     cfg.model.dtype = dtype;
@@ -176,15 +188,15 @@ pub fn silicon_checks(
     rows: &[AggregateRow],
     calibration: Option<&Path>,
 ) -> Result<(Vec<SiliconCheck>, Skipped), crate::SimError> {
-    silicon_checks_with(rows, calibration, &|_| None)
+    silicon_checks_with(rows, calibration, &|_| EngineCost::default())
 }
 
-/// [`silicon_checks`] with a front-end cost per request for each engine
-/// (`request_overhead_ms(backend)`; `None`: the scenario's).
+/// [`silicon_checks`] with a front-end cost per request
+/// and CPU cost per step for each engine (`cost(backend)`).
 pub fn silicon_checks_with(
     rows: &[AggregateRow],
     calibration: Option<&Path>,
-    request_overhead_ms: &(dyn Fn(&str) -> Option<f64> + Sync),
+    cost: &(dyn Fn(&str) -> EngineCost + Sync),
 ) -> Result<(Vec<SiliconCheck>, Skipped), crate::SimError> {
     let mut text = TEMPLATE.to_string();
     if let Some(c) = calibration {
@@ -209,7 +221,7 @@ pub fn silicon_checks_with(
     let results: Vec<Result<Option<SiliconCheck>, crate::SimError>> = todo
         .par_iter()
         .map(|(row, (model, gpu, dtype))| {
-            let overhead = request_overhead_ms(&row.backend);
+            let overhead = cost(&row.backend);
             let Some(r) = simulate(&scn, row, model, gpu, *dtype, overhead)? else {
                 return Ok(None);
             };
