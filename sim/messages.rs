@@ -17,29 +17,36 @@ pub fn concise(msg: &str) -> String {
         .nth(1)
         .unwrap_or_default()
         .to_ascii_lowercase();
-    let best = list
+    let keys = list
         .split(", ")
         .map(|k| k.trim().trim_matches('`'))
-        .filter(|k| !k.is_empty())
-        .map(|k| (strsim::jaro_winkler(&unknown, &k.to_ascii_lowercase()), k))
-        .max_by(|a, b| a.0.total_cmp(&b.0));
-    match best {
-        Some((score, k)) if score > 0.7 => format!("{head} (did you mean `{k}`?)"),
-        _ => format!("{head} (see the README for the keys of this table)"),
+        .filter(|k| !k.is_empty());
+    match nearest(&unknown, keys, 0.7) {
+        Some(k) => format!("{head} (did you mean `{k}`?)"),
+        None => format!("{head} (see the README for the keys of this table)"),
     }
+}
+
+/// The known name closest to `name` (Jaro-Winkler, case-insensitive), if above `threshold`.
+fn nearest<'a>(
+    name: &str,
+    known: impl Iterator<Item = &'a str>,
+    threshold: f64,
+) -> Option<&'a str> {
+    let lower = name.to_ascii_lowercase();
+    known
+        .map(|k| (strsim::jaro_winkler(&lower, &k.to_ascii_lowercase()), k))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .filter(|(score, _)| *score > threshold)
+        .map(|(_, k)| k)
 }
 
 /// An unknown catalog name's message: the nearest known name when one is close, and
 /// where the whole list is (`listed_by`, e.g. `sim models`), so the line stays short as the
 /// catalog grows.
 pub fn unknown_name(what: &str, name: &str, known: &[&str], listed_by: &str) -> String {
-    let lower = name.to_ascii_lowercase();
-    let best = known
-        .iter()
-        .map(|k| (strsim::jaro_winkler(&lower, &k.to_ascii_lowercase()), *k))
-        .max_by(|a, b| a.0.total_cmp(&b.0));
-    match best {
-        Some((score, k)) if score > 0.8 => {
+    match nearest(name, known.iter().copied(), 0.8) {
+        Some(k) => {
             format!("unknown {what} `{name}` (did you mean `{k}`? `{listed_by}` lists them)")
         }
         _ => format!(

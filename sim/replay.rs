@@ -147,9 +147,7 @@ impl Replay {
     }
 }
 
-/// The catalog model a run names: its Hugging Face id, or the same without an `-Instruct`
-/// or `-FP8` suffix or a `Meta-` prefix (instruct and quantized checkpoints share their
-/// base model's shape).
+/// The catalog model a run names ([`crate::catalog::find_model_by_id`]).
 fn resolve_model(run: &ObservedRun, over: Option<&str>) -> Result<&'static str, ReplayError> {
     let err = |m: String| ReplayError::Run {
         path: run.path.clone(),
@@ -167,20 +165,7 @@ fn resolve_model(run: &ObservedRun, over: Option<&str>) -> Result<&'static str, 
     let Some(id) = run.engine.model.as_deref() else {
         return Err(err("the run does not name its model: give --model".into()));
     };
-    let mut tries = vec![id.to_string()];
-    let (org, name) = id.split_once('/').unwrap_or(("", id));
-    let mut base = name.to_string();
-    for suffix in ["-Instruct", "-FP8", "-NVFP4", "-Instruct-2507"] {
-        if let Some(b) = base.strip_suffix(suffix) {
-            base = b.to_string();
-        }
-    }
-    let base = base.strip_prefix("Meta-").unwrap_or(&base).to_string();
-    tries.push(format!("{org}/{base}"));
-    tries.push(base);
-    tries
-        .iter()
-        .find_map(|t| crate::catalog::find_model(t))
+    crate::catalog::find_model_by_id(id)
         .map(|m| m.name)
         .ok_or_else(|| {
             err(format!(

@@ -159,6 +159,25 @@ pub fn find_model(name: &str) -> Option<&'static ModelSpec> {
         .find(|m| m.name == n || normalise(m.hf_id) == n)
 }
 
+/// Looks up the model a serving engine was given by its Hugging Face id: the id itself,
+/// or its base model's, as instruct, dated and quantized checkpoints share their base's
+/// shape (`nvidia/Llama-3.1-8B-Instruct-FP8` and `meta-llama/Meta-Llama-3.1-8B` are
+/// `llama-3.1-8b`).
+pub fn find_model_by_id(id: &str) -> Option<&'static ModelSpec> {
+    let (org, name) = id.split_once('/').unwrap_or(("", id));
+    let mut base = name;
+    while let Some(b) = ["-Instruct", "-2507", "-FP8", "-NVFP4"]
+        .iter()
+        .find_map(|s| base.strip_suffix(s))
+    {
+        base = b;
+    }
+    let base = base.strip_prefix("Meta-").unwrap_or(base);
+    [id.to_string(), format!("{org}/{base}"), base.to_string()]
+        .iter()
+        .find_map(|t| find_model(t))
+}
+
 /// Files already read by [`model_from_file`] and [`gpu_from_file`]: a scenario's variants
 /// and `sim plan`'s probes resolve the same file many times; it is read (and its strings
 /// kept for the process) once.
@@ -294,6 +313,21 @@ mod tests {
         assert_eq!(find_gpu("A100_40GB").unwrap().name, "a100-40gb");
         assert_eq!(find_gpu("a100").unwrap().name, "a100-80gb");
         assert!(find_gpu("tpu-v5").is_none());
+    }
+
+    #[test]
+    fn engines_model_ids_find_their_base_model() {
+        for (id, name) in [
+            ("meta-llama/Llama-3.1-8B", "llama-3.1-8b"),
+            ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),
+            ("nvidia/Llama-3.1-8B-Instruct-FP8", "llama-3.1-8b"),
+            ("meta-llama/Meta-Llama-3.1-70B", "llama-3.1-70b"),
+            ("nvidia/Qwen3-32B-NVFP4", "qwen3-32b"),
+            ("Qwen/Qwen3-32B", "qwen3-32b"),
+        ] {
+            assert_eq!(find_model_by_id(id).map(|m| m.name), Some(name), "{id}");
+        }
+        assert!(find_model_by_id("Qwen/Qwen3-30B-A3B-Instruct-2507").is_none());
     }
 
     #[test]

@@ -35,36 +35,21 @@ pub struct Args {
     pub driver: DriverKind,
 }
 
-/// The runs under `dir`: LLMServingSim run folders and run files, two levels deep, sorted.
-fn runs_in(dir: &Path) -> Vec<PathBuf> {
-    let mut runs = Vec::new();
-    let visit = |d: &Path, depth: u32, runs: &mut Vec<PathBuf>| -> Vec<PathBuf> {
-        let mut sub = Vec::new();
-        let Ok(entries) = std::fs::read_dir(d) else {
-            return sub;
-        };
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.join("vllm").join("meta.json").is_file() {
-                runs.push(p);
-            } else if p.is_dir() && depth < 2 {
-                sub.push(p);
-            } else if p.extension().is_some_and(|x| x == "json" || x == "csv") {
-                runs.push(p);
-            }
-        }
-        sub
+/// The runs under `dir`: LLMServingSim run folders and run files, down to two folders
+/// deep (LLMServingSim's `<GPU>/<model>/`), sorted.
+fn runs_in(dir: &Path, depth: u32, runs: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
     };
-    let mut level = vec![dir.to_path_buf()];
-    for depth in 0..3 {
-        let mut next = Vec::new();
-        for d in &level {
-            next.extend(visit(d, depth, &mut runs));
+    for p in entries.flatten().map(|e| e.path()) {
+        if p.join("vllm").join("meta.json").is_file()
+            || p.extension().is_some_and(|x| x == "json" || x == "csv")
+        {
+            runs.push(p);
+        } else if p.is_dir() && depth < 2 {
+            runs_in(&p, depth + 1, runs);
         }
-        level = next;
     }
-    runs.sort();
-    runs
 }
 
 /// Runs `sim replay`, printing into `out`.
@@ -93,7 +78,9 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let runs = runs_in(&args.run);
+    let mut runs = Vec::new();
+    runs_in(&args.run, 0, &mut runs);
+    runs.sort();
     if runs.is_empty() {
         anyhow::bail!(
             "{}: no runs found (LLMServingSim run folders, .json or .csv runs)",

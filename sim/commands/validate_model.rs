@@ -35,11 +35,11 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     let held_out = sim::cost_model::calibration::vllm_2023_held_out(&splitwise);
     let gemm_held_out = sim::cost_model::calibration::gemm_held_out(&data)?;
     let runs = data.join("serving").join("llmservingsim");
-    let mut replays = replays(&runs, None)?;
+    let mut report = replays(&runs, None)?;
     let fit = data.join("observed-vllm.toml");
     if fit.is_file() {
-        replays.done_calibrated = replays_with(&runs, &fit)?;
-        replays.calibrated_with = Some(fit.display().to_string());
+        report.done_calibrated = replays(&runs, Some(&fit))?.done;
+        report.calibrated_with = Some(fit.display().to_string());
     }
     let silicon = data
         .join("serving")
@@ -51,9 +51,9 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         if let Some(csv_path) = &silicon_csv {
             write_silicon_csv(csv_path, &checks)?;
         }
-        replays.silicon = checks;
-        replays.observed_fits = observed_fits(&data)?;
-        replays.silicon_skipped = skipped;
+        report.silicon = checks;
+        report.observed_fits = observed_fits(&data)?;
+        report.silicon_skipped = skipped;
     }
     let text = sim::cost_model::validation::report(
         &calibration,
@@ -61,7 +61,7 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         &throughput,
         &held_out,
         &gemm_held_out,
-        &replays,
+        &report,
     );
     std::fs::write(&path, &text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     if let Some(summary) = text.split("## Summary").nth(1) {
@@ -196,12 +196,4 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
         ));
     }
     Ok(out)
-}
-
-/// The runs under `dir` replayed with `calibration`.
-fn replays_with(
-    dir: &std::path::Path,
-    calibration: &std::path::Path,
-) -> anyhow::Result<Vec<sim::replay::Replay>> {
-    Ok(replays(dir, Some(calibration))?.done)
 }

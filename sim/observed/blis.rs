@@ -14,35 +14,22 @@ use super::{latency, relative_sends, ObservedEngine, ObservedError, ObservedRequ
 
 /// Reads a TraceV2 CSV.
 pub(super) fn read(path: &Path) -> Result<ObservedRun, ObservedError> {
-    let mut rdr = csv::ReaderBuilder::new()
-        .from_path(path)
-        .map_err(|e| ObservedError::new(path, format!("cannot read: {e}")))?;
-    let header = rdr
-        .headers()
-        .map_err(|e| ObservedError::new(path, format!("malformed CSV: {e}")))?
-        .clone();
-    let col = |name: &str| header.iter().position(|h| h.trim() == name);
-    let need = |name: &str| {
-        col(name)
-            .ok_or_else(|| ObservedError::at(path, Some(1), name, "column not found in the header"))
-    };
-    let id = need("request_id")?;
-    let input = need("input_tokens")?;
-    let output = need("output_tokens")?;
-    let send = need("send_time_us")?;
-    let first = need("first_chunk_time_us")?;
-    let last = need("last_chunk_time_us")?;
+    let (mut rdr, cols) = super::open_csv(path)?;
+    let id = cols.need("request_id")?;
+    let input = cols.need("input_tokens")?;
+    let output = cols.need("output_tokens")?;
+    let send = cols.need("send_time_us")?;
+    let first = cols.need("first_chunk_time_us")?;
+    let last = cols.need("last_chunk_time_us")?;
     let (prefix, server_input, status) = (
-        col("prefix_length"),
-        col("server_input_tokens"),
-        col("status"),
+        cols.col("prefix_length"),
+        cols.col("server_input_tokens"),
+        cols.col("status"),
     );
     let mut rows = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         let line = i as u64 + 2;
-        let rec = rec.map_err(|e| {
-            ObservedError::at(path, Some(line), "row", format!("malformed CSV: {e}"))
-        })?;
+        let rec = rec.map_err(|e| super::malformed(path, line, &e))?;
         if rows.len() >= super::MAX_REQUESTS {
             return Err(ObservedError::new(
                 path,

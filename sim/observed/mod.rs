@@ -200,6 +200,50 @@ fn first_line(path: &Path) -> Result<String, ObservedError> {
     Ok(line.trim_start_matches('\u{feff}').trim_end().to_string())
 }
 
+/// A run CSV's header: where each column is.
+pub(crate) struct Columns<'a> {
+    path: &'a Path,
+    header: csv::StringRecord,
+}
+
+impl Columns<'_> {
+    /// The column `name`, if the header has it.
+    pub(crate) fn col(&self, name: &str) -> Option<usize> {
+        self.header.iter().position(|h| h.trim() == name)
+    }
+
+    /// The column `name`, or an error naming it.
+    pub(crate) fn need(&self, name: &str) -> Result<usize, ObservedError> {
+        self.col(name).ok_or_else(|| {
+            ObservedError::at(self.path, Some(1), name, "column not found in the header")
+        })
+    }
+
+    /// The header's names.
+    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
+        self.header.iter().map(str::trim)
+    }
+}
+
+/// Opens a run CSV: its reader and its header.
+pub(crate) fn open_csv(
+    path: &Path,
+) -> Result<(csv::Reader<std::fs::File>, Columns<'_>), ObservedError> {
+    let mut rdr = csv::ReaderBuilder::new()
+        .from_path(path)
+        .map_err(|e| ObservedError::new(path, format!("cannot read: {e}")))?;
+    let header = rdr
+        .headers()
+        .map_err(|e| ObservedError::new(path, format!("malformed CSV: {e}")))?
+        .clone();
+    Ok((rdr, Columns { path, header }))
+}
+
+/// A CSV row the reader could not parse (line `line`).
+pub(crate) fn malformed(path: &Path, line: u64, e: &csv::Error) -> ObservedError {
+    ObservedError::at(path, Some(line), "row", format!("malformed CSV: {e}"))
+}
+
 /// Checks a latency read from a file: finite, not negative.
 pub(crate) fn latency(
     path: &Path,

@@ -18,13 +18,7 @@ use super::{latency, relative_sends, ObservedEngine, ObservedError, ObservedRequ
 
 /// Reads a plain run CSV.
 pub(super) fn read(path: &Path) -> Result<ObservedRun, ObservedError> {
-    let mut rdr = csv::ReaderBuilder::new()
-        .from_path(path)
-        .map_err(|e| ObservedError::new(path, format!("cannot read: {e}")))?;
-    let header = rdr
-        .headers()
-        .map_err(|e| ObservedError::new(path, format!("malformed CSV: {e}")))?
-        .clone();
+    let (mut rdr, cols) = super::open_csv(path)?;
     let known = [
         "send_s",
         "prompt_len",
@@ -35,34 +29,31 @@ pub(super) fn read(path: &Path) -> Result<ObservedRun, ObservedError> {
         "queue_ms",
         "status",
     ];
-    if let Some(h) = header.iter().find(|h| !known.contains(&h.trim())) {
+    if let Some(h) = cols.names().find(|h| !known.contains(h)) {
         return Err(ObservedError::at(
             path,
             Some(1),
-            h.trim(),
+            h,
             format!("unknown column (known: {})", known.join(", ")),
         ));
     }
-    let col = |name: &str| header.iter().position(|h| h.trim() == name);
-    let need = |name: &str| {
-        col(name)
-            .ok_or_else(|| ObservedError::at(path, Some(1), name, "column not found in the header"))
-    };
     let (send, prompt, output, ttft, e2el) = (
-        need("send_s")?,
-        need("prompt_len")?,
-        need("output_len")?,
-        need("ttft_ms")?,
-        need("e2el_ms")?,
+        cols.need("send_s")?,
+        cols.need("prompt_len")?,
+        cols.need("output_len")?,
+        cols.need("ttft_ms")?,
+        cols.need("e2el_ms")?,
     );
-    let (id, queue, status) = (col("request_id"), col("queue_ms"), col("status"));
+    let (id, queue, status) = (
+        cols.col("request_id"),
+        cols.col("queue_ms"),
+        cols.col("status"),
+    );
     let mut requests = Vec::new();
     let mut sends = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         let line = i as u64 + 2;
-        let rec = rec.map_err(|e| {
-            ObservedError::at(path, Some(line), "row", format!("malformed CSV: {e}"))
-        })?;
+        let rec = rec.map_err(|e| super::malformed(path, line, &e))?;
         if requests.len() >= super::MAX_REQUESTS {
             return Err(ObservedError::new(
                 path,

@@ -51,51 +51,34 @@ pub struct AggregateRow {
 
 /// Reads every row of an aiconfigurator `silicon.csv`.
 pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
-    let mut rdr = csv::ReaderBuilder::new()
-        .from_path(path)
-        .map_err(|e| ObservedError::new(path, format!("cannot read: {e}")))?;
-    let header = rdr
-        .headers()
-        .map_err(|e| ObservedError::new(path, format!("malformed CSV: {e}")))?
-        .clone();
-    let col = |name: &str| header.iter().position(|h| h.trim() == name);
-    let need = |name: &str| {
-        col(name)
-            .ok_or_else(|| ObservedError::at(path, Some(1), name, "column not found in the header"))
-    };
-    let cols = [
-        "id",
-        "backend",
-        "backend_version",
-        "model_path",
-        "system",
-        "mode",
-        "gemm_quant_mode",
-        "isl",
-        "osl",
-        "batch_size",
-        "silicon_ttft_ms",
-        "silicon_tpot_ms",
-    ]
-    .map(need);
-    let [id, backend, version, model, system, mode, quant, isl, osl, batch, ttft, tpot] = cols;
-    let (id, backend, version, model, system, mode, quant, isl, osl) = (
-        id?, backend?, version?, model?, system?, mode?, quant?, isl?, osl?,
+    let (mut rdr, cols) = super::open_csv(path)?;
+    let (id, backend, version, model, system, mode) = (
+        cols.need("id")?,
+        cols.need("backend")?,
+        cols.need("backend_version")?,
+        cols.need("model_path")?,
+        cols.need("system")?,
+        cols.need("mode")?,
     );
-    let (batch, ttft, tpot) = (batch?, ttft?, tpot?);
+    let (quant, isl, osl, batch, ttft, tpot) = (
+        cols.need("gemm_quant_mode")?,
+        cols.need("isl")?,
+        cols.need("osl")?,
+        cols.need("batch_size")?,
+        cols.need("silicon_ttft_ms")?,
+        cols.need("silicon_tpot_ms")?,
+    );
     let (source, tp, pp, adp, ep) = (
-        col("silicon_data_source"),
-        col("tp_size"),
-        col("pp_size"),
-        col("attention_dp_size"),
-        col("moe_ep_size"),
+        cols.col("silicon_data_source"),
+        cols.col("tp_size"),
+        cols.col("pp_size"),
+        cols.col("attention_dp_size"),
+        cols.col("moe_ep_size"),
     );
     let mut rows = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         let line = i as u64 + 2;
-        let rec = rec.map_err(|e| {
-            ObservedError::at(path, Some(line), "row", format!("malformed CSV: {e}"))
-        })?;
+        let rec = rec.map_err(|e| super::malformed(path, line, &e))?;
         let text = |c: usize| rec.get(c).map(str::trim).unwrap_or("").to_string();
         let int = |c: usize, name: &str| -> Result<u32, ObservedError> {
             let t = text(c);

@@ -275,25 +275,20 @@ fn silicon_section(s: &mut String, r: &Replays) {
         "\n## Measured deployments (aiconfigurator `silicon.csv`)\n\nEach aggregated row is a closed-loop benchmark (`concurrency` clients, fixed `isl`/`osl`) of vLLM, SGLang or TensorRT-LLM; `sim validate-model` simulates it as the benchmark client ran it (InferenceX's fork of vLLM's `benchmark_serving`: {} x `concurrency` requests, all clients starting at once, prompt and output lengths uniform in [0.8 L, L]) with the shipped defaults (nothing was fitted to these rows) and compares the mean TTFT and TPOT. Signed medians show the bias; |err| columns the spread.\n\n| engine | GPU | model | dtype | rows | TTFT median | TTFT median abs | TTFT p90 abs | TPOT median | TPOT median abs | TPOT p90 abs |\n|---|---|---|---|---|---|---|---|---|---|---|",
         silicon::WAVES
     );
-    let mut groups: Vec<(String, String, String, String)> = r
-        .silicon
-        .iter()
-        .map(|c| {
-            let dtype = if c.row.gemm_quant.is_empty() {
-                "bf16".to_string()
-            } else {
-                c.row.gemm_quant.clone()
-            };
-            (
-                c.row.backend.clone(),
-                c.gpu.to_string(),
-                c.model.to_string(),
-                dtype,
-            )
-        })
-        .collect();
-    groups.sort();
-    groups.dedup();
+    // Rows by engine, GPU, model and dtype, in that order.
+    let mut groups: std::collections::BTreeMap<[&str; 4], Vec<&silicon::SiliconCheck>> =
+        std::collections::BTreeMap::new();
+    for c in &r.silicon {
+        let dtype = if c.row.gemm_quant.is_empty() {
+            "bf16"
+        } else {
+            c.row.gemm_quant.as_str()
+        };
+        groups
+            .entry([c.row.backend.as_str(), c.gpu, c.model, dtype])
+            .or_default()
+            .push(c);
+    }
     let stats = |checks: &[&silicon::SiliconCheck]| {
         let mut t: Vec<f64> = checks.iter().map(|c| c.ttft_error()).collect();
         let mut p: Vec<f64> = checks.iter().map(|c| c.tpot_error()).collect();
@@ -322,20 +317,8 @@ fn silicon_section(s: &mut String, r: &Replays) {
             checks.len()
         );
     };
-    for (engine, gpu, model, dtype) in &groups {
-        let checks: Vec<&silicon::SiliconCheck> = r
-            .silicon
-            .iter()
-            .filter(|c| {
-                let d = if c.row.gemm_quant.is_empty() {
-                    "bf16"
-                } else {
-                    c.row.gemm_quant.as_str()
-                };
-                &c.row.backend == engine && c.gpu == gpu && c.model == model && d == dtype
-            })
-            .collect();
-        row(s, [engine, gpu, model, dtype], &checks);
+    for (label, checks) in &groups {
+        row(s, *label, checks);
     }
     let all: Vec<&silicon::SiliconCheck> = r.silicon.iter().collect();
     row(s, ["**all**", "", "", ""], &all);

@@ -87,7 +87,7 @@ prompt = { dist = "fixed", value = 1024 }
 output = { dist = "fixed", value = 128 }
 "#;
 
-/// Why a row is not simulated (`None`: it is), and what it resolves to.
+/// What a row resolves to (catalog model, GPU, dtype), or why it is not simulated.
 fn plan(row: &AggregateRow) -> Result<(&'static str, &'static str, Dtype), String> {
     if row.mode != "agg" {
         return Err("disaggregated (fleets: issue 20)".into());
@@ -101,17 +101,7 @@ fn plan(row: &AggregateRow) -> Result<(&'static str, &'static str, Dtype), Strin
         "nvfp4" => return Err("fp4 weights (issue 18)".into()),
         q => return Err(format!("quantization `{q}`")),
     };
-    let (org, name) = row.model.split_once('/').unwrap_or(("", &row.model));
-    let mut base = name.to_string();
-    for suffix in ["-NVFP4", "-FP8", "-Instruct"] {
-        if let Some(b) = base.strip_suffix(suffix) {
-            base = b.to_string();
-        }
-    }
-    let base = base.strip_prefix("Meta-").unwrap_or(&base).to_string();
-    let model = [row.model.clone(), format!("{org}/{base}"), base]
-        .iter()
-        .find_map(|t| crate::catalog::find_model(t))
+    let model = crate::catalog::find_model_by_id(&row.model)
         .filter(|m| m.num_experts <= 1)
         .map(|m| m.name)
         .ok_or_else(|| "model not in the catalog (MoE and MLA: issue 18)".to_string())?;
