@@ -22,6 +22,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod bands;
 pub mod catalog;
 pub mod cost_model;
 pub mod driver;

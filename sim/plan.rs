@@ -77,6 +77,19 @@ fn meets(s: &analysis::Summary, ttft_ms: Option<f64>, tpot_ms: Option<f64>) -> b
 /// sustainable rate is bracketed by doubling from 0.25 req/s and refined by 10 bisections.
 pub fn plan(scn: &Scenario, inp: &PlanInputs) -> Result<Vec<PlanRow>, SimError> {
     let slo = &scn.base.slo;
+    plan_with(scn, inp, None, slo.ttft_ms, slo.tpot_ms)
+}
+
+/// [`plan`] with the cost terms replaced (`cost`: one fold's fit) and the SLO's bounds
+/// given (scaled by a held-out error).
+fn plan_with(
+    scn: &Scenario,
+    inp: &PlanInputs,
+    cost: Option<&crate::cost_model::CostParams>,
+    ttft_ms: Option<f64>,
+    tpot_ms: Option<f64>,
+) -> Result<Vec<PlanRow>, SimError> {
+    let slo = &scn.base.slo;
     if slo.ttft_ms.is_none() && slo.tpot_ms.is_none() {
         return Err(SimError::Scenario(crate::scenario::ScenarioError {
             file: scn.path.display().to_string(),
@@ -94,6 +107,9 @@ pub fn plan(scn: &Scenario, inp: &PlanInputs) -> Result<Vec<PlanRow>, SimError> 
         for &tp in &inp.tps {
             for &dtype in &inp.dtypes {
                 let mut cfg = scn.base.clone();
+                if let Some(c) = cost {
+                    cfg.cost = c.clone();
+                }
                 cfg.hardware.gpu = Some(gpu.clone());
                 cfg.hardware.gpu_file = None;
                 cfg.hardware.tp = tp;
@@ -160,7 +176,7 @@ pub fn plan(scn: &Scenario, inp: &PlanInputs) -> Result<Vec<PlanRow>, SimError> 
                 // Bracket: double while the SLO holds (up to 4096 req/s).
                 loop {
                     match probe(hi)? {
-                        Some(s) if meets(&s, slo.ttft_ms, slo.tpot_ms) => {
+                        Some(s) if meets(&s, ttft_ms, tpot_ms) => {
                             lo = hi;
                             best = Some(s);
                             if hi >= 4096.0 {
@@ -175,7 +191,7 @@ pub fn plan(scn: &Scenario, inp: &PlanInputs) -> Result<Vec<PlanRow>, SimError> 
                     for _ in 0..10 {
                         let mid = (lo + hi) / 2.0;
                         match probe(mid)? {
-                            Some(s) if meets(&s, slo.ttft_ms, slo.tpot_ms) => {
+                            Some(s) if meets(&s, ttft_ms, tpot_ms) => {
                                 lo = mid;
                                 best = Some(s);
                             }
@@ -193,6 +209,106 @@ pub fn plan(scn: &Scenario, inp: &PlanInputs) -> Result<Vec<PlanRow>, SimError> 
         }
     }
     Ok(rows)
+}
+
+/// How sure a plan row is, from a calibration file's `[fit]`: the rate sustained under each
+/// fold's fit of the cost terms, and under the SLO moved by the held-out error's central
+/// 50% interval (if the simulator errs by `e`, a measured bound `B` is a simulated bound
+/// `B (1 + e)`: the low end of the interval is the pessimistic plan, the high end the
+/// optimistic one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanBand {
+    /// Lowest and highest sustained rate over the prediction and the folds' fits.
+    pub fold_rates: (f64, f64),
+    /// Sustained rate with the pessimistic and the optimistic SLO bounds.
+    pub held_out_rates: (f64, f64),
+}
+
+/// The band of every row of `rows` (the plan with the calibration's own fit), `None` per
+/// row without a sustainable rate; empty when the scenario's calibration records no fit.
+pub fn plan_bands(
+    scn: &Scenario,
+    inp: &PlanInputs,
+    rows: &[PlanRow],
+) -> Result<Vec<Option<PlanBand>>, SimError> {
+    let Some(fit) = &scn.fit else {
+        return Ok(Vec::new());
+    };
+    let slo = &scn.base.slo;
+    let mut folds: Vec<Vec<PlanRow>> = Vec::new();
+    for cost in fit.other_fits(&scn.base.cost) {
+        folds.push(plan_with(scn, inp, Some(&cost), slo.ttft_ms, slo.tpot_ms)?);
+    }
+    let scaled = |side: usize| {
+        plan_with(
+            scn,
+            inp,
+            None,
+            slo.ttft_ms.map(|b| b * (1.0 + fit.ttft_error_50[side])),
+            slo.tpot_ms.map(|b| b * (1.0 + fit.tpot_error_50[side])),
+        )
+    };
+    let (pessimistic, optimistic) = (scaled(0)?, scaled(1)?);
+    Ok(rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            (r.skipped.is_none()).then(|| {
+                let (lo, hi) = folds
+                    .iter()
+                    .map(|f| f[i].max_rate)
+                    .fold((r.max_rate, r.max_rate), |(lo, hi), x| {
+                        (lo.min(x), hi.max(x))
+                    });
+                PlanBand {
+                    fold_rates: (lo, hi),
+                    held_out_rates: (pessimistic[i].max_rate, optimistic[i].max_rate),
+                }
+            })
+        })
+        .collect())
+}
+
+/// The bands as a table: the sustained rate's range and the replicas each end needs.
+pub fn band_table(rows: &[PlanRow], bands: &[Option<PlanBand>], target_rate: f64) -> String {
+    let mut s = String::from(
+        "uncertainty (the calibration's k-fold fits; the SLO moved by its held-out error, central 50%):\n",
+    );
+    let _ = writeln!(
+        s,
+        "{:<16} {:>3} {:<9} {:>20} {:>12} {:>20} {:>12}",
+        "gpu", "tp", "weights", "req/s over folds", "replicas", "req/s held-out", "replicas"
+    );
+    let replicas = |rate: f64| {
+        if rate > 0.0 {
+            ((target_rate / rate).ceil().max(1.0) as u32).to_string()
+        } else {
+            "-".into()
+        }
+    };
+    for (r, b) in rows.iter().zip(bands) {
+        let Some(b) = b else { continue };
+        let _ = writeln!(
+            s,
+            "{:<16} {:>3} {:<9} {:>20} {:>12} {:>20} {:>12}",
+            r.gpu,
+            r.tp,
+            r.dtype.as_str(),
+            format!("{:.2} - {:.2}", b.fold_rates.0, b.fold_rates.1),
+            format!(
+                "{} - {}",
+                replicas(b.fold_rates.1),
+                replicas(b.fold_rates.0)
+            ),
+            format!("{:.2} - {:.2}", b.held_out_rates.0, b.held_out_rates.1),
+            format!(
+                "{} - {}",
+                replicas(b.held_out_rates.1),
+                replicas(b.held_out_rates.0)
+            ),
+        );
+    }
+    s
 }
 
 /// The plan as a table.

@@ -11,6 +11,18 @@ fn sim(args: &[&str]) -> Output {
         .expect("run the sim binary")
 }
 
+/// Runs `sim` with `args`, checks that it succeeded and returns its stdout.
+fn sim_ok(args: &[&str]) -> String {
+    let out = sim(args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, text).expect("write fixture");
@@ -741,4 +753,81 @@ fn readme_excerpt_matches_the_run() {
             "README's line\n{line}\nis not in the output of `sim run scenarios/mixed.toml`:\n{printed}"
         );
     }
+}
+
+/// A calibration that records k-fold fits (`[fit]`): `sim run` prints and writes the
+/// bands, `sim plan` the range of each deployment's sustainable rate.
+#[test]
+fn calibrations_with_folds_give_bands() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cal = write(
+        dir.path(),
+        "observed.toml",
+        "[cost]\nstep_overhead_us = 300.0\nrequest_overhead_ms = 10.0\n\
+         [fit]\nsource = \"test\"\n\
+         folds = [{ step_overhead_us = 300.0, request_overhead_ms = 10.0 }, { step_overhead_us = 2500.0, request_overhead_ms = 10.0 }]\n\
+         ttft_error_50 = [-0.2, 0.1]\nttft_error_90 = [-0.5, 0.4]\n\
+         tpot_error_50 = [-0.05, 0.05]\ntpot_error_90 = [-0.2, 0.2]\n",
+    );
+    let p = write(
+        dir.path(),
+        "scenario.toml",
+        &(GOOD.to_string() + "[slo]\nttft_ms = 300\ntpot_ms = 40\n"),
+    );
+    let out_dir = dir.path().join("out");
+    let stdout = sim_ok(&[
+        "run",
+        p.to_str().expect("utf-8"),
+        "--calibration",
+        cal.to_str().expect("utf-8"),
+        "--out",
+        out_dir.to_str().expect("utf-8"),
+        "--quiet",
+    ]);
+    assert!(stdout.contains("uncertainty"), "{stdout}");
+    let csv = std::fs::read_to_string(out_dir.join("bands.csv")).expect("bands.csv");
+    // A header, then 10 metrics for each of the 2 variants.
+    assert_eq!(csv.lines().count(), 21, "{csv}");
+    let tpot = csv
+        .lines()
+        .find(|l| l.starts_with("chunked,tpot_mean,"))
+        .expect("chunked TPOT band");
+    let f: Vec<f64> = tpot
+        .split(',')
+        .skip(3)
+        .map(|x| x.parse().expect("number"))
+        .collect();
+    // predicted, folds low/high, runs, held-out 50% low/high, 90% low/high: the 2.5 ms
+    // step of the second fold makes its TPOT longer; the 90% range holds the 50% one.
+    assert!(f[1] <= f[0] && f[0] < f[2], "{tpot}");
+    assert_eq!(f[3], 1.0, "{tpot}");
+    assert!(
+        f[6] <= f[4] && f[4] <= f[0] && f[0] <= f[5] && f[5] <= f[7],
+        "{tpot}"
+    );
+
+    let stdout = sim_ok(&[
+        "plan",
+        p.to_str().expect("utf-8"),
+        "--rate",
+        "30",
+        "--requests",
+        "100",
+        "--calibration",
+        cal.to_str().expect("utf-8"),
+    ]);
+    let band = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("uncertainty"))
+        .find(|l| l.starts_with("h100-sxm"))
+        .unwrap_or_else(|| panic!("a band row: {stdout}"));
+    // `h100-sxm 1 bf16 lo - hi replicas ... lo - hi replicas ...`
+    let nums: Vec<f64> = band
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    assert!(nums.len() >= 9, "{band}");
+    let (fold_lo, fold_hi, pess, opt) = (nums[1], nums[2], nums[5], nums[6]);
+    assert!(0.0 < fold_lo && fold_lo <= fold_hi, "{band}");
+    assert!(pess <= opt, "{band}");
 }

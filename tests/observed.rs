@@ -205,12 +205,12 @@ fn bad_run_files_give_one_line_naming_file_line_and_field() {
 #[test]
 fn the_front_end_cost_is_fitted_with_held_out_errors() {
     use sim::cost_model::calibration::observed::{
-        fit_request_overhead, fit_toml, median_abs, CANDIDATES_MS,
+        fit_engine_costs, fit_toml, median_abs, CANDIDATES_MS,
     };
     let rows =
         observed::silicon::read(Path::new("tests/data/observed/silicon-small.csv")).expect("rows");
     assert_eq!(rows.len(), 12);
-    let fits = fit_request_overhead(&rows, 3).expect("fits");
+    let fits = fit_engine_costs(&rows, 3).expect("fits");
     assert_eq!(fits.len(), 1);
     let f = &fits[0];
     assert_eq!((f.engine.as_str(), f.rows), ("trtllm", 12));
@@ -225,4 +225,117 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
     let toml = fit_toml(f, "silicon-small.csv", 3);
     assert!(toml.contains("[cost]\nframework = \"tensorrt-llm\"\nstep_overhead_us = "));
     assert!(toml.contains("\nrequest_overhead_ms = "));
+
+    // The file records its folds; a scenario calibrated with it gets bands from them.
+    let parsed: toml::Table = toml::from_str(&toml).expect("calibration file parses");
+    let record = sim::cost_model::calibration::uncertainty::FitRecord::from_file_table(&parsed)
+        .expect("valid [fit]")
+        .expect("[fit] present");
+    assert_eq!(record.folds.len(), 3);
+    assert!(record.ttft_error_90[0] <= record.ttft_error_50[0]);
+    assert!(record.ttft_error_50[1] <= record.ttft_error_90[1]);
+    // Make the folds disagree, so that the band needs a run of its own.
+    let toml = toml.replacen(
+        &format!(
+            "{{ step_overhead_us = {:.1}",
+            f.fold_fits[0].step_overhead_us
+        ),
+        "{ step_overhead_us = 4000.0",
+        1,
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("observed-trtllm.toml"), &toml).expect("write");
+    let scenario = dir.path().join("s.toml");
+    std::fs::write(
+        &scenario,
+        r#"
+name = "banded"
+[model]
+name = "llama-3.1-8b"
+[hardware]
+gpu = "h100-sxm"
+[cost]
+calibration = "observed-trtllm.toml"
+[workload]
+num_requests = 40
+arrival = { process = "closed-loop", concurrency = 8 }
+[[workload.class]]
+name = "fixed"
+prompt = { dist = "fixed", value = 1024 }
+output = { dist = "fixed", value = 64 }
+"#,
+    )
+    .expect("write");
+    let scn = sim::scenario::Scenario::load(&scenario, None).expect("scenario");
+    assert!(scn.variants[0].fit.is_some());
+    let opts = sim::run::RunOptions {
+        out_dir: None,
+        driver: sim::driver::DriverKind::Inline,
+        only: Vec::new(),
+        progress: false,
+        parallel: false,
+        backend: sim::run::BackendKind::Model,
+        requests: None,
+    };
+    let results = sim::run::run_scenario(&scn, &opts).expect("run");
+    let bands = sim::bands::bands(&scn, &results, None).expect("bands");
+    let tpot = bands
+        .iter()
+        .find(|b| b.metric == "tpot_mean")
+        .expect("a TPOT band");
+    assert!(tpot.fold_runs >= 1);
+    // A 4 ms step overhead in one fold makes that fold's steps slower.
+    assert!(tpot.folds.0 <= tpot.predicted && tpot.predicted < tpot.folds.1);
+    let (lo, hi) = tpot.held_out_90.expect("held-out band");
+    assert!(lo <= hi && lo > 0.0);
+    let table = sim::bands::table(&bands);
+    assert!(table.contains("tpot_mean"));
+}
+
+/// SGLang's prefill batches run alone and first: with aiperf's fixed lengths the clients stay
+/// in step, each wave's prefills queue behind one another, and TTFT grows with the clients.
+/// Uncalibrated, three measured deployments (Qwen3-32B on 8 H100s, 16, 64 and 128 clients,
+/// 1,024 prompt and 256 output tokens) come out within 35% on TTFT and 25% on TPOT; with
+/// InferenceX's random lengths instead (clients drifting apart) the same rows would queue
+/// far less and TTFT would be under half.
+#[test]
+fn sglang_waves_queue_their_prefills() {
+    use sim::cost_model::validation::silicon::silicon_checks;
+    use sim::observed::silicon::BenchClient;
+    let rows =
+        observed::silicon::read(Path::new("tests/data/observed/silicon-sglang.csv")).expect("rows");
+    assert!(rows.iter().all(|r| r.client == BenchClient::Aiperf));
+    let (checks, skipped) = silicon_checks(&rows, None).expect("simulated");
+    assert!(skipped.is_empty(), "{skipped:?}");
+    assert_eq!(checks.len(), 3);
+    for c in &checks {
+        assert!(
+            c.ttft_error().abs() < 0.35 && c.tpot_error().abs() < 0.25,
+            "{}: TTFT {:.0} vs {:.0} ms, TPOT {:.1} vs {:.1} ms",
+            c.row.id,
+            c.ttft_ms,
+            c.row.ttft_ms,
+            c.tpot_ms,
+            c.row.tpot_ms
+        );
+    }
+    assert!(checks[0].ttft_ms < checks[1].ttft_ms && checks[1].ttft_ms < checks[2].ttft_ms);
+    let drifted: Vec<_> = rows
+        .iter()
+        .cloned()
+        .map(|mut r| {
+            r.client = BenchClient::InferenceX;
+            r
+        })
+        .collect();
+    let (apart, _) = silicon_checks(&drifted, None).expect("simulated");
+    for (a, b) in checks.iter().zip(&apart) {
+        assert!(
+            b.ttft_ms < 0.5 * a.ttft_ms,
+            "{}: {:.0} ms in step, {:.0} ms apart",
+            a.row.id,
+            a.ttft_ms,
+            b.ttft_ms
+        );
+    }
 }

@@ -40,9 +40,9 @@ pub struct Args {
     /// --backend cuda it defaults to the catalog entry of the device found.
     #[arg(long)]
     pub gpu: Option<String>,
-    /// Fit the per-request front-end cost of each engine to measured deployments
-    /// (aiconfigurator's silicon.csv), with k-fold held-out errors; writes
-    /// `<out folder>/observed-<engine>.toml` (default folder: calibration/).
+    /// Fit each engine's step overhead, all-reduce latency and per-request front-end cost
+    /// to measured deployments (aiconfigurator's silicon.csv), with k-fold held-out errors;
+    /// writes `<out folder>/observed-<engine>.toml` (default folder: calibration/).
     #[arg(long)]
     pub observed: Option<PathBuf>,
     /// Folds of the cross-validation (--observed).
@@ -73,7 +73,7 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
         anyhow::bail!("--folds: must be 2 to 20, got {}", args.folds);
     }
     let rows = sim::observed::silicon::read(path)?;
-    let fits = sim::cost_model::calibration::observed::fit_request_overhead(&rows, args.folds)?;
+    let fits = sim::cost_model::calibration::observed::fit_engine_costs(&rows, args.folds)?;
     let dir = args
         .out
         .clone()

@@ -31,6 +31,11 @@ pub struct Args {
     /// Price override, GPU=USD per GPU-hour (repeatable).
     #[arg(long = "price")]
     pub prices: Vec<String>,
+    /// A calibration file (a `sim calibrate` output), as if the scenario's `[cost]` had
+    /// `calibration = FILE`; one with k-fold fits (`sim calibrate --observed`) also gives
+    /// each row's band.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
 }
 
 /// Runs `sim plan`, printing into `out`.
@@ -43,6 +48,7 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         dtypes,
         requests,
         prices,
+        calibration,
     } = args;
     if requests == 0 {
         anyhow::bail!("--requests: must be at least 1");
@@ -50,7 +56,10 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     if !(rate > 0.0 && rate.is_finite()) {
         anyhow::bail!("--rate: must be a positive number of requests per second, got {rate}");
     }
-    let scn = Scenario::load(&scenario, None)?;
+    let scn = match &calibration {
+        Some(c) => Scenario::load_calibrated(&scenario, None, c)?,
+        None => Scenario::load(&scenario, None)?,
+    };
     let base = &scn.base;
     let dtypes = dtypes
         .iter()
@@ -115,6 +124,14 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     }
     let rows = sim::plan::plan(&scn, &inputs)?;
     outln!(out, "{}", sim::plan::table(&rows, rate).trim_end());
+    let bands = sim::plan::plan_bands(&scn, &inputs, &rows)?;
+    if bands.iter().any(Option::is_some) {
+        outln!(
+            out,
+            "{}",
+            sim::plan::band_table(&rows, &bands, rate).trim_end()
+        );
+    }
     // Every combination skipped: nothing was planned, which is an error, not a table.
     if let Some(why) = rows
         .iter()

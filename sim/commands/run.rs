@@ -99,6 +99,14 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
             outln!(out, "warning: {w}");
         }
     }
+    // A calibration that records its k-fold fits: the same variants under each fold's fit.
+    if args.backend == BackendKind::Model {
+        let bands = sim::bands::bands(&scn, &results, args.requests)?;
+        if !bands.is_empty() {
+            sim::bands::write_csv(&out_dir.join("bands.csv"), &bands)?;
+            outln!(out, "{}", sim::bands::table(&bands).trim_end());
+        }
+    }
     let report = analysis::report::write_reports(&out_dir)?;
     outln!(
         out,

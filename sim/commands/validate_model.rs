@@ -187,7 +187,15 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
             .collect();
         let values: Vec<String> = text
             .lines()
-            .filter(|l| l.starts_with("step_overhead_us") || l.starts_with("request_overhead_ms"))
+            .filter(|l| {
+                [
+                    "step_overhead_us",
+                    "allreduce_latency_us",
+                    "request_overhead_ms",
+                ]
+                .iter()
+                .any(|k| l.starts_with(k))
+            })
             .map(|l| format!("`{l}`"))
             .collect();
         out.push((

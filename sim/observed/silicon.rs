@@ -35,6 +35,11 @@ pub struct AggregateRow {
     pub osl: u32,
     /// Clients in the closed loop (`None`: a disaggregated row that does not say).
     pub concurrency: Option<u32>,
+    /// `batch_size`: the clients one replica (one attention-DP rank) serves, when the
+    /// deployment spreads `concurrency` over several (aggregated rows).
+    pub batch_size: Option<u32>,
+    /// The benchmark client that measured the row (from `silicon_data_source`).
+    pub client: BenchClient,
     /// Tensor parallelism (aggregated rows).
     pub tp: Option<u32>,
     /// Pipeline parallelism (aggregated rows).
@@ -47,6 +52,30 @@ pub struct AggregateRow {
     pub ttft_ms: f64,
     /// Measured mean TPOT (ms).
     pub tpot_ms: f64,
+}
+
+/// The client that measured a row, which sets the request stream to simulate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchClient {
+    /// InferenceX's fork of vLLM's `benchmark_serving` (its dumps: `source_file=<date>.csv`,
+    /// `db-dump/...`): `--random-range-ratio 0.8`, so prompt and output lengths are uniform
+    /// in `[0.8 L, L]`, `10 x concurrency` requests.
+    InferenceX,
+    /// aiconfigurator's gap analysis (`...gap-analysis...` sources), run with aiperf:
+    /// every request exactly `isl`/`osl` tokens (`--isl-stddev 0`, `ignore_eos`), `10 x
+    /// concurrency` requests after `2 x concurrency` warm-up requests.
+    Aiperf,
+}
+
+impl BenchClient {
+    /// The client a `silicon_data_source` names.
+    pub fn from_source(source: &str) -> BenchClient {
+        if source.contains("gap-analysis") {
+            BenchClient::Aiperf
+        } else {
+            BenchClient::InferenceX
+        }
+    }
 }
 
 /// Reads every row of an aiconfigurator `silicon.csv`.
@@ -141,6 +170,12 @@ pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
             isl: int(isl, "isl")?,
             osl: int(osl, "osl")?,
             concurrency,
+            batch_size: if text(batch).is_empty() {
+                None
+            } else {
+                Some(int(batch, "batch_size")?)
+            },
+            client: BenchClient::from_source(&source.map(text).unwrap_or_default()),
             tp: opt_int(tp, "tp_size")?,
             pp: opt_int(pp, "pp_size")?,
             attention_dp: opt_int(adp, "attention_dp_size")?,

@@ -36,6 +36,7 @@ pub use config::{
 };
 pub use resolve::acceptance_from;
 
+use crate::cost_model::calibration::uncertainty::FitRecord;
 use crate::cost_model::{Deployment, MemoryPlan};
 use resolve::resolve;
 use tables::{expand_calibration, line_col, merge, set_dotted, sweep_dimensions};
@@ -65,6 +66,9 @@ pub struct Variant {
     pub scheduler: SchedulerConfig,
     /// Speculative decoding's draft model on the same GPUs (`method = "draft-model"`).
     pub draft: Option<Deployment>,
+    /// The calibration file's record of its k-fold fits and held-out errors, when it has
+    /// one (`sim run` reports bands from it).
+    pub fit: Option<FitRecord>,
 }
 
 /// A loaded scenario.
@@ -82,6 +86,8 @@ pub struct Scenario {
     pub base: ScenarioConfig,
     /// Variants (the base alone, named `base`, when the file has none).
     pub variants: Vec<Variant>,
+    /// The base configuration's calibration record (see [`Variant::fit`]).
+    pub fit: Option<FitRecord>,
     /// The `[sweep]` dimensions, in file order: a dotted key and its values (empty: no
     /// sweep).
     pub sweep: Vec<(String, Vec<toml::Value>)>,
@@ -235,21 +241,20 @@ impl Scenario {
         // Variants merge into the file as written: their own `cost.calibration` must not
         // lose to keys the base's calibration file brought in.
         let unexpanded = raw.clone();
+        let calibrated = expand_calibration(&mut raw, &base_dir).map_err(err)?;
+        let fit = calibrated.clone().flatten();
         let base: ScenarioConfig = match src {
             // Without a calibration file, errors keep the file's line and column.
-            Some(src) if !expand_calibration(&mut raw, &base_dir).map_err(err)? => {
-                toml::from_str(src).map_err(|e| {
-                    let key = serde_path_to_error::deserialize::<_, ScenarioConfig>(
-                        toml::Value::Table(raw.clone()),
-                    )
-                    .err()
-                    .map(|pe| pe.path().to_string())
-                    .filter(|k| !k.is_empty() && k != ".");
-                    at_line(e, key)
-                })?
-            }
+            Some(src) if calibrated.is_none() => toml::from_str(src).map_err(|e| {
+                let key = serde_path_to_error::deserialize::<_, ScenarioConfig>(
+                    toml::Value::Table(raw.clone()),
+                )
+                .err()
+                .map(|pe| pe.path().to_string())
+                .filter(|k| !k.is_empty() && k != ".");
+                at_line(e, key)
+            })?,
             _ => {
-                expand_calibration(&mut raw, &base_dir).map_err(err)?;
                 serde_path_to_error::deserialize(toml::Value::Table(raw.clone())).map_err(|e| {
                     let path = e.path().to_string();
                     err(format!(
@@ -269,7 +274,9 @@ impl Scenario {
 
         let mut variants = Vec::new();
         if base.variant.is_empty() {
-            variants.push(resolve("base", base.clone(), &base_dir).map_err(err)?);
+            let mut v = resolve("base", base.clone(), &base_dir).map_err(err)?;
+            v.fit = fit.clone();
+            variants.push(v);
         }
         for (i, over) in base.variant.iter().enumerate() {
             let vname = match over.get("name") {
@@ -301,8 +308,9 @@ impl Scenario {
             merged.remove("variant");
             merged.remove("sweep");
             merge(&mut merged, &over);
-            expand_calibration(&mut merged, &base_dir)
-                .map_err(|m| err(format!("variant `{vname}`: {m}")))?;
+            let variant_fit = expand_calibration(&mut merged, &base_dir)
+                .map_err(|m| err(format!("variant `{vname}`: {m}")))?
+                .flatten();
             let cfg: ScenarioConfig = serde_path_to_error::deserialize(toml::Value::Table(merged))
                 .map_err(|e| {
                     let path = e.path().to_string();
@@ -316,10 +324,10 @@ impl Scenario {
             if variants.iter().any(|v: &Variant| v.name == vname) {
                 return Err(err(format!("variant `{vname}` is defined twice")));
             }
-            variants.push(
-                resolve(&vname, cfg, &base_dir)
-                    .map_err(|m| err(format!("variant `{vname}`: {m}")))?,
-            );
+            let mut v = resolve(&vname, cfg, &base_dir)
+                .map_err(|m| err(format!("variant `{vname}`: {m}")))?;
+            v.fit = variant_fit;
+            variants.push(v);
         }
         Ok(Scenario {
             name,
@@ -328,6 +336,7 @@ impl Scenario {
             seed,
             base,
             variants,
+            fit,
             sweep,
             raw: file_table,
             seed_override,

@@ -217,6 +217,7 @@ pub(super) fn resolve(
         memory,
         scheduler,
         draft,
+        fit: None,
     })
 }
 

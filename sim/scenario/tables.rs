@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use crate::cost_model::calibration::uncertainty::FitRecord;
 use crate::cost_model::CostParams;
 
 /// 1-based line and column of byte offset `at` in `src`.
@@ -17,13 +18,17 @@ pub(super) fn line_col(src: &str, at: usize) -> (usize, usize) {
 
 /// Replaces `cost.calibration = "file.toml"` (a `sim calibrate` output, relative to the
 /// scenario's folder) by that file's `[cost]` keys, under the scenario's own `[cost]` keys,
-/// which win. Returns whether a file was read.
-pub(super) fn expand_calibration(table: &mut toml::Table, base_dir: &Path) -> Result<bool, String> {
+/// which win. Returns `None` when no file was named, else the file's `[fit]` record (if it
+/// has one: `sim calibrate --observed` writes it).
+pub(super) fn expand_calibration(
+    table: &mut toml::Table,
+    base_dir: &Path,
+) -> Result<Option<Option<FitRecord>>, String> {
     let Some(toml::Value::Table(cost)) = table.get_mut("cost") else {
-        return Ok(false);
+        return Ok(None);
     };
     let Some(value) = cost.remove("calibration") else {
-        return Ok(false);
+        return Ok(None);
     };
     let toml::Value::String(rel) = value else {
         return Err(
@@ -53,10 +58,12 @@ pub(super) fn expand_calibration(table: &mut toml::Table, base_dir: &Path) -> Re
                 e.into_inner().message().trim()
             )
         })?;
+    let fit = FitRecord::from_file_table(&parsed)
+        .map_err(|e| format!("cost.calibration: {shown}: {e}"))?;
     let mut merged = from_file.clone();
     merge(&mut merged, cost);
     *cost = merged;
-    Ok(true)
+    Ok(Some(fit))
 }
 
 /// Merges `over` into `base` recursively (tables merge, other values replace).

@@ -23,6 +23,7 @@ use crate::catalog::{find_gpu, Dtype};
 pub mod observed;
 pub mod splitwise;
 pub mod steps;
+pub mod uncertainty;
 
 pub use splitwise::{
     fit_vllm_2023, splitwise_measurements, vllm_2023_held_out, FrameworkFit, SplitwiseRow,

@@ -1,14 +1,16 @@
-//! `sim calibrate --observed`: two of the cost model's CPU-side terms fitted per engine to
+//! `sim calibrate --observed`: three of the cost model's terms fitted per engine to
 //! aiconfigurator's measured deployments, with k-fold held-out errors: the overhead of
-//! every step (`cost.step_overhead_us`, which TPOT shows) and the per-request front end
+//! every step (`cost.step_overhead_us`) and the latency of each tensor-parallel all-reduce
+//! (`cost.allreduce_latency_us`), both of which TPOT shows, and the per-request front end
 //! (`cost.request_overhead_ms`, which TTFT shows).
 //!
 //! Every simulable row of an engine is simulated once per candidate (the closed loop of
 //! [`crate::cost_model::validation::silicon`]). Per fold, the step overhead with the
 //! smallest median absolute TPOT error on the other folds is chosen, then, with it, the
-//! front-end cost with the smallest median absolute TTFT error; the held-out fold's errors
-//! under that pair are kept. Reported errors are those held-out errors; the spread of the
-//! fold fits is the fit's uncertainty. The fit on all rows is what the calibration file
+//! all-reduce latency, then, with both, the front-end cost with the smallest median
+//! absolute TTFT error (one term at a time, so the grid stays small); the held-out fold's
+//! errors under that fit are kept. Reported errors are those held-out errors; the spread of
+//! the fold fits is the fit's uncertainty. The fit on all rows is what the calibration file
 //! carries.
 
 use rand::seq::SliceRandom;
@@ -21,7 +23,49 @@ use crate::observed::silicon::AggregateRow;
 pub const CANDIDATES_MS: [f64; 8] = [0.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0];
 
 /// The step overheads tried, microseconds.
-pub const STEP_CANDIDATES_US: [f64; 6] = [100.0, 300.0, 600.0, 1000.0, 1500.0, 2500.0];
+pub const STEP_CANDIDATES_US: [f64; 7] = [0.0, 100.0, 300.0, 600.0, 1000.0, 1500.0, 2500.0];
+
+/// The all-reduce latencies tried, microseconds (`None`: the GPU catalog's, or the
+/// framework's custom all-reduce for small messages): tensor parallelism's cost per layer,
+/// which TPOT shows growing with the TP degree.
+pub const ALLREDUCE_CANDIDATES_US: [Option<f64>; 4] = [None, Some(15.0), Some(25.0), Some(40.0)];
+
+/// One fold's fit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FoldFit {
+    /// `cost.step_overhead_us`.
+    pub step_overhead_us: f64,
+    /// `cost.allreduce_latency_us` (`None`: the defaults').
+    pub allreduce_latency_us: Option<f64>,
+    /// `cost.request_overhead_ms`.
+    pub request_overhead_ms: f64,
+}
+
+impl FoldFit {
+    /// `1500 us / 25 us all-reduce / 40 ms`.
+    fn describe(&self) -> String {
+        let ar = self
+            .allreduce_latency_us
+            .map_or("default all-reduce".to_string(), |a| {
+                format!("{a:.0} us all-reduce")
+            });
+        format!(
+            "{:.0} us / {ar} / {:.0} ms",
+            self.step_overhead_us, self.request_overhead_ms
+        )
+    }
+
+    /// The `[cost]` keys, as an inline TOML table.
+    fn inline_table(&self) -> String {
+        let ar = self.allreduce_latency_us.map_or(String::new(), |a| {
+            format!(", allreduce_latency_us = {a:.1}")
+        });
+        format!(
+            "{{ step_overhead_us = {:.1}{ar}, request_overhead_ms = {:.1} }}",
+            self.step_overhead_us, self.request_overhead_ms
+        )
+    }
+}
 
 /// One engine's fit.
 #[derive(Debug, Clone)]
@@ -34,8 +78,10 @@ pub struct EngineFit {
     pub request_overhead_ms: f64,
     /// The step overhead fitted on every row (us).
     pub step_overhead_us: f64,
-    /// Each fold's fit: (step overhead us, front-end cost ms).
-    pub fold_fits: Vec<(f64, f64)>,
+    /// The all-reduce latency fitted on every row (us; `None`: the defaults').
+    pub allreduce_latency_us: Option<f64>,
+    /// Each fold's fit.
+    pub fold_fits: Vec<FoldFit>,
     /// Held-out signed TTFT errors (one per row).
     pub held_out_ttft: Vec<f64>,
     /// Held-out signed TPOT errors (one per row).
@@ -44,6 +90,12 @@ pub struct EngineFit {
     pub baseline_ttft: Vec<f64>,
     /// TPOT errors with the framework's defaults (the baseline).
     pub baseline_tpot: Vec<f64>,
+}
+
+/// The 90th percentile of the absolute values.
+pub fn p90_abs(v: &[f64]) -> f64 {
+    let a: Vec<f64> = v.iter().map(|x| x.abs()).collect();
+    analysis::percentile(&a, 90.0)
 }
 
 /// `(TTFT, TPOT)` signed errors of an engine's rows under one candidate.
@@ -78,9 +130,9 @@ fn best(errors: &[Errors], train: &[usize], ttft: bool) -> usize {
         .unwrap_or(0)
 }
 
-/// Fits the step overhead and the front-end cost per engine with `folds`-fold
-/// cross-validation.
-pub fn fit_request_overhead(
+/// Fits the step overhead, the all-reduce latency and the front-end cost per engine with
+/// `folds`-fold cross-validation.
+pub fn fit_engine_costs(
     rows: &[AggregateRow],
     folds: usize,
 ) -> Result<Vec<EngineFit>, crate::SimError> {
@@ -108,6 +160,7 @@ pub fn fit_request_overhead(
                 EngineCost {
                     step_overhead_us: Some(us),
                     request_overhead_ms: Some(0.0),
+                    allreduce_latency_us: None,
                 },
             )?);
         }
@@ -123,13 +176,40 @@ pub fn fit_request_overhead(
             .map(|f| best(&by_step, &split(f).1, false))
             .collect();
         let step_all = best(&by_step, &idx, false);
-        // TTFT under each front-end cost, at every step overhead a fit chose.
-        let mut needed: Vec<usize> = step_of.clone();
-        needed.push(step_all);
+        // TPOT under each all-reduce latency, at every step overhead a fit chose (the
+        // catalog's latency is `by_step` itself).
+        let mut steps_needed: Vec<usize> = step_of.clone();
+        steps_needed.push(step_all);
+        steps_needed.sort_unstable();
+        steps_needed.dedup();
+        let mut by_ar: Vec<(usize, Vec<Errors>)> = Vec::new();
+        for &s in &steps_needed {
+            let mut errs = vec![by_step[s].clone()];
+            for &us in &ALLREDUCE_CANDIDATES_US[1..] {
+                errs.push(pass(
+                    &mine,
+                    EngineCost {
+                        step_overhead_us: Some(STEP_CANDIDATES_US[s]),
+                        request_overhead_ms: Some(0.0),
+                        allreduce_latency_us: us,
+                    },
+                )?);
+            }
+            by_ar.push((s, errs));
+        }
+        let ar_errors = |s: usize| &by_ar.iter().find(|(k, _)| *k == s).expect("computed").1;
+        let ar_of: Vec<usize> = (0..folds)
+            .map(|f| best(ar_errors(step_of[f]), &split(f).1, false))
+            .collect();
+        let ar_all = best(ar_errors(step_all), &idx, false);
+        // TTFT under each front-end cost, at every (step overhead, all-reduce) pair a fit
+        // chose.
+        let mut needed: Vec<(usize, usize)> = step_of.iter().copied().zip(ar_of.clone()).collect();
+        needed.push((step_all, ar_all));
         needed.sort_unstable();
         needed.dedup();
-        let mut by_req: Vec<(usize, Vec<Errors>)> = Vec::new();
-        for &s in &needed {
+        let mut by_req: Vec<((usize, usize), Vec<Errors>)> = Vec::new();
+        for &(s, a) in &needed {
             let mut errs = Vec::new();
             for &ms in &CANDIDATES_MS {
                 errs.push(pass(
@@ -137,31 +217,44 @@ pub fn fit_request_overhead(
                     EngineCost {
                         step_overhead_us: Some(STEP_CANDIDATES_US[s]),
                         request_overhead_ms: Some(ms),
+                        allreduce_latency_us: ALLREDUCE_CANDIDATES_US[a],
                     },
                 )?);
             }
-            by_req.push((s, errs));
+            by_req.push(((s, a), errs));
         }
-        let req_errors = |s: usize| &by_req.iter().find(|(k, _)| *k == s).expect("computed").1;
+        let req_errors = |k: (usize, usize)| {
+            &by_req
+                .iter()
+                .find(|(key, _)| *key == k)
+                .expect("computed")
+                .1
+        };
         let mut held_out_ttft = Vec::new();
         let mut held_out_tpot = Vec::new();
         let mut fold_fits = Vec::new();
-        for (f, &s) in step_of.iter().enumerate() {
+        for f in 0..folds {
+            let (s, a) = (step_of[f], ar_of[f]);
             let (test, train) = split(f);
-            let errs = req_errors(s);
+            let errs = req_errors((s, a));
             let r = best(errs, &train, true);
-            fold_fits.push((STEP_CANDIDATES_US[s], CANDIDATES_MS[r]));
+            fold_fits.push(FoldFit {
+                step_overhead_us: STEP_CANDIDATES_US[s],
+                allreduce_latency_us: ALLREDUCE_CANDIDATES_US[a],
+                request_overhead_ms: CANDIDATES_MS[r],
+            });
             for &i in &test {
                 held_out_ttft.push(errs[r][i].0);
                 held_out_tpot.push(errs[r][i].1);
             }
         }
-        let r_all = best(req_errors(step_all), &idx, true);
+        let r_all = best(req_errors((step_all, ar_all)), &idx, true);
         fits.push(EngineFit {
             engine,
             rows: n,
             request_overhead_ms: CANDIDATES_MS[r_all],
             step_overhead_us: STEP_CANDIDATES_US[step_all],
+            allreduce_latency_us: ALLREDUCE_CANDIDATES_US[ar_all],
             fold_fits,
             held_out_ttft,
             held_out_tpot,
@@ -179,47 +272,89 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
     } else {
         "vllm-v1"
     };
-    let folds_text: Vec<String> = fit
-        .fold_fits
-        .iter()
-        .map(|(s, r)| format!("{s:.0} us / {r:.0} ms"))
-        .collect();
+    let folds_text: Vec<String> = fit.fold_fits.iter().map(FoldFit::describe).collect();
+    let engine_keys = match fit.engine.as_str() {
+        "sglang" => "scheduler = \"continuous\", admission = \"estimated\"",
+        "trtllm" => "scheduler = \"chunked\", admission = \"worst-case\"",
+        _ => "scheduler = \"chunked\"",
+    };
     let edge = if fit.request_overhead_ms >= CANDIDATES_MS[CANDIDATES_MS.len() - 1] {
         "\n# The front-end cost is the largest tried: a constant does not explain these rows."
     } else {
         ""
     };
     format!(
-        "# {engine}: the step overhead and per-request front-end cost fitted by `sim calibrate\n\
-         # --observed {source}` to {rows} measured closed-loop deployments of {engine}\n\
-         # (aiconfigurator silicon.csv). {folds}-fold held-out: TTFT median |err| {t:.1}% (defaults:\n\
-         # {bt:.1}%), TPOT median |err| {p:.1}% (defaults: {bp:.1}%); the folds' fits: {ff}.{edge}\n\
-         [cost]\nframework = \"{framework}\"\nstep_overhead_us = {us:.1}\nrequest_overhead_ms = {ms:.1}\n",
+        "# {engine}: the step overhead, tensor-parallel all-reduce latency and per-request front-end cost\n\
+         # fitted by `sim calibrate --observed {source}` to {rows} measured closed-loop deployments of {engine}\n\
+         # (aiconfigurator silicon.csv), one term at a time. {folds}-fold held-out: TTFT median |err| {t:.1}%, p90 {t90:.1}%\n\
+         # (defaults: {bt:.1}%), TPOT median |err| {p:.1}%, p90 {p90:.1}% (defaults: {bp:.1}%); the folds' fits: {ff}.{edge}\n\
+         # Fitted under the engine's serving defaults (`sim validate-model`): [engine] {engine_keys},\n\
+         # max_num_batched_tokens = 8192.\n\
+         [cost]\nframework = \"{framework}\"\nstep_overhead_us = {us:.1}\n{ar}request_overhead_ms = {ms:.1}\n",
+        ar = fit
+            .allreduce_latency_us
+            .map_or(String::new(), |a| format!("allreduce_latency_us = {a:.1}\n")),
         engine = fit.engine,
         rows = fit.rows,
         t = 100.0 * median_abs(&fit.held_out_ttft),
+        t90 = 100.0 * p90_abs(&fit.held_out_ttft),
+        p90 = 100.0 * p90_abs(&fit.held_out_tpot),
         bt = 100.0 * median_abs(&fit.baseline_ttft),
         p = 100.0 * median_abs(&fit.held_out_tpot),
         bp = 100.0 * median_abs(&fit.baseline_tpot),
         ff = folds_text.join(", "),
         us = fit.step_overhead_us,
         ms = fit.request_overhead_ms,
+    ) + &fit_section(fit, source, folds)
+}
+
+/// The `[fit]` table: each fold's fit and the held-out error intervals, from which `sim
+/// run` and `sim plan` draw their bands
+/// ([`FitRecord`](super::uncertainty::FitRecord)).
+fn fit_section(fit: &EngineFit, source: &str, folds: usize) -> String {
+    let interval = |v: &[f64], lo: f64, hi: f64| {
+        format!(
+            "[{:.4}, {:.4}]",
+            analysis::percentile(v, lo),
+            analysis::percentile(v, hi)
+        )
+    };
+    let folds_list: Vec<String> = fit
+        .fold_fits
+        .iter()
+        .map(|f| format!("  {},", f.inline_table()))
+        .collect();
+    let what = toml::Value::String(format!(
+        "sim calibrate --observed {source}: step overhead, all-reduce latency and front-end cost of {}, {folds}-fold on {} rows",
+        fit.engine, fit.rows
+    ));
+    format!(
+        "\n# Each fold's fit, and the held-out signed error's central 50% and 90% intervals.\n\
+         [fit]\nsource = {what}\nfolds = [\n{}\n]\n\
+         ttft_error_50 = {}\nttft_error_90 = {}\ntpot_error_50 = {}\ntpot_error_90 = {}\n",
+        folds_list.join("\n"),
+        interval(&fit.held_out_ttft, 25.0, 75.0),
+        interval(&fit.held_out_ttft, 5.0, 95.0),
+        interval(&fit.held_out_tpot, 25.0, 75.0),
+        interval(&fit.held_out_tpot, 5.0, 95.0),
     )
 }
 
 /// The fits as a table (held-out errors in percent).
 pub fn fit_table(fits: &[EngineFit]) -> String {
     let mut s = String::from(
-        "engine   rows  step us  front ms   TTFT |err| held out p50 / p90 (defaults p50)   TPOT |err| held out p50 / p90 (defaults p50)\n",
+        "engine   rows  step us  all-reduce us  front ms   TTFT |err| held out p50 / p90 (defaults p50)   TPOT |err| held out p50 / p90 (defaults p50)\n",
     );
     for f in fits {
         let abs = |v: &[f64]| v.iter().map(|x| 100.0 * x.abs()).collect::<Vec<f64>>();
         let (t, p) = (abs(&f.held_out_ttft), abs(&f.held_out_tpot));
         s.push_str(&format!(
-            "{:<8} {:>4} {:>8.0} {:>9.0}   {:>8.1}% / {:>6.1}% ({:>5.1}%)                {:>8.1}% / {:>6.1}% ({:>5.1}%)\n",
+            "{:<8} {:>4} {:>8.0} {:>14} {:>9.0}   {:>8.1}% / {:>6.1}% ({:>5.1}%)                {:>8.1}% / {:>6.1}% ({:>5.1}%)\n",
             f.engine,
             f.rows,
             f.step_overhead_us,
+            f.allreduce_latency_us
+                .map_or("default".to_string(), |a| format!("{a:.0}")),
             f.request_overhead_ms,
             analysis::median(&t),
             analysis::percentile(&t, 90.0),

@@ -272,7 +272,7 @@ fn silicon_section(s: &mut String, r: &Replays) {
     }
     let _ = writeln!(
         s,
-        "\n## Measured deployments (aiconfigurator `silicon.csv`)\n\nEach aggregated row is a closed-loop benchmark (`concurrency` clients, fixed `isl`/`osl`) of vLLM, SGLang or TensorRT-LLM; `sim validate-model` simulates it as the benchmark client ran it (InferenceX's fork of vLLM's `benchmark_serving`: {} x `concurrency` requests, all clients starting at once, prompt and output lengths uniform in [0.8 L, L]) with the shipped defaults (nothing was fitted to these rows) and compares the mean TTFT and TPOT. Signed medians show the bias; |err| columns the spread.\n\n| engine | GPU | model | dtype | rows | TTFT median | TTFT median abs | TTFT p90 abs | TPOT median | TPOT median abs | TPOT p90 abs |\n|---|---|---|---|---|---|---|---|---|---|---|",
+        "\n## Measured deployments (aiconfigurator `silicon.csv`)\n\nEach aggregated row is a closed-loop benchmark of vLLM, SGLang or TensorRT-LLM. `sim validate-model` simulates it as it ran: one replica with its share of the clients (`batch_size`), {} x that many requests, all clients starting at once, under the engine's serving defaults (vLLM V1: chunked prefill mixed into decode steps, 8,192 tokens a step; SGLang 0.5: a prefill batch of up to 8,192 tokens runs alone and first, admission by its new-token-ratio estimate, `mem_fraction_static` for weights and KV; TensorRT-LLM: context and generation in one step up to 8,192 tokens, KV for the whole request reserved at admission, an fp8 KV cache with fp8 weights), and with the request stream of the client that measured it: InferenceX rows (its fork of vLLM's `benchmark_serving`) draw lengths uniform in [0.8 L, L]; aiconfigurator's gap-analysis rows (aiperf) send exactly `isl`/`osl`, so the clients stay in step and each wave's prefills queue behind one another. Nothing was fitted to these rows here; signed medians show the bias, |err| columns the spread.\n\n| engine | GPU | model | dtype | rows | TTFT median | TTFT median abs | TTFT p90 abs | TPOT median | TPOT median abs | TPOT p90 abs |\n|---|---|---|---|---|---|---|---|---|---|---|",
         silicon::WAVES
     );
     // Rows by engine, GPU, model and dtype, in that order.
@@ -320,16 +320,35 @@ fn silicon_section(s: &mut String, r: &Replays) {
     for (label, checks) in &groups {
         row(s, *label, checks);
     }
+    for (client, label) in [
+        (
+            crate::observed::silicon::BenchClient::InferenceX,
+            "**InferenceX rows**",
+        ),
+        (
+            crate::observed::silicon::BenchClient::Aiperf,
+            "**aiperf rows**",
+        ),
+    ] {
+        let mine: Vec<&silicon::SiliconCheck> = r
+            .silicon
+            .iter()
+            .filter(|c| c.row.client == client)
+            .collect();
+        if !mine.is_empty() {
+            row(s, [label, "", "", ""], &mine);
+        }
+    }
     let all: Vec<&silicon::SiliconCheck> = r.silicon.iter().collect();
     row(s, ["**all**", "", "", ""], &all);
     let _ = writeln!(
         s,
-        "\nTPOT is close for most groups; TTFT is predicted too short: the simulator has no per-request cost outside the GPU steps (API server, tokenizer, scheduling delay), which matters most where a prefill is short. A step overhead and a constant front-end cost per engine are what `sim calibrate --observed` fits so far (below); the rest of the TTFT gap (queueing behind other prefills, each engine's scheduling) is not modelled yet. Rows of a group whose measured TTFT falls as concurrency grows (TensorRT-LLM 1.0.0rc3 on H100) look like measurement artifacts."
+        "\nWhere the clients stay in step (the aiperf rows), TTFT is mostly the wait for the wave's other prefills; SGLang, whose prefill batches pause decoding, shows exactly this. The InferenceX rows' TTFT is still predicted short, most at low concurrency: a per-request cost outside the GPU steps (API server, tokenizer), which `sim calibrate --observed` fits below. vLLM's aiperf rows fall between the in-step and the drifted-apart predictions (at 8 clients the measured TTFT is about one prefill plus a fixed cost). Groups whose measured TTFT falls as concurrency grows (TensorRT-LLM 1.0.0rc3 on H100) or whose TPOT hardly moves with the batch (TensorRT-LLM on GB200, SGLang and vLLM with Llama-3.1-8B on H200) look like measurement artifacts or settings the rows do not record."
     );
     if !r.observed_fits.is_empty() {
         let _ = writeln!(
             s,
-            "\nThe step overhead and per-request front-end cost fitted per engine by `sim calibrate --observed` (k-fold: each row's error comes from the fit on the other folds), as the shipped files record it; a scenario opts in with `cost.calibration = \"calibration/observed-<engine>.toml\"`:\n"
+            "\nThe step overhead, all-reduce latency and per-request front-end cost fitted per engine by `sim calibrate --observed` (k-fold: each row's error comes from the fit on the other folds), as the shipped files record it; a scenario opts in with `cost.calibration = \"calibration/observed-<engine>.toml\"` (and the engine's `[engine]` keys), and `sim run` and `sim plan` then report bands from the folds and the held-out errors:\n"
         );
         for (file, header) in &r.observed_fits {
             let _ = writeln!(s, "- `{file}`: {header}");

@@ -1,12 +1,14 @@
 //! The cost model against aiconfigurator's measured deployments
 //! (`calibration/serving/aiconfigurator/silicon.csv`): every aggregated row of a dense model
 //! and a GPU the catalog has is simulated as the benchmark ran it — `concurrency` clients
-//! in a closed loop, every request `isl` prompt and `osl` output tokens, on `tp` GPUs, in the
-//! row's dtype — and its mean TTFT and TPOT set against the measured ones. The client is
-//! InferenceX's (a fork of vLLM's `benchmark_serving`, which produced most rows): a
-//! random dataset whose prompt and output lengths are uniform in `[0.8 L, L]`
-//! (`--random-range-ratio 0.8`, `--ignore-eos`), `10 x concurrency` requests, all clients
-//! starting at once (`--request-rate inf --max-concurrency C`). Rows the
+//! in a closed loop (one replica's share, `batch_size`, where the deployment had several),
+//! `10 x concurrency` requests, all clients starting at once, on `tp` GPUs, in the row's
+//! dtype, under the engine's own serving defaults — and its mean TTFT and TPOT set against
+//! the measured ones. The request stream is the client's:
+//! [`BenchClient::InferenceX`] rows (a fork of vLLM's `benchmark_serving`,
+//! `--random-range-ratio 0.8`) draw prompt and output lengths uniform in `[0.8 L, L]`;
+//! [`BenchClient::Aiperf`] rows (aiconfigurator's gap analysis) send exactly `isl`/`osl`,
+//! so the clients stay in step and each wave's prefills queue behind one another. Rows the
 //! simulator cannot take yet are counted by reason (MoE and MLA models, fp4, pipeline or
 //! attention data parallelism: issue 18).
 //!
@@ -17,7 +19,7 @@ use std::path::Path;
 use rayon::prelude::*;
 
 use crate::catalog::Dtype;
-use crate::observed::silicon::AggregateRow;
+use crate::observed::silicon::{AggregateRow, BenchClient};
 use crate::run::{run_variant, BackendKind};
 use crate::scenario::Scenario;
 use crate::workload::{ArrivalConfig, LengthDist};
@@ -29,6 +31,8 @@ pub struct EngineCost {
     pub request_overhead_ms: Option<f64>,
     /// `cost.step_overhead_us`.
     pub step_overhead_us: Option<f64>,
+    /// `cost.allreduce_latency_us`.
+    pub allreduce_latency_us: Option<f64>,
 }
 
 /// `(why, rows)` of the rows not simulated.
@@ -111,6 +115,43 @@ fn plan(row: &AggregateRow) -> Result<(&'static str, &'static str, Dtype), Strin
     Ok((model, gpu, dtype))
 }
 
+/// Each engine's serving defaults that shape a closed loop, as their sources set them
+/// for these GPUs (80-192 GB):
+/// - vLLM V1: chunked prefill mixed into decode steps, an 8,192-token budget (its
+///   default for the API server on large GPUs), 1,024 sequences, optimistic admission,
+///   `gpu_memory_utilization` 0.9.
+/// - SGLang 0.5: a prefill batch runs alone, decodes waiting (`enable_mixed_chunk` off), and
+///   runs whenever a waiting request is admitted (prefill first), up to 8,192 tokens
+///   (`chunked_prefill_size`); admission by its new-token-ratio estimate; weights and KV
+///   take `mem_fraction_static = (M - 9.5 - tp/2 GiB) / M` of the GPU's M GiB
+///   (0.5.1's rule for H100-class GPUs).
+/// - TensorRT-LLM (PyTorch backend): context and generation requests in one step up to
+///   `max_num_tokens` 8,192; `GUARANTEED_NO_EVICT` reserves prompt + output at admission;
+///   KV takes 0.9 of what is left.
+fn engine_defaults(engine: &mut crate::scenario::EngineConfig, backend: &str, gpu: &str, tp: u32) {
+    use engine::scheduler::{AdmissionPolicy, SchedulerKind};
+    engine.max_num_batched_tokens = Some(8192);
+    engine.max_num_seqs = 1024;
+    match backend {
+        "sglang" => {
+            engine.scheduler = SchedulerKind::Continuous;
+            engine.admission = AdmissionPolicy::Estimated;
+            if let Some(g) = crate::catalog::find_gpu(gpu) {
+                let mem = g.mem_bytes / f64::from(1u32 << 30);
+                engine.gpu_memory_utilization =
+                    ((mem - 9.5 - f64::from(tp) / 2.0) / mem).clamp(0.5, 0.95);
+            }
+        }
+        "trtllm" => {
+            engine.scheduler = SchedulerKind::Chunked;
+            engine.admission = AdmissionPolicy::WorstCase;
+        }
+        _ => {
+            engine.scheduler = SchedulerKind::Chunked;
+        }
+    }
+}
+
 /// One closed-loop run of `row`; `None` when the deployment does not fit.
 fn simulate(
     scn: &Scenario,
@@ -134,28 +175,46 @@ fn simulate(
     if engine.step_overhead_us.is_some() {
         cfg.cost.step_overhead_us = engine.step_overhead_us;
     }
+    if engine.allreduce_latency_us.is_some() {
+        cfg.cost.allreduce_latency_us = engine.allreduce_latency_us;
+    }
     cfg.model.name = Some(model.to_string());
     cfg.model.dtype = dtype;
+    // NVIDIA's fp8 checkpoints quantize the KV cache too (`kv_cache_quant_algo: FP8`),
+    // which TensorRT-LLM follows; vLLM and SGLang keep a 16-bit cache unless told.
+    if row.backend == "trtllm" && dtype == Dtype::Fp8 {
+        cfg.model.kv_dtype = Some(Dtype::Fp8);
+    }
     cfg.hardware.gpu = Some(gpu.to_string());
     cfg.hardware.tp = row.tp.unwrap_or(1);
-    let c = row.concurrency.unwrap_or(1);
-    // Engines run the whole closed loop in one batch; vLLM V1's default budget.
-    cfg.engine.max_num_seqs = c.max(256);
-    cfg.engine.max_num_batched_tokens = Some(8192);
+    engine_defaults(&mut cfg.engine, &row.backend, gpu, cfg.hardware.tp);
+    // One replica and the clients it serves: a deployment of several replicas behind a
+    // router records its per-replica share as `batch_size`.
+    let c = row.batch_size.or(row.concurrency).unwrap_or(1);
+    cfg.engine.max_num_seqs = cfg.engine.max_num_seqs.max(c);
     cfg.engine.max_model_len = Some(row.isl + row.osl);
+    // The simulator's prefill-first scheduler prefills whole prompts (SGLang chunks the
+    // rare prompt beyond its 8,192 tokens): its budget must hold the longest.
+    if cfg.engine.scheduler == engine::scheduler::SchedulerKind::Continuous {
+        cfg.engine.max_num_batched_tokens = Some(8192.max(row.isl + row.osl));
+    }
     cfg.workload.num_requests = Some(WAVES * u64::from(c));
     cfg.workload.arrival = Some(ArrivalConfig::ClosedLoop {
         concurrency: c,
         think_time_s: 0.0,
         ramp_up_s: 0.0,
     });
-    // The client's random dataset: lengths uniform in [0.8 L, L].
-    let range = |l: u32| LengthDist::Uniform {
-        min: (f64::from(l) * 0.8) as u32,
-        max: l,
+    let lengths = |l: u32| match row.client {
+        // InferenceX's random dataset: lengths uniform in [0.8 L, L].
+        BenchClient::InferenceX => LengthDist::Uniform {
+            min: (f64::from(l) * 0.8) as u32,
+            max: l,
+        },
+        // aiperf with zero spread: every request the same, so the clients stay in step.
+        BenchClient::Aiperf => LengthDist::Fixed { value: l },
     };
-    cfg.workload.classes[0].prompt = Some(range(row.isl));
-    cfg.workload.classes[0].output = Some(range(row.osl));
+    cfg.workload.classes[0].prompt = Some(lengths(row.isl));
+    cfg.workload.classes[0].output = Some(lengths(row.osl));
     // A deployment that does not fit (weights or KV) is skipped, not an error.
     let Ok(v) = scn.resolve_config(&row.id, cfg) else {
         return Ok(None);

@@ -239,6 +239,9 @@ for key, v, expect in [("gemm_compute_eff", "0.0", "gemm_compute_eff"), ("gemm_m
                        ("calibration", '"../data/calibration-bad.toml"', "gemm_memory_eff"), ("warp_eff", "0.5", "warp_eff"),
                        ("kernel_launch_us", "nan", "kernel_launch_us")]:
     m(f"cost-{key}-{v.strip(chr(34)).replace('.', '_').replace('/', '').replace('-', 'neg')[:20]}", f"cost.{key}", v, expect)
+# A calibration's [fit] record (sim calibrate --observed): a bad error interval, fold or key.
+for name, expect in [("error", "ttft_error_90"), ("fold", "folds[1]"), ("key", "fit_quality")]:
+    m(f"cost-calibration-fit-{name}", "cost.calibration", f'"../data/calibration-fit-{name}.toml"', expect)
 SPEC = {"method": '"synthetic"', "k": "4", "acceptance": "[0.8, 0.6]"}
 for change, expect in [({"method": '"magic"'}, "magic"), ({"k": "0"}, "speculative.k"), ({"k": "100"}, "speculative.k"),
                        ({"acceptance": None}, "acceptance"), ({"mean_acceptance_length": "2.0"}, "mean_acceptance_length"),
@@ -436,6 +439,9 @@ DATA_FILES = {
     "lengths.csv": "n\n10\n20\n",
     "lengths-bad.csv": "n\n10\nten\n",
     "calibration-bad.toml": "[cost]\ngemm_memory_eff = 7.0\n",
+    "calibration-fit-error.toml": "[cost]\nstep_overhead_us = 100.0\n[fit]\nsource = \"test\"\nfolds = [{ step_overhead_us = 100.0 }, { step_overhead_us = 300.0 }]\nttft_error_50 = [-0.1, 0.1]\nttft_error_90 = [-1.5, 0.2]\ntpot_error_50 = [-0.1, 0.1]\ntpot_error_90 = [-0.2, 0.2]\n",
+    "calibration-fit-fold.toml": "[cost]\nstep_overhead_us = 100.0\n[fit]\nsource = \"test\"\nfolds = [{ step_overhead_us = 100.0 }, { step_overhead = 300.0 }]\nttft_error_50 = [-0.1, 0.1]\nttft_error_90 = [-0.2, 0.2]\ntpot_error_50 = [-0.1, 0.1]\ntpot_error_90 = [-0.2, 0.2]\n",
+    "calibration-fit-key.toml": "[cost]\nstep_overhead_us = 100.0\n[fit]\nsource = \"test\"\nfolds = [{ step_overhead_us = 100.0 }, { step_overhead_us = 300.0 }]\nttft_error_50 = [-0.1, 0.1]\nttft_error_90 = [-0.2, 0.2]\ntpot_error_50 = [-0.1, 0.1]\ntpot_error_90 = [-0.2, 0.2]\nfit_quality = 1\n",
     "steps.csv": "batch,ctx,tokens,ms\n1,512,0,6.8\n",
     "steps-bad.csv": "batch,ctx,tokens,ms\n1,512,0,fast\n",
     "gemm-bad-gpu.csv": "gpu,m,k,n,ms\ntpu-v5,64,4096,4096,0.1\n",
