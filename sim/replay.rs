@@ -99,6 +99,8 @@ pub struct Replay {
     pub figures: Vec<Figure>,
     /// The runtime reserve (GiB) the engine's KV block count implies, which the replay used.
     pub reserve_gib: Option<f64>,
+    /// How the send times were made when the run has none.
+    pub note: Option<String>,
 }
 
 impl Replay {
@@ -122,6 +124,9 @@ impl Replay {
                 String::new()
             }
         );
+        if let Some(n) = &self.note {
+            let _ = writeln!(s, "{n}");
+        }
         if let Some(r) = self.reserve_gib {
             let _ = writeln!(
                 s,
@@ -234,14 +239,9 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
             message: "no request succeeded".into(),
         });
     }
+    let (sends, note) = send_times(run, &ok)?;
     let mut trace = String::from("arrived_at,num_prefill_tokens,num_decode_tokens\n");
-    for r in &ok {
-        let Some(t) = r.send_s else {
-            return Err(ReplayError::Run {
-                path: run.path.clone(),
-                message: "the run has no send times (vLLM bench before 0.15 saves none): replay needs them".into(),
-            });
-        };
+    for (r, t) in ok.iter().zip(&sends) {
         let _ = writeln!(trace, "{t:.9},{},{}", r.prompt_len, r.output_len);
     }
     let trace_path = opts.out_dir.join("trace.csv");
@@ -285,15 +285,18 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
     let simulated = read_simulated(&sim_dir.join("base").join("requests.csv"))?;
     let measured: Vec<Sample> = ok
         .iter()
-        .map(|r| Sample {
-            send_s: r.send_s.unwrap_or(0.0),
+        .zip(&sends)
+        .map(|(r, &send_s)| Sample {
+            send_s,
             ttft_ms: r.ttft_ms.unwrap_or(0.0),
             tpot_ms: r.tpot_ms(),
             e2el_ms: r.e2el_ms.unwrap_or(0.0),
             queue_ms: r.queue_ms,
         })
         .collect();
-    let mut figures = compare(&measured, &simulated);
+    // Without the run's own send times its makespan is the duration the client measured.
+    let measured_duration = note.as_ref().and(e.duration_s);
+    let mut figures = compare(&measured, &simulated, measured_duration);
     if let Some(m) = e.num_gpu_blocks {
         figures.push(Figure {
             metric: "kv_blocks".into(),
@@ -308,6 +311,7 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
         failed,
         figures,
         reserve_gib,
+        note,
     };
     let html_path = opts.out_dir.join("replay.html");
     std::fs::write(&html_path, report_html(&replay, &measured, &simulated))
@@ -461,7 +465,76 @@ fn read_simulated(path: &Path) -> Result<Vec<Sample>, ReplayError> {
 }
 
 /// Means and percentiles of both sides.
-fn compare(measured: &[Sample], simulated: &[Sample]) -> Vec<Figure> {
+/// The send time of each request of `ok` (seconds from the first), and a note when the run
+/// records none and they are made: a vLLM bench run before 0.15 at rate `inf` sent every
+/// request at once (its `max_concurrency` pacing them, as the scenario's `max_in_flight`
+/// does); at a finite rate they are re-drawn from the client's gamma process (shape
+/// `burstiness`, mean gap `1 / rate`, a fixed seed), so its latencies compare as
+/// distributions, not request by request.
+fn send_times(
+    run: &ObservedRun,
+    ok: &[&crate::observed::ObservedRequest],
+) -> Result<(Vec<f64>, Option<String>), ReplayError> {
+    if let Some(sends) = ok.iter().map(|r| r.send_s).collect::<Option<Vec<f64>>>() {
+        return Ok((sends, None));
+    }
+    if run.format != "vllm-bench" {
+        return Err(ReplayError::Run {
+            path: run.path.clone(),
+            message: "the run has no send times: replay needs them".into(),
+        });
+    }
+    let e = &run.engine;
+    let Some(rate) = e.request_rate else {
+        if !e.all_at_once {
+            return Err(ReplayError::Run {
+                path: run.path.clone(),
+                message: "the run has no send times and no request_rate: replay needs one of them"
+                    .into(),
+            });
+        }
+        return Ok((
+            vec![0.0; ok.len()],
+            Some(format!(
+                "the run saved no send times (vLLM bench before 0.15): at request rate inf every request is sent at once{}",
+                e.max_concurrency
+                    .map_or(String::new(), |c| format!(", at most {c} in flight"))
+            )),
+        ));
+    };
+    use rand::SeedableRng;
+    use rand_distr::Distribution;
+    let shape = e.burstiness.unwrap_or(1.0);
+    let gaps =
+        rand_distr::Gamma::new(shape, 1.0 / (rate * shape)).map_err(|err| ReplayError::Run {
+            path: run.path.clone(),
+            message: format!("request_rate {rate} and burstiness {shape}: {err}"),
+        })?;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let mut t = 0.0;
+    let sends = ok
+        .iter()
+        .enumerate()
+        .map(|(i, _)| {
+            if i > 0 {
+                t += gaps.sample(&mut rng);
+            }
+            t
+        })
+        .collect();
+    Ok((
+        sends,
+        Some(format!(
+            "the run saved no send times (vLLM bench before 0.15): re-drawn at its {rate} req/s (burstiness {shape}), so latencies compare as distributions, not request by request"
+        )),
+    ))
+}
+
+fn compare(
+    measured: &[Sample],
+    simulated: &[Sample],
+    measured_duration_s: Option<f64>,
+) -> Vec<Figure> {
     type Pick = fn(&Sample) -> Option<f64>;
     let metrics: [(&str, Pick); 4] = [
         ("ttft", |s| Some(s.ttft_ms)),
@@ -501,7 +574,8 @@ fn compare(measured: &[Sample], simulated: &[Sample]) -> Vec<Figure> {
     };
     figures.push(Figure {
         metric: "throughput_rps".into(),
-        measured: throughput(measured),
+        measured: measured_duration_s
+            .map_or_else(|| throughput(measured), |d| measured.len() as f64 / d),
         simulated: throughput(simulated),
     });
     figures

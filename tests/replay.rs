@@ -83,3 +83,47 @@ fn the_rtx_4090_run_replays_with_the_kv_blocks_vllm_allocated() {
     assert_eq!(scn.variants[0].memory.num_blocks, 2588);
     assert!(error(&r, "ttft_mean_ms").is_finite());
 }
+
+/// A vLLM bench run saved before vLLM 0.15 has no `start_times`. At request rate `inf` the
+/// client sent every request at once under its `max_concurrency`, which the replay does; at
+/// a finite rate the sends are re-drawn from its rate and burstiness. Either way the replay
+/// says so, and its measured throughput is the run's own (`duration`). Without a rate
+/// there is nothing to go on: one line saying so.
+#[test]
+fn vllm_bench_runs_without_send_times_replay_from_their_settings() {
+    let text = std::fs::read_to_string("tests/data/observed/vllm_bench.json").expect("fixture");
+    let mut json: serde_json::Value = serde_json::from_str(&text).expect("json");
+    json.as_object_mut().expect("object").remove("start_times");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let replay_of = |json: &serde_json::Value, name: &str| {
+        let path = dir.path().join(format!("{name}.json"));
+        std::fs::write(&path, json.to_string()).expect("write");
+        let observed = sim::observed::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        let opts = ReplayOptions {
+            out_dir: dir.path().join(name),
+            calibration: None,
+            model: Some("llama-3.1-8b".into()),
+            gpu: Some("h100-sxm".into()),
+            driver: DriverKind::Inline,
+        };
+        replay(&observed, &opts)
+    };
+    let r = replay_of(&json, "inf").unwrap_or_else(|e| panic!("{e}"));
+    let note = r.note.as_deref().expect("a note");
+    assert!(note.contains("at most 2 in flight"), "{note}");
+    assert_eq!(r.requests, 2);
+    // The fixture's duration is 1.9 s for its 2 successful requests.
+    let tput = r.figure("throughput_rps").expect("throughput");
+    assert!((tput.measured - 2.0 / 1.9).abs() < 1e-9, "{tput:?}");
+    let scenario = std::fs::read_to_string(dir.path().join("inf/replay.toml")).expect("scenario");
+    assert!(scenario.contains("max_in_flight = 2"), "{scenario}");
+
+    json["request_rate"] = serde_json::json!(4.0);
+    json["burstiness"] = serde_json::json!(0.5);
+    let r = replay_of(&json, "rate").unwrap_or_else(|e| panic!("{e}"));
+    assert!(r.note.expect("a note").contains("re-drawn at its 4 req/s"));
+
+    json.as_object_mut().expect("object").remove("request_rate");
+    let e = replay_of(&json, "none").expect_err("no rate, no send times");
+    assert!(e.to_string().contains("no request_rate"), "{e}");
+}

@@ -114,6 +114,7 @@ pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
         prefix_caching: kv.and_then(|k| k.enable_prefix_caching),
         max_concurrency: None,
         request_rate: None,
+        ..ObservedEngine::default()
     };
     let req_path = dir.join("vllm").join("requests.jsonl");
     let file = std::fs::File::open(&req_path)

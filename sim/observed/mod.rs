@@ -134,6 +134,12 @@ pub struct ObservedEngine {
     pub max_concurrency: Option<u32>,
     /// The offered request rate (req/s; `None`: all at once or unknown).
     pub request_rate: Option<f64>,
+    /// The client sent every request at once (vLLM bench's request rate `inf`).
+    pub all_at_once: bool,
+    /// The client's burstiness (the shape of its gamma inter-arrival times; 1: Poisson).
+    pub burstiness: Option<f64>,
+    /// The benchmark's measured duration (s), first send to last response.
+    pub duration_s: Option<f64>,
 }
 
 /// A real run: its requests in send order and its deployment.

@@ -5,6 +5,7 @@
 //! request), `errors` (`""` when it succeeded), and from vLLM 0.15 `start_times` (the
 //! client's `perf_counter` when it sent the request, s). E2EL is `latencies` when saved
 //! (newer vLLM), else TTFT plus the ITLs. A failed request keeps its place with output 0.
+//! `burstiness` and `duration` (s) are kept for replays of runs without `start_times`.
 
 use std::path::Path;
 
@@ -26,6 +27,8 @@ struct Bench {
     errors: Option<Vec<String>>,
     start_times: Option<Vec<f64>>,
     latencies: Option<Vec<f64>>,
+    burstiness: Option<f64>,
+    duration: Option<f64>,
 }
 
 /// Reads a vLLM bench result file.
@@ -149,6 +152,18 @@ pub(super) fn read(path: &Path) -> Result<ObservedRun, ObservedError> {
         }
         requests = sorted;
     }
+    for (field, v) in [("burstiness", b.burstiness), ("duration", b.duration)] {
+        if let Some(x) = v {
+            if !(x.is_finite() && x > 0.0) {
+                return Err(ObservedError::at(
+                    path,
+                    None,
+                    field,
+                    format!("must be a positive number, got {x}"),
+                ));
+            }
+        }
+    }
     let rate = match &b.request_rate {
         Some(serde_json::Value::Number(x)) => x.as_f64().filter(|r| r.is_finite() && *r > 0.0),
         _ => None,
@@ -161,6 +176,9 @@ pub(super) fn read(path: &Path) -> Result<ObservedRun, ObservedError> {
             model: b.model_id,
             max_concurrency: b.max_concurrency,
             request_rate: rate,
+            all_at_once: matches!(&b.request_rate, Some(serde_json::Value::String(r)) if r == "inf"),
+            burstiness: b.burstiness,
+            duration_s: b.duration,
             ..ObservedEngine::default()
         },
         requests,

@@ -338,7 +338,8 @@ CLI = [
     ("--model tpu-llm", "replay {bad}/data/run-ok.csv --model tpu-llm --out {tmp}"),
     ("does not name its GPU", "replay {bad}/data/run-ok.csv --model llama-3-8b --out {tmp}"),
     ("--gpu rtx-9090", "replay {bad}/data/run-ok.csv --model llama-3-8b --gpu rtx-9090 --out {tmp}"),
-    ("run-bench-old.json: the run has no send times", "replay {bad}/data/run-bench-old.json --model llama-3-8b --gpu h100 --out {tmp}"),
+    ("run-bench-old.json: the run has no send times and no request_rate", "replay {bad}/data/run-bench-old.json --model llama-3-8b --gpu h100 --out {tmp}"),
+    ("run-bench-burstiness.json: burstiness: must be a positive number", "replay {bad}/data/run-bench-burstiness.json --model llama-3-8b --gpu h100 --out {tmp}"),
 ]
 
 GPU_OK = {"name": '"g"', "memory_gib": "80", "bf16_tflops": "989", "fp32_tflops": "67",
@@ -447,6 +448,7 @@ DATA_FILES = {
     "gemm-bad-gpu.csv": "gpu,m,k,n,ms\ntpu-v5,64,4096,4096,0.1\n",
     "run-ok.csv": "send_s,prompt_len,output_len,ttft_ms,e2el_ms\n0,100,10,20,120\n",
     "run-bad.csv": "send_s,prompt_len,output_len,ttft_ms,e2el_ms\n1,100,10,20,120\n0.5,100,10,20,120\n",
+    "run-bench-burstiness.json": '{"request_rate": 2.0, "burstiness": -1.0, "input_lens": [100], "output_lens": [10], "ttfts": [0.02], "itls": [[0.01]], "errors": [""]}',
     "run-bench-old.json": '{"input_lens": [100], "output_lens": [10], "ttfts": [0.02], "itls": [[0.01]], "errors": [""]}',
 }
 GGUF_FILES = {
