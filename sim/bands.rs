@@ -99,7 +99,12 @@ pub fn bands(
             continue;
         };
         let Some(fit) = &v.fit else { continue };
-        let others = fit.other_fits(&v.config.cost);
+        let others = fit.other_fits(&v.config.cost).map_err(|msg| {
+            SimError::Scenario(crate::scenario::ScenarioError {
+                file: scenario.path.display().to_string(),
+                msg: format!("variant `{}`: cost.calibration: {msg}", v.name),
+            })
+        })?;
         fits.push((i, fit, others.len()));
         for cost in others {
             let mut cfg = v.config.clone();

@@ -236,7 +236,13 @@ pub fn plan_bands(
     };
     let slo = &scn.base.slo;
     let mut folds: Vec<Vec<PlanRow>> = Vec::new();
-    for cost in fit.other_fits(&scn.base.cost) {
+    let others = fit.other_fits(&scn.base.cost).map_err(|msg| {
+        SimError::Scenario(crate::scenario::ScenarioError {
+            file: scn.path.display().to_string(),
+            msg: format!("cost.calibration: {msg}"),
+        })
+    })?;
+    for cost in others {
         folds.push(plan_with(scn, inp, Some(&cost), slo.ttft_ms, slo.tpot_ms)?);
     }
     let scaled = |side: usize| {

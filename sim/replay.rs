@@ -295,8 +295,14 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
         })
         .collect();
     // Without the run's own send times its makespan is the duration the client measured.
-    let measured_duration = note.as_ref().and(e.duration_s);
-    let mut figures = compare(&measured, &simulated, measured_duration);
+    // Without the run's own send times its makespan is the duration the client measured;
+    // without that either, there is no measured throughput to compare.
+    let measured_makespan = match (&note, e.duration_s) {
+        (None, _) => Makespan::FromSends,
+        (Some(_), Some(d)) => Makespan::Measured(d),
+        (Some(_), None) => Makespan::Unknown,
+    };
+    let mut figures = compare(&measured, &simulated, measured_makespan);
     if let Some(m) = e.num_gpu_blocks {
         figures.push(Figure {
             metric: "kv_blocks".into(),
@@ -530,11 +536,18 @@ fn send_times(
     ))
 }
 
-fn compare(
-    measured: &[Sample],
-    simulated: &[Sample],
-    measured_duration_s: Option<f64>,
-) -> Vec<Figure> {
+/// What the measured throughput is computed over.
+#[derive(Debug, Clone, Copy)]
+enum Makespan {
+    /// First send to last finish of the run's own send times.
+    FromSends,
+    /// The duration the client measured (s).
+    Measured(f64),
+    /// Neither: no measured throughput.
+    Unknown,
+}
+
+fn compare(measured: &[Sample], simulated: &[Sample], makespan: Makespan) -> Vec<Figure> {
     type Pick = fn(&Sample) -> Option<f64>;
     let metrics: [(&str, Pick); 4] = [
         ("ttft", |s| Some(s.ttft_ms)),
@@ -572,10 +585,14 @@ fn compare(
             .fold(f64::NEG_INFINITY, f64::max);
         v.len() as f64 / (end - start).max(1e-9)
     };
+    let measured_throughput = match makespan {
+        Makespan::FromSends => throughput(measured),
+        Makespan::Measured(d) => measured.len() as f64 / d,
+        Makespan::Unknown => return figures,
+    };
     figures.push(Figure {
         metric: "throughput_rps".into(),
-        measured: measured_duration_s
-            .map_or_else(|| throughput(measured), |d| measured.len() as f64 / d),
+        measured: measured_throughput,
         simulated: throughput(simulated),
     });
     figures

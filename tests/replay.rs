@@ -118,6 +118,15 @@ fn vllm_bench_runs_without_send_times_replay_from_their_settings() {
     let scenario = std::fs::read_to_string(dir.path().join("inf/replay.toml")).expect("scenario");
     assert!(scenario.contains("max_in_flight = 2"), "{scenario}");
 
+    // Without the run's duration there is no measured throughput to set against.
+    let mut no_duration = json.clone();
+    no_duration
+        .as_object_mut()
+        .expect("object")
+        .remove("duration");
+    let r = replay_of(&no_duration, "no-duration").unwrap_or_else(|e| panic!("{e}"));
+    assert!(r.figure("throughput_rps").is_none());
+
     json["request_rate"] = serde_json::json!(4.0);
     json["burstiness"] = serde_json::json!(0.5);
     let r = replay_of(&json, "rate").unwrap_or_else(|e| panic!("{e}"));

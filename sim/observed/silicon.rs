@@ -170,7 +170,8 @@ pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
             isl: int(isl, "isl")?,
             osl: int(osl, "osl")?,
             concurrency,
-            batch_size: if text(batch).is_empty() {
+            // 0 or empty: not given (disaggregated rows count per phase).
+            batch_size: if text(batch).is_empty() || text(batch) == "0" {
                 None
             } else {
                 Some(int(batch, "batch_size")?)

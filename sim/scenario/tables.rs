@@ -58,8 +58,11 @@ pub(super) fn expand_calibration(
                 e.into_inner().message().trim()
             )
         })?;
-    let fit = FitRecord::from_file_table(&parsed)
+    let mut fit = FitRecord::from_file_table(&parsed)
         .map_err(|e| format!("cost.calibration: {shown}: {e}"))?;
+    if let Some(f) = fit.as_mut() {
+        f.pinned = cost.keys().cloned().collect();
+    }
     let mut merged = from_file.clone();
     merge(&mut merged, cost);
     *cost = merged;

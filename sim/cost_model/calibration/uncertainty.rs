@@ -28,6 +28,10 @@ pub struct FitRecord {
     pub tpot_error_50: [f64; 2],
     /// ... and central 90% interval.
     pub tpot_error_90: [f64; 2],
+    /// `[cost]` keys the scenario sets itself, which win over the file's and so over
+    /// every fold's (not in the file: filled in when a scenario reads it).
+    #[serde(skip)]
+    pub pinned: Vec<String>,
 }
 
 impl FitRecord {
@@ -70,29 +74,34 @@ impl FitRecord {
 
     /// The folds' fits that differ from `cost` (what the scenario runs with), each once,
     /// in file order: the extra runs a band needs. A key that some fold sets and another
-    /// omits is at its default in the one that omits it.
-    pub fn other_fits(&self, cost: &CostParams) -> Vec<CostParams> {
-        let fitted: std::collections::BTreeSet<&String> =
-            self.folds.iter().flat_map(|f| f.keys()).collect();
+    /// omits is at its default in the one that omits it; a key the scenario sets itself
+    /// ([`FitRecord::pinned`]) keeps the scenario's value in every fold.
+    pub fn other_fits(&self, cost: &CostParams) -> Result<Vec<CostParams>, String> {
+        let pinned = |k: &str| self.pinned.iter().any(|p| p == k);
+        let fitted: std::collections::BTreeSet<&String> = self
+            .folds
+            .iter()
+            .flat_map(|f| f.keys())
+            .filter(|k| !pinned(k))
+            .collect();
+        let base = toml::Table::try_from(cost).map_err(|e| format!("[cost]: {e}"))?;
         let mut out: Vec<CostParams> = Vec::new();
-        for fold in &self.folds {
-            let Ok(mut table) = toml::Table::try_from(cost) else {
-                continue;
-            };
+        for (i, fold) in self.folds.iter().enumerate() {
+            let mut table = base.clone();
             for k in &fitted {
                 table.remove(k.as_str());
             }
-            for (k, v) in fold {
+            for (k, v) in fold.iter().filter(|(k, _)| !pinned(k)) {
                 table.insert(k.clone(), v.clone());
             }
-            let Ok(p) = toml::Value::Table(table).try_into::<CostParams>() else {
-                continue;
-            };
+            let p = toml::Value::Table(table)
+                .try_into::<CostParams>()
+                .map_err(|e| format!("[fit] folds[{i}]: {}", e.message().trim()))?;
             if p != *cost && !out.contains(&p) {
                 out.push(p);
             }
         }
-        out
+        Ok(out)
     }
 
     /// The values a measurement takes when the simulator predicts `predicted` and its
@@ -131,7 +140,7 @@ tpot_error_90 = [-0.2, 0.3]
             request_overhead_ms: Some(40.0),
             ..CostParams::default()
         };
-        let others = fit.other_fits(&cost);
+        let others = fit.other_fits(&cost).expect("folds apply");
         assert_eq!(others.len(), 1);
         assert_eq!(others[0].request_overhead_ms, Some(80.0));
         // A fold without the all-reduce latency that another fold fits runs with the
@@ -142,10 +151,23 @@ tpot_error_90 = [-0.2, 0.3]
             allreduce_latency_us: Some(25.0),
             ..cost
         };
-        let others = fit.other_fits(&cost);
+        let others = fit.other_fits(&cost).expect("folds apply");
         assert_eq!(others.len(), 1);
         assert_eq!(others[0].allreduce_latency_us, None);
         assert_eq!(record("[cost]\n").expect("valid"), None);
+    }
+
+    #[test]
+    fn a_key_the_scenario_sets_stays_in_every_fold() {
+        let mut fit = record(GOOD).expect("valid").expect("present");
+        fit.pinned = vec!["request_overhead_ms".into()];
+        let cost = CostParams {
+            step_overhead_us: Some(1500.0),
+            request_overhead_ms: Some(7.0),
+            ..CostParams::default()
+        };
+        // Both folds differ only in the pinned key: no extra run.
+        assert!(fit.other_fits(&cost).expect("folds apply").is_empty());
     }
 
     #[test]

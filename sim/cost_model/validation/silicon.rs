@@ -126,8 +126,10 @@ fn plan(row: &AggregateRow) -> Result<(&'static str, &'static str, Dtype), Strin
 ///   take `mem_fraction_static = (M - 9.5 - tp/2 GiB) / M` of the GPU's M GiB
 ///   (0.5.1's rule for H100-class GPUs).
 /// - TensorRT-LLM (PyTorch backend): context and generation requests in one step up to
-///   `max_num_tokens` 8,192; `GUARANTEED_NO_EVICT` reserves prompt + output at admission;
-///   KV takes 0.9 of what is left.
+///   `max_num_tokens` 8,192; `GUARANTEED_NO_EVICT` reserves prompt + output at admission.
+///   Its KV cache takes 0.9 of the memory left after weights and activations; the plan
+///   here keeps vLLM's rule (0.9 of the GPU, less weights and activations), which gives it
+///   0.1 x the weights less.
 fn engine_defaults(engine: &mut crate::scenario::EngineConfig, backend: &str, gpu: &str, tp: u32) {
     use engine::scheduler::{AdmissionPolicy, SchedulerKind};
     engine.max_num_batched_tokens = Some(8192);
