@@ -126,10 +126,9 @@ fn plan(row: &AggregateRow) -> Result<(&'static str, &'static str, Dtype), Strin
 ///   take `mem_fraction_static = (M - 9.5 - tp/2 GiB) / M` of the GPU's M GiB
 ///   (0.5.1's rule for H100-class GPUs).
 /// - TensorRT-LLM (PyTorch backend): context and generation requests in one step up to
-///   `max_num_tokens` 8,192; `GUARANTEED_NO_EVICT` reserves prompt + output at admission.
-///   Its KV cache takes 0.9 of the memory left after weights and activations; the plan
-///   here keeps vLLM's rule (0.9 of the GPU, less weights and activations), which gives it
-///   0.1 x the weights less.
+///   `max_num_tokens` 8,192; `GUARANTEED_NO_EVICT` reserves prompt + output at admission;
+///   the KV cache takes 0.9 of the memory weights and activations leave (set in
+///   [`simulate`] once the plan knows them).
 fn engine_defaults(engine: &mut crate::scenario::EngineConfig, backend: &str, gpu: &str, tp: u32) {
     use engine::scheduler::{AdmissionPolicy, SchedulerKind};
     engine.max_num_batched_tokens = Some(8192);
@@ -218,9 +217,20 @@ fn simulate(
     cfg.workload.classes[0].prompt = Some(lengths(row.isl));
     cfg.workload.classes[0].output = Some(lengths(row.osl));
     // A deployment that does not fit (weights or KV) is skipped, not an error.
-    let Ok(v) = scn.resolve_config(&row.id, cfg) else {
+    let Ok(mut v) = scn.resolve_config(&row.id, cfg.clone()) else {
         return Ok(None);
     };
+    if row.backend == "trtllm" {
+        // TensorRT-LLM gives the KV cache 0.9 of what weights and activations leave:
+        // the same plan with `0.9 + 0.1 x (weights + activations) / memory` of the GPU.
+        let m = &v.memory;
+        cfg.engine.gpu_memory_utilization =
+            0.9 + 0.1 * (m.weight_bytes + m.activation_bytes) / m.gpu_mem_bytes;
+        let Ok(w) = scn.resolve_config(&row.id, cfg) else {
+            return Ok(None);
+        };
+        v = w;
+    }
     let r = run_variant(
         scn,
         &v,
