@@ -225,6 +225,11 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
     let toml = fit_toml(f, "silicon-small.csv", 3);
     assert!(toml.contains("[cost]\nframework = \"tensorrt-llm\"\nstep_overhead_us = "));
     assert!(toml.contains("\nrequest_overhead_ms = "));
+    // The engine keys it names are the ones the shipped TensorRT-LLM fit names.
+    let engine_line = "[engine] scheduler = \"chunked\", admission = \"worst-case\",\n# max_num_batched_tokens = 8192.\n";
+    assert!(toml.contains(engine_line), "{toml}");
+    let shipped = std::fs::read_to_string("calibration/observed-trtllm.toml").expect("shipped fit");
+    assert!(shipped.contains(engine_line), "{shipped}");
 
     // The file records its folds; a scenario calibrated with it gets bands from them.
     let parsed: toml::Table = toml::from_str(&toml).expect("calibration file parses");

@@ -114,7 +114,7 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
             "{}: no run replayed: {} found, all skipped (first: {})",
             args.run.display(),
             runs.len(),
-            skipped[0]
+            skipped.first().map_or("none", String::as_str)
         );
     }
     for s in &skipped {

@@ -16,7 +16,7 @@
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
-use crate::cost_model::validation::silicon::{silicon_checks_with, EngineCost};
+use crate::cost_model::validation::silicon::{self, silicon_checks_with, EngineCost};
 use crate::observed::silicon::AggregateRow;
 
 /// The front-end costs tried, milliseconds.
@@ -267,17 +267,17 @@ pub fn fit_engine_costs(
 
 /// The calibration file of one engine's fit.
 pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
-    let framework = if fit.engine == "trtllm" {
-        "tensorrt-llm"
-    } else {
-        "vllm-v1"
-    };
+    let framework = toml::Value::try_from(silicon::engine_framework(&fit.engine))
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
     let folds_text: Vec<String> = fit.fold_fits.iter().map(FoldFit::describe).collect();
-    let engine_keys = match fit.engine.as_str() {
-        "sglang" => "scheduler = \"continuous\", admission = \"estimated\"",
-        "trtllm" => "scheduler = \"chunked\", admission = \"worst-case\"",
-        _ => "scheduler = \"chunked\"",
-    };
+    // The header's line break sits before the last key, as the shipped files have it.
+    let engine_keys = silicon::engine_keys(&fit.engine).replacen(
+        ", max_num_batched_tokens",
+        ",\n# max_num_batched_tokens",
+        1,
+    );
     let edge = if fit.request_overhead_ms >= CANDIDATES_MS[CANDIDATES_MS.len() - 1] {
         "\n# The front-end cost is the largest tried: a constant does not explain these rows."
     } else {
@@ -288,8 +288,7 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
          # fitted by `sim calibrate --observed {source}` to {rows} measured closed-loop deployments of {engine}\n\
          # (aiconfigurator silicon.csv), one term at a time. {folds}-fold held-out: TTFT median |err| {t:.1}%, p90 {t90:.1}%\n\
          # (defaults: {bt:.1}%), TPOT median |err| {p:.1}%, p90 {p90:.1}% (defaults: {bp:.1}%); the folds' fits: {ff}.{edge}\n\
-         # Fitted under the engine's serving defaults (`sim validate-model`): [engine] {engine_keys},\n\
-         # max_num_batched_tokens = 8192.\n\
+         # Fitted under the engine's serving defaults (`sim validate-model`): [engine] {engine_keys}.\n\
          [cost]\nframework = \"{framework}\"\nstep_overhead_us = {us:.1}\n{ar}request_overhead_ms = {ms:.1}\n",
         ar = fit
             .allreduce_latency_us

@@ -153,6 +153,34 @@ fn engine_defaults(engine: &mut crate::scenario::EngineConfig, backend: &str, gp
     }
 }
 
+/// The CPU overheads an engine's rows run with: TensorRT-LLM's C++ runtime, or vLLM V1's
+/// for vLLM and SGLang (both Python schedulers with CUDA graphs).
+pub fn engine_framework(backend: &str) -> crate::cost_model::Framework {
+    if backend == "trtllm" {
+        crate::cost_model::Framework::TensorrtLlm
+    } else {
+        crate::cost_model::Framework::VllmV1
+    }
+}
+
+/// The `[engine]` keys [`engine_defaults`] sets for `backend` beyond vLLM's, as TOML
+/// (`scheduler = "continuous", admission = "estimated", max_num_batched_tokens = 8192`): what
+/// a scenario that opts into the engine's fit should set too.
+pub fn engine_keys(backend: &str) -> String {
+    let mut e = crate::scenario::EngineConfig::default();
+    engine_defaults(&mut e, backend, "", 1);
+    let name = |v: toml::Value| v.as_str().map(str::to_string).unwrap_or_default();
+    let mut keys = vec![format!("scheduler = \"{}\"", e.scheduler.as_str())];
+    if e.admission != engine::scheduler::AdmissionPolicy::default() {
+        let admission = toml::Value::try_from(e.admission).map_or(String::new(), name);
+        keys.push(format!("admission = \"{admission}\""));
+    }
+    if let Some(t) = e.max_num_batched_tokens {
+        keys.push(format!("max_num_batched_tokens = {t}"));
+    }
+    keys.join(", ")
+}
+
 /// One closed-loop run of `row`; `None` when the deployment does not fit.
 fn simulate(
     scn: &Scenario,
@@ -163,13 +191,7 @@ fn simulate(
     engine: EngineCost,
 ) -> Result<Option<analysis::Summary>, crate::SimError> {
     let mut cfg = scn.base.clone();
-    // The engine's CPU overheads: TensorRT-LLM's C++ runtime, or vLLM V1's for vLLM and
-    // SGLang (both Python schedulers with CUDA graphs).
-    cfg.cost.framework = if row.backend == "trtllm" {
-        crate::cost_model::Framework::TensorrtLlm
-    } else {
-        crate::cost_model::Framework::VllmV1
-    };
+    cfg.cost.framework = engine_framework(&row.backend);
     if engine.request_overhead_ms.is_some() {
         cfg.cost.request_overhead_ms = engine.request_overhead_ms;
     }
