@@ -62,6 +62,21 @@ pub struct ReplayOptions {
     pub gpu: Option<String>,
     /// Driver.
     pub driver: DriverKind,
+    /// Where measured operator times come from.
+    pub profiles: ProfileChoice,
+}
+
+/// Whether a replay prices steps from measured operator times or on the roofline.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum ProfileChoice {
+    /// The profile beside an LLMServingSim run (`profiles/<GPU>/<model>/<variant>/`), if
+    /// there is one; the roofline otherwise.
+    #[default]
+    Auto,
+    /// The roofline.
+    Off,
+    /// This profile folder (its `meta.yaml`'s), or a folder in LLMServingSim's layout.
+    From(PathBuf),
 }
 
 /// One compared figure.
@@ -101,6 +116,8 @@ pub struct Replay {
     pub reserve_gib: Option<f64>,
     /// How the send times were made when the run has none.
     pub note: Option<String>,
+    /// The operator profile the steps were priced with (`None`: the roofline).
+    pub profile: Option<PathBuf>,
 }
 
 impl Replay {
@@ -126,6 +143,18 @@ impl Replay {
         );
         if let Some(n) = &self.note {
             let _ = writeln!(s, "{n}");
+        }
+        match &self.profile {
+            Some(p) => {
+                let _ = writeln!(
+                    s,
+                    "steps priced from measured operator times in {}",
+                    p.display()
+                );
+            }
+            None => {
+                let _ = writeln!(s, "steps priced on the roofline (no operator profile)");
+            }
         }
         if let Some(r) = self.reserve_gib {
             let _ = writeln!(
@@ -221,6 +250,7 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
     }
     let model = resolve_model(run, opts.model.as_deref())?;
     let gpu = resolve_gpu(run, opts.gpu.as_deref())?;
+    let profile = find_profile(run, opts)?;
     let io = |path: &Path, err: std::io::Error| ReplayError::Io {
         path: path.to_path_buf(),
         message: err.to_string(),
@@ -250,7 +280,11 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
     // the engine allocated, the replay holds exactly those, with the runtime reserve that
     // count implies (vLLM's profile run measured it; the plan's default is a guess).
     let path = opts.out_dir.join("replay.toml");
-    std::fs::write(&path, scenario_text(run, model, gpu, opts, None)).map_err(|e| io(&path, e))?;
+    std::fs::write(
+        &path,
+        scenario_text(run, model, gpu, opts, None, profile.as_deref()),
+    )
+    .map_err(|e| io(&path, e))?;
     let predicted = Scenario::load(&path, None)?.variants[0].memory.clone();
     let mut reserve_gib = None;
     if let Some(blocks) = e.num_gpu_blocks {
@@ -271,7 +305,14 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
         }
         let gib = reserve / f64::from(1u32 << 30);
         reserve_gib = Some(gib);
-        let text = scenario_text(run, model, gpu, opts, Some((blocks, gib)));
+        let text = scenario_text(
+            run,
+            model,
+            gpu,
+            opts,
+            Some((blocks, gib)),
+            profile.as_deref(),
+        );
         std::fs::write(&path, text).map_err(|e| io(&path, e))?;
     }
     let scn = Scenario::load(&path, None)?;
@@ -318,6 +359,7 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
         figures,
         reserve_gib,
         note,
+        profile,
     };
     let html_path = opts.out_dir.join("replay.html");
     std::fs::write(&html_path, report_html(&replay, &measured, &simulated))
@@ -341,8 +383,16 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
 /// A run's name for folders and scenario names: its file or folder name, with anything
 /// but letters, digits, `-` and `.` made `-`.
 pub fn run_name(path: &Path) -> String {
-    path.file_stem()
-        .and_then(|n| n.to_str())
+    // A run file loses its extension; a folder keeps its whole name (`Llama-3.1-8B`).
+    let is_file = path
+        .extension()
+        .is_some_and(|x| x == "json" || x == "csv" || x == "jsonl");
+    let name = if is_file {
+        path.file_stem()
+    } else {
+        path.file_name()
+    };
+    name.and_then(|n| n.to_str())
         .unwrap_or("run")
         .chars()
         .map(|c| {
@@ -362,6 +412,7 @@ fn scenario_text(
     gpu: &str,
     opts: &ReplayOptions,
     blocks: Option<(u32, f64)>,
+    profile: Option<&Path>,
 ) -> String {
     let e = &run.engine;
     let mut s = String::new();
@@ -411,15 +462,65 @@ fn scenario_text(
     if let Some(c) = e.max_concurrency {
         let _ = writeln!(s, "max_in_flight = {c}");
     }
+    if opts.calibration.is_some() || profile.is_some() {
+        let _ = writeln!(s, "\n[cost]");
+    }
+    if let Some(p) = profile {
+        let abs = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let _ = writeln!(s, "operator_profile = {:?}", abs.display().to_string());
+    }
     if let Some(cal) = &opts.calibration {
         let abs = std::fs::canonicalize(cal).unwrap_or_else(|_| cal.clone());
-        let _ = writeln!(s, "\n[cost]\ncalibration = {:?}", abs.display().to_string());
+        let _ = writeln!(s, "calibration = {:?}", abs.display().to_string());
         if run.format == "llmservingsim" {
             // Its timestamps are the engine's own: no front end between send and queue.
             let _ = writeln!(s, "request_overhead_ms = 0.0");
         }
     }
     s
+}
+
+/// The operator profile a replay prices steps with: the one named, or under LLMServingSim's
+/// layout (`profiles/<GPU folder>/<model id>/<variant>/`, beside the GPU folders) the
+/// profile of the run's model on its GPU, when one exists at its degree.
+fn find_profile(run: &ObservedRun, opts: &ReplayOptions) -> Result<Option<PathBuf>, ReplayError> {
+    let e = &run.engine;
+    let variant = match e.dtype.as_deref() {
+        Some("float16" | "half" | "fp16") => "fp16",
+        _ => "bf16",
+    };
+    let tp = e.tp.unwrap_or(1);
+    let hw = run
+        .path
+        .parent()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned());
+    let under = |root: &Path| -> Option<PathBuf> {
+        let dir = root
+            .join(hw.as_deref()?)
+            .join(e.model.as_deref()?)
+            .join(variant);
+        (dir.join("meta.yaml").is_file() && dir.join(format!("tp{tp}")).is_dir()).then_some(dir)
+    };
+    match &opts.profiles {
+        ProfileChoice::Off => Ok(None),
+        ProfileChoice::Auto if run.format == "llmservingsim" => Ok(run
+            .path
+            .parent()
+            .and_then(Path::parent)
+            .and_then(|root| under(&root.join("profiles")))),
+        ProfileChoice::Auto => Ok(None),
+        ProfileChoice::From(dir) if dir.join("meta.yaml").is_file() => Ok(Some(dir.clone())),
+        ProfileChoice::From(dir) => under(dir).map(Some).ok_or_else(|| ReplayError::Run {
+            path: run.path.clone(),
+            message: format!(
+                "--profiles {}: neither a profile (no meta.yaml) nor a folder holding {}/{}/{variant}/tp{tp}/",
+                dir.display(),
+                hw.as_deref().unwrap_or("<GPU folder>"),
+                e.model.as_deref().unwrap_or("<model>")
+            ),
+        }),
+    }
 }
 
 /// One request's figures, measured or simulated.

@@ -6,9 +6,13 @@
 use std::path::Path;
 
 use sim::driver::DriverKind;
-use sim::replay::{replay, Replay, ReplayOptions};
+use sim::replay::{replay, ProfileChoice, Replay, ReplayOptions};
 
 fn run(dir: &str, out: &Path) -> Replay {
+    run_with(dir, out, ProfileChoice::Off)
+}
+
+fn run_with(dir: &str, out: &Path, profiles: ProfileChoice) -> Replay {
     let observed = sim::observed::open(Path::new(dir)).unwrap_or_else(|e| panic!("{e}"));
     let opts = ReplayOptions {
         out_dir: out.to_path_buf(),
@@ -16,6 +20,7 @@ fn run(dir: &str, out: &Path) -> Replay {
         model: None,
         gpu: None,
         driver: DriverKind::Inline,
+        profiles,
     };
     replay(&observed, &opts).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -63,6 +68,40 @@ fn llama_8b_on_rtx_pro_6000_replays_within_ten_percent() {
     assert!(csv.starts_with("metric,measured,simulated,error_pct\nttft_mean_ms,"));
 }
 
+/// The RTX 4090 run priced from LLMServingSim's operator profile of the same model on the
+/// same GPU (found beside the runs): every latency the issue names within 10% of vLLM's,
+/// where the roofline's datasheet peaks miss by over 20% (this card's bf16 GEMMs run at its
+/// datasheet peak, above the roofline's 75%). The profile times operators, not this run, so
+/// the figures are held out.
+#[test]
+fn the_rtx_4090_run_replays_within_ten_percent_from_its_operator_profile() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let dir = "calibration/serving/llmservingsim/RTX4090/Llama-3.1-8B";
+    let r = run_with(dir, &out.path().join("profiled"), ProfileChoice::Auto);
+    let profile = r.profile.as_ref().expect("the profile beside the runs");
+    assert!(
+        profile.ends_with("profiles/RTX4090/meta-llama/Llama-3.1-8B/bf16"),
+        "{profile:?}"
+    );
+    let text = std::fs::read_to_string(out.path().join("profiled/replay.toml")).expect("toml");
+    assert!(text.contains("operator_profile = "), "{text}");
+    let roofline = run_with(dir, &out.path().join("roofline"), ProfileChoice::Off);
+    assert!(roofline.profile.is_none());
+    for m in [
+        "ttft_mean_ms",
+        "ttft_p50_ms",
+        "ttft_p90_ms",
+        "tpot_mean_ms",
+        "e2el_mean_ms",
+    ] {
+        let (e, e0) = (error(&r, m), error(&roofline, m));
+        assert!(
+            e.abs() < 10.0 && e.abs() < e0.abs(),
+            "{m}: {e:+.1}% (roofline {e0:+.1}%)"
+        );
+    }
+}
+
 #[test]
 fn the_rtx_4090_run_replays_with_the_kv_blocks_vllm_allocated() {
     let out = tempfile::tempdir().expect("tempdir");
@@ -105,6 +144,7 @@ fn vllm_bench_runs_without_send_times_replay_from_their_settings() {
             model: Some("llama-3.1-8b".into()),
             gpu: Some("h100-sxm".into()),
             driver: DriverKind::Inline,
+            profiles: ProfileChoice::Auto,
         };
         replay(&observed, &opts)
     };

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use sim::driver::DriverKind;
-use sim::replay::{replay, Replay, ReplayError, ReplayOptions};
+use sim::replay::{replay, ProfileChoice, Replay, ReplayError, ReplayOptions};
 
 /// Replay a real engine's run and compare measured with simulated latencies.
 ///
@@ -33,6 +33,15 @@ pub struct Args {
     /// Driver.
     #[arg(long, value_enum, default_value = "inline")]
     pub driver: DriverKind,
+    /// Price steps from this operator profile (LLMServingSim's profiler: a folder with
+    /// meta.yaml and tp<N>/, or a folder in its layout <GPU>/<model id>/<variant>/). By
+    /// default an LLMServingSim run uses the profile beside it (profiles/<GPU>/<model>/)
+    /// when there is one.
+    #[arg(long, conflicts_with = "no_profiles")]
+    pub profiles: Option<PathBuf>,
+    /// Price steps on the roofline even where an operator profile exists.
+    #[arg(long)]
+    pub no_profiles: bool,
 }
 
 /// The runs under `dir`: LLMServingSim run folders and run files, down to two folders
@@ -65,6 +74,11 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         model: args.model.clone(),
         gpu: args.gpu.clone(),
         driver: args.driver,
+        profiles: match (&args.profiles, args.no_profiles) {
+            (_, true) => ProfileChoice::Off,
+            (Some(p), false) => ProfileChoice::From(p.clone()),
+            (None, false) => ProfileChoice::Auto,
+        },
     };
     let is_folder = args.run.is_dir() && !args.run.join("vllm").join("meta.json").is_file();
     if !is_folder {

@@ -1,6 +1,7 @@
 //! `sim validate-model`: compare the cost model with every row of calibration/calibration.csv
 //! and Vidur's operator profiles, and write the table (VALIDATION.md).
 
+use sim::replay::ProfileChoice;
 use std::path::PathBuf;
 
 /// Compare the cost model with every row of calibration/calibration.csv and Vidur's
@@ -35,10 +36,15 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     let held_out = sim::cost_model::calibration::vllm_2023_held_out(&splitwise);
     let gemm_held_out = sim::cost_model::calibration::gemm_held_out(&data)?;
     let runs = data.join("serving").join("llmservingsim");
-    let mut report = replays(&runs, None)?;
+    let mut report = replays(&runs, None, ProfileChoice::Off)?;
+    report.done_profiled = replays(&runs, None, ProfileChoice::Auto)?
+        .done
+        .into_iter()
+        .filter(|r| r.profile.is_some())
+        .collect();
     let fit = data.join("observed-vllm.toml");
     if fit.is_file() {
-        report.done_calibrated = replays(&runs, Some(&fit))?.done;
+        report.done_calibrated = replays(&runs, Some(&fit), ProfileChoice::Off)?.done;
         report.calibrated_with = Some(fit.display().to_string());
     }
     let silicon = data
@@ -76,6 +82,7 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
 fn replays(
     dir: &std::path::Path,
     calibration: Option<&std::path::Path>,
+    profiles: sim::replay::ProfileChoice,
 ) -> anyhow::Result<sim::cost_model::validation::Replays> {
     let mut out = sim::cost_model::validation::Replays::default();
     let Ok(gpus) = std::fs::read_dir(dir) else {
@@ -102,6 +109,7 @@ fn replays(
             model: None,
             gpu: None,
             driver: sim::driver::DriverKind::Inline,
+            profiles: profiles.clone(),
         };
         match sim::replay::replay(&observed, &opts) {
             Ok(r) => out.done.push(r),

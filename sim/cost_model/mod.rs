@@ -6,6 +6,8 @@
 //! - [`CostModel`] (`roofline.rs`): each operator on the roofline, summed into a step.
 //! - [`CostParams`] and [`Framework`] (`params.rs`, `framework.rs`): efficiencies and the
 //!   serving framework's CPU overheads, a scenario's `[cost]` table.
+//! - [`profiled::ProfiledCosts`] (`profiled/`): measured operator times in place of the
+//!   roofline's layers, where a profile of the model on the GPU exists.
 //! - [`CostModelBackend`] (`backend.rs`): the cost model as the engine's backend.
 //! - [`calibration`]: fits of the parameters to operator profiles, published rows and
 //!   measured steps (`sim calibrate`); [`validation`]: the fitted model against every
@@ -22,6 +24,7 @@ mod framework;
 mod measurements;
 mod memory;
 mod params;
+pub mod profiled;
 mod roofline;
 pub mod validation;
 

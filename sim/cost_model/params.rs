@@ -76,6 +76,12 @@ pub struct CostParams {
     /// tok/s int4, group 32): unpacking nibbles keeps these kernels further from the
     /// bandwidth roof.
     pub w4_memory_eff: f64,
+    /// A folder of measured operator times of this model on this GPU (LLMServingSim's
+    /// profiler: the folder of `meta.yaml`, with `tp<N>/` per degree), relative to the
+    /// scenario's folder: the layers' operators, LM head and sampler are priced from it
+    /// instead of the efficiencies above (see [`super::profiled`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operator_profile: Option<String>,
 }
 
 impl Default for CostParams {
@@ -99,6 +105,7 @@ impl Default for CostParams {
             dequant_compute_eff: 0.85,
             w8_memory_eff: 0.74,
             w4_memory_eff: 0.56,
+            operator_profile: None,
         }
     }
 }

@@ -7,6 +7,9 @@
 
 use engine::plan::{StepPlan, WorkKind};
 
+use std::sync::Arc;
+
+use super::profiled::ProfiledCosts;
 use super::{CostParams, Deployment, CUSTOM_ALLREDUCE_LATENCY_US, CUSTOM_ALLREDUCE_MAX_BYTES};
 use crate::catalog::Dtype;
 
@@ -49,6 +52,11 @@ struct AttentionWork {
     dc_flops: f64,
     dc_bytes: f64,
     decode_tokens: f64,
+    /// Query-key pairs the prefill chunks attend, in all.
+    pf_attended: f64,
+    /// Decoding sequences, and their contexts in all.
+    decodes: f64,
+    decode_ctx: f64,
 }
 
 /// One layer's linear layers in a step: seconds, FLOPs and bytes, with the per-GPU Q and
@@ -70,6 +78,8 @@ pub struct CostModel {
     p: CostParams,
     block_size: u32,
     window: Option<u32>,
+    /// Measured operator times that replace the roofline's layers, LM head and sampler.
+    profile: Option<Arc<ProfiledCosts>>,
 }
 
 impl CostModel {
@@ -80,6 +90,7 @@ impl CostModel {
             p,
             block_size: 16,
             window: None,
+            profile: None,
         }
     }
 
@@ -105,6 +116,13 @@ impl CostModel {
             }
             _ => full(a, b),
         }
+    }
+
+    /// Prices a layer's operators, the LM head and the sampler from measured operator
+    /// times (the profile of this model on this GPU at this degree) instead of the roofline.
+    pub fn with_profile(mut self, profile: Option<Arc<ProfiledCosts>>) -> Self {
+        self.profile = profile;
+        self
     }
 
     /// Sets the KV block size in tokens (for swap and copy costs; default 16).
@@ -206,9 +224,16 @@ impl CostModel {
             (pp - 1.0) * (tokens * hidden * act / self.d.gpu.link_bw + P2P_LATENCY_US * 1e-6);
         let overhead_s = overhead_s + p2p_s;
         let layers = f64::from(m.layers);
-        let linear_s = layers * lin.seconds;
-        let attention_s = layers * attn_s;
-        let elementwise_s = layers * ew_s;
+        let (linear_s, attention_s, elementwise_s, head_s) = match &self.profile {
+            // Measured: one layer's operators times the layers, plus what runs once a step.
+            Some(p) => (
+                layers * p.linear_s(tokens),
+                layers * p.attention_s(a.prefill_tokens, a.pf_attended, a.decodes, a.decode_ctx),
+                layers * p.elementwise_s(tokens) + p.per_step_s(tokens),
+                p.head_s(f64::from(samples)),
+            ),
+            None => (layers * lin.seconds, layers * attn_s, layers * ew_s, head_s),
+        };
         let allreduce_s = layers * ar_s;
         StepCost {
             seconds: linear_s + attention_s + elementwise_s + allreduce_s + head_s + overhead_s,
@@ -243,7 +268,9 @@ impl CostModel {
         for (cached, len) in prefill {
             let (c, l) = (f64::from(cached), f64::from(len));
             // Causal attention: the token at position p attends to min(p, window) tokens.
-            w.pf_flops += 4.0 * heads * hd * self.attended(cached, len);
+            let attended = self.attended(cached, len);
+            w.pf_attended += attended;
+            w.pf_flops += 4.0 * heads * hd * attended;
             w.pf_bytes += l * (2.0 * heads + 2.0 * kv_heads) * hd * act
                 + c.min(window) * 2.0 * kv_heads * hd * kvb;
             w.prefill_tokens += l;
@@ -255,6 +282,8 @@ impl CostModel {
             w.dc_flops += 4.0 * heads * hd * c * q;
             w.dc_bytes += c * 2.0 * kv_heads * hd * kvb;
             w.decode_tokens += q;
+            w.decodes += 1.0;
+            w.decode_ctx += c;
         }
         w
     }

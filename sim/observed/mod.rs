@@ -18,6 +18,7 @@
 
 mod blis;
 mod llmservingsim;
+pub mod operator_profile;
 mod plain_csv;
 pub mod silicon;
 mod vllm_bench;

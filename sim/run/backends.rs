@@ -49,7 +49,8 @@ fn cost_model(variant: &Variant) -> CostModelBackend {
     let backend = CostModelBackend::new(
         CostModel::new(variant.deployment.clone(), variant.config.cost.clone())
             .with_block_size(variant.memory.block_size)
-            .with_sliding_window(variant.scheduler.sliding_window),
+            .with_sliding_window(variant.scheduler.sliding_window)
+            .with_profile(variant.profile.clone()),
     );
     match &variant.draft {
         Some(d) => {

@@ -69,6 +69,9 @@ pub struct Variant {
     /// The calibration file's record of its k-fold fits and held-out errors, when it has
     /// one (`sim run` reports bands from it).
     pub fit: Option<FitRecord>,
+    /// Measured operator times the cost model prices steps with (`[cost]
+    /// operator_profile`), read once per variant.
+    pub profile: Option<std::sync::Arc<crate::cost_model::profiled::ProfiledCosts>>,
 }
 
 /// A loaded scenario.

@@ -159,6 +159,13 @@ pub(super) fn resolve(
         kv_dtype,
     };
     let (speculative, draft) = resolve_speculative(&config, &deployment, base_dir)?;
+    let profile = match &config.cost.operator_profile {
+        Some(dir) => Some(std::sync::Arc::new(operator_profile(
+            &base_dir.join(dir),
+            &deployment,
+        )?)),
+        None => None,
+    };
     // A self-speculation draft is part of the target: nothing more to hold.
     let own_draft = draft.as_ref().filter(|d| {
         !(d.model.name == deployment.model.name && d.model.layers < deployment.model.layers)
@@ -218,7 +225,63 @@ pub(super) fn resolve(
         scheduler,
         draft,
         fit: None,
+        profile,
     })
+}
+
+/// `[cost] operator_profile`: the profile of the deployment's model on its GPU at its
+/// tensor-parallel degree, checked against the deployment it prices.
+fn operator_profile(
+    dir: &Path,
+    d: &Deployment,
+) -> Result<crate::cost_model::profiled::ProfiledCosts, String> {
+    let key = "cost.operator_profile";
+    if d.pp > 1 {
+        return Err(format!(
+            "{key}: measured operator times price one stage of the whole model; pipeline parallelism (hardware.pp = {}) is not supported with them",
+            d.pp
+        ));
+    }
+    if d.model.is_moe() {
+        return Err(format!(
+            "{key}: {} is a mixture of experts; its profiles' moe.csv is not read yet (issue 18)",
+            d.model.name
+        ));
+    }
+    let p =
+        crate::observed::operator_profile::open(dir, d.tp).map_err(|e| format!("{key}: {e}"))?;
+    if let Some(m) = crate::catalog::find_model_by_id(&p.model) {
+        if m.name != d.model.name {
+            return Err(format!(
+                "{key}: {} profiles {} ({}), not the scenario's model {}",
+                dir.display(),
+                p.model,
+                m.name,
+                d.model.name
+            ));
+        }
+    }
+    if let Some(g) = crate::catalog::gpu_for_device(&p.gpu) {
+        if g != d.gpu.name {
+            return Err(format!(
+                "{key}: {} was measured on {} ({g}), not the scenario's GPU {}",
+                dir.display(),
+                p.gpu,
+                d.gpu.name
+            ));
+        }
+    }
+    let sixteen = matches!(d.dtype, Dtype::Bf16 | Dtype::Fp16);
+    if let Some(v) = p.variant.as_deref() {
+        if (v == "bf16" || v == "fp16") != sixteen {
+            return Err(format!(
+                "{key}: {} holds {v} weights' times, but the scenario's weights are {}",
+                dir.display(),
+                d.dtype.as_str()
+            ));
+        }
+    }
+    Ok(crate::cost_model::profiled::ProfiledCosts::new(&p))
 }
 
 /// `[speculative]` of one configuration: the engine's settings (acceptance per class from

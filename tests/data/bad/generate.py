@@ -242,6 +242,65 @@ for key, v, expect in [("gemm_compute_eff", "0.0", "gemm_compute_eff"), ("gemm_m
 # A calibration's [fit] record (sim calibrate --observed): a bad error interval, fold or key.
 for name, expect in [("error", "ttft_error_90"), ("fold", "folds[1]"), ("key", "fit_quality")]:
     m(f"cost-calibration-fit-{name}", "cost.calibration", f'"../data/calibration-fit-{name}.toml"', expect)
+# Operator profiles ([cost] operator_profile, LLMServingSim's profiler layout): each case
+# breaks one thing of a good profile of llama-3-8b on an H100 (written by profile_files).
+PROFILE_META = {"model": "meta-llama/Meta-Llama-3-8B", "gpu": "NVIDIA H100 80GB HBM3", "variant": "bf16",
+                "tp_degrees": "[1]"}
+PROFILE_CASES = {
+    # name: (meta changes, {file: text or None to leave it out}, tp folder, expect)
+    "no-meta": (None, {}, "tp1", "meta.yaml"),
+    "meta-not-yaml": ({"model": "[unclosed"}, {}, "tp1", "meta.yaml"),
+    "no-tp": ({}, {}, "tp2", "tensor-parallel degree 1"),
+    "dense-header": ({}, {"dense.csv": "op,tokens,time_us\nqkv_proj,1,10\n"}, "tp1", "header"),
+    "dense-time": ({}, {"dense.csv": "layer,tokens,time_us\nqkv_proj,1,-10\n"}, "tp1", "time_us"),
+    "dense-tokens": ({}, {"dense.csv": "layer,tokens,time_us\nqkv_proj,many,10\n"}, "tp1", "tokens"),
+    "dense-unknown-op": ({}, {"dense.csv": "DENSE+moe_gate,1,5\n"}, "tp1", "moe_gate"),
+    "dense-no-down": ({}, {"dense.csv": "layer,tokens,time_us\nqkv_proj,1,10\no_proj,1,5\ngate_up_proj,1,20\nlayernorm,1,2\n"}, "tp1", "down_proj"),
+    "dense-twice": ({}, {"dense.csv": "DENSE+qkv_proj,1,11\n"}, "tp1", "measured twice"),
+    "attention-twice": ({}, {"attention.csv": "ATTN+0,0,1,16,6\n"}, "tp1", "measured twice"),
+    "attention-empty-row": ({}, {"attention.csv": "ATTN+0,0,0,0,6\n"}, "tp1", "prefill chunk or decodes"),
+    "attention-size": ({}, {"attention.csv": "ATTN+-16,0,0,0,6\n"}, "tp1", "prefill_chunk"),
+    "attention-missing": ({}, {"attention.csv": None}, "tp1", "attention.csv"),
+    "sequence-op": ({}, {"per_sequence.csv": "layer,sequences,time_us\nlm_head,1,100\nlogits_softcap,1,3\n"}, "tp1", "per_sequence.csv:3: layer"),
+    "model-mismatch": ({"model": "Qwen/Qwen3-32B"}, {}, "tp1", "not the scenario's model"),
+    "gpu-mismatch": ({"gpu": "NVIDIA GeForce RTX 4090"}, {}, "tp1", "not the scenario's GPU"),
+    "variant-fp8": ({"variant": "fp8"}, {}, "tp1", "weights"),
+}
+PROFILE_DENSE = "layer,tokens,time_us\n" + "".join(f"{op},{n},{t * n ** 0.5:.3f}\n" for op, t in
+    [("qkv_proj", 10), ("o_proj", 5), ("gate_up_proj", 20), ("down_proj", 10), ("layernorm", 2)] for n in (1, 16, 256))
+PROFILE_ATTN = "prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n16,0,0,0,8\n16,512,0,0,12\n0,0,1,16,5\n0,0,4,512,9\n16,0,1,16,10\n"
+PROFILE_SEQ = "layer,sequences,time_us\nlm_head,1,100\nlm_head,64,120\nsampler,1,10\n"
+
+
+def profile_files(root):
+    """Writes one profile folder per case under `root`."""
+    for name, (meta, files, tp, _) in PROFILE_CASES.items():
+        d = os.path.join(root, name)
+        os.makedirs(os.path.join(d, tp))
+        if meta is not None:
+            m = dict(PROFILE_META, **meta)
+            with open(os.path.join(d, "meta.yaml"), "w") as fh:
+                fh.write("profiler_version: 1.0.0\n" + "".join(f"{k}: {v}\n" for k, v in m.items()))
+        base = {"dense.csv": PROFILE_DENSE, "attention.csv": PROFILE_ATTN, "per_sequence.csv": PROFILE_SEQ}
+        for f, text in base.items():
+            text = files.get(f, text)
+            if text is None:
+                continue
+            if text.startswith("DENSE+"):
+                text = PROFILE_DENSE + text[len("DENSE+"):]
+            elif text.startswith("ATTN+"):
+                text = PROFILE_ATTN + text[len("ATTN+"):]
+            with open(os.path.join(d, tp, f), "w") as fh:
+                fh.write(text)
+
+
+for name, (_, _, _, expect) in PROFILE_CASES.items():
+    m(f"cost-operator-profile-{name}", "cost.operator_profile", f'"../data/profiles/{name}"', expect)
+s = mutate("cost.operator_profile", '"../data/profiles/good"'); s["hardware"]["pp"] = "2"
+case("cost-operator-profile-pipeline", "pipeline", scenario=s)
+s = mutate("cost.operator_profile", '"../data/profiles/good"'); s["model"]["name"] = '"mixtral-8x7b"'; s["hardware"]["tp"] = "2"
+case("cost-operator-profile-moe", "mixture of experts", scenario=s)
+PROFILE_CASES["good"] = ({}, {}, "tp1", "")
 SPEC = {"method": '"synthetic"', "k": "4", "acceptance": "[0.8, 0.6]"}
 for change, expect in [({"method": '"magic"'}, "magic"), ({"k": "0"}, "speculative.k"), ({"k": "100"}, "speculative.k"),
                        ({"acceptance": None}, "acceptance"), ({"mean_acceptance_length": "2.0"}, "mean_acceptance_length"),
@@ -480,6 +539,7 @@ if __name__ == "__main__":
     for f, data in GGUF_FILES.items():
         with open(os.path.join(DATA, f), "wb") as fh:
             fh.write(data)
+    profile_files(os.path.join(DATA, "profiles"))
     with open(os.path.join(DATA, "azure-invalid-utf8.csv"), "wb") as fh:
         fh.write(b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,1\xff\xfe0,10\n")
     with open(os.path.join(HERE, "ok.toml"), "w") as f:
