@@ -17,6 +17,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use crate::cost_model::MemoryPlan;
 use crate::driver::DriverKind;
 use crate::observed::ObservedRun;
 use crate::run::{run_scenario, RunOptions};
@@ -288,22 +289,7 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
     let predicted = Scenario::load(&path, None)?.variants[0].memory.clone();
     let mut reserve_gib = None;
     if let Some(blocks) = e.num_gpu_blocks {
-        let p = &predicted;
-        let reserve = p.gpu_mem_bytes * p.gpu_memory_utilization
-            - p.weight_bytes
-            - p.activation_bytes
-            - (f64::from(blocks) + 0.5) * p.block_bytes;
-        if reserve < 0.0 {
-            return Err(ReplayError::Run {
-                path: run.path.clone(),
-                message: format!(
-                    "the engine allocated {blocks} KV blocks of {} bytes, more than the {:.2} GB the memory plan leaves after weights and activations: check the GPU's memory",
-                    p.block_bytes,
-                    (p.gpu_mem_bytes * p.gpu_memory_utilization - p.weight_bytes - p.activation_bytes) / 1e9
-                ),
-            });
-        }
-        let gib = reserve / f64::from(1u32 << 30);
+        let gib = implied_reserve(run, &predicted, blocks)?;
         reserve_gib = Some(gib);
         let text = scenario_text(
             run,
@@ -415,6 +401,41 @@ fn scenario_text(
     profile: Option<&Path>,
 ) -> String {
     let e = &run.engine;
+    let mut s = deployment_text(run, model, gpu, blocks);
+    let _ = writeln!(
+        s,
+        "\n[workload]\ntrace = {{ format = \"vidur\", path = \"trace.csv\" }}"
+    );
+    if let Some(c) = e.max_concurrency {
+        let _ = writeln!(s, "max_in_flight = {c}");
+    }
+    if opts.calibration.is_some() || profile.is_some() {
+        let _ = writeln!(s, "\n[cost]");
+    }
+    if let Some(p) = profile {
+        let abs = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let _ = writeln!(s, "operator_profile = {:?}", abs.display().to_string());
+    }
+    if let Some(cal) = &opts.calibration {
+        let abs = std::fs::canonicalize(cal).unwrap_or_else(|_| cal.clone());
+        let _ = writeln!(s, "calibration = {:?}", abs.display().to_string());
+        if run.format == "llmservingsim" {
+            // Its timestamps are the engine's own: no front end between send and queue.
+            let _ = writeln!(s, "request_overhead_ms = 0.0");
+        }
+    }
+    s
+}
+
+/// The run's deployment as scenario tables (name, model, hardware, engine), with the KV
+/// blocks the engine allocated and the reserve they imply when given.
+fn deployment_text(
+    run: &ObservedRun,
+    model: &str,
+    gpu: &str,
+    blocks: Option<(u32, f64)>,
+) -> String {
+    let e = &run.engine;
     let mut s = String::new();
     let name = run_name(&run.path);
     let _ = writeln!(s, "# Written by `sim replay {}`.", run.path.display());
@@ -455,29 +476,73 @@ fn scenario_text(
         let _ = writeln!(s, "num_gpu_blocks_override = {b}");
         let _ = writeln!(s, "runtime_overhead_gib = {reserve:.6}");
     }
-    let _ = writeln!(
-        s,
-        "\n[workload]\ntrace = {{ format = \"vidur\", path = \"trace.csv\" }}"
-    );
-    if let Some(c) = e.max_concurrency {
-        let _ = writeln!(s, "max_in_flight = {c}");
-    }
-    if opts.calibration.is_some() || profile.is_some() {
-        let _ = writeln!(s, "\n[cost]");
-    }
-    if let Some(p) = profile {
-        let abs = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-        let _ = writeln!(s, "operator_profile = {:?}", abs.display().to_string());
-    }
-    if let Some(cal) = &opts.calibration {
-        let abs = std::fs::canonicalize(cal).unwrap_or_else(|_| cal.clone());
-        let _ = writeln!(s, "calibration = {:?}", abs.display().to_string());
-        if run.format == "llmservingsim" {
-            // Its timestamps are the engine's own: no front end between send and queue.
-            let _ = writeln!(s, "request_overhead_ms = 0.0");
-        }
-    }
     s
+}
+
+/// The memory plan's prediction for a run that records the KV blocks its engine allocated.
+#[derive(Debug, Clone)]
+pub struct MemoryCheck {
+    /// The run.
+    pub run: PathBuf,
+    /// Blocks the engine allocated per GPU (vLLM's `num_gpu_blocks`).
+    pub measured_blocks: u32,
+    /// The memory plan under the defaults.
+    pub predicted: MemoryPlan,
+    /// The runtime reserve (GiB) that makes the plan hold exactly the engine's blocks.
+    pub reserve_gib: f64,
+}
+
+impl MemoryCheck {
+    /// Blocks the plan holds with a runtime reserve of `gib` instead of the default's.
+    pub fn blocks_with_reserve(&self, gib: f64) -> u32 {
+        let p = &self.predicted;
+        let left = p.kv_budget_bytes + p.runtime_overhead_bytes - gib * GIB;
+        (left / p.block_bytes).floor().max(0.0) as u32
+    }
+}
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// The runtime reserve that leaves exactly `blocks` blocks (the middle of the range that
+/// does) in plan `p`; an error when even no reserve leaves that many.
+fn implied_reserve(run: &ObservedRun, p: &MemoryPlan, blocks: u32) -> Result<f64, ReplayError> {
+    let reserve = p.gpu_mem_bytes * p.gpu_memory_utilization
+        - p.weight_bytes
+        - p.activation_bytes
+        - (f64::from(blocks) + 0.5) * p.block_bytes;
+    if reserve < 0.0 {
+        return Err(ReplayError::Run {
+            path: run.path.clone(),
+            message: format!(
+                "the engine allocated {blocks} KV blocks of {} bytes, more than the {:.2} GB the memory plan leaves after weights and activations: check the GPU's memory",
+                p.block_bytes,
+                (p.gpu_mem_bytes * p.gpu_memory_utilization - p.weight_bytes - p.activation_bytes) / 1e9
+            ),
+        });
+    }
+    Ok(reserve / GIB)
+}
+
+/// The memory plan of `run`'s deployment under the defaults against the KV blocks its
+/// engine allocated (`None` when the run does not record them).
+pub fn memory_check(run: &ObservedRun) -> Result<Option<MemoryCheck>, ReplayError> {
+    let Some(blocks) = run.engine.num_gpu_blocks else {
+        return Ok(None);
+    };
+    let model = resolve_model(run, None)?;
+    let gpu = resolve_gpu(run, None)?;
+    let mut text = deployment_text(run, model, gpu, None);
+    // Any workload: the plan depends on the deployment and the engine's limits only.
+    text.push_str("\n[workload]\nnum_requests = 1\narrival = { process = \"poisson\", rate = 1.0 }\n[[workload.class]]\nname = \"c\"\nprompt = { dist = \"fixed\", value = 16 }\noutput = { dist = \"fixed\", value = 16 }\n");
+    let scn = Scenario::from_text(Path::new("memory-check.toml"), &text)?;
+    let predicted = scn.variants[0].memory.clone();
+    let reserve_gib = implied_reserve(run, &predicted, blocks)?;
+    Ok(Some(MemoryCheck {
+        run: run.path.clone(),
+        measured_blocks: blocks,
+        predicted,
+        reserve_gib,
+    }))
 }
 
 /// The operator profile a replay prices steps with: the one named, or under LLMServingSim's
@@ -701,6 +766,56 @@ fn compare(measured: &[Sample], simulated: &[Sample], makespan: Makespan) -> Vec
 
 /// `replay.html`: the comparison table and the measured and simulated CDFs of TTFT, TPOT
 /// and E2EL overlaid.
+/// The page of a folder of replays: one row per run (linking to its own page) with the
+/// signed errors of `metrics`, and their medians. `runs` are `(name, folder, replay)`.
+pub fn folder_html(runs: &[(String, String, &Replay)], metrics: &[&str]) -> String {
+    let esc = |t: &str| {
+        t.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;")
+    };
+    let mut h = String::from(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Replays</title><style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,td:nth-child(2){text-align:left}</style></head><body><h1>Replays</h1><p>Error of the simulation against each run, (simulated - measured) / measured.</p><table><tr><th>run</th><th>deployment</th><th>steps priced</th>",
+    );
+    for m in metrics {
+        let _ = write!(h, "<th>{}</th>", esc(m));
+    }
+    h.push_str("</tr>");
+    let err = |r: &Replay, m: &str| r.figure(m).and_then(Figure::error_pct);
+    for (name, dir, r) in runs {
+        let _ = write!(
+            h,
+            "<tr><td><a href=\"{}/replay.html\">{}</a></td><td>{}</td><td>{}</td>",
+            esc(dir),
+            esc(name),
+            esc(&r.deployment),
+            if r.profile.is_some() {
+                "operator profile"
+            } else {
+                "roofline"
+            }
+        );
+        for m in metrics {
+            let cell = err(r, m).map_or_else(|| "-".to_string(), |e| format!("{e:+.1}%"));
+            let _ = write!(h, "<td>{cell}</td>");
+        }
+        h.push_str("</tr>");
+    }
+    h.push_str("<tr><th>median</th><td></td><td></td>");
+    for m in metrics {
+        let v: Vec<f64> = runs.iter().filter_map(|(_, _, r)| err(r, m)).collect();
+        let cell = if v.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:+.1}%", analysis::median(&v))
+        };
+        let _ = write!(h, "<td>{cell}</td>");
+    }
+    h.push_str("</tr></table></body></html>\n");
+    h
+}
+
 fn report_html(r: &Replay, measured: &[Sample], simulated: &[Sample]) -> String {
     let esc = |t: &str| {
         t.replace('&', "&amp;")

@@ -40,11 +40,15 @@ pub struct Args {
     /// --backend cuda it defaults to the catalog entry of the device found.
     #[arg(long)]
     pub gpu: Option<String>,
-    /// Fit each engine's step overhead, all-reduce latency and per-request front-end cost
-    /// to measured deployments (aiconfigurator's silicon.csv), with k-fold held-out errors;
-    /// writes `<out folder>/observed-<engine>.toml` (default folder: calibration/).
-    #[arg(long)]
-    pub observed: Option<PathBuf>,
+    /// Fit the fp8 GEMM efficiency (every engine's fp8 rows), then each engine's step
+    /// overhead, all-reduce latency and per-request front-end cost to measured deployments
+    /// (aiconfigurator's silicon.csv), with k-fold held-out errors; writes
+    /// `<out folder>/fp8-gemm.toml` and `<out folder>/observed-<engine>.toml` (default
+    /// folder: calibration/). A folder of engine runs that record the KV blocks the engine
+    /// allocated (LLMServingSim's) fits the memory plan's runtime reserve instead and writes
+    /// `<out folder>/memory-reserve.toml`. Several may be given.
+    #[arg(long, num_args = 1..)]
+    pub observed: Vec<PathBuf>,
     /// Folds of the cross-validation (--observed).
     #[arg(long, default_value_t = 5)]
     pub folds: usize,
@@ -57,8 +61,15 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
             "--backend model: sim calibrate fits the cost model to measurements; --backend cuda measures the CUDA runtime, --steps FILE refits recorded steps, --from fits profiles"
         );
     }
-    if let Some(path) = &args.observed {
-        return from_observed(path, &args, out);
+    if !args.observed.is_empty() {
+        for path in &args.observed {
+            if path.is_dir() {
+                reserve_from_runs(path, &args, out)?;
+            } else {
+                from_observed(path, &args, out)?;
+            }
+        }
+        return Ok(());
     }
     if args.backend.is_some_and(|b| b != BackendKind::Model) || args.steps.is_some() {
         from_steps(args, out)
@@ -67,18 +78,72 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     }
 }
 
+/// Fits the memory plan's runtime reserve to the KV blocks the runs under `dir` record.
+fn reserve_from_runs(dir: &Path, args: &Args, out: &mut String) -> anyhow::Result<()> {
+    let mut runs = Vec::new();
+    if dir.join("vllm").join("meta.json").is_file() {
+        runs.push(dir.to_path_buf());
+    } else {
+        super::replay::runs_in(dir, 0, &mut runs);
+    }
+    runs.sort();
+    let mut checks = Vec::new();
+    for run in &runs {
+        let observed = sim::observed::open(run)?;
+        match sim::replay::memory_check(&observed) {
+            Ok(Some(c)) => checks.push(c),
+            Ok(None) => {}
+            Err(sim::replay::ReplayError::Run { message, .. }) => {
+                outln!(out, "skipped {}: {message}", run.display());
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let Some(fit) = sim::cost_model::calibration::memory::fit_runtime_reserve(checks) else {
+        anyhow::bail!(
+            "--observed {}: no run records the KV blocks its engine allocated (vLLM's num_gpu_blocks)",
+            dir.display()
+        );
+    };
+    out.push_str(&fit.table());
+    let out_dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("calibration"));
+    std::fs::create_dir_all(&out_dir).map_err(|e| anyhow::anyhow!("{}: {e}", out_dir.display()))?;
+    let file = out_dir.join("memory-reserve.toml");
+    std::fs::write(&file, fit.toml(&dir.display().to_string()))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    outln!(out, "wrote {}", file.display());
+    Ok(())
+}
+
 /// Fits each engine's front-end cost to measured deployments, k-fold.
 fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<()> {
     if !(2..=20).contains(&args.folds) {
         anyhow::bail!("--folds: must be 2 to 20, got {}", args.folds);
     }
     let rows = sim::observed::silicon::read(path)?;
-    let fits = sim::cost_model::calibration::observed::fit_engine_costs(&rows, args.folds)?;
     let dir = args
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("calibration"));
     std::fs::create_dir_all(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    // The fp8 GEMM efficiency first, over every engine's fp8 rows; the engines' own terms
+    // are then fitted with it.
+    let fp8 = sim::cost_model::calibration::fp8::fit_fp8_efficiency(&rows, args.folds)?;
+    if let Some(f) = &fp8 {
+        outln!(out, "{}", f.summary(args.folds));
+        let file = dir.join("fp8-gemm.toml");
+        std::fs::write(&file, f.toml(&path.display().to_string(), args.folds))
+            .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+        outln!(out, "wrote {}", file.display());
+    }
+    let fits = sim::cost_model::calibration::observed::fit_engine_costs(
+        &rows,
+        args.folds,
+        fp8.as_ref().map(|f| f.value),
+    )?;
     out.push_str(&sim::cost_model::calibration::observed::fit_table(&fits));
     for f in &fits {
         let text = sim::cost_model::calibration::observed::fit_toml(

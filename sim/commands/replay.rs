@@ -46,7 +46,7 @@ pub struct Args {
 
 /// The runs under `dir`: LLMServingSim run folders and run files, down to two folders
 /// deep (LLMServingSim's `<GPU>/<model>/`), sorted.
-fn runs_in(dir: &Path, depth: u32, runs: &mut Vec<PathBuf>) {
+pub(crate) fn runs_in(dir: &Path, depth: u32, runs: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -101,7 +101,7 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
             args.run.display()
         );
     }
-    let mut done: Vec<(String, Replay)> = Vec::new();
+    let mut done: Vec<(String, String, Replay)> = Vec::new();
     let mut skipped: Vec<String> = Vec::new();
     for run in &runs {
         let rel = run
@@ -116,9 +116,9 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
                 continue;
             }
         };
-        let dir = out_dir.join(sim::replay::run_name(Path::new(&rel.replace('/', "-"))));
-        match replay(&observed, &opts(dir)) {
-            Ok(r) => done.push((rel, r)),
+        let name = sim::replay::run_name(Path::new(&rel.replace('/', "-")));
+        match replay(&observed, &opts(out_dir.join(&name))) {
+            Ok(r) => done.push((rel, name, r)),
             Err(ReplayError::Run { message, .. }) => skipped.push(format!("{rel}: {message}")),
             Err(e) => return Err(e.into()),
         }
@@ -153,7 +153,7 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         metrics.map(|m| format!("{m:>15}")).join("")
     );
     let err = |r: &Replay, m: &str| r.figure(m).and_then(|f| f.error_pct());
-    for (rel, r) in &done {
+    for (rel, _, r) in &done {
         let cells: Vec<String> = metrics
             .iter()
             .map(|m| err(r, m).map_or_else(|| "-".into(), |e| format!("{e:+.1}%")))
@@ -173,7 +173,7 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     let medians: Vec<String> = metrics
         .iter()
         .map(|m| {
-            let v: Vec<f64> = done.iter().filter_map(|(_, r)| err(r, m)).collect();
+            let v: Vec<f64> = done.iter().filter_map(|(_, _, r)| err(r, m)).collect();
             if v.is_empty() {
                 "-".into()
             } else {
@@ -193,9 +193,16 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     std::fs::create_dir_all(&out_dir).map_err(|e| anyhow::anyhow!("{}: {e}", out_dir.display()))?;
     let path = out_dir.join("runs.csv");
     std::fs::write(&path, csv).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let rows: Vec<(String, String, &Replay)> = done
+        .iter()
+        .map(|(rel, name, r)| (rel.clone(), name.clone(), r))
+        .collect();
+    let page = out_dir.join("index.html");
+    std::fs::write(&page, sim::replay::folder_html(&rows, &metrics))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", page.display()))?;
     outln!(
         out,
-        "{} runs replayed; results in {} (runs.csv, one folder per run)",
+        "{} runs replayed; results in {} (runs.csv, index.html, one folder per run)",
         done.len(),
         out_dir.display()
     );

@@ -178,9 +178,11 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
         .flatten()
         .map(|e| e.path())
         .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("observed-") && n.ends_with(".toml"))
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                (n.starts_with("observed-") && n.ends_with(".toml"))
+                    || n == "fp8-gemm.toml"
+                    || n == "memory-reserve.toml"
+            })
         })
         .collect();
     files.sort();
@@ -200,6 +202,8 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
                     "step_overhead_us",
                     "allreduce_latency_us",
                     "request_overhead_ms",
+                    "fp8_compute_eff",
+                    "runtime_overhead_gib",
                 ]
                 .iter()
                 .any(|k| l.starts_with(k))

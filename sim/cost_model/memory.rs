@@ -15,7 +15,8 @@ pub struct MemoryPlan {
     pub gpu_memory_utilization: f64,
     /// Weights per GPU.
     pub weight_bytes: f64,
-    /// Activation peak at `max_num_batched_tokens` (plus the logits of `max_num_seqs`).
+    /// The profile run's peak: the forward pass at `max_num_batched_tokens` or the sampler
+    /// over `max_num_seqs` rows, whichever is higher.
     pub activation_bytes: f64,
     /// CUDA context, cuBLAS/NCCL workspaces, CUDA graphs.
     pub runtime_overhead_bytes: f64,
@@ -94,6 +95,10 @@ pub enum FitError {
     },
 }
 
+/// Rows of the top-k/top-p sampling kernel's buffer (one per SM; 128 on an RTX 4090, 132 on
+/// an H100).
+const SAMPLER_ROWS: f64 = 128.0;
+
 /// Inputs of the memory plan besides the deployment.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MemoryInputs {
@@ -141,9 +146,12 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
             util: inp.gpu_memory_utilization,
         });
     }
-    // Peak activations of one layer at the full token budget, in the activation dtype
-    // (16-bit): residual + normed input, QKV, attention output, gate/up and the SwiGLU
-    // product; plus fp32 logits of one token per sequence.
+    // vLLM's profile run (V1, 0.19): a forward pass over the full token budget, then the
+    // sampler over `max_num_seqs` rows; the pool is what the higher of the two peaks leaves.
+    // The forward peak is one layer's activations in 16 bits: residual + normed input, QKV,
+    // attention output, gate/up and the SwiGLU product. The sampler's is the logits in
+    // 16 bits and in fp32, the probabilities, the sampling noise (fp32 each), and the
+    // top-k/top-p kernel's fp32 buffer of a row per SM (about 128).
     let tp = f64::from(d.tp);
     let t = f64::from(inp.max_num_batched_tokens);
     let qkv = f64::from((m.heads + 2 * m.kv_heads) * m.head_dim) / tp;
@@ -151,8 +159,13 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
         + qkv
         + f64::from(m.heads * m.head_dim) / tp
         + m.mlp_matrices() * f64::from(m.intermediate) / tp * f64::from(m.experts_per_token.max(1));
-    let activations =
-        t * per_token * 2.0 + f64::from(inp.max_num_seqs) * f64::from(m.vocab) / tp * 4.0;
+    let seqs = f64::from(inp.max_num_seqs);
+    let vocab = f64::from(m.vocab);
+    let forward = t * per_token * 2.0;
+    let sampler = seqs * vocab * (2.0 + 3.0 * 4.0)
+        + seqs.min(SAMPLER_ROWS) * vocab * 4.0
+        + seqs * f64::from(m.hidden) * 2.0;
+    let activations = forward.max(sampler);
     let kv_per_token = d.kv_bytes_per_token() + inp.draft_kv_bytes_per_token;
     let block_bytes = kv_per_token * f64::from(inp.block_size);
     let left = usable - weights - activations - inp.runtime_overhead_bytes;

@@ -76,6 +76,11 @@ pub struct CostParams {
     /// tok/s int4, group 32): unpacking nibbles keeps these kernels further from the
     /// bandwidth roof.
     pub w4_memory_eff: f64,
+    /// Compute efficiency of fp8 GEMMs relative to `gemm_compute_eff` (their fraction of
+    /// the fp8 tensor-core peak over the 16-bit GEMMs' fraction of theirs). The default is
+    /// `sim calibrate --observed`'s fit to aiconfigurator's fp8 deployments
+    /// (`calibration/fp8-gemm.toml`, held-out errors in VALIDATION.md).
+    pub fp8_compute_eff: f64,
     /// A folder of measured operator times of this model on this GPU (LLMServingSim's
     /// profiler: the folder of `meta.yaml`, with `tp<N>/` per degree), relative to the
     /// scenario's folder: the layers' operators, LM head and sampler are priced from it
@@ -83,6 +88,9 @@ pub struct CostParams {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub operator_profile: Option<String>,
 }
+
+/// `fp8_compute_eff`'s default: the value in `calibration/fp8-gemm.toml` (a test ties them).
+const FP8_EFF: f64 = 0.6;
 
 impl Default for CostParams {
     fn default() -> Self {
@@ -105,6 +113,7 @@ impl Default for CostParams {
             dequant_compute_eff: 0.85,
             w8_memory_eff: 0.74,
             w4_memory_eff: 0.56,
+            fp8_compute_eff: FP8_EFF,
             operator_profile: None,
         }
     }
@@ -150,6 +159,7 @@ impl CostParams {
             ("cost.dequant_compute_eff", self.dequant_compute_eff),
             ("cost.w8_memory_eff", self.w8_memory_eff),
             ("cost.w4_memory_eff", self.w4_memory_eff),
+            ("cost.fp8_compute_eff", self.fp8_compute_eff),
         ];
         for (k, v) in effs {
             if !(v > 0.0 && v <= 1.0) {

@@ -355,6 +355,12 @@ impl CostModel {
             ..LinearWork::default()
         };
         let (gemm_eff, weight_mem_eff) = match self.d.dtype {
+            // fp8 GEMMs reach their own fraction of the fp8 peak (per-tensor or block
+            // scales, narrower tiles).
+            Dtype::Fp8 => (
+                self.p.gemm_compute_eff * self.p.fp8_compute_eff,
+                self.p.gemm_memory_eff,
+            ),
             d if !d.is_weight_only() => (self.p.gemm_compute_eff, self.p.gemm_memory_eff),
             d => (
                 self.p.gemm_compute_eff * self.p.dequant_compute_eff,

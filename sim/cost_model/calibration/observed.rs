@@ -131,10 +131,11 @@ fn best(errors: &[Errors], train: &[usize], ttft: bool) -> usize {
 }
 
 /// Fits the step overhead, the all-reduce latency and the front-end cost per engine with
-/// `folds`-fold cross-validation.
+/// `folds`-fold cross-validation, with fp8 GEMMs at `fp8` (`None`: the default).
 pub fn fit_engine_costs(
     rows: &[AggregateRow],
     folds: usize,
+    fp8: Option<f64>,
 ) -> Result<Vec<EngineFit>, crate::SimError> {
     let folds = folds.max(2);
     let mut engines: Vec<String> = rows.iter().map(|r| r.backend.clone()).collect();
@@ -147,7 +148,13 @@ pub fn fit_engine_costs(
             .filter(|r| r.backend == engine)
             .cloned()
             .collect();
-        let baseline = pass(&mine, EngineCost::default())?;
+        let baseline = pass(
+            &mine,
+            EngineCost {
+                fp8_compute_eff: fp8,
+                ..EngineCost::default()
+            },
+        )?;
         let n = baseline.len();
         if n < folds {
             continue;
@@ -161,6 +168,7 @@ pub fn fit_engine_costs(
                     step_overhead_us: Some(us),
                     request_overhead_ms: Some(0.0),
                     allreduce_latency_us: None,
+                    fp8_compute_eff: fp8,
                 },
             )?);
         }
@@ -192,6 +200,7 @@ pub fn fit_engine_costs(
                         step_overhead_us: Some(STEP_CANDIDATES_US[s]),
                         request_overhead_ms: Some(0.0),
                         allreduce_latency_us: us,
+                        fp8_compute_eff: fp8,
                     },
                 )?);
             }
@@ -218,6 +227,7 @@ pub fn fit_engine_costs(
                         step_overhead_us: Some(STEP_CANDIDATES_US[s]),
                         request_overhead_ms: Some(ms),
                         allreduce_latency_us: ALLREDUCE_CANDIDATES_US[a],
+                        fp8_compute_eff: fp8,
                     },
                 )?);
             }

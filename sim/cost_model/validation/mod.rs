@@ -209,7 +209,7 @@ fn replays_section(s: &mut String, r: &Replays) {
     let header = "| run | deployment | TTFT mean | TTFT p50 | TTFT p90 | TPOT mean | E2EL mean | throughput | KV blocks |\n|---|---|---|---|---|---|---|---|---|";
     let _ = writeln!(
         s,
-        "\n## Replays of real runs (`sim replay`)\n\nvLLM 0.19 runs of LLMServingSim (`calibration/serving/llmservingsim/`, 300 ShareGPT requests at ~10 req/s each), replayed request by request with the shipped defaults: none of these figures was fitted, so all are held out. Error = (simulated - measured) / measured. The KV column is the memory plan's prediction against the blocks vLLM allocated (only the RTX 4090 run records them); the replay itself holds vLLM's count.\n\n{header}"
+        "\n## Replays of real runs (`sim replay`)\n\nvLLM 0.19 runs of LLMServingSim (`calibration/serving/llmservingsim/`, 300 ShareGPT requests at ~10 req/s each), replayed request by request on the roofline with the shipped defaults: none of the latency figures was fitted to these runs, so they are held out. Error = (simulated - measured) / measured. The KV column is the memory plan's prediction against the blocks vLLM allocated (only the RTX 4090 run records them, and the plan's runtime reserve is fitted to that count); the replay itself holds vLLM's count.\n\n{header}"
     );
     replay_rows(s, &r.done);
     for (run, why) in &r.skipped {
@@ -217,7 +217,7 @@ fn replays_section(s: &mut String, r: &Replays) {
     }
     let _ = writeln!(
         s,
-        "\nLatencies in ms (simulated vs measured). Under this load every run queues (TTFT is mostly waiting), so TTFT follows the throughput error. Without calibration the RTX PRO 6000 Llama-3.1-8B run is within 7% on every figure; the RTX 4090 run is predicted too slow (decode on GDDR6X) and the Qwen3-32B TP2 run too fast (all-reduce over PCIe)."
+        "\nLatencies in ms (simulated vs measured). Under this load every run queues (TTFT is mostly waiting), so TTFT follows the throughput error. On the roofline the RTX PRO 6000 Llama-3.1-8B run is within 7% on every figure; the RTX 4090 run is predicted too slow (its GEMMs run at the card's datasheet peak, above the roofline's 75%) and the Qwen3-32B TP2 run too fast (all-reduce over PCIe). The KV column is in-sample: the memory plan's runtime reserve is fitted to that one count."
     );
     if !r.done_profiled.is_empty() {
         let _ = writeln!(
@@ -285,7 +285,7 @@ fn silicon_section(s: &mut String, r: &Replays) {
     }
     let _ = writeln!(
         s,
-        "\n## Measured deployments (aiconfigurator `silicon.csv`)\n\nEach aggregated row is a closed-loop benchmark of vLLM, SGLang or TensorRT-LLM. `sim validate-model` simulates it as it ran: one replica with its share of the clients (`batch_size`), {} x that many requests, all clients starting at once, under the engine's serving defaults (vLLM V1: chunked prefill mixed into decode steps, 8,192 tokens a step; SGLang 0.5: a prefill batch of up to 8,192 tokens runs alone and first, admission by its new-token-ratio estimate, `mem_fraction_static` for weights and KV; TensorRT-LLM: context and generation in one step up to 8,192 tokens, KV for the whole request reserved at admission, an fp8 KV cache with fp8 weights, 0.9 of the memory weights and activations leave for it), and with the request stream of the client that measured it: InferenceX rows (its fork of vLLM's `benchmark_serving`) draw lengths uniform in [0.8 L, L]; aiconfigurator's gap-analysis rows (aiperf) send exactly `isl`/`osl`, so the clients stay in step and each wave's prefills queue behind one another. Nothing was fitted to these rows here; signed medians show the bias, |err| columns the spread.\n\n| engine | GPU | model | dtype | rows | TTFT median | TTFT median abs | TTFT p90 abs | TPOT median | TPOT median abs | TPOT p90 abs |\n|---|---|---|---|---|---|---|---|---|---|---|",
+        "\n## Measured deployments (aiconfigurator `silicon.csv`)\n\nEach aggregated row is a closed-loop benchmark of vLLM, SGLang or TensorRT-LLM. `sim validate-model` simulates it as it ran: one replica with its share of the clients (`batch_size`), {} x that many requests, all clients starting at once, under the engine's serving defaults (vLLM V1: chunked prefill mixed into decode steps, 8,192 tokens a step; SGLang 0.5: a prefill batch of up to 8,192 tokens runs alone and first, admission by its new-token-ratio estimate, `mem_fraction_static` for weights and KV; TensorRT-LLM: context and generation in one step up to 8,192 tokens, KV for the whole request reserved at admission, an fp8 KV cache with fp8 weights, 0.9 of the memory weights and activations leave for it), and with the request stream of the client that measured it: InferenceX rows (its fork of vLLM's `benchmark_serving`) draw lengths uniform in [0.8 L, L]; aiconfigurator's gap-analysis rows (aiperf) send exactly `isl`/`osl`, so the clients stay in step and each wave's prefills queue behind one another. Of the defaults only `fp8_compute_eff` was fitted to these rows (to the fp8 ones: its 5-fold held-out errors are in `calibration/fp8-gemm.toml`, below), so the fp8 groups' figures here are in-sample; signed medians show the bias, |err| columns the spread.\n\n| engine | GPU | model | dtype | rows | TTFT median | TTFT median abs | TTFT p90 abs | TPOT median | TPOT median abs | TPOT p90 abs |\n|---|---|---|---|---|---|---|---|---|---|---|",
         silicon::WAVES
     );
     // Rows by engine, GPU, model and dtype, in that order.
@@ -361,7 +361,7 @@ fn silicon_section(s: &mut String, r: &Replays) {
     if !r.observed_fits.is_empty() {
         let _ = writeln!(
             s,
-            "\nThe step overhead, all-reduce latency and per-request front-end cost fitted per engine by `sim calibrate --observed` (k-fold: each row's error comes from the fit on the other folds), as the shipped files record it; a scenario opts in with `cost.calibration = \"calibration/observed-<engine>.toml\"` (and the engine's `[engine]` keys), and `sim run` and `sim plan` then report bands from the folds and the held-out errors:\n"
+            "\nWhat `sim calibrate --observed` fitted, as the shipped files record it (k-fold: each row's error comes from the fit on the other folds): the fp8 GEMM efficiency over every engine's fp8 rows, and the memory plan's runtime reserve, both shipped as defaults; then per engine the step overhead, all-reduce latency and per-request front-end cost, which a scenario opts into with `cost.calibration = \"calibration/observed-<engine>.toml\"` (and the engine's `[engine]` keys), and `sim run` and `sim plan` then report bands from the folds and the held-out errors:\n"
         );
         for (file, header) in &r.observed_fits {
             let _ = writeln!(s, "- `{file}`: {header}");
@@ -409,6 +409,12 @@ fn defaults_section(s: &mut String, gemm_held_out: &[GemmHeldOut]) {
             format!("{}; {}", ar("a100-80gb"), ar("h100-sxm")),
             "Vidur's single-node NCCL profiles (`calibration/vidur_*_allreduce.csv`)",
             "V30",
+        ),
+        (
+            "`fp8_compute_eff`".into(),
+            format!("{}", d.fp8_compute_eff),
+            "aiconfigurator's fp8 rows of vLLM, SGLang and TensorRT-LLM (`sim calibrate --observed`, `calibration/fp8-gemm.toml`)",
+            "5-fold held out, below",
         ),
         (
             "`w8_memory_eff`, `w4_memory_eff`".into(),
@@ -459,10 +465,13 @@ fn defaults_section(s: &mut String, gemm_held_out: &[GemmHeldOut]) {
             "replays of the LLMServingSim runs and aiconfigurator's rows, below",
         ),
         (
-            "`runtime_overhead_gib` (memory plan)".into(),
-            "1.0 GiB".into(),
-            "nothing: a guess; vLLM 0.19's 2,588 blocks on the RTX 4090 imply 0.80 GiB",
-            "the RTX 4090 replay, below (one run: too few to fit)",
+            "`runtime_overhead_gib` (memory plan: vLLM 0.19's profile run, weights + the higher of the forward and sampler peaks + this reserve)".into(),
+            format!(
+                "{} GiB",
+                crate::scenario::EngineConfig::default().runtime_overhead_gib
+            ),
+            "the 2,588 KV blocks vLLM 0.19 allocated in the RTX 4090 run (`sim calibrate --observed calibration/serving/llmservingsim`, `calibration/memory-reserve.toml`)",
+            "in-sample only: the one run that records its blocks",
         ),
     ];
     for (k, v, fitted, checked) in rows {

@@ -33,6 +33,8 @@ pub struct EngineCost {
     pub step_overhead_us: Option<f64>,
     /// `cost.allreduce_latency_us`.
     pub allreduce_latency_us: Option<f64>,
+    /// `cost.fp8_compute_eff`.
+    pub fp8_compute_eff: Option<f64>,
 }
 
 /// `(why, rows)` of the rows not simulated.
@@ -200,6 +202,9 @@ fn simulate(
     }
     if engine.allreduce_latency_us.is_some() {
         cfg.cost.allreduce_latency_us = engine.allreduce_latency_us;
+    }
+    if let Some(e) = engine.fp8_compute_eff {
+        cfg.cost.fp8_compute_eff = e;
     }
     cfg.model.name = Some(model.to_string());
     cfg.model.dtype = dtype;
