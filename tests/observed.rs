@@ -141,6 +141,68 @@ fn tracev2_and_plain_csv_read() {
     assert!(!r.requests[2].ok);
 }
 
+/// A TraceV2 trace with its header (`trace_data.csv` beside `trace_header.yaml`): the
+/// header names the deployment, and its warm-up requests (the first sent) are left out.
+#[test]
+fn tracev2_headers_give_the_deployment_and_drop_the_warm_up() {
+    let r = observed::open(Path::new("tests/data/observed/blis/trace_data.csv")).expect("reads");
+    assert_eq!(r.format, "tracev2");
+    let e = &r.engine;
+    assert_eq!(e.engine.as_deref(), Some("vllm"));
+    assert_eq!(e.model.as_deref(), Some("meta-llama/Llama-3.1-8B-Instruct"));
+    assert_eq!(
+        (e.tp, e.max_num_seqs, e.block_size, e.max_model_len),
+        (Some(1), Some(64), Some(16), Some(8192))
+    );
+    assert_eq!(e.gpu_memory_utilization, Some(0.9));
+    let ids: Vec<&str> = r.requests.iter().map(|q| q.id.as_str()).collect();
+    assert_eq!(ids, ["1", "2"], "request 0 was the warm-up");
+    assert_eq!(
+        r.requests[0].send_s,
+        Some(0.0),
+        "times count from the first measured send"
+    );
+
+    // A header that BLIS itself would refuse is one line naming the file and the key.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = std::fs::read_to_string("tests/data/observed/blis/trace_data.csv").expect("csv");
+    let good = std::fs::read_to_string("tests/data/observed/blis/trace_header.yaml").expect("yaml");
+    for (i, (header, expect)) in [
+        (
+            good.replace("mode: real", "mode: real\nsampling: greedy"),
+            "unknown field `sampling`",
+        ),
+        (
+            good.replace("microseconds", "milliseconds"),
+            "time_unit: expected microseconds",
+        ),
+        (
+            good.replace("trace_version: 2", "trace_version: 9"),
+            "trace_version: expected 2 or 3",
+        ),
+        (good.replace("0.9", "1.5"), "server.gpu_memory_utilization"),
+        (
+            good.replace("max_num_seqs: 64", "max_num_seqs: 0"),
+            "server.max_num_seqs",
+        ),
+        (
+            good.replace("warm_up_requests: 1", "warm_up_requests: 5"),
+            "no requests after the header's warm_up_requests",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let sub = dir.path().join(i.to_string());
+        std::fs::create_dir_all(&sub).expect("mkdir");
+        std::fs::write(sub.join("trace_data.csv"), &data).expect("write");
+        std::fs::write(sub.join("trace_header.yaml"), header).expect("write");
+        let e = observed::open(&sub.join("trace_data.csv")).expect_err(expect);
+        let msg = e.to_string();
+        assert!(msg.contains(expect) && !msg.contains('\n'), "{msg}");
+    }
+}
+
 /// A bad run file in a temporary folder: `(file name, content, text the error must name)`.
 const BAD: &[(&str, &str, &str)] = &[
     ("a.csv", "send_s,prompt_len,output_len,ttft_ms\n1,2,3,4\n", "e2el_ms"),
