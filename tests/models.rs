@@ -89,3 +89,22 @@ fn what_sim_does_not_model_is_refused_by_name() {
         assert!(e.contains(needle) && e.starts_with("config.json"), "{e}");
     }
 }
+
+/// Qwen3's mixtures of experts, as the catalog holds them and as their `config.json` reads:
+/// the published totals (235 B with 22 B active; 30.5 B with 3.3 B active) within 2%.
+#[test]
+fn qwen3_moe_sizes_match_their_model_cards() {
+    for (name, config, total, active) in [
+        ("qwen3-235b-a22b", "Qwen--Qwen3-235B-A22B", 235.0, 22.0),
+        ("qwen3-30b-a3b", "Qwen--Qwen3-30B-A3B", 30.5, 3.3),
+    ] {
+        let m = sim::catalog::find_model(name).expect("catalog");
+        let path = format!("calibration/serving/aiconfigurator/model_configs/{config}_config.json");
+        let read = sim::catalog::ModelSpec::from_hf_config(std::path::Path::new(&path)).expect("config");
+        assert_eq!(read.params(), m.params(), "{name}: catalog and config.json agree");
+        assert_eq!((m.num_experts, m.experts_per_token), (128, 8), "{name}");
+        let (p, a) = (m.params() / 1e9, m.active_params() / 1e9);
+        assert!((p - total).abs() < 0.02 * total, "{name}: {p} B");
+        assert!((a - active).abs() < 0.02 * active, "{name}: {a} B active");
+    }
+}

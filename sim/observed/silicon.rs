@@ -48,6 +48,8 @@ pub struct AggregateRow {
     pub attention_dp: Option<u32>,
     /// Expert parallelism (aggregated rows).
     pub moe_ep: Option<u32>,
+    /// Tensor parallelism of the experts (aggregated rows).
+    pub moe_tp: Option<u32>,
     /// Measured mean TTFT (ms).
     pub ttft_ms: f64,
     /// Measured mean TPOT (ms).
@@ -97,12 +99,13 @@ pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
         cols.need("silicon_ttft_ms")?,
         cols.need("silicon_tpot_ms")?,
     );
-    let (source, tp, pp, adp, ep) = (
+    let (source, tp, pp, adp, ep, mtp) = (
         cols.col("silicon_data_source"),
         cols.col("tp_size"),
         cols.col("pp_size"),
         cols.col("attention_dp_size"),
         cols.col("moe_ep_size"),
+        cols.col("moe_tp_size"),
     );
     let mut rows = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
@@ -181,6 +184,7 @@ pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
             pp: opt_int(pp, "pp_size")?,
             attention_dp: opt_int(adp, "attention_dp_size")?,
             moe_ep: opt_int(ep, "moe_ep_size")?,
+            moe_tp: opt_int(mtp, "moe_tp_size")?,
             ttft_ms: ms(ttft, "silicon_ttft_ms")?,
             tpot_ms: ms(tpot, "silicon_tpot_ms")?,
             mode: mode_text,

@@ -352,11 +352,20 @@ fn silicon_section(s: &mut String, r: &Replays) {
             row(s, [label, "", "", ""], &mine);
         }
     }
+    let moe = |c: &&silicon::SiliconCheck| {
+        crate::catalog::find_model(c.model).is_some_and(|m| m.num_experts > 1)
+    };
+    let dense: Vec<&silicon::SiliconCheck> = r.silicon.iter().filter(|c| !moe(c)).collect();
+    let experts: Vec<&silicon::SiliconCheck> = r.silicon.iter().filter(moe).collect();
+    if !experts.is_empty() {
+        row(s, ["**dense rows**", "", "", ""], &dense);
+        row(s, ["**mixture-of-experts rows**", "", "", ""], &experts);
+    }
     let all: Vec<&silicon::SiliconCheck> = r.silicon.iter().collect();
     row(s, ["**all**", "", "", ""], &all);
     let _ = writeln!(
         s,
-        "\nWhere the clients stay in step (the aiperf rows), TTFT is mostly the wait for the wave's other prefills; SGLang, whose prefill batches pause decoding, shows exactly this. The InferenceX rows' TTFT is still predicted short, most at low concurrency: a per-request cost outside the GPU steps (API server, tokenizer), which `sim calibrate --observed` fits below. vLLM's aiperf rows fall between the in-step and the drifted-apart predictions (at 8 clients the measured TTFT is about one prefill plus a fixed cost). Groups whose measured TTFT falls as concurrency grows (TensorRT-LLM 1.0.0rc3 on H100) or whose TPOT hardly moves with the batch (TensorRT-LLM on GB200, SGLang and vLLM with Llama-3.1-8B on H200) look like measurement artifacts or settings the rows do not record."
+        "\nWhere the clients stay in step (the aiperf rows), TTFT is mostly the wait for the wave's other prefills; SGLang, whose prefill batches pause decoding, shows exactly this. The InferenceX rows' TTFT is still predicted short, most at low concurrency: a per-request cost outside the GPU steps (API server, tokenizer), which `sim calibrate --observed` fits below. vLLM's aiperf rows fall between the in-step and the drifted-apart predictions (at 8 clients the measured TTFT is about one prefill plus a fixed cost). Qwen3-235B-A22B (a mixture of experts, its experts split over the tensor-parallel GPUs; rows with expert parallelism wait for issue 18) is predicted 30-45% fast in TPOT: the roofline prices the experts' grouped GEMMs as dense ones, which they are not at a few tokens per expert (issue 18 fits their efficiency). Groups whose measured TTFT falls as concurrency grows (TensorRT-LLM 1.0.0rc3 on H100) or whose TPOT hardly moves with the batch (TensorRT-LLM on GB200, SGLang and vLLM with Llama-3.1-8B on H200) look like measurement artifacts or settings the rows do not record."
     );
     if !r.observed_fits.is_empty() {
         let _ = writeln!(

@@ -107,10 +107,19 @@ fn plan(row: &AggregateRow) -> Result<(&'static str, &'static str, Dtype), Strin
         "nvfp4" => return Err("fp4 weights (issue 18)".into()),
         q => return Err(format!("quantization `{q}`")),
     };
-    let model = crate::catalog::find_model_by_id(&row.model)
-        .filter(|m| m.num_experts <= 1)
-        .map(|m| m.name)
+    let spec = crate::catalog::find_model_by_id(&row.model)
         .ok_or_else(|| "model not in the catalog (MoE and MLA: issue 18)".to_string())?;
+    // A mixture of experts runs here as the roofline prices it: experts split over the
+    // tensor-parallel GPUs, with attention.
+    if spec.num_experts > 1 {
+        if row.moe_ep.unwrap_or(1) > 1 {
+            return Err("expert parallelism (issue 18)".into());
+        }
+        if row.moe_tp.unwrap_or(row.tp.unwrap_or(1)) != row.tp.unwrap_or(1) {
+            return Err("experts split over other GPUs than attention (issue 18)".into());
+        }
+    }
+    let model = spec.name;
     let gpu = crate::catalog::find_gpu(&row.system)
         .map(|g| g.name)
         .ok_or_else(|| format!("GPU `{}` not in the catalog", row.system))?;
