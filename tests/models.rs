@@ -100,8 +100,13 @@ fn qwen3_moe_sizes_match_their_model_cards() {
     ] {
         let m = sim::catalog::find_model(name).expect("catalog");
         let path = format!("calibration/serving/aiconfigurator/model_configs/{config}_config.json");
-        let read = sim::catalog::ModelSpec::from_hf_config(std::path::Path::new(&path)).expect("config");
-        assert_eq!(read.params(), m.params(), "{name}: catalog and config.json agree");
+        let read =
+            sim::catalog::ModelSpec::from_hf_config(std::path::Path::new(&path)).expect("config");
+        assert_eq!(
+            read.params(),
+            m.params(),
+            "{name}: catalog and config.json agree"
+        );
         assert_eq!((m.num_experts, m.experts_per_token), (128, 8), "{name}");
         let (p, a) = (m.params() / 1e9, m.active_params() / 1e9);
         assert!((p - total).abs() < 0.02 * total, "{name}: {p} B");

@@ -410,9 +410,16 @@ fn mixtral_reads_the_experts_its_tokens_pick() {
     );
     // On 2 x H100 (TP2): a batch-1 decode streams the 2 experts its token picked, like a
     // dense 12.9B model; 64 decode tokens touch all 8 experts.
+    // (The experts' grouped GEMMs at a dense GEMM's efficiency: this is about which
+    // weights a step reads; `moe_gemm_eff` slows the reading, see
+    // `the_efficiency_defaults_are_their_fits`.)
     let mut d = deployment("llama-2-7b", "h100-sxm", 2, Dtype::Bf16);
     d.model = m;
-    let model = CostModel::new(d.clone(), CostParams::default());
+    let params = CostParams {
+        moe_gemm_eff: 1.0,
+        ..CostParams::default()
+    };
+    let model = CostModel::new(d.clone(), params);
     let linear = |n: usize| {
         model
             .step_cost(
@@ -710,19 +717,39 @@ fn a_profiled_step_is_the_sum_of_its_measured_operators() {
     );
 }
 
-/// The fp8 GEMM efficiency's default is the value `sim calibrate --observed` fitted to
-/// aiconfigurator's fp8 rows (the file it wrote, which also records the held-out errors);
-/// fp8 GEMMs then run below the 16-bit GEMMs' fraction of their own peak.
+/// The kernel efficiencies' defaults are the values `sim calibrate --observed` fitted to
+/// aiconfigurator's rows (the files it wrote, which also record the held-out errors): fp8
+/// GEMMs run below the 16-bit GEMMs' fraction of their own peak, and a mixture of experts'
+/// grouped GEMMs below dense ones.
 #[test]
-fn the_fp8_default_is_its_fit() {
-    let text = std::fs::read_to_string("calibration/fp8-gemm.toml").expect("fp8-gemm.toml");
-    let table: toml::Table = text.parse().expect("toml");
-    let fitted = table["cost"]["fp8_compute_eff"]
-        .as_float()
-        .expect("fp8_compute_eff");
+fn the_efficiency_defaults_are_their_fits() {
+    let fitted = |file: &str, key: &str| {
+        let text = std::fs::read_to_string(format!("calibration/{file}")).expect("file");
+        assert!(text.contains("held-out"), "{text}");
+        let table: toml::Table = text.parse().expect("toml");
+        table["cost"][key].as_float().expect("value")
+    };
     let p = CostParams::default();
-    assert_eq!(p.fp8_compute_eff, fitted);
-    assert!(text.contains("held-out"), "{text}");
+    assert_eq!(
+        p.fp8_compute_eff,
+        fitted("fp8-gemm.toml", "fp8_compute_eff")
+    );
+    assert_eq!(p.moe_gemm_eff, fitted("moe-gemm.toml", "moe_gemm_eff"));
+    // The experts' GEMMs of a memory-bound decode take 1 / moe_gemm_eff as long.
+    let decode = |eff: f64| {
+        let q = CostParams {
+            moe_gemm_eff: eff,
+            ..p.clone()
+        };
+        CostModel::new(deployment("mixtral-8x7b", "h100-sxm", 2, Dtype::Bf16), q)
+            .step_cost(std::iter::empty(), (0..64).map(|_| (1024, 1)), 64, 64)
+            .linear_s
+    };
+    let ratio = decode(0.5) / decode(1.0);
+    assert!(
+        ratio > 1.7 && ratio < 2.0,
+        "{ratio}: the experts are most of the weights"
+    );
     // On an H100 an fp8 prefill is faster than a bf16 one, by less than the 2x of the peaks.
     let prefill = |dtype: Dtype| {
         CostModel::new(deployment("llama-3-70b", "h100-sxm", 4, dtype), p.clone())

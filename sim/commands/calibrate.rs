@@ -40,10 +40,11 @@ pub struct Args {
     /// --backend cuda it defaults to the catalog entry of the device found.
     #[arg(long)]
     pub gpu: Option<String>,
-    /// Fit the fp8 GEMM efficiency (every engine's fp8 rows), then each engine's step
+    /// Fit the fp8 GEMM efficiency (every engine's fp8 rows of dense models) and the
+    /// mixture of experts' grouped-GEMM efficiency (their rows), then each engine's step
     /// overhead, all-reduce latency and per-request front-end cost to measured deployments
     /// (aiconfigurator's silicon.csv), with k-fold held-out errors; writes
-    /// `<out folder>/fp8-gemm.toml` and `<out folder>/observed-<engine>.toml` (default
+    /// `<out folder>/fp8-gemm.toml`, `moe-gemm.toml` and `observed-<engine>.toml` (default
     /// folder: calibration/). A folder of engine runs that record the KV blocks the engine
     /// allocated (LLMServingSim's) fits the memory plan's runtime reserve instead and writes
     /// `<out folder>/memory-reserve.toml`. Several may be given.
@@ -124,39 +125,41 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
         anyhow::bail!("--folds: must be 2 to 20, got {}", args.folds);
     }
     let mut rows = sim::observed::silicon::read(path)?;
-    // The fits are of dense models' terms; mixtures of experts add terms of their own
-    // (issue 18), which would bend these.
-    let before = rows.len();
-    rows.retain(|r| {
-        sim::catalog::find_model_by_id(&r.model).is_none_or(|m| m.num_experts <= 1)
-    });
-    if rows.len() < before {
-        outln!(
-            out,
-            "left out {} rows of mixture-of-experts models (their terms are issue 18's)",
-            before - rows.len()
-        );
-    }
     let dir = args
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("calibration"));
     std::fs::create_dir_all(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
-    // The fp8 GEMM efficiency first, over every engine's fp8 rows; the engines' own terms
-    // are then fitted with it.
-    let fp8 = sim::cost_model::calibration::fp8::fit_fp8_efficiency(&rows, args.folds)?;
-    if let Some(f) = &fp8 {
+    // The kernel efficiencies first, over every engine's rows: fp8 GEMMs on the dense
+    // models' fp8 rows, then the experts' grouped GEMMs on the mixtures of experts' rows
+    // (with the fp8 fit); the engines' own terms are then fitted with them.
+    use sim::cost_model::calibration::efficiency::{fit_efficiency, Term};
+    let mut fp8 = None;
+    for term in [Term::Fp8, Term::Moe] {
+        let Some(f) = fit_efficiency(&rows, args.folds, term, fp8)? else {
+            continue;
+        };
         outln!(out, "{}", f.summary(args.folds));
-        let file = dir.join("fp8-gemm.toml");
+        let file = dir.join(term.file());
         std::fs::write(&file, f.toml(&path.display().to_string(), args.folds))
             .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
         outln!(out, "wrote {}", file.display());
+        if term == Term::Fp8 {
+            fp8 = Some(f.value);
+        }
     }
-    let fits = sim::cost_model::calibration::observed::fit_engine_costs(
-        &rows,
-        args.folds,
-        fp8.as_ref().map(|f| f.value),
-    )?;
+    // The engines' terms are fitted on dense models: the experts' own efficiency would
+    // bend them.
+    let before = rows.len();
+    rows.retain(|r| sim::catalog::find_model_by_id(&r.model).is_none_or(|m| m.num_experts <= 1));
+    if rows.len() < before {
+        outln!(
+            out,
+            "the engines' terms leave out {} rows of mixture-of-experts models",
+            before - rows.len()
+        );
+    }
+    let fits = sim::cost_model::calibration::observed::fit_engine_costs(&rows, args.folds, fp8)?;
     out.push_str(&sim::cost_model::calibration::observed::fit_table(&fits));
     for f in &fits {
         let text = sim::cost_model::calibration::observed::fit_toml(

@@ -181,6 +181,7 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
             p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
                 (n.starts_with("observed-") && n.ends_with(".toml"))
                     || n == "fp8-gemm.toml"
+                    || n == "moe-gemm.toml"
                     || n == "memory-reserve.toml"
             })
         })
@@ -203,6 +204,7 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
                     "allreduce_latency_us",
                     "request_overhead_ms",
                     "fp8_compute_eff",
+                    "moe_gemm_eff",
                     "runtime_overhead_gib",
                 ]
                 .iter()

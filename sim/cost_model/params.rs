@@ -81,6 +81,10 @@ pub struct CostParams {
     /// `sim calibrate --observed`'s fit to aiconfigurator's fp8 deployments
     /// (`calibration/fp8-gemm.toml`, held-out errors in VALIDATION.md).
     pub fp8_compute_eff: f64,
+    /// Efficiency of a mixture of experts' grouped GEMMs relative to dense ones (compute and
+    /// memory alike). The default is `sim calibrate --observed`'s fit to aiconfigurator's
+    /// mixture-of-experts deployments (`calibration/moe-gemm.toml`).
+    pub moe_gemm_eff: f64,
     /// A folder of measured operator times of this model on this GPU (LLMServingSim's
     /// profiler: the folder of `meta.yaml`, with `tp<N>/` per degree), relative to the
     /// scenario's folder: the layers' operators, LM head and sampler are priced from it
@@ -91,6 +95,9 @@ pub struct CostParams {
 
 /// `fp8_compute_eff`'s default: the value in `calibration/fp8-gemm.toml` (a test ties them).
 const FP8_EFF: f64 = 0.6;
+
+/// `moe_gemm_eff`'s default: the value in `calibration/moe-gemm.toml` (a test ties them).
+const MOE_EFF: f64 = 0.4;
 
 impl Default for CostParams {
     fn default() -> Self {
@@ -114,6 +121,7 @@ impl Default for CostParams {
             w8_memory_eff: 0.74,
             w4_memory_eff: 0.56,
             fp8_compute_eff: FP8_EFF,
+            moe_gemm_eff: MOE_EFF,
             operator_profile: None,
         }
     }
@@ -160,6 +168,7 @@ impl CostParams {
             ("cost.w8_memory_eff", self.w8_memory_eff),
             ("cost.w4_memory_eff", self.w4_memory_eff),
             ("cost.fp8_compute_eff", self.fp8_compute_eff),
+            ("cost.moe_gemm_eff", self.moe_gemm_eff),
         ];
         for (k, v) in effs {
             if !(v > 0.0 && v <= 1.0) {

@@ -372,10 +372,18 @@ impl CostModel {
                     },
             ),
         };
-        for (k, n, runs, reads) in shapes {
+        for (i, (k, n, runs, reads)) in shapes.into_iter().enumerate() {
             let flops = 2.0 * tokens * k * n * runs;
             let bytes = k * n * wb * reads + tokens * (k + n) * act * runs;
-            w.seconds += self.roofline(flops, bytes, gemm_eff, weight_mem_eff, peak);
+            // The experts' grouped GEMMs (a few tokens per expert, gathered and scattered)
+            // reach `moe_gemm_eff` of a dense GEMM's efficiency.
+            let scale = if m.is_moe() && i >= 2 {
+                self.p.moe_gemm_eff
+            } else {
+                1.0
+            };
+            w.seconds +=
+                self.roofline(flops, bytes, gemm_eff * scale, weight_mem_eff * scale, peak);
             w.flops += flops;
             w.bytes += bytes;
         }

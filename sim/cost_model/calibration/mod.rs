@@ -20,7 +20,7 @@ use super::validation::{error_stats, gemm_point_checks};
 use super::{CostModel, CostParams, Deployment, Framework};
 use crate::catalog::{find_gpu, Dtype};
 
-pub mod fp8;
+pub mod efficiency;
 pub mod memory;
 pub mod observed;
 pub mod splitwise;

@@ -152,6 +152,7 @@ pub fn fit_engine_costs(
             &mine,
             EngineCost {
                 fp8_compute_eff: fp8,
+                moe_gemm_eff: None,
                 ..EngineCost::default()
             },
         )?;
@@ -169,6 +170,7 @@ pub fn fit_engine_costs(
                     request_overhead_ms: Some(0.0),
                     allreduce_latency_us: None,
                     fp8_compute_eff: fp8,
+                    moe_gemm_eff: None,
                 },
             )?);
         }
@@ -201,6 +203,7 @@ pub fn fit_engine_costs(
                         request_overhead_ms: Some(0.0),
                         allreduce_latency_us: us,
                         fp8_compute_eff: fp8,
+                        moe_gemm_eff: None,
                     },
                 )?);
             }
@@ -228,6 +231,7 @@ pub fn fit_engine_costs(
                         request_overhead_ms: Some(ms),
                         allreduce_latency_us: ALLREDUCE_CANDIDATES_US[a],
                         fp8_compute_eff: fp8,
+                        moe_gemm_eff: None,
                     },
                 )?);
             }

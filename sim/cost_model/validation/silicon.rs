@@ -35,6 +35,8 @@ pub struct EngineCost {
     pub allreduce_latency_us: Option<f64>,
     /// `cost.fp8_compute_eff`.
     pub fp8_compute_eff: Option<f64>,
+    /// `cost.moe_gemm_eff`.
+    pub moe_gemm_eff: Option<f64>,
 }
 
 /// `(why, rows)` of the rows not simulated.
@@ -214,6 +216,9 @@ fn simulate(
     }
     if let Some(e) = engine.fp8_compute_eff {
         cfg.cost.fp8_compute_eff = e;
+    }
+    if let Some(e) = engine.moe_gemm_eff {
+        cfg.cost.moe_gemm_eff = e;
     }
     cfg.model.name = Some(model.to_string());
     cfg.model.dtype = dtype;

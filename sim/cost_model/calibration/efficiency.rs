@@ -1,0 +1,227 @@
+//! Kernel efficiencies fitted to aiconfigurator's measured deployments, with k-fold
+//! held-out errors (part of `sim calibrate --observed`): one value per [`Term`], over every
+//! engine's rows that the term touches.
+//!
+//! - `cost.fp8_compute_eff` ([`Term::Fp8`]): fp8 GEMMs reach a smaller fraction of the fp8
+//!   tensor-core peak than 16-bit GEMMs reach of theirs (scales applied per tensor or per
+//!   block, narrower tiles, activations quantized on the fly), so the 16-bit efficiency makes
+//!   fp8 deployments too fast. Fitted to the dense models' fp8 rows.
+//! - `cost.moe_gemm_eff` ([`Term::Moe`]): a mixture of experts' grouped GEMMs run a few
+//!   tokens per expert, gathered and scattered, below a dense GEMM's efficiency. Fitted to
+//!   the mixture-of-experts rows (with the fp8 fit in place).
+//!
+//! Each is a property of the kernels, not of one engine. Every row is simulated under each
+//! candidate, under its engine's serving defaults; per fold the candidate with the smallest
+//! sum of the median absolute TTFT and TPOT errors on the other folds is chosen, and the
+//! held-out fold's errors under it are kept. In: aiconfigurator's rows; out: an
+//! [`EfficiencyFit`] and its file, whose value the shipped default
+//! ([`crate::cost_model::CostParams`]) is.
+
+use std::fmt::Write as _;
+
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+use super::observed::{median_abs, p90_abs};
+use crate::cost_model::validation::silicon::{silicon_checks_with, EngineCost};
+use crate::observed::silicon::AggregateRow;
+
+/// The fp8 efficiencies tried, relative to the 16-bit GEMMs'.
+pub const FP8_CANDIDATES: [f64; 7] = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4];
+
+/// The grouped-GEMM efficiencies tried, relative to dense GEMMs' (lower: at a few tokens per
+/// expert the grouped kernels stream weights far below a dense GEMM's rate).
+pub const MOE_CANDIDATES: [f64; 9] = [1.0, 0.8, 0.6, 0.5, 0.4, 0.35, 0.3, 0.25, 0.2];
+
+/// A fitted efficiency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Term {
+    /// `cost.fp8_compute_eff`, on dense models' fp8 rows.
+    Fp8,
+    /// `cost.moe_gemm_eff`, on mixtures of experts' rows.
+    Moe,
+}
+
+impl Term {
+    /// The values tried.
+    pub fn candidates(self) -> &'static [f64] {
+        match self {
+            Term::Fp8 => &FP8_CANDIDATES,
+            Term::Moe => &MOE_CANDIDATES,
+        }
+    }
+
+    /// The `[cost]` key.
+    pub fn key(self) -> &'static str {
+        match self {
+            Term::Fp8 => "fp8_compute_eff",
+            Term::Moe => "moe_gemm_eff",
+        }
+    }
+
+    /// The file `sim calibrate --observed` writes.
+    pub fn file(self) -> &'static str {
+        match self {
+            Term::Fp8 => "fp8-gemm.toml",
+            Term::Moe => "moe-gemm.toml",
+        }
+    }
+
+    /// What the value is, for the file's header.
+    fn what(self) -> &'static str {
+        match self {
+            Term::Fp8 => "The fp8 GEMM efficiency relative to gemm_compute_eff",
+            Term::Moe => "The mixture of experts' grouped-GEMM efficiency relative to dense GEMMs'",
+        }
+    }
+
+    /// The rows the term is fitted to.
+    fn applies(self, r: &AggregateRow) -> bool {
+        let moe = crate::catalog::find_model_by_id(&r.model).is_some_and(|m| m.num_experts > 1);
+        match self {
+            Term::Fp8 => !moe && matches!(r.gemm_quant.as_str(), "fp8" | "fp8_block"),
+            Term::Moe => moe,
+        }
+    }
+
+    /// The rows' costs with the term at `eff` (and fp8 GEMMs at `fp8`, when given).
+    fn cost(self, eff: f64, fp8: Option<f64>) -> EngineCost {
+        match self {
+            Term::Fp8 => EngineCost {
+                fp8_compute_eff: Some(eff),
+                ..EngineCost::default()
+            },
+            Term::Moe => EngineCost {
+                fp8_compute_eff: fp8,
+                moe_gemm_eff: Some(eff),
+                ..EngineCost::default()
+            },
+        }
+    }
+}
+
+/// The fit of one efficiency.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EfficiencyFit {
+    /// The term fitted.
+    pub term: Term,
+    /// Rows simulated.
+    pub rows: usize,
+    /// The value fitted on every row.
+    pub value: f64,
+    /// Each fold's value.
+    pub fold_values: Vec<f64>,
+    /// Held-out signed TTFT and TPOT errors (one per row).
+    pub held_out_ttft: Vec<f64>,
+    /// See `held_out_ttft`.
+    pub held_out_tpot: Vec<f64>,
+    /// Errors at 1 (as efficient as dense 16-bit GEMMs).
+    pub baseline_ttft: Vec<f64>,
+    /// See `baseline_ttft`.
+    pub baseline_tpot: Vec<f64>,
+}
+
+/// Fits `term` to the rows of `rows` it applies to, `folds`-fold, with fp8 GEMMs at `fp8`
+/// (`None`: the default) where the term is not fp8's own. `None` when fewer rows than folds
+/// can be simulated.
+pub fn fit_efficiency(
+    rows: &[AggregateRow],
+    folds: usize,
+    term: Term,
+    fp8: Option<f64>,
+) -> Result<Option<EfficiencyFit>, crate::SimError> {
+    let folds = folds.max(2);
+    let mine: Vec<AggregateRow> = rows.iter().filter(|r| term.applies(r)).cloned().collect();
+    // (TTFT, TPOT) errors of every simulated row under each candidate.
+    let mut errors: Vec<Vec<(f64, f64)>> = Vec::new();
+    let candidates = term.candidates();
+    for &eff in candidates {
+        let (done, _) = silicon_checks_with(&mine, None, &|_| term.cost(eff, fp8))?;
+        errors.push(
+            done.iter()
+                .map(|k| (k.ttft_error(), k.tpot_error()))
+                .collect(),
+        );
+    }
+    let n = errors[0].len();
+    if n < folds {
+        return Ok(None);
+    }
+    let score = |c: usize, on: &[usize]| {
+        let ttft: Vec<f64> = on.iter().map(|&i| errors[c][i].0).collect();
+        let tpot: Vec<f64> = on.iter().map(|&i| errors[c][i].1).collect();
+        median_abs(&ttft) + median_abs(&tpot)
+    };
+    let best = |on: &[usize]| {
+        (0..candidates.len())
+            .min_by(|&a, &b| score(a, on).total_cmp(&score(b, on)))
+            .unwrap_or(0)
+    };
+    // The same fixed shuffle as the engines' fits, so folds mix GPUs, models and loads.
+    let mut idx: Vec<usize> = (0..n).collect();
+    idx.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(17));
+    let mut fit = EfficiencyFit {
+        term,
+        rows: n,
+        value: candidates[best(&idx)],
+        fold_values: Vec::new(),
+        held_out_ttft: Vec::new(),
+        held_out_tpot: Vec::new(),
+        baseline_ttft: errors[0].iter().map(|e| e.0).collect(),
+        baseline_tpot: errors[0].iter().map(|e| e.1).collect(),
+    };
+    for f in 0..folds {
+        let train: Vec<usize> = (0..n).filter(|j| j % folds != f).map(|j| idx[j]).collect();
+        let c = best(&train);
+        fit.fold_values.push(candidates[c]);
+        for j in (f..n).step_by(folds) {
+            fit.held_out_ttft.push(errors[c][idx[j]].0);
+            fit.held_out_tpot.push(errors[c][idx[j]].1);
+        }
+    }
+    Ok(Some(fit))
+}
+
+impl EfficiencyFit {
+    /// One line: the value, its folds and the held-out errors against the baseline.
+    pub fn summary(&self, folds: usize) -> String {
+        let folds_list: Vec<String> = self.fold_values.iter().map(|v| format!("{v}")).collect();
+        let rows = match self.term {
+            Term::Fp8 => "fp8 rows of dense models",
+            Term::Moe => "mixture-of-experts rows",
+        };
+        format!(
+            "{} = {} fitted to {} {rows} of every engine; {folds}-fold held-out: TTFT median |err| {:.1}%, p90 {:.1}% (at 1: {:.1}%, {:.1}%), TPOT median |err| {:.1}%, p90 {:.1}% (at 1: {:.1}%, {:.1}%); the folds' values: {}",
+            self.term.key(),
+            self.value,
+            self.rows,
+            100.0 * median_abs(&self.held_out_ttft),
+            100.0 * p90_abs(&self.held_out_ttft),
+            100.0 * median_abs(&self.baseline_ttft),
+            100.0 * p90_abs(&self.baseline_ttft),
+            100.0 * median_abs(&self.held_out_tpot),
+            100.0 * p90_abs(&self.held_out_tpot),
+            100.0 * median_abs(&self.baseline_tpot),
+            100.0 * p90_abs(&self.baseline_tpot),
+            folds_list.join(", ")
+        )
+    }
+
+    /// The calibration file: the value under `[cost]`, what it was fitted to in the header.
+    pub fn toml(&self, source: &str, folds: usize) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "# {}, fitted by `sim calibrate --observed {source}`.",
+            self.term.what()
+        );
+        let _ = writeln!(s, "# {}.", self.summary(folds));
+        let _ = writeln!(
+            s,
+            "# The shipped default of `cost.{}` is this value (a test ties them).",
+            self.term.key()
+        );
+        let _ = writeln!(s, "[cost]\n{} = {}", self.term.key(), self.value);
+        s
+    }
+}
