@@ -324,10 +324,12 @@ mod tests {
             ("meta-llama/Meta-Llama-3.1-70B", "llama-3.1-70b"),
             ("nvidia/Qwen3-32B-NVFP4", "qwen3-32b"),
             ("Qwen/Qwen3-32B", "qwen3-32b"),
+            ("Qwen/Qwen3-30B-A3B-Instruct-2507", "qwen3-30b-a3b"),
+            ("Qwen/Qwen3-235B-A22B-FP8", "qwen3-235b-a22b"),
         ] {
             assert_eq!(find_model_by_id(id).map(|m| m.name), Some(name), "{id}");
         }
-        assert!(find_model_by_id("Qwen/Qwen3-30B-A3B-Instruct-2507").is_none());
+        assert!(find_model_by_id("deepseek-ai/DeepSeek-R1").is_none());
     }
 
     #[test]
