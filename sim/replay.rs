@@ -529,6 +529,12 @@ pub fn memory_check(run: &ObservedRun) -> Result<Option<MemoryCheck>, ReplayErro
     let Some(blocks) = run.engine.num_gpu_blocks else {
         return Ok(None);
     };
+    if blocks == 0 {
+        return Err(ReplayError::Run {
+            path: run.path.clone(),
+            message: "the run records 0 KV blocks (num_gpu_blocks): nothing to fit".into(),
+        });
+    }
     let model = resolve_model(run, None)?;
     let gpu = resolve_gpu(run, None)?;
     let mut text = deployment_text(run, model, gpu, None);
@@ -764,8 +770,6 @@ fn compare(measured: &[Sample], simulated: &[Sample], makespan: Makespan) -> Vec
     figures
 }
 
-/// `replay.html`: the comparison table and the measured and simulated CDFs of TTFT, TPOT
-/// and E2EL overlaid.
 /// The page of a folder of replays: one row per run (linking to its own page) with the
 /// signed errors of `metrics`, and their medians. `runs` are `(name, folder, replay)`.
 pub fn folder_html(runs: &[(String, String, &Replay)], metrics: &[&str]) -> String {
@@ -816,6 +820,8 @@ pub fn folder_html(runs: &[(String, String, &Replay)], metrics: &[&str]) -> Stri
     h
 }
 
+/// `replay.html`: the comparison table and the measured and simulated CDFs of TTFT, TPOT
+/// and E2EL overlaid.
 fn report_html(r: &Replay, measured: &[Sample], simulated: &[Sample]) -> String {
     let esc = |t: &str| {
         t.replace('&', "&amp;")

@@ -47,7 +47,7 @@ pub struct Args {
     /// `<out folder>/fp8-gemm.toml`, `moe-gemm.toml` and `observed-<engine>.toml` (default
     /// folder: calibration/). A folder of engine runs that record the KV blocks the engine
     /// allocated (LLMServingSim's) fits the memory plan's runtime reserve instead and writes
-    /// `<out folder>/memory-reserve.toml`. Several may be given.
+    /// `<out folder>/memory-reserve.toml`. One of each may be given.
     #[arg(long, num_args = 1..)]
     pub observed: Vec<PathBuf>,
     /// Folds of the cross-validation (--observed).
@@ -63,6 +63,12 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         );
     }
     if !args.observed.is_empty() {
+        let dirs = args.observed.iter().filter(|p| p.is_dir()).count();
+        if dirs > 1 || args.observed.len() - dirs > 1 {
+            anyhow::bail!(
+                "--observed: give at most one folder of runs and one file of deployments (each writes its own fits; two of a kind would overwrite each other)"
+            );
+        }
         for path in &args.observed {
             if path.is_dir() {
                 reserve_from_runs(path, &args, out)?;

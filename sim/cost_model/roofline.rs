@@ -230,7 +230,15 @@ impl CostModel {
                 layers * p.linear_s(tokens),
                 layers * p.attention_s(a.prefill_tokens, a.pf_attended, a.decodes, a.decode_ctx),
                 layers * p.elementwise_s(tokens) + p.per_step_s(tokens),
-                p.head_s(f64::from(samples)),
+                // The logits' all-gather under TP is not in the profile.
+                p.head_s(f64::from(samples))
+                    + if samples > 0 {
+                        self.allreduce_s(
+                            f64::from(samples) * f64::from(m.vocab) / tp * 4.0 / tp.max(1.0),
+                        )
+                    } else {
+                        0.0
+                    },
             ),
             None => (layers * lin.seconds, layers * attn_s, layers * ew_s, head_s),
         };
@@ -357,7 +365,7 @@ impl CostModel {
         let (gemm_eff, weight_mem_eff) = match self.d.dtype {
             // fp8 GEMMs reach their own fraction of the fp8 peak (per-tensor or block
             // scales, narrower tiles).
-            Dtype::Fp8 => (
+            Dtype::Fp8 if self.d.gpu.flops_fp8.is_some() => (
                 self.p.gemm_compute_eff * self.p.fp8_compute_eff,
                 self.p.gemm_memory_eff,
             ),

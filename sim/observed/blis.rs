@@ -1,11 +1,11 @@
 //! BLIS / inference-sim TraceV2: a CSV of requests and a YAML header beside it
 //! (`trace_data.csv` with `trace_header.yaml`, or `P.csv` with `P.yaml`). The header, when
-//! present, is checked as BLIS checks it (every key known: `trace_version` 2 or 3,
-//! `time_unit` microseconds, `mode`, `warm_up_requests`, `server`, `network`, ...): its
-//! `server` gives the engine (`type`), the model, `tensor_parallel`, `max_num_seqs`,
-//! `block_size`, `gpu_memory_utilization` and `max_model_len`, and the first
-//! `warm_up_requests` requests sent are the client's warm-up, left out (`network`'s RTT is
-//! not modelled). CSV columns are found by name: `request_id`,
+//! present, is read strictly, as BLIS's loader reads it (every key known), and further
+//! checked (`trace_version` 2 or 3, `time_unit` microseconds): its `server` gives the engine
+//! (`type`), the model, `tensor_parallel`, `max_num_seqs`, `block_size`,
+//! `gpu_memory_utilization` and `max_model_len`; requests numbered below
+//! `warm_up_requests` are the client's warm-up, left out as BLIS's calibration leaves them
+//! (`network`'s RTT is not modelled). CSV columns are found by name: `request_id`,
 //! `input_tokens` and `prefix_length` (the prompt is their sum unless
 //! `server_input_tokens`, the server's count, is above 0), `output_tokens`,
 //! `send_time_us`, `first_chunk_time_us`, `last_chunk_time_us` (absolute microseconds),
@@ -48,6 +48,15 @@ struct Header {
     #[serde(default)]
     #[allow(dead_code)]
     goodput_slo_targets: Option<serde_yaml_ng::Value>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    session_context_growth: Option<serde_yaml_ng::Value>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    kv_offload: Option<serde_yaml_ng::Value>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    observed_kv_metrics: Option<serde_yaml_ng::Value>,
 }
 
 /// The header's `server`.
@@ -268,10 +277,10 @@ pub(super) fn read(path: &Path) -> Result<ObservedRun, ObservedError> {
         None => (ObservedEngine::default(), 0),
     };
     rows.sort_by_key(|r| (r.0, r.1));
-    // The client's warm-up requests went first.
-    let warm_up = usize::try_from(warm_up).unwrap_or(usize::MAX);
+    // The client's warm-up requests are those numbered below the count, as BLIS's
+    // calibration filters them (`blis observe` itself does not record them).
     if warm_up > 0 {
-        rows.drain(..warm_up.min(rows.len()));
+        rows.retain(|r| r.2.id.parse::<u64>().map_or(true, |id| id >= warm_up));
     }
     if rows.is_empty() {
         return Err(ObservedError::new(

@@ -8,8 +8,10 @@
 //!
 //! Attention is measured as one kernel over one prefill chunk (with its cached KV) and `n`
 //! decodes of equal context. A step's chunks are summed into one chunk whose cached length
-//! gives the same attended pairs, and its decodes take their mean context: the profile's
-//! `skew*.csv` corrections for unequal contexts are not applied.
+//! gives the same attended pairs (several fresh prompts attend fewer pairs than one chunk of
+//! their length: the prefill's share of the time is scaled down instead), and its decodes
+//! take their mean context, one query each: the profile's `skew*.csv` corrections for
+//! unequal contexts are not applied, nor is a speculative verify's extra queries' cost.
 //!
 //! In: an [`OperatorProfile`] and the step's sizes; out: seconds per layer or per step.
 
@@ -101,18 +103,26 @@ impl ProfiledCosts {
         if chunk <= 0.0 && decodes <= 0.0 {
             return 0.0;
         }
-        // The cached length that makes one chunk attend as many pairs as the step's chunks.
-        let cached = if chunk > 0.0 {
-            (attended / chunk - (chunk + 1.0) / 2.0).max(0.0)
-        } else {
-            0.0
-        };
         let context = if decodes > 0.0 {
             decode_ctx / decodes
         } else {
             0.0
         };
-        self.attention.at(&[chunk, cached, decodes, context])
+        // The cached length that makes one chunk attend as many pairs as the step's chunks.
+        let cached = if chunk > 0.0 {
+            attended / chunk - (chunk + 1.0) / 2.0
+        } else {
+            0.0
+        };
+        if cached >= 0.0 {
+            return self.attention.at(&[chunk, cached, decodes, context]);
+        }
+        // Several fresh prompts attend fewer pairs than one chunk of their summed length:
+        // the prefill's share of the time shrinks in proportion.
+        let whole = self.attention.at(&[chunk, 0.0, decodes, context]);
+        let prefill = self.attention.at(&[chunk, 0.0, 0.0, 0.0]);
+        let share = attended / (chunk * (chunk + 1.0) / 2.0);
+        (whole - (1.0 - share) * prefill).max(0.0)
     }
 
     /// The LM head and sampler over `samples` sequences.
@@ -188,5 +198,9 @@ mod tests {
         assert!((c.attention_s(0.0, 0.0, 2.0, 32.0) - 6e-6).abs() < 1e-12);
         assert!((c.attention_s(16.0, 136.0, 1.0, 16.0) - 12e-6).abs() < 1e-12);
         assert_eq!(c.attention_s(0.0, 0.0, 0.0, 0.0), 0.0);
+        // Two fresh 8-token prompts attend 2 x 36 = 72 pairs, about half of one 16-token
+        // chunk's 136: half the prefill's time.
+        let t = c.attention_s(16.0, 72.0, 0.0, 0.0);
+        assert!((t - 10e-6 * 72.0 / 136.0).abs() < 1e-12, "{t}");
     }
 }
