@@ -157,7 +157,7 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
     // The engines' terms are fitted on dense models: the experts' own efficiency would
     // bend them.
     let before = rows.len();
-    rows.retain(|r| sim::catalog::find_model_by_id(&r.model).is_none_or(|m| m.num_experts <= 1));
+    rows.retain(|r| !r.is_moe());
     if rows.len() < before {
         outln!(
             out,

@@ -203,7 +203,6 @@ impl CostModel {
         let a = self.attention_work(prefill, decode);
         let tokens = a.prefill_tokens + a.decode_tokens;
         let lin = self.linear_layers(tokens);
-        let attn_s = self.attention_s(&a);
         // Two RMSNorms, RoPE, SwiGLU and two residual adds: five memory-bound kernels.
         let ew_bytes = tokens
             * (6.0 * hidden + 2.0 * (lin.q + lin.kv) + m.mlp_matrices() * inter * lin.top_k)
@@ -231,16 +230,15 @@ impl CostModel {
                 layers * p.attention_s(a.prefill_tokens, a.pf_attended, a.decodes, a.decode_ctx),
                 layers * p.elementwise_s(tokens) + p.per_step_s(tokens),
                 // The logits' all-gather under TP is not in the profile.
-                p.head_s(f64::from(samples))
-                    + if samples > 0 {
-                        self.allreduce_s(
-                            f64::from(samples) * f64::from(m.vocab) / tp * 4.0 / tp.max(1.0),
-                        )
-                    } else {
-                        0.0
-                    },
+                p.head_s(f64::from(samples)) + self.logits_gather_s(samples),
             ),
-            None => (layers * lin.seconds, layers * attn_s, layers * ew_s, head_s),
+            // The roofline's attention only when it is used (the profile's replaces it).
+            None => (
+                layers * lin.seconds,
+                layers * self.attention_s(&a),
+                layers * ew_s,
+                head_s,
+            ),
         };
         let allreduce_s = layers * ar_s;
         StepCost {
@@ -408,6 +406,16 @@ impl CostModel {
 
     /// (seconds, FLOPs, bytes) of the LM head over `samples` positions, with the
     /// all-gather of the logits under tensor parallelism.
+    /// The all-gather of `samples` rows of fp32 logits over the tensor-parallel GPUs.
+    fn logits_gather_s(&self, samples: u32) -> f64 {
+        if samples == 0 {
+            return 0.0;
+        }
+        let tp = f64::from(self.d.tp);
+        let vocab = f64::from(self.d.model.vocab) / tp;
+        self.allreduce_s(f64::from(samples) * vocab * 4.0 / tp)
+    }
+
     fn lm_head(&self, samples: u32) -> (f64, f64, f64) {
         let m = &self.d.model;
         let tp = f64::from(self.d.tp);
@@ -424,7 +432,7 @@ impl CostModel {
                 self.p.gemm_compute_eff,
                 self.p.gemm_memory_eff,
                 peak,
-            ) + self.allreduce_s(s * vocab * 4.0 / tp.max(1.0))
+            ) + self.logits_gather_s(samples)
         } else {
             0.0
         };

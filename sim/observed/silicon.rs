@@ -69,6 +69,13 @@ pub enum BenchClient {
     Aiperf,
 }
 
+impl AggregateRow {
+    /// Whether the row's model is a catalog mixture of experts.
+    pub fn is_moe(&self) -> bool {
+        crate::catalog::find_model_by_id(&self.model).is_some_and(|m| m.num_experts > 1)
+    }
+}
+
 impl BenchClient {
     /// The client a `silicon_data_source` names.
     pub fn from_source(source: &str) -> BenchClient {

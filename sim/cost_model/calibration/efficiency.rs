@@ -77,10 +77,9 @@ impl Term {
 
     /// The rows the term is fitted to.
     fn applies(self, r: &AggregateRow) -> bool {
-        let moe = crate::catalog::find_model_by_id(&r.model).is_some_and(|m| m.num_experts > 1);
         match self {
-            Term::Fp8 => !moe && matches!(r.gemm_quant.as_str(), "fp8" | "fp8_block"),
-            Term::Moe => moe,
+            Term::Fp8 => !r.is_moe() && matches!(r.gemm_quant.as_str(), "fp8" | "fp8_block"),
+            Term::Moe => r.is_moe(),
         }
     }
 

@@ -24,17 +24,13 @@ pub struct ReserveFit {
     pub held_out: Vec<Option<u32>>,
 }
 
-fn median(v: &[f64]) -> f64 {
-    analysis::median(v)
-}
-
 /// Fits the reserve to `checks` (`None` when there are none).
 pub fn fit_runtime_reserve(checks: Vec<MemoryCheck>) -> Option<ReserveFit> {
     if checks.is_empty() {
         return None;
     }
     let reserves: Vec<f64> = checks.iter().map(|c| c.reserve_gib).collect();
-    let value_gib = (median(&reserves) * 100.0).round() / 100.0;
+    let value_gib = (analysis::median(&reserves) * 100.0).round() / 100.0;
     let held_out = (0..checks.len())
         .map(|i| {
             let others: Vec<f64> = reserves
@@ -43,7 +39,7 @@ pub fn fit_runtime_reserve(checks: Vec<MemoryCheck>) -> Option<ReserveFit> {
                 .filter(|&(j, _)| j != i)
                 .map(|(_, &r)| r)
                 .collect();
-            (!others.is_empty()).then(|| checks[i].blocks_with_reserve(median(&others)))
+            (!others.is_empty()).then(|| checks[i].blocks_with_reserve(analysis::median(&others)))
         })
         .collect();
     Some(ReserveFit {

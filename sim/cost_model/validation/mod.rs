@@ -352,9 +352,7 @@ fn silicon_section(s: &mut String, r: &Replays) {
             row(s, [label, "", "", ""], &mine);
         }
     }
-    let moe = |c: &&silicon::SiliconCheck| {
-        crate::catalog::find_model(c.model).is_some_and(|m| m.num_experts > 1)
-    };
+    let moe = |c: &&silicon::SiliconCheck| c.row.is_moe();
     let dense: Vec<&silicon::SiliconCheck> = r.silicon.iter().filter(|c| !moe(c)).collect();
     let experts: Vec<&silicon::SiliconCheck> = r.silicon.iter().filter(moe).collect();
     if !experts.is_empty() {
