@@ -10,6 +10,7 @@ use sim::cost_model::{CostModel, CostModelBackend, CostParams, Deployment};
 
 fn deployment(model: &str, tp: u32) -> Deployment {
     Deployment {
+        parallel: Default::default(),
         model: find_model(model).expect("catalog model").clone(),
         gpu: find_gpu("h100-sxm").expect("catalog gpu").clone(),
         tp,

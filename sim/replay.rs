@@ -239,19 +239,24 @@ fn resolve_gpu(run: &ObservedRun, over: Option<&str>) -> Result<&'static str, Re
 /// Replays `run` and compares.
 pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayError> {
     let e = &run.engine;
-    if e.dp.is_some_and(|d| d > 1) || e.expert_parallel {
+    let model = resolve_model(run, opts.model.as_deref())?;
+    let gpu = resolve_gpu(run, opts.gpu.as_deref())?;
+    let moe = crate::catalog::find_model(model).is_some_and(|m| m.is_moe());
+    let dp = e.dp.unwrap_or(1);
+    if dp > 1 && !moe {
         return Err(ReplayError::Run {
             path: run.path.clone(),
             message: format!(
-                "data parallelism ({}) and expert parallelism ({}) are not replayed yet (issue 18)",
-                e.dp.unwrap_or(1),
-                if e.expert_parallel { "on" } else { "off" }
+                "data parallelism ({dp}) of a dense model: replay one engine's run (fleets: issue 20)"
             ),
         });
     }
-    let model = resolve_model(run, opts.model.as_deref())?;
-    let gpu = resolve_gpu(run, opts.gpu.as_deref())?;
-    let profile = find_profile(run, opts)?;
+    // A mixture of experts' operator profile holds its experts' table (moe.csv), which is
+    // not read yet: such a run replays on the roofline unless a profile is named.
+    let profile = match (&opts.profiles, moe) {
+        (ProfileChoice::Auto, true) => None,
+        _ => find_profile(run, opts)?,
+    };
     let io = |path: &Path, err: std::io::Error| ReplayError::Io {
         path: path.to_path_buf(),
         message: err.to_string(),
@@ -330,6 +335,13 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
         (Some(_), None) => Makespan::Unknown,
     };
     let mut figures = compare(&measured, &simulated, measured_makespan);
+    // Attention data parallelism: one rank was simulated; the deployment served `dp` times
+    // its requests.
+    if dp > 1 {
+        for f in figures.iter_mut().filter(|f| f.metric == "throughput_rps") {
+            f.simulated *= f64::from(dp);
+        }
+    }
     if let Some(m) = e.num_gpu_blocks {
         figures.push(Figure {
             metric: "kv_blocks".into(),
@@ -339,7 +351,10 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
     }
     let replay = Replay {
         run: run.path.clone(),
-        deployment: format!("{model} on {} x {gpu}", e.tp.unwrap_or(1)),
+        deployment: format!(
+            "{model} on {} x {gpu}",
+            e.tp.unwrap_or(1) * e.dp.unwrap_or(1)
+        ),
         requests: ok.len(),
         failed,
         figures,
@@ -441,11 +456,16 @@ fn deployment_text(
     let _ = writeln!(s, "# Written by `sim replay {}`.", run.path.display());
     let _ = writeln!(s, "name = \"replay-{name}\"\nseed = 0\n");
     let _ = writeln!(s, "[model]\nname = \"{model}\"\ndtype = \"bf16\"\n");
-    let _ = writeln!(
-        s,
-        "[hardware]\ngpu = \"{gpu}\"\ntp = {}\n",
-        e.tp.unwrap_or(1)
-    );
+    // vLLM's data parallelism of a mixture of experts is attention data parallelism; with
+    // `enable_expert_parallel` the experts are split over every GPU (EP = TP x DP), else
+    // tensor-parallel over them.
+    let (tp, dp) = (e.tp.unwrap_or(1), e.dp.unwrap_or(1));
+    let ep = if e.expert_parallel { tp * dp } else { 1 };
+    let _ = writeln!(s, "[hardware]\ngpu = \"{gpu}\"\ntp = {tp}");
+    if dp > 1 || ep > 1 {
+        let _ = writeln!(s, "dp = {dp}\nep = {ep}");
+    }
+    let _ = writeln!(s);
     let _ = writeln!(s, "[engine]\nscheduler = \"chunked\"");
     if let Some(v) = e.max_num_seqs {
         let _ = writeln!(s, "max_num_seqs = {v}");

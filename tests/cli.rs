@@ -831,3 +831,84 @@ fn calibrations_with_folds_give_bands() {
     assert!(0.0 < fold_lo && fold_lo <= fold_hi, "{band}");
     assert!(pess <= opt, "{band}");
 }
+
+/// A mixture of experts on 8 GPUs with attention data parallelism and expert parallelism.
+const MOE: &str = r#"
+name = "moe"
+[model]
+name = "deepseek-r1"
+dtype = "fp8-block"
+[hardware]
+gpu = "h200"
+tp = 1
+dp = 8
+ep = 8
+[workload]
+num_requests = 10
+arrival = { process = "closed-loop", concurrency = 4 }
+[[workload.class]]
+name = "chat"
+prompt = { dist = "fixed", value = 512 }
+output = { dist = "fixed", value = 16 }
+"#;
+
+#[test]
+fn validate_prints_each_layer_groups_cache() {
+    let (code, err, out) = validate(MOE);
+    assert_eq!(code, Some(0), "{err}");
+    for needle in [
+        "8 x h200",
+        "tp = 1, pp = 1, attention dp = 8, ep = 8",
+        "latent attention (MLA)         70272 bytes / token (61 layers x (512 latent + 64 RoPE key) x 2 B",
+        "8 of 256 experts and the shared expert",
+    ] {
+        assert!(out.contains(needle), "`{needle}` missing:\n{out}");
+    }
+    let hybrid = MOE
+        .replace("deepseek-r1", "gpt-oss-120b")
+        .replace("fp8-block", "mxfp4")
+        .replace("dp = 8\nep = 8", "dp = 1\nep = 1");
+    let (code, err, out) = validate(&hybrid);
+    assert_eq!(code, Some(0), "{err}");
+    for needle in [
+        "full attention                 36864 bytes / token (18 layers)",
+        "sliding attention              5.31 MB / sequence",
+        "sequence state",
+    ] {
+        assert!(out.contains(needle), "`{needle}` missing:\n{out}");
+    }
+}
+
+#[test]
+fn expert_and_data_parallel_degrees_are_checked() {
+    assert_bad(
+        &MOE.replace("ep = 8", "ep = 3"),
+        &["hardware.ep", "256 routed experts"],
+    );
+    assert_bad(
+        &MOE.replace("dp = 8\nep = 8", "dp = 2\nep = 4"),
+        &["hardware.ep", "tp x dp = 1 x 2 = 2 GPUs"],
+    );
+    assert_bad(&MOE.replace("dp = 8", "dp = 0"), &["hardware.dp", "from 1"]);
+    assert_bad(
+        &GOOD.replace("[hardware]", "[hardware]\nep = 2"),
+        &["hardware.ep", "dense"],
+    );
+}
+
+#[test]
+fn the_mtp_layers_draft_where_a_model_has_them() {
+    let mtp = MOE.replace(
+        "[workload]",
+        "[speculative]\nmethod = \"mtp\"\nk = 1\nacceptance = [0.8]\n\n[workload]",
+    );
+    let (code, err, _) = validate(&mtp);
+    assert_eq!(code, Some(0), "{err}");
+    // gpt-oss has no MTP layers.
+    assert_bad(
+        &mtp.replace("deepseek-r1", "gpt-oss-120b")
+            .replace("fp8-block", "mxfp4")
+            .replace("dp = 8\nep = 8", "dp = 1\nep = 1"),
+        &["speculative.method", "no multi-token-prediction layers"],
+    );
+}

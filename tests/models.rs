@@ -113,3 +113,151 @@ fn qwen3_moe_sizes_match_their_model_cards() {
         assert!((a - active).abs() < 0.02 * active, "{name}: {a} B active");
     }
 }
+
+/// A catalog model and the same model read from its shipped `config.json` agree.
+fn catalog_and_config(name: &str, config: &str) -> ModelSpec {
+    let m = sim::catalog::find_model(name).expect("catalog").clone();
+    let path = format!("calibration/serving/aiconfigurator/model_configs/{config}_config.json");
+    let read = ModelSpec::from_hf_config(std::path::Path::new(&path)).expect("config");
+    assert_eq!(read.params(), m.params(), "{name}: catalog and config.json");
+    assert_eq!(read.arch, m.arch, "{name}: catalog and config.json");
+    m
+}
+
+#[test]
+fn todays_mixtures_of_experts_match_their_model_cards() {
+    // Totals within 2% of the model cards (DeepSeek-V3: 671 B main model, 37 B active;
+    // gpt-oss-120b: 116.8 B; Qwen3.5-397B-A17B: 397 B). Active counts are stated rounded
+    // to the billion (17 B: 16.5-17.5) and gpt-oss's 5.1 B counts the unembedding alone.
+    let ds = catalog_and_config("deepseek-r1", "deepseek-ai--DeepSeek-R1");
+    let (p, a) = (ds.params() / 1e9, ds.active_params() / 1e9);
+    assert!((p - 671.0).abs() < 0.02 * 671.0, "DeepSeek-R1 {p} B");
+    assert!((a - 37.0).abs() < 0.02 * 37.0, "DeepSeek-R1 {a} B active");
+    // The MTP module: 685 B in all on the Hugging Face page, which counts its own copy of
+    // the embedding and head (2 x 0.93 B).
+    let with_mtp = (ds.params() + ds.mtp_params() + 2.0 * ds.embedding_params()) / 1e9;
+    assert!(
+        (with_mtp - 685.0).abs() < 0.02 * 685.0,
+        "with MTP {with_mtp} B"
+    );
+    let mla = ds.arch.mla.expect("latent attention");
+    assert_eq!((mla.kv_lora_rank, mla.qk_rope_head_dim), (512, 64));
+    assert_eq!(
+        (
+            ds.arch.dense_layers,
+            ds.moe_layers(),
+            ds.arch.dense_intermediate
+        ),
+        (3, 58, 18432)
+    );
+    assert_eq!(ds.arch.shared_expert_intermediate, 2048);
+    // One copy of 576 values per token and layer, not 2 x 128 heads x 128.
+    assert_eq!(ds.kv_values_per_token(), 61.0 * 576.0);
+
+    let oss = catalog_and_config("gpt-oss-120b", "openai--gpt-oss-120b");
+    let (p, a) = (oss.params() / 1e9, oss.active_params() / 1e9);
+    assert!((p - 116.8).abs() < 0.02 * 116.8, "gpt-oss {p} B");
+    let unembedding_only = a - oss.embedding_params() / 1e9;
+    assert!((unembedding_only - 5.1).abs() < 0.02 * 5.1, "gpt-oss {a} B");
+    let s = oss.arch.sliding.expect("sliding layers");
+    assert_eq!(
+        (s.window, s.layers, oss.full_attention_layers()),
+        (128, 18, 18)
+    );
+    assert_eq!(oss.sliding_window, None, "the full layers see everything");
+
+    let q = catalog_and_config("qwen3.5-397b-a17b", "Qwen--Qwen3.5-397B-A17B");
+    let (p, a) = (q.params() / 1e9, q.active_params() / 1e9);
+    assert!((p - 397.0).abs() < 0.02 * 397.0, "Qwen3.5 {p} B");
+    assert!((16.5..17.5).contains(&a), "Qwen3.5 {a} B active");
+    let l = q.arch.linear.expect("linear attention");
+    assert_eq!((l.layers, q.full_attention_layers()), (45, 15));
+    assert!(q.arch.attn_output_gate && q.arch.mtp_layers == 1);
+}
+
+#[test]
+fn weights_and_caches_of_todays_formats() {
+    use sim::catalog::Dtype;
+    use sim::cost_model::{Deployment, Parallel};
+    let at = |name: &str, dtype: Dtype, tp: u32, parallel: Parallel| Deployment {
+        model: sim::catalog::find_model(name).unwrap().clone(),
+        gpu: sim::catalog::find_gpu("b200").unwrap().clone(),
+        tp,
+        pp: 1,
+        dtype,
+        kv_dtype: Dtype::Bf16,
+        parallel,
+    };
+    // gpt-oss-120b's checkpoint: the experts in MXFP4 (4.25 bits), the rest in bf16:
+    // 60.8 GiB on its model card.
+    let oss = at("gpt-oss-120b", Dtype::Mxfp4, 1, Parallel::default());
+    let gib = oss.weight_bytes_per_gpu() / f64::from(1u32 << 30);
+    assert!((gib - 60.8).abs() < 0.02 * 60.8, "gpt-oss {gib} GiB");
+    // Its growing cache is the 18 full layers'; each sliding layer keeps its window
+    // (128 tokens: 8 blocks of 16, and the block the window straddles).
+    assert_eq!(oss.kv_bytes_per_token(), 18.0 * 2.0 * 8.0 * 64.0 * 2.0);
+    let groups = oss.kv_groups(16);
+    assert_eq!(groups.len(), 2);
+    assert_eq!(
+        groups[1].bytes_per_seq,
+        18.0 * 2.0 * 8.0 * 64.0 * 2.0 * 144.0
+    );
+    // Qwen3.5: 15 full layers (2 KV heads of 256), 45 linear ones with a float32 state of
+    // 64 value heads x 128 x 128 and a 3-token convolution window per sequence.
+    let q = at("qwen3.5-397b-a17b", Dtype::Fp8, 1, Parallel::default());
+    assert_eq!(q.kv_bytes_per_token(), 15.0 * 2.0 * 2.0 * 256.0 * 2.0);
+    let state =
+        45.0 * (64.0 * 128.0 * 128.0 * 4.0 + 3.0 * (2.0 * 16.0 * 128.0 + 64.0 * 128.0) * 2.0);
+    assert_eq!(q.seq_state_bytes(16), state);
+    // DeepSeek-R1 in fp8 on 8 GPUs: the latent cache is whole on every GPU; the experts
+    // split 8 ways by expert parallelism or by tensor parallelism hold the same bytes, and
+    // attention data parallelism replicates attention, so it holds more.
+    let tp8 = at("deepseek-r1", Dtype::Fp8Block, 8, Parallel::default());
+    assert_eq!(tp8.kv_bytes_per_token(), 61.0 * 576.0 * 2.0);
+    let ep8 = at("deepseek-r1", Dtype::Fp8Block, 8, Parallel { dp: 1, ep: 8 });
+    let dp8 = at("deepseek-r1", Dtype::Fp8Block, 1, Parallel { dp: 8, ep: 8 });
+    assert_eq!(tp8.weight_bytes_per_gpu(), ep8.weight_bytes_per_gpu());
+    assert!(dp8.weight_bytes_per_gpu() > tp8.weight_bytes_per_gpu() + 5e9);
+    assert_eq!(dp8.num_gpus(), 8);
+    assert_eq!((dp8.moe_tp(), ep8.moe_tp()), (1, 1));
+    // The whole checkpoint (fp8 with block scales, embeddings in bf16): 671 B weights.
+    let all = tp8.weight_bytes_per_gpu() * 8.0 / 1e9;
+    assert!(
+        (all - 690.0).abs() < 0.03 * 690.0,
+        "DeepSeek-R1 fp8 {all} GB"
+    );
+}
+
+#[test]
+fn bad_architectures_are_refused_by_name() {
+    let base = r#""model_type": "qwen3_moe", "hidden_size": 1024, "num_attention_heads": 8,
+        "num_hidden_layers": 4, "intermediate_size": 2048, "vocab_size": 1000"#;
+    let err = |extra: &str| spec(&format!("{{{base}, {extra}}}")).unwrap_err();
+    let e = err(r#""num_experts": 8, "num_experts_per_tok": 9, "moe_intermediate_size": 256"#);
+    assert!(
+        e.contains("num_experts_per_tok") && e.contains("8 experts"),
+        "{e}"
+    );
+    let e =
+        err(r#""layer_types": ["full_attention", "mamba", "full_attention", "full_attention"]"#);
+    assert!(e.contains("layer_types[1]") && e.contains("mamba"), "{e}");
+    let e = err(r#""layer_types": ["full_attention"]"#);
+    assert!(e.contains("lists 1 layers"), "{e}");
+    let e = err(
+        r#""layer_types": ["sliding_attention", "full_attention", "full_attention", "full_attention"]"#,
+    );
+    assert!(e.contains("sliding_window"), "{e}");
+    let e = err(r#""kv_lora_rank": 512, "qk_rope_head_dim": 64"#);
+    assert!(e.contains("qk_nope_head_dim"), "{e}");
+    let e = err(
+        r#""layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"]"#,
+    );
+    assert!(e.contains("linear_num_key_heads"), "{e}");
+    // A shared expert is read now, not refused.
+    let ok = spec(&format!(
+        r#"{{{base}, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256,
+            "shared_expert_intermediate_size": 512}}"#
+    ))
+    .unwrap();
+    assert_eq!(ok.arch.shared_expert_intermediate, 512);
+}

@@ -8,6 +8,7 @@ use sim::cost_model::{
 
 fn deployment(model: &str, gpu: &str, tp: u32, dtype: Dtype) -> Deployment {
     Deployment {
+        parallel: Default::default(),
         model: find_model(model).expect("catalog model").clone(),
         gpu: find_gpu(gpu).expect("catalog gpu").clone(),
         tp,
@@ -735,6 +736,14 @@ fn the_efficiency_defaults_are_their_fits() {
         fitted("fp8-gemm.toml", "fp8_compute_eff")
     );
     assert_eq!(p.moe_gemm_eff, fitted("moe-gemm.toml", "moe_gemm_eff"));
+    assert_eq!(
+        p.fp4_compute_eff,
+        fitted("fp4-gemm.toml", "fp4_compute_eff")
+    );
+    assert_eq!(
+        p.moe_prefill_expert_us,
+        fitted("moe-prefill.toml", "moe_prefill_expert_us")
+    );
     // The experts' GEMMs of a memory-bound decode take 1 / moe_gemm_eff as long.
     let decode = |eff: f64| {
         let q = CostParams {
@@ -821,4 +830,94 @@ fn the_runtime_reserve_default_is_its_fit() {
         check.measured_blocks
     );
     assert_eq!(fit.held_out, vec![None], "one run: nothing held out");
+}
+
+/// HBM bytes of a batch-1 decode step at context `ctx`.
+fn decode_bytes(m: &CostModel, ctx: u32) -> f64 {
+    m.step_cost(std::iter::empty(), std::iter::once((ctx, 1)), 1, 1)
+        .bytes
+}
+
+#[test]
+fn each_attention_kind_reads_its_own_cache() {
+    let bf16 = Dtype::Bf16;
+    // Latent attention decodes absorbed: the heads share one read of the 576-value latent
+    // and RoPE key per token and layer, whole on every tensor-parallel GPU.
+    let ds = CostModel::new(
+        deployment("deepseek-r1", "h200", 8, bf16),
+        CostParams::default(),
+    );
+    let grown = decode_bytes(&ds, 20_000) - decode_bytes(&ds, 10_000);
+    assert_eq!(grown, 61.0 * 10_000.0 * 576.0 * 2.0);
+    // gpt-oss: only the 18 full layers read more context; the sliding ones stop at 128.
+    let oss = CostModel::new(
+        deployment("gpt-oss-120b", "h200", 1, bf16),
+        CostParams::default(),
+    );
+    let grown = decode_bytes(&oss, 20_000) - decode_bytes(&oss, 10_000);
+    assert_eq!(grown, 18.0 * 10_000.0 * 2.0 * 8.0 * 64.0 * 2.0);
+    let short = decode_bytes(&oss, 100) - decode_bytes(&oss, 50);
+    assert_eq!(
+        short,
+        36.0 * 50.0 * 2.0 * 8.0 * 64.0 * 2.0,
+        "all 36 inside the window"
+    );
+    // Qwen3.5: the 15 full-attention layers grow; the 45 linear ones read a fixed state.
+    let q = CostModel::new(
+        deployment("qwen3.5-397b-a17b", "h200", 8, bf16),
+        CostParams::default(),
+    );
+    let grown = decode_bytes(&q, 20_000) - decode_bytes(&q, 10_000);
+    assert_eq!(grown, 15.0 * 10_000.0 * 2.0 * 1.0 * 256.0 * 2.0);
+}
+
+#[test]
+fn attention_data_parallel_ranks_meet_in_the_experts() {
+    use sim::cost_model::Parallel;
+    let mut dp8 = deployment("deepseek-r1", "h200", 1, Dtype::Fp8Block);
+    dp8.parallel = Parallel { dp: 8, ep: 8 };
+    let m = CostModel::new(dp8, CostParams::default());
+    let batch = 32u32;
+    let c = m.step_cost(
+        std::iter::empty(),
+        (0..batch).map(|_| (2000, 1)),
+        batch,
+        batch,
+    );
+    // No attention all-reduce at tp 1; each of the 58 MoE layers dispatches and combines.
+    let a2a = m.all_to_all_s(f64::from(batch));
+    assert!(a2a > 0.0);
+    assert!(
+        (c.allreduce_s - 58.0 * 2.0 * a2a).abs() < 1e-12,
+        "{}",
+        c.allreduce_s
+    );
+    // The dispatch volume: each token to the distinct GPUs of its 8 experts (about 5.25
+    // of 8 when uniform), all but its own, 7,168 values of 2 bytes.
+    let groups = 8.0 * (1.0 - (7.0f64 / 8.0).powi(8));
+    let bytes = 32.0 * 7168.0 * 2.0 * groups * 7.0 / 8.0;
+    let g = find_gpu("h200").unwrap();
+    let expected = bytes / (g.link_bw * g.allreduce_eff) + g.allreduce_latency_us * 1e-6;
+    assert!(
+        (a2a - expected).abs() < 1e-12 * expected.max(1.0),
+        "{a2a} vs {expected}"
+    );
+    // One rank alone on one GPU holding every expert.
+    let mut alone = deployment("deepseek-r1", "h200", 1, Dtype::Fp8Block);
+    alone.parallel = Parallel { dp: 1, ep: 1 };
+    let one = CostModel::new(alone, CostParams::default()).step_cost(
+        std::iter::empty(),
+        (0..batch).map(|_| (2000, 1)),
+        batch,
+        batch,
+    );
+    // Eight times the tokens over an eighth of the experts: the same FLOPs per GPU, and an
+    // eighth of the experts' weights to read.
+    assert!(
+        (c.flops / one.flops - 1.0).abs() < 1e-9,
+        "{} vs {}",
+        c.flops,
+        one.flops
+    );
+    assert!(c.bytes < one.bytes / 4.0, "{} vs {}", c.bytes, one.bytes);
 }

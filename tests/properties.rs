@@ -1164,6 +1164,7 @@ impl SharedBuf {
 /// SmolLM2-135M in bf16 on one H100 SXM.
 fn deployment() -> Deployment {
     Deployment {
+        parallel: Default::default(),
         model: find_model("smollm2-135m")
             .expect("catalog has smollm2-135m")
             .clone(),

@@ -235,6 +235,7 @@ fn backends_conform_to_the_engine() {
         .clone();
     let mut costed = sim::cost_model::CostModelBackend::new(sim::cost_model::CostModel::new(
         sim::cost_model::Deployment {
+            parallel: Default::default(),
             model,
             gpu,
             tp: 1,

@@ -419,3 +419,82 @@ fn queue_policies_reorder_an_overloaded_queue() {
         assert_eq!(r.summary.leaked_blocks, 0);
     }
 }
+
+/// The MoE layouts of DeepSeek-R1 on 8 x H200: attention data parallelism holds each
+/// sequence's latent cache once instead of on every GPU, so its eight pools hold several
+/// times the tokens of TP8's (less each, since attention weights are replicated), and at
+/// the highest rate it serves more than TP8, whose pool caps the batch.
+#[test]
+fn moe_layouts_trade_kv_room_for_replicated_attention() {
+    let scn = Scenario::load(Path::new("scenarios/moe.toml"), None).expect("loads");
+    let plan = |name: &str| {
+        let v = scn
+            .variants
+            .iter()
+            .find(|v| v.name == name)
+            .expect("variant");
+        (v.memory.pool_tokens, v.deployment.parallel.dp)
+    };
+    let (tp8, _) = plan("tp8");
+    let (dp8, ranks) = plan("dp8-ep8");
+    assert_eq!(ranks, 8);
+    assert!(dp8 < tp8, "replicated attention weights leave less per GPU");
+    assert!(dp8 * 8 > 4 * tp8, "{dp8} x 8 vs {tp8}");
+    let opts = RunOptions {
+        requests: Some(600),
+        driver: DriverKind::Inline,
+        ..RunOptions::default()
+    };
+    let runs = sim::sweep::run_sweep(&scn, &opts, None).expect("sweep");
+    let at = |variant: &str, rate: &str| {
+        &runs
+            .iter()
+            .find(|r| r.variant == variant && r.values[0].1 == rate)
+            .expect("run")
+            .summary
+    };
+    let (tp, dp) = (at("tp8", "24"), at("dp8-ep8", "24"));
+    assert!(
+        dp.output_throughput > 1.2 * tp.output_throughput,
+        "dp8 {} vs tp8 {} tok/s",
+        dp.output_throughput,
+        tp.output_throughput
+    );
+}
+
+/// gpt-oss-120b's sliding layers hold a fixed window per sequence, so per token of context
+/// its cache is half the full-attention model's: its pool holds nearly twice the tokens
+/// (less the windows set aside for `max_num_seqs` sequences), and it serves long prompts
+/// faster.
+#[test]
+fn hybrid_attention_holds_twice_the_context() {
+    let scn = Scenario::load(Path::new("scenarios/hybrid_attention.toml"), None).expect("loads");
+    let pool = |name: &str| {
+        scn.variants
+            .iter()
+            .find(|v| v.name == name)
+            .expect("variant")
+            .memory
+            .pool_tokens as f64
+    };
+    let ratio = pool("hybrid") / pool("full-attention");
+    assert!((1.6..2.0).contains(&ratio), "{ratio}");
+    let opts = RunOptions {
+        requests: Some(300),
+        driver: DriverKind::Inline,
+        ..RunOptions::default()
+    };
+    let runs = sim::sweep::run_sweep(&scn, &opts, None).expect("sweep");
+    let top = |variant: &str| {
+        runs.iter()
+            .filter(|r| r.variant == variant)
+            .map(|r| r.summary.output_throughput)
+            .fold(0.0, f64::max)
+    };
+    assert!(
+        top("hybrid") > 1.1 * top("full-attention"),
+        "hybrid {} vs full {}",
+        top("hybrid"),
+        top("full-attention")
+    );
+}

@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 
 /// Numeric formats of weights and KV cache.
 ///
-/// Floats (`fp32`, `fp16`, `bf16`, `fp8`) serve both; `int8` serves both (weight-only W8A16
+/// Floats (`fp32`, `fp16`, `bf16`, `fp8`) serve both; `fp8-block`, `nvfp4` and `mxfp4` are
+/// weight formats run on the tensor cores of GPUs that have them; `int8` serves both (weight-only W8A16
 /// for weights); the other formats are weight formats only: `w8a8` (int8 weights and
 /// activations on int8 tensor cores, SmoothQuant), `int4` AWQ/GPTQ with group size 128, 64
 /// or 32 (4-bit weights, an fp16 scale and a 4-bit zero point per group, dequantized to
@@ -51,11 +52,20 @@ pub enum Dtype {
     /// GGUF Q6_K: super-blocks of 256, 6.5625 bits per weight (210 bytes).
     #[serde(rename = "q6_k")]
     Q6K,
+    /// fp8 (E4M3) with an fp32 scale per 128 x 128 block (DeepSeek-V3's and Qwen3's FP8
+    /// checkpoints, aiconfigurator's `fp8_block`); embeddings and LM head in 16 bits.
+    Fp8Block,
+    /// NVIDIA's NVFP4: E2M1 with an fp8 (E4M3) scale per 16 values (4.5 bits); Blackwell
+    /// tensor cores run it at twice the fp8 rate, older GPUs dequantize it.
+    Nvfp4,
+    /// OCP MXFP4: E2M1 with a power-of-two (E8M0) scale per 32 values (4.25 bits), as
+    /// gpt-oss ships its experts.
+    Mxfp4,
 }
 
 impl Dtype {
     /// Every format, for listings and tests.
-    pub const ALL: [Dtype; 15] = [
+    pub const ALL: [Dtype; 18] = [
         Dtype::Fp32,
         Dtype::Fp16,
         Dtype::Bf16,
@@ -71,6 +81,9 @@ impl Dtype {
         Dtype::Q8_0,
         Dtype::Q4KM,
         Dtype::Q6K,
+        Dtype::Fp8Block,
+        Dtype::Nvfp4,
+        Dtype::Mxfp4,
     ];
 
     /// Bytes per element, scales and zero points included.
@@ -90,14 +103,36 @@ impl Dtype {
             Dtype::Q8_0 => 34.0 / 32.0,
             Dtype::Q4KM => 4.89 / 8.0,
             Dtype::Q6K => 210.0 / 256.0,
+            Dtype::Fp8Block => 1.0 + 4.0 / (128.0 * 128.0),
+            Dtype::Nvfp4 => 0.5 + 1.0 / 16.0,
+            Dtype::Mxfp4 => 0.5 + 1.0 / 32.0,
         }
+    }
+
+    /// Whether the format is a 4-bit float (NVFP4, MXFP4): in a mixture of experts only
+    /// the routed experts are stored so (gpt-oss, NVIDIA's FP4 DeepSeek-R1), the other
+    /// linear layers in 16 bits.
+    pub fn is_fp4(self) -> bool {
+        matches!(self, Dtype::Nvfp4 | Dtype::Mxfp4)
+    }
+
+    /// Whether the format is fp8 (per tensor or block-scaled).
+    pub fn is_fp8(self) -> bool {
+        matches!(self, Dtype::Fp8 | Dtype::Fp8Block)
     }
 
     /// Bytes per element of the embedding and LM head: AWQ, GPTQ and int8 schemes keep
     /// them in 16 bits; GGUF files quantize them too.
     pub fn embedding_bytes(self) -> f64 {
         match self {
-            Dtype::Int8 | Dtype::W8a8 | Dtype::Int4 | Dtype::Int4G64 | Dtype::Int4G32 => 2.0,
+            Dtype::Int8
+            | Dtype::W8a8
+            | Dtype::Int4
+            | Dtype::Int4G64
+            | Dtype::Int4G32
+            | Dtype::Fp8Block
+            | Dtype::Nvfp4
+            | Dtype::Mxfp4 => 2.0,
             d => d.bytes(),
         }
     }
@@ -107,7 +142,14 @@ impl Dtype {
     pub fn is_weight_only(self) -> bool {
         !matches!(
             self,
-            Dtype::Fp32 | Dtype::Fp16 | Dtype::Bf16 | Dtype::Fp8 | Dtype::W8a8
+            Dtype::Fp32
+                | Dtype::Fp16
+                | Dtype::Bf16
+                | Dtype::Fp8
+                | Dtype::Fp8Block
+                | Dtype::W8a8
+                | Dtype::Nvfp4
+                | Dtype::Mxfp4
         )
     }
 
@@ -137,6 +179,9 @@ impl Dtype {
             Dtype::Q8_0 => "q8_0",
             Dtype::Q4KM => "q4_k_m",
             Dtype::Q6K => "q6_k",
+            Dtype::Fp8Block => "fp8-block",
+            Dtype::Nvfp4 => "nvfp4",
+            Dtype::Mxfp4 => "mxfp4",
         }
     }
 }

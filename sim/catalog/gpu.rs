@@ -19,6 +19,10 @@ pub struct Gpu {
     pub flops_16: f64,
     /// Dense fp8 peak, FLOP/s (`None`: no fp8 tensor cores; fp8 runs at the 16-bit rate).
     pub flops_fp8: Option<f64>,
+    /// Dense fp4 peak, FLOP/s (`None`: no fp4 tensor cores; fp4 weights are dequantized
+    /// and multiplied in 16 bits).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flops_fp4: Option<f64>,
     /// Dense fp32 (non-tensor) peak, FLOP/s.
     pub flops_32: f64,
     /// HBM/GDDR bandwidth, bytes/s.
@@ -28,6 +32,11 @@ pub struct Gpu {
     pub link_bw: f64,
     /// Host link (PCIe) bandwidth per direction, bytes/s (swap, uploads).
     pub pcie_bw: f64,
+    /// GPUs that share `link_bw` (an NVLink domain: 8 in an HGX node, 72 in a GB200
+    /// NVL72 rack); collectives over more use `network_bw`.
+    pub nvlink_domain: u32,
+    /// Scale-out network bandwidth per GPU and direction between NVLink domains, bytes/s.
+    pub network_bw: f64,
     /// Fraction of `link_bw` a ring all-reduce reaches on large messages (NCCL within a
     /// node), fitted to Vidur's profiles where measured.
     pub allreduce_eff: f64,
@@ -54,6 +63,9 @@ pub struct GpuFile {
     /// Dense fp8 peak, TFLOP/s (omit when the GPU has no fp8 tensor cores).
     #[serde(default)]
     pub fp8_tflops: Option<f64>,
+    /// Dense fp4 (NVFP4/MXFP4) peak, TFLOP/s (omit when the GPU has no fp4 tensor cores).
+    #[serde(default)]
+    pub fp4_tflops: Option<f64>,
     /// fp32 (non-tensor) peak, TFLOP/s.
     pub fp32_tflops: f64,
     /// Memory bandwidth, GB/s.
@@ -62,6 +74,12 @@ pub struct GpuFile {
     pub interconnect_gbs: f64,
     /// Host link per direction, GB/s.
     pub pcie_gbs: f64,
+    /// GPUs of one NVLink domain (default 8: an HGX node).
+    #[serde(default)]
+    pub nvlink_domain: Option<u32>,
+    /// Scale-out network per GPU and direction, GB/s (default 50: one 400 Gb/s NIC).
+    #[serde(default)]
+    pub network_gbs: Option<f64>,
     /// Fraction of the interconnect an all-reduce reaches (default 0.6).
     #[serde(default)]
     pub allreduce_eff: Option<f64>,
@@ -106,6 +124,13 @@ impl Gpu {
             ("interconnect_gbs", f.interconnect_gbs, 1e6),
             ("pcie_gbs", f.pcie_gbs, 1e6),
             ("fp8_tflops", f.fp8_tflops.unwrap_or(1.0), 1e6),
+            ("fp4_tflops", f.fp4_tflops.unwrap_or(1.0), 1e6),
+            ("network_gbs", f.network_gbs.unwrap_or(1.0), 1e6),
+            (
+                "nvlink_domain",
+                f64::from(f.nvlink_domain.unwrap_or(1)),
+                1e5,
+            ),
         ];
         for (k, v, max) in positive {
             if !(v > 0.0 && v <= max) {
@@ -143,10 +168,13 @@ impl Gpu {
             mem_bytes: f.memory_gib * 1024.0 * MIB,
             flops_16: scaled(f.bf16_tflops, 12),
             flops_fp8: f.fp8_tflops.map(|t| scaled(t, 12)),
+            flops_fp4: f.fp4_tflops.map(|t| scaled(t, 12)),
             flops_32: scaled(f.fp32_tflops, 12),
             mem_bw: scaled(f.memory_bandwidth_gbs, 9),
             link_bw: scaled(f.interconnect_gbs, 9),
             pcie_bw: scaled(f.pcie_gbs, 9),
+            nvlink_domain: f.nvlink_domain.unwrap_or(8),
+            network_bw: scaled(f.network_gbs.unwrap_or(50.0), 9),
             allreduce_eff: f.allreduce_eff.unwrap_or(0.6),
             allreduce_latency_us: f.allreduce_latency_us.unwrap_or(50.0),
             price_per_hour: f.price_per_hour.unwrap_or(0.0),
@@ -157,7 +185,8 @@ impl Gpu {
     pub fn peak_flops(&self, dtype: Dtype) -> f64 {
         match dtype {
             Dtype::Fp32 => self.flops_32,
-            Dtype::Fp8 => self.flops_fp8.unwrap_or(self.flops_16),
+            Dtype::Fp8 | Dtype::Fp8Block => self.flops_fp8.unwrap_or(self.flops_16),
+            Dtype::Nvfp4 | Dtype::Mxfp4 => self.flops_fp4.unwrap_or(self.flops_16),
             // int8 tensor cores: twice the 16-bit rate on Ampere, Ada and Hopper.
             Dtype::W8a8 => 2.0 * self.flops_16,
             // Weight-only formats multiply in 16 bits after dequantizing.

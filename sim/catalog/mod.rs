@@ -8,6 +8,7 @@
 //! the files a scenario points at (`config.json`, GGUF, GPU TOML). Out: [`Gpu`] and
 //! [`ModelSpec`] values, each file read once per process.
 
+mod arch;
 mod dtype;
 mod gpu;
 mod model;
@@ -15,6 +16,7 @@ mod model;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
+pub use arch::{Arch, LinearAttention, Mla, SlidingLayers};
 pub use dtype::Dtype;
 pub use gpu::{Gpu, GpuFile};
 pub use model::ModelSpec;
@@ -326,10 +328,14 @@ mod tests {
             ("Qwen/Qwen3-32B", "qwen3-32b"),
             ("Qwen/Qwen3-30B-A3B-Instruct-2507", "qwen3-30b-a3b"),
             ("Qwen/Qwen3-235B-A22B-FP8", "qwen3-235b-a22b"),
+            ("deepseek-ai/DeepSeek-R1", "deepseek-r1"),
+            ("nvidia/DeepSeek-R1-NVFP4", "deepseek-r1"),
+            ("openai/gpt-oss-120b", "gpt-oss-120b"),
+            ("Qwen/Qwen3.5-397B-A17B", "qwen3.5-397b-a17b"),
         ] {
             assert_eq!(find_model_by_id(id).map(|m| m.name), Some(name), "{id}");
         }
-        assert!(find_model_by_id("deepseek-ai/DeepSeek-R1").is_none());
+        assert!(find_model_by_id("moonshotai/Kimi-K2-Instruct").is_none());
     }
 
     #[test]

@@ -40,12 +40,13 @@ pub struct Args {
     /// --backend cuda it defaults to the catalog entry of the device found.
     #[arg(long)]
     pub gpu: Option<String>,
-    /// Fit the fp8 GEMM efficiency (every engine's fp8 rows of dense models) and the
-    /// mixture of experts' grouped-GEMM efficiency (their rows), then each engine's step
-    /// overhead, all-reduce latency and per-request front-end cost to measured deployments
-    /// (aiconfigurator's silicon.csv), with k-fold held-out errors; writes
-    /// `<out folder>/fp8-gemm.toml`, `moe-gemm.toml` and `observed-<engine>.toml` (default
-    /// folder: calibration/). A folder of engine runs that record the KV blocks the engine
+    /// Fit the fp8 and fp4 GEMM efficiencies (every engine's fp8 and NVFP4 rows of dense
+    /// models), the mixture of experts' grouped-GEMM efficiency and eager prefill cost
+    /// (their rows), then each engine's step overhead, all-reduce latency and per-request
+    /// front-end cost to measured deployments (aiconfigurator's silicon.csv), with k-fold
+    /// held-out errors; writes `<out folder>/fp8-gemm.toml`, `fp4-gemm.toml`,
+    /// `moe-gemm.toml`, `moe-prefill.toml` and `observed-<engine>.toml` (default folder:
+    /// calibration/). A folder of engine runs that record the KV blocks the engine
     /// allocated (LLMServingSim's) fits the memory plan's runtime reserve instead and writes
     /// `<out folder>/memory-reserve.toml`. One of each may be given.
     #[arg(long, num_args = 1..)]
@@ -53,6 +54,26 @@ pub struct Args {
     /// Folds of the cross-validation (--observed).
     #[arg(long, default_value_t = 5)]
     pub folds: usize,
+    /// With --observed measured deployments: fit only these stages (`fp8`, `fp4`, `moe`,
+    /// `moe-prefill`, `engines`; default: all, in that order). A stage left out keeps its
+    /// default.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub only: Vec<Stage>,
+}
+
+/// A stage of `sim calibrate --observed` on measured deployments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Stage {
+    /// The fp8 GEMM efficiency.
+    Fp8,
+    /// The fp4 GEMM efficiency.
+    Fp4,
+    /// The grouped-GEMM efficiency of mixtures of experts.
+    Moe,
+    /// The eager launch cost of an MoE layer in a step that prefills.
+    MoePrefill,
+    /// Each engine's step, all-reduce and front-end costs.
+    Engines,
 }
 
 /// Runs `sim calibrate`, printing into `out`.
@@ -141,10 +162,21 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
     // (with the fp8 fit); the engines' own terms are then fitted with them.
     use sim::cost_model::calibration::efficiency::{fit_efficiency, Term};
     let mut fp8 = None;
-    for term in [Term::Fp8, Term::Moe] {
-        let Some(f) = fit_efficiency(&rows, args.folds, term, fp8)? else {
+    let mut prior = sim::cost_model::validation::silicon::EngineCost::default();
+    let wanted = |s: Stage| args.only.is_empty() || args.only.contains(&s);
+    for (term, stage) in [
+        (Term::Fp8, Stage::Fp8),
+        (Term::Fp4, Stage::Fp4),
+        (Term::Moe, Stage::Moe),
+        (Term::MoePrefill, Stage::MoePrefill),
+    ] {
+        if !wanted(stage) {
+            continue;
+        }
+        let Some(f) = fit_efficiency(&rows, args.folds, term, &prior)? else {
             continue;
         };
+        prior = term.then(f.value, &prior);
         outln!(out, "{}", f.summary(args.folds));
         let file = dir.join(term.file());
         std::fs::write(&file, f.toml(&path.display().to_string(), args.folds))
@@ -153,6 +185,9 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
         if term == Term::Fp8 {
             fp8 = Some(f.value);
         }
+    }
+    if !wanted(Stage::Engines) {
+        return Ok(());
     }
     // The engines' terms are fitted on dense models: the experts' own efficiency would
     // bend them.
@@ -242,6 +277,7 @@ fn from_steps(args: Args, out: &mut String) -> anyhow::Result<()> {
     let path =
         path.unwrap_or_else(|| PathBuf::from(format!("calibration/{}-cuda.toml", gpu_spec.name)));
     let d = Deployment {
+        parallel: Default::default(),
         model: m.clone(),
         gpu: gpu_spec.clone(),
         tp: 1,
@@ -289,8 +325,7 @@ fn measure(
     };
     let spec = gpu_of(&g)?;
     // Weights, plus the KV of the largest grid step (128 x 2048 tokens).
-    let need =
-        m.params() * 2.0 + 128.0 * 2048.0 * 4.0 * f64::from(m.layers * m.kv_heads * m.head_dim);
+    let need = m.params() * 2.0 + 128.0 * 2048.0 * 2.0 * m.kv_values_per_token();
     if (info.free_mem as f64) < need {
         anyhow::bail!(
             "{}: {:.1} GB free, the step grid of {model} needs about {:.1} GB",

@@ -17,6 +17,11 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     let Args { model, block_size } = args;
     let spec = sim::catalog::find_model(&model)
         .ok_or_else(|| anyhow::anyhow!("--model: unknown model `{model}` (see `sim models`)"))?;
+    if spec.is_moe() || !spec.gated_mlp || !spec.arch.is_plain() {
+        anyhow::bail!(
+            "--model {model}: the CUDA runtime runs dense Llama-architecture models; benchmark a dense one"
+        );
+    }
     let shape = spec.llama_shape();
     let ceil = kernels::cuda::check::ceilings()?;
     outln!(

@@ -8,7 +8,7 @@ pub struct Args {}
 pub fn run(_: Args, out: &mut String) -> anyhow::Result<()> {
     outln!(
         out,
-        "{:<14} {:>8} {:>6} {:>6} {:>9} {:>8} {:>10} {:>12}  hf id",
+        "{:<17} {:>8} {:>6} {:>6} {:>9} {:>8} {:>10} {:>12}  hf id",
         "name",
         "params",
         "layers",
@@ -19,10 +19,10 @@ pub fn run(_: Args, out: &mut String) -> anyhow::Result<()> {
         "KV B/token"
     );
     for m in sim::catalog::models() {
-        let kv = 2.0 * f64::from(m.layers * m.kv_heads * m.head_dim) * 2.0;
+        let kv = m.kv_values_per_token() * 2.0;
         outln!(
             out,
-            "{:<14} {:>7.2}B {:>6} {:>6} {:>9} {:>8} {:>10.1} {:>12}  {}",
+            "{:<17} {:>7.2}B {:>6} {:>6} {:>9} {:>8} {:>10.1} {:>12}  {}",
             m.name,
             m.params() / 1e9,
             m.layers,

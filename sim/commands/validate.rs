@@ -72,8 +72,13 @@ fn print_plan(out: &mut String, scenario: &Scenario) {
         outln!(out);
         outln!(out, "variant `{}`", v.name);
         let moe = if d.model.is_moe() {
+            let shared = if d.model.arch.shared_expert_intermediate > 0 {
+                " and the shared expert"
+            } else {
+                ""
+            };
             format!(
-                ", {:.2} B active: {} of {} experts",
+                ", {:.2} B active: {} of {} experts{shared}",
                 d.model.active_params() / 1e9,
                 d.model.experts_per_token,
                 d.model.num_experts
@@ -91,12 +96,22 @@ fn print_plan(out: &mut String, scenario: &Scenario) {
         );
         outln!(
             out,
-            "  hardware         {} x {} ({:.1} GB each), tp = {}, pp = {}",
+            "  hardware         {} x {} ({:.1} GB each), tp = {}, pp = {}{}",
             d.num_gpus(),
             d.gpu.name,
             d.gpu.mem_bytes / 1e9,
             d.tp,
-            d.pp
+            d.pp,
+            if d.parallel.is_none() {
+                String::new()
+            } else {
+                format!(
+                    ", attention dp = {}, ep = {} (each expert split {} ways)",
+                    d.parallel.dp,
+                    d.parallel.ep,
+                    d.moe_tp()
+                )
+            }
         );
         if d.pp > 1 {
             outln!(
@@ -118,15 +133,53 @@ fn print_plan(out: &mut String, scenario: &Scenario) {
         outln!(out, "  activations      {}", gb(m.activation_bytes));
         outln!(out, "  runtime overhead {}", gb(m.runtime_overhead_bytes));
         outln!(out, "  KV budget        {}", gb(m.kv_budget_bytes));
-        outln!(
-            out,
-            "  KV per token     {} bytes / GPU ({} layers x {} KV heads x {} head dim x 2 x {} B)",
-            m.kv_bytes_per_token,
-            d.model.layers,
-            d.kv_heads_per_gpu(),
-            d.model.head_dim,
-            d.kv_dtype.bytes()
-        );
+        if d.model.arch.is_plain() {
+            outln!(
+                out,
+                "  KV per token     {} bytes / GPU ({} layers x {} KV heads x {} head dim x 2 x {} B)",
+                m.kv_bytes_per_token,
+                d.model.layers,
+                d.kv_heads_per_gpu(),
+                d.model.head_dim,
+                d.kv_dtype.bytes()
+            );
+        } else {
+            outln!(
+                out,
+                "  KV per token     {} bytes / GPU (the layers whose cache grows with every token)",
+                m.kv_bytes_per_token
+            );
+            // Each kind of layer's cache, as vLLM's hybrid allocator groups them.
+            for g in d.kv_groups(m.block_size) {
+                let size = if g.bytes_per_token > 0.0 {
+                    format!("{} bytes / token", g.bytes_per_token)
+                } else {
+                    format!(
+                        "{:.2} MB / sequence, whatever its length",
+                        g.bytes_per_seq / 1e6
+                    )
+                };
+                let detail = match (g.kind, &d.model.arch.mla) {
+                    (_, Some(mla)) if g.bytes_per_token > 0.0 => format!(
+                        " ({} layers x ({} latent + {} RoPE key) x {} B, whole on each GPU)",
+                        g.layers,
+                        mla.kv_lora_rank,
+                        mla.qk_rope_head_dim,
+                        d.kv_dtype.bytes()
+                    ),
+                    _ => format!(" ({} layers)", g.layers),
+                };
+                outln!(out, "    {:<31}{size}{detail}", g.kind);
+            }
+            if m.state_reserve_bytes > 0.0 {
+                outln!(
+                    out,
+                    "  sequence state   {} set aside: {:.2} MB per sequence x max_num_seqs",
+                    gb(m.state_reserve_bytes),
+                    m.seq_state_bytes / 1e6
+                );
+            }
+        }
         outln!(
             out,
             "  KV pool          {} blocks x {} tokens = {} tokens ({} bytes per block)",
@@ -135,11 +188,20 @@ fn print_plan(out: &mut String, scenario: &Scenario) {
             m.pool_tokens,
             m.block_bytes
         );
+        let ranks = d.parallel.dp;
         outln!(
             out,
-            "  max concurrency  {:.2} sequences of max_model_len {}",
+            "  max concurrency  {:.2} sequences of max_model_len {}{}",
             m.max_concurrency_at_max_len,
-            m.max_model_len
+            m.max_model_len,
+            if ranks > 1 {
+                format!(
+                    " per attention-DP rank ({:.2} in all over {ranks} ranks)",
+                    m.max_concurrency_at_max_len * f64::from(ranks)
+                )
+            } else {
+                String::new()
+            }
         );
         if m.num_cpu_blocks > 0 || m.swap_bytes > 0.0 {
             outln!(

@@ -181,7 +181,9 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
             p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
                 (n.starts_with("observed-") && n.ends_with(".toml"))
                     || n == "fp8-gemm.toml"
+                    || n == "fp4-gemm.toml"
                     || n == "moe-gemm.toml"
+                    || n == "moe-prefill.toml"
                     || n == "memory-reserve.toml"
             })
         })
@@ -204,7 +206,9 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
                     "allreduce_latency_us",
                     "request_overhead_ms",
                     "fp8_compute_eff",
+                    "fp4_compute_eff",
                     "moe_gemm_eff",
+                    "moe_prefill_expert_us",
                     "runtime_overhead_gib",
                 ]
                 .iter()

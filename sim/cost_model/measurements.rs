@@ -62,6 +62,7 @@ pub(crate) fn cost(
 pub(crate) fn eager_cost(gpu: Gpu, dtype: Dtype) -> CostModel {
     CostModel::new(
         Deployment {
+            parallel: Default::default(),
             model: model("llama-2-7b"),
             gpu,
             tp: 1,
@@ -87,6 +88,7 @@ pub(crate) fn nccl_cost(
 ) -> CostModel {
     CostModel::new(
         Deployment {
+            parallel: Default::default(),
             model,
             gpu,
             tp,

@@ -20,6 +20,14 @@ pub struct MemoryPlan {
     pub activation_bytes: f64,
     /// CUDA context, cuBLAS/NCCL workspaces, CUDA graphs.
     pub runtime_overhead_bytes: f64,
+    /// Bytes one sequence holds whatever its length: a hybrid model's sliding-window blocks
+    /// and linear-attention state (0 for a uniform model; not in `plan.json` then).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub seq_state_bytes: f64,
+    /// That state for `max_num_seqs` sequences, set aside before the KV pool (as SGLang
+    /// sizes its separate state pools for the most requests it runs).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub state_reserve_bytes: f64,
     /// What is left for the KV cache.
     pub kv_budget_bytes: f64,
     /// KV bytes per token on this GPU.
@@ -40,6 +48,10 @@ pub struct MemoryPlan {
     pub swap_bytes: f64,
     /// Blocks of the CPU swap pool (`floor(swap_bytes / block_bytes)`).
     pub num_cpu_blocks: u32,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// Why a deployment does not fit.
@@ -78,8 +90,10 @@ pub enum FitError {
         left_gb: f64,
     },
     /// No room for a single KV block after weights, activations and overhead.
-    #[error("no memory left for the KV cache: {usable_gb:.2} GB usable - {weights_gb:.2} GB weights - {act_gb:.2} GB activations - {overhead_gb:.2} GB runtime overhead = {left_gb:.2} GB, less than one block ({block_bytes} bytes)")]
+    #[error("no memory left for the KV cache: {usable_gb:.2} GB usable - {weights_gb:.2} GB weights - {act_gb:.2} GB activations - {overhead_gb:.2} GB runtime overhead{} = {left_gb:.2} GB, less than one block ({block_bytes} bytes)", state_part(*state_gb))]
     NoKvRoom {
+        /// Per-sequence state set aside for `max_num_seqs` sequences, GB.
+        state_gb: f64,
         /// Usable memory, GB.
         usable_gb: f64,
         /// Weights, GB.
@@ -93,6 +107,15 @@ pub enum FitError {
         /// Block size in bytes.
         block_bytes: f64,
     },
+}
+
+/// The per-sequence state's term of [`FitError::NoKvRoom`] (none for a uniform model).
+fn state_part(state_gb: f64) -> String {
+    if state_gb > 0.0 {
+        format!(" - {state_gb:.2} GB per-sequence state (max_num_seqs sequences)")
+    } else {
+        String::new()
+    }
 }
 
 /// Rows of the top-k/top-p sampling kernel's buffer (one per SM; 128 on an RTX 4090, 132 on
@@ -155,10 +178,14 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
     let tp = f64::from(d.tp);
     let t = f64::from(inp.max_num_batched_tokens);
     let qkv = f64::from((m.heads + 2 * m.kv_heads) * m.head_dim) / tp;
+    // The widest MLP a token runs: its experts and the shared ones, or a dense layer's.
+    let mlp_width = (f64::from(m.intermediate) * f64::from(m.experts_per_token.max(1))
+        + f64::from(m.arch.shared_expert_intermediate))
+    .max(f64::from(m.arch.dense_intermediate));
     let per_token = 2.0 * f64::from(m.hidden)
         + qkv
         + f64::from(m.heads * m.head_dim) / tp
-        + m.mlp_matrices() * f64::from(m.intermediate) / tp * f64::from(m.experts_per_token.max(1));
+        + m.mlp_matrices() * mlp_width / tp;
     let seqs = f64::from(inp.max_num_seqs);
     let vocab = f64::from(m.vocab);
     let forward = t * per_token * 2.0;
@@ -168,7 +195,9 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
     let activations = forward.max(sampler);
     let kv_per_token = d.kv_bytes_per_token() + inp.draft_kv_bytes_per_token;
     let block_bytes = kv_per_token * f64::from(inp.block_size);
-    let left = usable - weights - activations - inp.runtime_overhead_bytes;
+    let seq_state = d.seq_state_bytes(inp.block_size);
+    let state_reserve = seq_state * seqs;
+    let left = usable - weights - activations - inp.runtime_overhead_bytes - state_reserve;
     let computed_blocks = if left > 0.0 {
         (left / block_bytes).floor()
     } else {
@@ -187,6 +216,7 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
         None => {
             if computed_blocks < 1.0 {
                 return Err(FitError::NoKvRoom {
+                    state_gb: state_reserve / gb,
                     usable_gb: usable / gb,
                     weights_gb: weights / gb,
                     act_gb: activations / gb,
@@ -205,6 +235,8 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
         weight_bytes: weights,
         activation_bytes: activations,
         runtime_overhead_bytes: inp.runtime_overhead_bytes,
+        seq_state_bytes: seq_state,
+        state_reserve_bytes: state_reserve,
         kv_budget_bytes: left.max(0.0),
         kv_bytes_per_token: kv_per_token,
         block_size: inp.block_size,

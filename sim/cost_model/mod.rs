@@ -29,7 +29,7 @@ mod roofline;
 pub mod validation;
 
 pub use backend::CostModelBackend;
-pub use deployment::{kv_cache_bytes, Deployment};
+pub use deployment::{kv_cache_bytes, Deployment, KvGroup, Parallel};
 pub use framework::{
     Framework, CUSTOM_ALLREDUCE_LATENCY_US, CUSTOM_ALLREDUCE_MAX_BYTES, VLLM_2023_PROFILE,
 };

@@ -81,10 +81,21 @@ pub struct CostParams {
     /// `sim calibrate --observed`'s fit to aiconfigurator's fp8 deployments
     /// (`calibration/fp8-gemm.toml`, held-out errors in VALIDATION.md).
     pub fp8_compute_eff: f64,
+    /// Compute efficiency of fp4 (NVFP4, MXFP4) GEMMs on fp4 tensor cores relative to
+    /// `gemm_compute_eff` (their fraction of the fp4 peak over the 16-bit GEMMs' fraction
+    /// of theirs). The default is `sim calibrate --observed`'s fit to aiconfigurator's
+    /// NVFP4 deployments on Blackwell (`calibration/fp4-gemm.toml`).
+    pub fp4_compute_eff: f64,
     /// Efficiency of a mixture of experts' grouped GEMMs relative to dense ones (compute and
     /// memory alike). The default is `sim calibrate --observed`'s fit to aiconfigurator's
     /// mixture-of-experts deployments (`calibration/moe-gemm.toml`).
     pub moe_gemm_eff: f64,
+    /// Fixed cost per expert a GPU holds, per MoE layer of a step that prefills,
+    /// microseconds: a prefill's grouped GEMMs run every local expert as its own problem
+    /// (tile scheduling, per-expert scales and launches, outside the CUDA graphs decode
+    /// steps replay), whatever its tokens. The default is `sim calibrate --observed`'s fit
+    /// to aiconfigurator's mixture-of-experts deployments (`calibration/moe-prefill.toml`).
+    pub moe_prefill_expert_us: f64,
     /// A folder of measured operator times of this model on this GPU (LLMServingSim's
     /// profiler: the folder of `meta.yaml`, with `tp<N>/` per degree), relative to the
     /// scenario's folder: the layers' operators, LM head and sampler are priced from it
@@ -96,8 +107,15 @@ pub struct CostParams {
 /// `fp8_compute_eff`'s default: the value in `calibration/fp8-gemm.toml` (a test ties them).
 const FP8_EFF: f64 = 0.6;
 
+/// `fp4_compute_eff`'s default: the value in `calibration/fp4-gemm.toml` (a test ties them).
+const FP4_EFF: f64 = 0.4;
+
+/// `moe_prefill_expert_us`'s default: the value in `calibration/moe-prefill.toml` (a test
+/// ties them).
+const MOE_PREFILL_US: f64 = 8.0;
+
 /// `moe_gemm_eff`'s default: the value in `calibration/moe-gemm.toml` (a test ties them).
-const MOE_EFF: f64 = 0.4;
+const MOE_EFF: f64 = 0.6;
 
 impl Default for CostParams {
     fn default() -> Self {
@@ -121,7 +139,9 @@ impl Default for CostParams {
             w8_memory_eff: 0.74,
             w4_memory_eff: 0.56,
             fp8_compute_eff: FP8_EFF,
+            fp4_compute_eff: FP4_EFF,
             moe_gemm_eff: MOE_EFF,
+            moe_prefill_expert_us: MOE_PREFILL_US,
             operator_profile: None,
         }
     }
@@ -168,6 +188,7 @@ impl CostParams {
             ("cost.w8_memory_eff", self.w8_memory_eff),
             ("cost.w4_memory_eff", self.w4_memory_eff),
             ("cost.fp8_compute_eff", self.fp8_compute_eff),
+            ("cost.fp4_compute_eff", self.fp4_compute_eff),
             ("cost.moe_gemm_eff", self.moe_gemm_eff),
         ];
         for (k, v) in effs {
@@ -191,6 +212,7 @@ impl CostParams {
             ),
             ("cost.step_overhead_us", self.step_overhead_us()),
             ("cost.per_seq_overhead_us", self.per_seq_overhead_us()),
+            ("cost.moe_prefill_expert_us", self.moe_prefill_expert_us),
         ];
         if let Some(ms) = self.request_overhead_ms {
             if !(0.0..=60_000.0).contains(&ms) {

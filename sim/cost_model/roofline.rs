@@ -54,6 +54,8 @@ struct AttentionWork {
     decode_tokens: f64,
     /// Query-key pairs the prefill chunks attend, in all.
     pf_attended: f64,
+    /// Prefill chunks.
+    prefills: f64,
     /// Decoding sequences, and their contexts in all.
     decodes: f64,
     decode_ctx: f64,
@@ -103,10 +105,10 @@ impl CostModel {
 
     /// Sum over the positions `cached + 1 ..= cached + len` of the tokens each attends to,
     /// `min(position, window)`.
-    fn attended(&self, cached: u32, len: u32) -> f64 {
+    fn attended(&self, cached: u32, len: u32, window: Option<u32>) -> f64 {
         let (a, b) = (f64::from(cached) + 1.0, f64::from(cached) + f64::from(len));
         let full = |lo: f64, hi: f64| (lo + hi) * (hi - lo + 1.0) / 2.0;
-        match self.window.map(f64::from) {
+        match window.map(f64::from) {
             Some(w) if b > w => {
                 if a > w {
                     w * f64::from(len)
@@ -154,13 +156,48 @@ impl CostModel {
     pub fn gemm_s(&self, m: f64, k: f64, n: f64) -> f64 {
         let flops = 2.0 * m * k * n;
         let bytes = k * n * self.d.dtype.bytes() + m * (k + n) * 2.0;
+        let (eff_c, eff_m) = self.gemm_effs(self.d.dtype);
         self.roofline(
             flops,
             bytes,
-            self.p.gemm_compute_eff,
-            self.p.gemm_memory_eff,
+            eff_c,
+            eff_m,
             self.d.gpu.peak_flops(self.d.dtype),
         )
+    }
+
+    /// Time of one expert-parallel all-to-all (a dispatch or a combine) of a rank's
+    /// `tokens` hidden states: each GPU sends its `1 / tp` share of them, each to the GPUs
+    /// of the distinct expert groups its `k` experts live in (`ep (1 - (1 - 1/ep)^k)` of
+    /// them, `moe_tp` GPUs each), all but its own, in 16 bits.
+    pub fn all_to_all_s(&self, tokens: f64) -> f64 {
+        let n = f64::from(self.d.stage_gpus());
+        if n <= 1.0 || tokens <= 0.0 {
+            return 0.0;
+        }
+        let m = &self.d.model;
+        let ep = f64::from(self.d.parallel.ep.max(1));
+        let k = f64::from(m.experts_per_token.max(1));
+        let groups = ep * (1.0 - (1.0 - 1.0 / ep).powf(k));
+        let copies = groups * f64::from(self.d.moe_tp()) * (n - 1.0) / n;
+        let bytes = tokens / f64::from(self.d.tp) * f64::from(m.hidden) * 2.0 * copies;
+        let eff = self.p.allreduce_eff.unwrap_or(self.d.gpu.allreduce_eff);
+        bytes / (self.link_bw(self.d.stage_gpus()) * eff)
+            + self
+                .p
+                .allreduce_latency_us
+                .unwrap_or(self.d.gpu.allreduce_latency_us)
+                * 1e-6
+    }
+
+    /// Bandwidth per GPU and direction among `gpus` GPUs: the GPU link (NVLink) inside
+    /// its domain, the scale-out network beyond.
+    fn link_bw(&self, gpus: u32) -> f64 {
+        if gpus > self.d.gpu.nvlink_domain {
+            self.d.gpu.link_bw.min(self.d.gpu.network_bw)
+        } else {
+            self.d.gpu.link_bw
+        }
     }
 
     /// Time of one ring all-reduce of `bytes` over `tp` GPUs.
@@ -181,7 +218,7 @@ impl CostModel {
             None if custom && bytes <= CUSTOM_ALLREDUCE_MAX_BYTES => CUSTOM_ALLREDUCE_LATENCY_US,
             None => self.d.gpu.allreduce_latency_us,
         };
-        2.0 * (tp - 1.0) / tp * bytes / (self.d.gpu.link_bw * eff) + latency * 1e-6
+        2.0 * (tp - 1.0) / tp * bytes / (self.link_bw(self.d.tp) * eff) + latency * 1e-6
     }
 
     /// Cost of a step of `num_seqs` sequences that computes `prefill` chunks `(cached,
@@ -200,7 +237,7 @@ impl CostModel {
         let tp = f64::from(self.d.tp);
         let hidden = f64::from(m.hidden);
         let inter = f64::from(m.intermediate) / tp;
-        let a = self.attention_work(prefill, decode);
+        let (a, a_slide) = self.attention_work(prefill, decode);
         let tokens = a.prefill_tokens + a.decode_tokens;
         let lin = self.linear_layers(tokens);
         // Two RMSNorms, RoPE, SwiGLU and two residual adds: five memory-bound kernels.
@@ -211,8 +248,18 @@ impl CostModel {
             + 5.0 * self.p.kernel_launch_us() * 1e-6;
         let ar_s = 2.0 * self.allreduce_s(tokens * hidden * act);
         let (head_s, head_flops, head_bytes) = self.lm_head(samples);
-        let overhead_s =
-            (self.p.step_overhead_us() + self.p.per_seq_overhead_us() * f64::from(num_seqs)) * 1e-6;
+        // A step that prefills runs each local expert's GEMM as its own problem, outside the
+        // CUDA graphs: a fixed cost per expert and MoE layer.
+        let eager_us = if a.prefill_tokens > 0.0 && m.is_moe() {
+            let local = f64::from(m.num_experts) / f64::from(self.d.parallel.ep.max(1));
+            f64::from(m.moe_layers()) * local * self.p.moe_prefill_expert_us
+        } else {
+            0.0
+        };
+        let overhead_s = (self.p.step_overhead_us()
+            + self.p.per_seq_overhead_us() * f64::from(num_seqs)
+            + eager_us)
+            * 1e-6;
 
         // Pipeline parallelism: a batch passes the stages one after another (the engine
         // runs one batch at a time, without vLLM's overlapping virtual engines, so each
@@ -234,13 +281,22 @@ impl CostModel {
             ),
             // The roofline's attention only when it is used (the profile's replaces it).
             None => (
-                layers * lin.seconds,
-                layers * self.attention_s(&a),
+                lin.seconds,
+                self.attention_layers_s(&a, &a_slide),
                 layers * ew_s,
                 head_s,
             ),
         };
-        let allreduce_s = layers * ar_s;
+        // Attention data parallelism: the attention's all-reduce stays within a rank's TP
+        // group; the MoE layers dispatch tokens to their experts' GPUs and combine the
+        // results (two all-to-alls), the dense layers all-reduce as usual.
+        let allreduce_s = if self.d.parallel.dp > 1 {
+            let ar = self.allreduce_s(tokens * hidden * act);
+            let moe = f64::from(m.moe_layers());
+            layers * ar + (layers - moe) * ar + moe * 2.0 * self.all_to_all_s(tokens)
+        } else {
+            layers * ar_s
+        };
         StepCost {
             seconds: linear_s + attention_s + elementwise_s + allreduce_s + head_s + overhead_s,
             linear_s,
@@ -250,48 +306,185 @@ impl CostModel {
             lm_head_s: head_s,
             overhead_s,
             kv_transfer_s: 0.0,
-            flops: layers * (lin.flops + a.pf_flops + a.dc_flops) + head_flops,
-            bytes: layers * (lin.bytes + a.pf_bytes + a.dc_bytes + ew_bytes) + head_bytes,
+            flops: lin.flops
+                + self.attention_layers_total(&a, &a_slide, |w| w.pf_flops + w.dc_flops)
+                + head_flops,
+            bytes: lin.bytes
+                + self.attention_layers_total(&a, &a_slide, |w| w.pf_bytes + w.dc_bytes)
+                + layers * ew_bytes
+                + head_bytes,
         }
     }
 
-    /// FLOPs and bytes of one layer's attention over the step's prefill chunks and decodes.
+    /// FLOPs and bytes of one layer's attention over the step's prefill chunks and
+    /// decodes: of a full-attention (or latent, or uniformly sliding) layer, and of a
+    /// hybrid model's sliding layer when it has them.
     fn attention_work(
         &self,
         prefill: impl Iterator<Item = (u32, u32)>,
         decode: impl Iterator<Item = (u32, u32)>,
-    ) -> AttentionWork {
+    ) -> (AttentionWork, Option<AttentionWork>) {
+        let m = &self.d.model;
+        let mut w = AttentionWork::default();
+        let hybrid = m.arch.sliding;
+        let mut s = AttentionWork::default();
+        let window = self.window.map_or(f64::INFINITY, f64::from);
+        for (cached, len) in prefill {
+            // Causal attention: the token at position p attends to min(p, window) tokens.
+            let attended = self.attended(cached, len, self.window);
+            self.add_prefill(&mut w, cached, len, attended, window);
+            if let Some(h) = hybrid {
+                let attended = self.attended(cached, len, Some(h.window));
+                self.add_prefill(&mut s, cached, len, attended, f64::from(h.window));
+            }
+        }
+        for (ctx, queries) in decode {
+            self.add_decode(&mut w, ctx, queries, window);
+            if let Some(h) = hybrid {
+                self.add_decode(&mut s, ctx, queries, f64::from(h.window));
+            }
+        }
+        (w, hybrid.map(|_| s))
+    }
+
+    /// One prefill chunk (`len` tokens after `cached`, `attended` query-key pairs) of one
+    /// layer. Softmax attention: FLOPs = 4 x heads x head_dim x attended; bytes: the
+    /// chunk's Q/K/V/O plus the cached K/V read. Latent attention runs expanded: Q.K over
+    /// the query/key width, P.V over the value width, after up-projecting the cached
+    /// latent to keys and values.
+    fn add_prefill(
+        &self,
+        w: &mut AttentionWork,
+        cached: u32,
+        len: u32,
+        attended: f64,
+        window: f64,
+    ) {
         let m = &self.d.model;
         let act = 2.0; // 16-bit activations
         let kvb = self.d.kv_dtype.bytes();
-        let hd = f64::from(m.head_dim);
         let heads = f64::from(m.heads) / f64::from(self.d.tp);
-        let kv_heads = f64::from(self.d.kv_heads_per_gpu());
-        let mut w = AttentionWork::default();
-        // Prefill attention: FLOPs = 4 x heads x head_dim x sum len x (cached + len / 2);
-        // bytes: the chunk's Q/K/V/O plus the cached K/V read.
-        let window = self.window.map_or(f64::INFINITY, f64::from);
-        for (cached, len) in prefill {
-            let (c, l) = (f64::from(cached), f64::from(len));
-            // Causal attention: the token at position p attends to min(p, window) tokens.
-            let attended = self.attended(cached, len);
-            w.pf_attended += attended;
-            w.pf_flops += 4.0 * heads * hd * attended;
-            w.pf_bytes += l * (2.0 * heads + 2.0 * kv_heads) * hd * act
-                + c.min(window) * 2.0 * kv_heads * hd * kvb;
-            w.prefill_tokens += l;
+        let (c, l) = (f64::from(cached), f64::from(len));
+        w.pf_attended += attended;
+        w.prefill_tokens += l;
+        w.prefills += 1.0;
+        match &m.arch.mla {
+            Some(mla) => {
+                let (qk, v) = (f64::from(mla.qk_head_dim()), f64::from(mla.v_head_dim));
+                let up = f64::from(mla.qk_nope_head_dim + mla.v_head_dim);
+                w.pf_flops += 2.0 * heads * attended * (qk + v)
+                    + 2.0 * c * f64::from(mla.kv_lora_rank) * heads * up;
+                w.pf_bytes += l * heads * 2.0 * (qk + v) * act
+                    + c * (f64::from(mla.cache_width()) * kvb + heads * (qk + v) * act);
+            }
+            None => {
+                let hd = f64::from(m.head_dim);
+                let kv_heads = f64::from(self.d.kv_heads_per_gpu());
+                w.pf_flops += 4.0 * heads * hd * attended;
+                w.pf_bytes += l * (2.0 * heads + 2.0 * kv_heads) * hd * act
+                    + c.min(window) * 2.0 * kv_heads * hd * kvb;
+            }
         }
-        // Decode attention: bandwidth-bound read of every context's K and V (once for all
-        // the queries of a verify step).
-        for (ctx, queries) in decode {
-            let (c, q) = (f64::from(ctx).min(window), f64::from(queries.max(1)));
-            w.dc_flops += 4.0 * heads * hd * c * q;
-            w.dc_bytes += c * 2.0 * kv_heads * hd * kvb;
-            w.decode_tokens += q;
-            w.decodes += 1.0;
-            w.decode_ctx += c;
+    }
+
+    /// One decode (or verify: `queries` queries) at context `ctx` of one layer: a
+    /// bandwidth-bound read of the context's K and V, once for all the queries. Latent
+    /// attention runs absorbed: every head attends over the shared latent and RoPE key
+    /// (scores over `kv_lora_rank + qk_rope_head_dim`, values over `kv_lora_rank`), reading
+    /// the latent once.
+    fn add_decode(&self, w: &mut AttentionWork, ctx: u32, queries: u32, window: f64) {
+        let m = &self.d.model;
+        let kvb = self.d.kv_dtype.bytes();
+        let heads = f64::from(m.heads) / f64::from(self.d.tp);
+        let (c, q) = (f64::from(ctx).min(window), f64::from(queries.max(1)));
+        match &m.arch.mla {
+            Some(mla) => {
+                let (cache, lora) = (f64::from(mla.cache_width()), f64::from(mla.kv_lora_rank));
+                w.dc_flops += 2.0 * heads * c * q * (cache + lora);
+                w.dc_bytes += c * cache * kvb;
+            }
+            None => {
+                let hd = f64::from(m.head_dim);
+                let kv_heads = f64::from(self.d.kv_heads_per_gpu());
+                w.dc_flops += 4.0 * heads * hd * c * q;
+                w.dc_bytes += c * 2.0 * kv_heads * hd * kvb;
+            }
         }
-        w
+        w.decode_tokens += q;
+        w.decodes += 1.0;
+        w.decode_ctx += c;
+    }
+
+    /// Seconds of every layer's attention kernels: the full-attention layers, a hybrid
+    /// model's sliding layers, and its linear-attention layers.
+    fn attention_layers_s(&self, a: &AttentionWork, slide: &Option<AttentionWork>) -> f64 {
+        let m = &self.d.model;
+        let full = f64::from(m.full_attention_layers());
+        let mut s = full * self.attention_s(a);
+        if let (Some(h), Some(w)) = (m.arch.sliding, slide) {
+            s += f64::from(h.layers) * self.attention_s(w);
+        }
+        if let Some(l) = m.arch.linear {
+            let (flops, bytes) = self.linear_attention_work(a);
+            let t = self.roofline(
+                flops,
+                bytes,
+                self.p.attn_compute_eff,
+                self.p.attn_memory_eff,
+                self.d.gpu.peak_flops(Dtype::Bf16),
+            );
+            s += f64::from(l.layers) * t;
+        }
+        s
+    }
+
+    /// A quantity of every layer's attention (`of`: FLOPs or bytes of one layer's work),
+    /// summed over the layer kinds as [`CostModel::attention_layers_s`] sums seconds.
+    fn attention_layers_total(
+        &self,
+        a: &AttentionWork,
+        slide: &Option<AttentionWork>,
+        of: impl Fn(&AttentionWork) -> f64,
+    ) -> f64 {
+        let m = &self.d.model;
+        let mut t = f64::from(m.full_attention_layers()) * of(a);
+        if let (Some(h), Some(w)) = (m.arch.sliding, slide) {
+            t += f64::from(h.layers) * of(w);
+        }
+        if let Some(l) = m.arch.linear {
+            let (flops, bytes) = self.linear_attention_work(a);
+            let mine = AttentionWork {
+                pf_flops: flops,
+                pf_bytes: bytes,
+                ..AttentionWork::default()
+            };
+            t += f64::from(l.layers) * of(&mine);
+        }
+        t
+    }
+
+    /// (FLOPs, bytes) of one Gated DeltaNet layer on one GPU over the step's tokens: per
+    /// token and value head, the delta-rule state update and the output read (6 x key_dim
+    /// x value_dim), the short convolution, and in prefill the chunked form's intra-chunk
+    /// attention (chunks of 64); bytes: each sequence's state read and written once, and
+    /// the token's q/k/v/z in and output out.
+    fn linear_attention_work(&self, a: &AttentionWork) -> (f64, f64) {
+        let Some(l) = self.d.model.arch.linear else {
+            return (0.0, 0.0);
+        };
+        const CHUNK: f64 = 64.0;
+        let act = 2.0;
+        let tp = f64::from(self.d.tp);
+        let tokens = a.prefill_tokens + a.decode_tokens;
+        let vh = f64::from(l.value_heads) / tp;
+        let (kd, vd) = (f64::from(l.key_head_dim), f64::from(l.value_head_dim));
+        let flops = tokens * vh * kd * vd * 6.0
+            + tokens * l.qkv_width() / tp * f64::from(l.conv_kernel) * 2.0
+            + a.prefill_tokens * CHUNK * vh * (kd + vd) * 2.0;
+        let seqs = a.prefills + a.decodes;
+        let bytes = seqs * 2.0 * l.state_bytes_per_seq(self.d.tp)
+            + tokens * (l.qkv_width() + 2.0 * l.value_width()) / tp * act;
+        (flops, bytes)
     }
 
     /// Seconds of one layer's attention kernels (prefill and decode run as two).
@@ -323,49 +516,23 @@ impl CostModel {
         attn_s
     }
 
-    /// One layer's linear layers for `tokens` tokens: QKV, O, gate+up, down (and a
-    /// mixture of experts' router).
-    fn linear_layers(&self, tokens: f64) -> LinearWork {
-        let m = &self.d.model;
-        let tp = f64::from(self.d.tp);
-        let wb = self.d.dtype.bytes();
-        let act = 2.0; // 16-bit activations
-        let peak = self.d.gpu.peak_flops(self.d.dtype);
-        let hidden = f64::from(m.hidden);
-        let inter = f64::from(m.intermediate) / tp;
-        // Shapes as (K, N, FLOP multiplier, weight-read multiplier). In a mixture of
-        // experts each token runs `k` experts and the step reads the weights of every
-        // expert some token picked: with uniform routing, `E (1 - (1 - k/E)^T)` distinct
-        // experts for `T` tokens (2 for one decode token of Mixtral, all 8 beyond a few
-        // dozen tokens). Experts are split over TP.
-        let q = f64::from(m.heads * m.head_dim) / tp;
-        let kv = f64::from(m.kv_heads * m.head_dim) / tp;
-        let (top_k, touched) = if m.is_moe() {
-            let e = f64::from(m.num_experts);
-            let k = f64::from(m.experts_per_token.clamp(1, m.num_experts));
-            (k, e * (1.0 - (1.0 - k / e).powf(tokens)))
-        } else {
-            (1.0, 1.0)
-        };
-        let shapes = [
-            (hidden, q + 2.0 * kv, 1.0, 1.0),
-            (q, hidden, 1.0, 1.0),
-            // Gate and up together when gated, the up projection alone otherwise.
-            (hidden, (m.mlp_matrices() - 1.0) * inter, top_k, touched),
-            (inter, hidden, top_k, touched),
-        ];
-        let mut w = LinearWork {
-            q,
-            kv,
-            top_k,
-            ..LinearWork::default()
-        };
-        let (gemm_eff, weight_mem_eff) = match self.d.dtype {
-            // fp8 GEMMs reach their own fraction of the fp8 peak (per-tensor or block
-            // scales, narrower tiles).
-            Dtype::Fp8 if self.d.gpu.flops_fp8.is_some() => (
+    /// The GEMM efficiencies (compute, memory) of weights in `dtype` on this GPU.
+    fn gemm_effs(&self, dtype: Dtype) -> (f64, f64) {
+        match dtype {
+            // fp8 and fp4 GEMMs reach their own fractions of their peaks (scales, narrower
+            // tiles).
+            d if d.is_fp8() && self.d.gpu.flops_fp8.is_some() => (
                 self.p.gemm_compute_eff * self.p.fp8_compute_eff,
                 self.p.gemm_memory_eff,
+            ),
+            d if d.is_fp4() && self.d.gpu.flops_fp4.is_some() => (
+                self.p.gemm_compute_eff * self.p.fp4_compute_eff,
+                self.p.gemm_memory_eff,
+            ),
+            // Without fp4 tensor cores, fp4 weights are unpacked to 16 bits (Marlin).
+            d if d.is_fp4() => (
+                self.p.gemm_compute_eff * self.p.dequant_compute_eff,
+                self.p.gemm_memory_eff * self.p.w4_memory_eff,
             ),
             d if !d.is_weight_only() => (self.p.gemm_compute_eff, self.p.gemm_memory_eff),
             d => (
@@ -377,31 +544,204 @@ impl CostModel {
                         self.p.w4_memory_eff
                     },
             ),
-        };
-        for (i, (k, n, runs, reads)) in shapes.into_iter().enumerate() {
-            let flops = 2.0 * tokens * k * n * runs;
-            let bytes = k * n * wb * reads + tokens * (k + n) * act * runs;
-            // The experts' grouped GEMMs (a few tokens per expert, gathered and scattered)
-            // reach `moe_gemm_eff` of a dense GEMM's efficiency.
-            let scale = if m.is_moe() && i >= 2 {
-                self.p.moe_gemm_eff
-            } else {
-                1.0
-            };
-            w.seconds +=
-                self.roofline(flops, bytes, gemm_eff * scale, weight_mem_eff * scale, peak);
-            w.flops += flops;
-            w.bytes += bytes;
         }
-        if m.is_moe() {
-            // The router: a tiny (hidden x experts) GEMM and a top-k.
+    }
+
+    /// Adds one layer's GEMM of `tokens x k` by `k x n` to `w`, run `runs` times per token
+    /// (a token's experts) over weights read `reads` times (the experts the step touches);
+    /// `grouped`: an MoE grouped GEMM, at `moe_gemm_eff` of a dense GEMM's efficiency (a
+    /// few tokens per expert, gathered and scattered).
+    #[allow(clippy::too_many_arguments)]
+    fn add_gemm(
+        &self,
+        w: &mut LinearWork,
+        tokens: f64,
+        k: f64,
+        n: f64,
+        runs: f64,
+        reads: f64,
+        grouped: bool,
+    ) {
+        let act = 2.0; // 16-bit activations
+                       // The routed experts in the deployment's format; the other linear layers may be
+                       // kept in 16 bits (fp4 mixtures of experts).
+        let dtype = if grouped {
+            self.d.dtype
+        } else {
+            self.d.dense_dtype()
+        };
+        let (gemm_eff, weight_mem_eff) = self.gemm_effs(dtype);
+        let scale = if grouped { self.p.moe_gemm_eff } else { 1.0 };
+        let flops = 2.0 * tokens * k * n * runs;
+        let bytes = k * n * dtype.bytes() * reads + tokens * (k + n) * act * runs;
+        w.seconds += self.roofline(
+            flops,
+            bytes,
+            gemm_eff * scale,
+            weight_mem_eff * scale,
+            self.d.gpu.peak_flops(dtype),
+        );
+        w.flops += flops;
+        w.bytes += bytes;
+    }
+
+    /// One softmax-attention layer's projections on one GPU: Q (with its output gate),
+    /// K, V and O; or latent attention's down-projections (replicated), up-projections
+    /// and O.
+    fn attention_projections(&self, w: &mut LinearWork, tokens: f64) {
+        let m = &self.d.model;
+        let tp = f64::from(self.d.tp);
+        let hidden = f64::from(m.hidden);
+        match &m.arch.mla {
+            Some(mla) => {
+                let heads = f64::from(m.heads) / tp;
+                let q_in = if mla.q_lora_rank > 0 {
+                    let r = f64::from(mla.q_lora_rank);
+                    self.add_gemm(w, tokens, hidden, r, 1.0, 1.0, false);
+                    r
+                } else {
+                    hidden
+                };
+                let (kv_lora, cache) = (f64::from(mla.kv_lora_rank), f64::from(mla.cache_width()));
+                let (nope, v) = (f64::from(mla.qk_nope_head_dim), f64::from(mla.v_head_dim));
+                self.add_gemm(
+                    w,
+                    tokens,
+                    q_in,
+                    heads * f64::from(mla.qk_head_dim()),
+                    1.0,
+                    1.0,
+                    false,
+                );
+                self.add_gemm(w, tokens, hidden, cache, 1.0, 1.0, false);
+                // kv_b: the new tokens' keys and values in prefill; absorbed into the query
+                // and output in decode, at the same FLOPs per token.
+                self.add_gemm(w, tokens, kv_lora, heads * (nope + v), 1.0, 1.0, false);
+                self.add_gemm(w, tokens, heads * v, hidden, 1.0, 1.0, false);
+            }
+            None => {
+                let gate = if m.arch.attn_output_gate { 2.0 } else { 1.0 };
+                self.add_gemm(w, tokens, hidden, gate * w.q + 2.0 * w.kv, 1.0, 1.0, false);
+                self.add_gemm(w, tokens, w.q, hidden, 1.0, 1.0, false);
+            }
+        }
+    }
+
+    /// One layer's MLP on one GPU: a dense MLP of `width`, or the routed experts (every
+    /// expert some token picked is read: with uniform routing, `E (1 - (1 - k/E)^T)`
+    /// distinct experts for `T` tokens, 2 for one decode token of Mixtral, all 8 beyond a
+    /// few dozen tokens; experts split over TP), the shared experts and the router.
+    fn mlp(&self, w: &mut LinearWork, local: f64, width: u32, experts: bool) {
+        let tokens = local;
+        let m = &self.d.model;
+        let tp = f64::from(self.d.tp);
+        let hidden = f64::from(m.hidden);
+        // Every attention data-parallel rank's tokens meet in the routed experts (the
+        // ranks assumed equally loaded); each GPU holds `1 / ep` of the experts, each split
+        // `moe_tp` ways.
+        let (tokens, inter, runs, reads) = if experts {
+            let all = tokens * f64::from(self.d.parallel.dp.max(1));
+            let ep = f64::from(self.d.parallel.ep.max(1));
+            let e = f64::from(m.num_experts);
+            let k = f64::from(m.experts_per_token.clamp(1, m.num_experts));
+            (
+                all,
+                f64::from(width) / f64::from(self.d.moe_tp()),
+                k / ep,
+                e * (1.0 - (1.0 - k / e).powf(all)) / ep,
+            )
+        } else {
+            (tokens, f64::from(width) / tp, 1.0, 1.0)
+        };
+        // Gate and up together when gated, the up projection alone otherwise.
+        let up = (m.mlp_matrices() - 1.0) * inter;
+        self.add_gemm(w, tokens, hidden, up, runs, reads, experts);
+        self.add_gemm(w, tokens, inter, hidden, runs, reads, experts);
+        if experts {
+            let tokens = local;
+            let shared = f64::from(m.arch.shared_expert_intermediate) / tp;
+            if shared > 0.0 {
+                let up = (m.mlp_matrices() - 1.0) * shared;
+                self.add_gemm(w, tokens, hidden, up, 1.0, 1.0, false);
+                self.add_gemm(w, tokens, shared, hidden, 1.0, 1.0, false);
+            }
+            // The router: a tiny (hidden x experts) GEMM, and a top-k.
+            let (gemm_eff, weight_mem_eff) = self.gemm_effs(self.d.dense_dtype());
             let e = f64::from(m.num_experts);
             let (flops, bytes) = (2.0 * tokens * hidden * e, hidden * e * 2.0);
-            w.seconds += self.roofline(flops, bytes, gemm_eff, weight_mem_eff, peak);
+            w.seconds += self.roofline(
+                flops,
+                bytes,
+                gemm_eff,
+                weight_mem_eff,
+                self.d.gpu.peak_flops(self.d.dense_dtype()),
+            );
             w.flops += flops;
             w.bytes += bytes;
         }
-        w
+    }
+
+    /// One linear-attention (Gated DeltaNet) layer's projections on one GPU: q, k, v, the
+    /// gate z, the b and a gates; and the output.
+    fn linear_attention_projections(&self, w: &mut LinearWork, tokens: f64) {
+        let Some(l) = self.d.model.arch.linear else {
+            return;
+        };
+        let tp = f64::from(self.d.tp);
+        let hidden = f64::from(self.d.model.hidden);
+        let width = (l.qkv_width() + l.value_width() + 2.0 * f64::from(l.value_heads)) / tp;
+        self.add_gemm(w, tokens, hidden, width, 1.0, 1.0, false);
+        self.add_gemm(w, tokens, l.value_width() / tp, hidden, 1.0, 1.0, false);
+    }
+
+    /// Every layer's linear layers for `tokens` tokens, in all: the attention projections
+    /// (Q/K/V/O, latent or linear) and the MLPs (dense, or routed and shared experts with
+    /// the router). A uniform stack is one layer's sum times the layers.
+    fn linear_layers(&self, tokens: f64) -> LinearWork {
+        let m = &self.d.model;
+        let tp = f64::from(self.d.tp);
+        let top_k = if m.is_moe() {
+            f64::from(m.experts_per_token.clamp(1, m.num_experts))
+        } else {
+            1.0
+        };
+        let empty = || LinearWork {
+            q: f64::from(m.heads * m.head_dim) / tp,
+            kv: f64::from(m.kv_heads * m.head_dim) / tp,
+            top_k,
+            ..LinearWork::default()
+        };
+        let layers = f64::from(m.layers);
+        let (linear, dense) = (m.linear_layers(), m.arch.dense_layers);
+        let mut w = empty();
+        if linear == 0 && dense == 0 {
+            self.attention_projections(&mut w, tokens);
+            self.mlp(&mut w, tokens, m.intermediate, m.is_moe());
+            w.seconds *= layers;
+            w.flops *= layers;
+            w.bytes *= layers;
+            return w;
+        }
+        // Mixed layers: each kind's layer times its count.
+        let mut total = empty();
+        let mut add = |part: LinearWork, count: u32| {
+            let c = f64::from(count);
+            total.seconds += c * part.seconds;
+            total.flops += c * part.flops;
+            total.bytes += c * part.bytes;
+        };
+        self.attention_projections(&mut w, tokens);
+        add(w, m.layers - linear);
+        let mut w = empty();
+        self.linear_attention_projections(&mut w, tokens);
+        add(w, linear);
+        let mut w = empty();
+        self.mlp(&mut w, tokens, m.arch.dense_intermediate, false);
+        add(w, dense);
+        let mut w = empty();
+        self.mlp(&mut w, tokens, m.intermediate, m.is_moe());
+        add(w, m.layers - dense);
+        total
     }
 
     /// (seconds, FLOPs, bytes) of the LM head over `samples` positions, with the

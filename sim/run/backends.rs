@@ -92,7 +92,7 @@ fn cpu_runtime(
 ) -> Result<(kernels::cpu::CpuRuntime, u32), SimError> {
     let cpu_err = |message: String| runtime_err(variant, "cpu", message);
     let d = &variant.deployment;
-    if d.tp != 1 || d.pp != 1 || d.model.is_moe() {
+    if d.tp != 1 || d.pp != 1 || d.model.is_moe() || !d.model.arch.is_plain() {
         return Err(cpu_err(format!(
             "model {} with tp = {}, pp = {}: the CPU runtime runs dense models on one device",
             d.model.name, d.tp, d.pp
@@ -185,9 +185,9 @@ fn cuda_runtime(
         ))));
     }
     let d = &variant.deployment;
-    if d.model.is_moe() || !d.model.gated_mlp {
+    if d.model.is_moe() || !d.model.gated_mlp || !d.model.arch.is_plain() {
         return Err(cuda_err(kernels::cuda::CudaError::Config(format!(
-            "model {}: the CUDA runtime runs dense Llama-architecture MLPs only (no mixture of experts or two-matrix MLP yet)",
+            "model {}: the CUDA runtime runs dense Llama-architecture models only (no mixture of experts, two-matrix MLP, latent, sliding or linear attention yet)",
             d.model.name
         ))));
     }

@@ -178,6 +178,16 @@ fn run_variant_into(
     let scheduler = Scheduler::new(sched_cfg).map_err(|e| run_err(e.into()))?;
     let block_manager = block_manager(scenario, variant, num_blocks, backend_kind)?;
     let mut last = 0;
+    // Attention data parallelism: one rank is simulated, taking every `dp`-th request (the
+    // round-robin of vLLM's and SGLang's DP front ends) and its share of a closed loop's
+    // clients; its MoE layers carry every rank's tokens (the cost model's job).
+    let dp = variant.deployment.parallel.dp.max(1);
+    let mut client = crate::driver::Client {
+        frontend_ns: variant.config.cost.request_overhead_ns(),
+        ..variant.config.workload.client()
+    };
+    client.max_in_flight = client.max_in_flight.map(|n| n.div_ceil(dp));
+    let mut rank = (&mut workload).step_by(dp as usize);
     let stats = run_to_end(
         driver,
         crate::driver::EngineParts {
@@ -185,11 +195,8 @@ fn run_variant_into(
             block_manager,
             backend,
         },
-        &mut workload,
-        crate::driver::Client {
-            frontend_ns: variant.config.cost.request_overhead_ns(),
-            ..variant.config.workload.client()
-        },
+        &mut rank,
+        client,
         &mut collector,
         &mut |ended| {
             if ended >= last + 256 {
@@ -216,6 +223,15 @@ fn run_variant_into(
         wall_time_s: wall,
         spec: stats.spec.clone(),
     })?;
+    let mut summary = summary;
+    if dp > 1 {
+        // The deployment's rates: every rank as busy as the simulated one.
+        let ranks = f64::from(dp);
+        summary.request_throughput *= ranks;
+        summary.output_throughput *= ranks;
+        summary.total_token_throughput *= ranks;
+        summary.request_goodput = summary.request_goodput.map(|g| g * ranks);
+    }
     let warnings = warnings(variant, &summary, &stats, &workload);
     if let Some(dir) = out_dir {
         analysis::write_summary_json(&dir.join("summary.json"), &summary)?;
@@ -309,6 +325,13 @@ fn warnings(
     workload: &Workload,
 ) -> Vec<String> {
     let mut warnings = Vec::new();
+    let dp = variant.deployment.parallel.dp;
+    if dp > 1 {
+        warnings.push(format!(
+            "{}: attention data parallelism: one of the {dp} ranks was simulated (every {dp}th request, 1/{dp} of a closed loop's clients); request counts and latencies are that rank's, throughputs the deployment's ({dp} x the rank's)",
+            variant.name
+        ));
+    }
     if stats.blocks_in_use_at_end > 0 {
         warnings.push(format!(
             "{}: {} KV blocks still in use after every request ended (leak)",

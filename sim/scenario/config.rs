@@ -58,9 +58,18 @@ pub struct HardwareConfig {
     /// Tensor-parallel degree (GPUs per pipeline stage).
     #[serde(default = "one")]
     pub tp: u32,
-    /// Pipeline-parallel degree (stages of consecutive layers; `tp x pp` GPUs).
+    /// Pipeline-parallel degree (stages of consecutive layers; `tp x dp x pp` GPUs).
     #[serde(default = "one")]
     pub pp: u32,
+    /// Attention data-parallel ranks of a mixture of experts (each its own sequences and
+    /// KV cache, attention over `tp` GPUs, the experts shared): `tp x dp` GPUs a stage.
+    /// The simulation runs one rank, its MoE layers carrying every rank's tokens.
+    #[serde(default = "one")]
+    pub dp: u32,
+    /// Expert-parallel degree: the routed experts split `ep` ways over the stage's GPUs
+    /// (each expert split `tp x dp / ep` ways); must divide the experts and `tp x dp`.
+    #[serde(default = "one")]
+    pub ep: u32,
 }
 
 fn one() -> u32 {
@@ -252,7 +261,8 @@ pub struct ScenarioConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpeculativeConfig {
-    /// `none`, `draft-model`, `ngram` (prompt lookup) or `synthetic`.
+    /// `none`, `draft-model`, `mtp` (the model's MTP layers), `ngram` (prompt lookup) or
+    /// `synthetic`.
     pub method: SpecMethod,
     /// Drafts per verify step (vLLM's `num_speculative_tokens`).
     #[serde(default = "default_spec_k")]
@@ -302,6 +312,9 @@ pub enum SpecMethod {
     Ngram,
     /// Acceptance only.
     Synthetic,
+    /// The model's own multi-token-prediction layers (DeepSeek-V3/R1's MTP module, Qwen3.5's
+    /// `mtp_num_hidden_layers`) as the draft: vLLM's `method = "deepseek_mtp"`.
+    Mtp,
 }
 
 /// `dynamic_k = { ... }`.

@@ -150,7 +150,9 @@ pub(super) fn resolve(
             model.layers
         ));
     }
+    let parallel = parallel_of(&config.hardware, model, tp)?;
     let deployment = Deployment {
+        parallel,
         model: model.clone(),
         gpu: gpu.clone(),
         tp,
@@ -173,7 +175,19 @@ pub(super) fn resolve(
     let memory = memory_plan(
         &deployment,
         &MemoryInputs {
-            draft_weight_bytes: own_draft.map_or(0.0, |d| d.weight_bytes_per_gpu()),
+            // An MTP module shares the target's embedding and LM head.
+            draft_weight_bytes: own_draft.map_or(0.0, |d| {
+                let shared = config
+                    .speculative
+                    .as_ref()
+                    .is_some_and(|sp| sp.method == SpecMethod::Mtp);
+                d.weight_bytes_per_gpu()
+                    - if shared {
+                        d.embedding_bytes_per_gpu()
+                    } else {
+                        0.0
+                    }
+            }),
             draft_kv_bytes_per_token: own_draft.map_or(0.0, |d| d.kv_bytes_per_token()),
             gpu_memory_utilization: e.gpu_memory_utilization,
             block_size: e.block_size,
@@ -248,6 +262,12 @@ fn operator_profile(
             d.model.name
         ));
     }
+    if !d.model.arch.is_plain() {
+        return Err(format!(
+            "{key}: {} has latent, sliding-window or linear attention, or dense and MoE layers mixed; measured operator times price one uniform layer",
+            d.model.name
+        ));
+    }
     let p =
         crate::observed::operator_profile::open(dir, d.tp).map_err(|e| format!("{key}: {e}"))?;
     if let Some(m) = crate::catalog::find_model_by_id(&p.model) {
@@ -297,7 +317,7 @@ fn resolve_speculative(
     };
     let method = match sp.method {
         SpecMethod::None => return Ok((None, None)),
-        SpecMethod::DraftModel => Method::DraftModel,
+        SpecMethod::DraftModel | SpecMethod::Mtp => Method::DraftModel,
         SpecMethod::Ngram => Method::Ngram,
         SpecMethod::Synthetic => Method::Synthetic,
     };
@@ -367,14 +387,26 @@ fn resolve_speculative(
         }
         other => other,
     };
-    let draft = if method == Method::DraftModel
+    let draft = if sp.method == SpecMethod::Mtp {
+        // The MTP layers: their own weights and KV (one layer's), the embedding and LM
+        // head shared.
+        let model = target.model.mtp_draft().ok_or_else(|| {
+            format!(
+                "speculative.method = \"mtp\": {} has no multi-token-prediction layers (num_nextn_predict_layers / mtp_num_hidden_layers)",
+                target.model.name
+            )
+        })?;
+        Some(Deployment {
+            model,
+            ..target.clone()
+        })
+    } else if method == Method::DraftModel
         && sp.draft_model.is_none()
         && sp.draft_config.is_none()
         && self_draft.is_some()
     {
         // Self-speculation: the target's first layers, its weights and KV cache shared.
-        let mut model = target.model.clone();
-        model.layers = self_draft.unwrap_or(1);
+        let model = target.model.first_layers(self_draft.unwrap_or(1));
         Some(Deployment {
             model,
             ..target.clone()
@@ -411,6 +443,7 @@ fn resolve_speculative(
             ));
         }
         Some(Deployment {
+            parallel: Default::default(),
             model: model.clone(),
             tp,
             pp: 1,
@@ -556,4 +589,41 @@ fn check_prompt_parts(
         )?;
     }
     Ok(())
+}
+
+/// The attention data-parallel and expert-parallel degrees of `[hardware]`, checked against
+/// the model: both need a mixture of experts; `ep` must divide the routed experts and the
+/// stage's `tp x dp` GPUs.
+fn parallel_of(
+    h: &super::config::HardwareConfig,
+    model: &crate::catalog::ModelSpec,
+    tp: u32,
+) -> Result<crate::cost_model::Parallel, String> {
+    let (dp, ep) = (h.dp, h.ep);
+    if dp == 0 || dp > 1024 {
+        return Err(format!("hardware.dp: must be from 1 to 1024, got {dp}"));
+    }
+    if ep == 0 || ep > 1024 {
+        return Err(format!("hardware.ep: must be from 1 to 1024, got {ep}"));
+    }
+    if (dp > 1 || ep > 1) && !model.is_moe() {
+        let key = if dp > 1 { "hardware.dp" } else { "hardware.ep" };
+        return Err(format!(
+            "{key}: attention data parallelism and expert parallelism serve a mixture of experts; {} is dense (use engine replicas for data parallelism)",
+            model.name
+        ));
+    }
+    if !model.num_experts.is_multiple_of(ep) {
+        return Err(format!(
+            "hardware.ep: {ep} does not divide {}'s {} routed experts",
+            model.name, model.num_experts
+        ));
+    }
+    let gpus = tp * dp;
+    if !gpus.is_multiple_of(ep) {
+        return Err(format!(
+            "hardware.ep: {ep} does not divide the stage's tp x dp = {tp} x {dp} = {gpus} GPUs"
+        ));
+    }
+    Ok(crate::cost_model::Parallel { dp, ep })
 }

@@ -6,9 +6,15 @@
 //!   tensor-core peak than 16-bit GEMMs reach of theirs (scales applied per tensor or per
 //!   block, narrower tiles, activations quantized on the fly), so the 16-bit efficiency makes
 //!   fp8 deployments too fast. Fitted to the dense models' fp8 rows.
+//! - `cost.fp4_compute_eff` ([`Term::Fp4`]): the same for NVFP4 GEMMs on Blackwell's fp4
+//!   tensor cores. Fitted to the dense models' NVFP4 rows.
 //! - `cost.moe_gemm_eff` ([`Term::Moe`]): a mixture of experts' grouped GEMMs run a few
 //!   tokens per expert, gathered and scattered, below a dense GEMM's efficiency. Fitted to
 //!   the mixture-of-experts rows (with the fp8 fit in place).
+//! - `cost.moe_prefill_expert_us` ([`Term::MoePrefill`]): a fixed cost per local expert and
+//!   MoE layer in a step that prefills (each expert's GEMM a problem of its own, outside
+//!   the decode steps' CUDA graphs). Fitted to the mixture-of-experts rows with the
+//!   grouped-GEMM fit in place.
 //!
 //! Each is a property of the kernels, not of one engine. Every row is simulated under each
 //! candidate, under its engine's serving defaults; per fold the candidate with the smallest
@@ -29,17 +35,27 @@ use crate::observed::silicon::AggregateRow;
 /// The fp8 efficiencies tried, relative to the 16-bit GEMMs'.
 pub const FP8_CANDIDATES: [f64; 7] = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4];
 
+/// The fp4 efficiencies tried, relative to the 16-bit GEMMs'.
+pub const FP4_CANDIDATES: [f64; 9] = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.25];
+
 /// The grouped-GEMM efficiencies tried, relative to dense GEMMs' (lower: at a few tokens per
 /// expert the grouped kernels stream weights far below a dense GEMM's rate).
 pub const MOE_CANDIDATES: [f64; 9] = [1.0, 0.8, 0.6, 0.5, 0.4, 0.35, 0.3, 0.25, 0.2];
 
-/// A fitted efficiency.
+/// The per-expert prefill costs tried, microseconds.
+pub const MOE_PREFILL_CANDIDATES: [f64; 8] = [0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 15.0];
+
+/// A fitted efficiency (or, for [`Term::MoePrefill`], a cost).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Term {
     /// `cost.fp8_compute_eff`, on dense models' fp8 rows.
     Fp8,
+    /// `cost.fp4_compute_eff`, on dense models' NVFP4 rows.
+    Fp4,
     /// `cost.moe_gemm_eff`, on mixtures of experts' rows.
     Moe,
+    /// `cost.moe_prefill_expert_us`, on mixtures of experts' rows.
+    MoePrefill,
 }
 
 impl Term {
@@ -47,7 +63,9 @@ impl Term {
     pub fn candidates(self) -> &'static [f64] {
         match self {
             Term::Fp8 => &FP8_CANDIDATES,
+            Term::Fp4 => &FP4_CANDIDATES,
             Term::Moe => &MOE_CANDIDATES,
+            Term::MoePrefill => &MOE_PREFILL_CANDIDATES,
         }
     }
 
@@ -55,7 +73,9 @@ impl Term {
     pub fn key(self) -> &'static str {
         match self {
             Term::Fp8 => "fp8_compute_eff",
+            Term::Fp4 => "fp4_compute_eff",
             Term::Moe => "moe_gemm_eff",
+            Term::MoePrefill => "moe_prefill_expert_us",
         }
     }
 
@@ -63,7 +83,9 @@ impl Term {
     pub fn file(self) -> &'static str {
         match self {
             Term::Fp8 => "fp8-gemm.toml",
+            Term::Fp4 => "fp4-gemm.toml",
             Term::Moe => "moe-gemm.toml",
+            Term::MoePrefill => "moe-prefill.toml",
         }
     }
 
@@ -71,7 +93,9 @@ impl Term {
     fn what(self) -> &'static str {
         match self {
             Term::Fp8 => "The fp8 GEMM efficiency relative to gemm_compute_eff",
+            Term::Fp4 => "The fp4 (NVFP4) GEMM efficiency relative to gemm_compute_eff",
             Term::Moe => "The mixture of experts' grouped-GEMM efficiency relative to dense GEMMs'",
+            Term::MoePrefill => "The fixed cost per local expert and MoE layer of a step that prefills, microseconds",
         }
     }
 
@@ -79,23 +103,26 @@ impl Term {
     fn applies(self, r: &AggregateRow) -> bool {
         match self {
             Term::Fp8 => !r.is_moe() && matches!(r.gemm_quant.as_str(), "fp8" | "fp8_block"),
-            Term::Moe => r.is_moe(),
+            Term::Fp4 => !r.is_moe() && r.gemm_quant == "nvfp4",
+            Term::Moe | Term::MoePrefill => r.is_moe(),
         }
     }
 
-    /// The rows' costs with the term at `eff` (and fp8 GEMMs at `fp8`, when given).
-    fn cost(self, eff: f64, fp8: Option<f64>) -> EngineCost {
+    /// The rows' costs with the term at `eff`, the terms fitted before it at `prior`.
+    fn cost(self, eff: f64, prior: &EngineCost) -> EngineCost {
+        let mut c = *prior;
         match self {
-            Term::Fp8 => EngineCost {
-                fp8_compute_eff: Some(eff),
-                ..EngineCost::default()
-            },
-            Term::Moe => EngineCost {
-                fp8_compute_eff: fp8,
-                moe_gemm_eff: Some(eff),
-                ..EngineCost::default()
-            },
+            Term::Fp8 => c.fp8_compute_eff = Some(eff),
+            Term::Fp4 => c.fp4_compute_eff = Some(eff),
+            Term::Moe => c.moe_gemm_eff = Some(eff),
+            Term::MoePrefill => c.moe_prefill_expert_us = Some(eff),
         }
+        c
+    }
+
+    /// `prior` with this term at `eff`: what the next term is fitted under.
+    pub fn then(self, eff: f64, prior: &EngineCost) -> EngineCost {
+        self.cost(eff, prior)
     }
 }
 
@@ -114,20 +141,20 @@ pub struct EfficiencyFit {
     pub held_out_ttft: Vec<f64>,
     /// See `held_out_ttft`.
     pub held_out_tpot: Vec<f64>,
-    /// Errors at 1 (as efficient as dense 16-bit GEMMs).
+    /// Errors at the first candidate (1: as efficient as dense 16-bit GEMMs; 0 us).
     pub baseline_ttft: Vec<f64>,
     /// See `baseline_ttft`.
     pub baseline_tpot: Vec<f64>,
 }
 
-/// Fits `term` to the rows of `rows` it applies to, `folds`-fold, with fp8 GEMMs at `fp8`
-/// (`None`: the default) where the term is not fp8's own. `None` when fewer rows than folds
-/// can be simulated.
+/// Fits `term` to the rows of `rows` it applies to, `folds`-fold, with the terms fitted
+/// before it at `prior` (`None`s: the defaults). `None` when fewer rows than folds can be
+/// simulated.
 pub fn fit_efficiency(
     rows: &[AggregateRow],
     folds: usize,
     term: Term,
-    fp8: Option<f64>,
+    prior: &EngineCost,
 ) -> Result<Option<EfficiencyFit>, crate::SimError> {
     let folds = folds.max(2);
     let mine: Vec<AggregateRow> = rows.iter().filter(|r| term.applies(r)).cloned().collect();
@@ -135,7 +162,7 @@ pub fn fit_efficiency(
     let mut errors: Vec<Vec<(f64, f64)>> = Vec::new();
     let candidates = term.candidates();
     for &eff in candidates {
-        let (done, _) = silicon_checks_with(&mine, None, &|_| term.cost(eff, fp8))?;
+        let (done, _) = silicon_checks_with(&mine, None, &|_| term.cost(eff, prior))?;
         errors.push(
             done.iter()
                 .map(|k| (k.ttft_error(), k.tpot_error()))
@@ -185,12 +212,14 @@ impl EfficiencyFit {
     /// One line: the value, its folds and the held-out errors against the baseline.
     pub fn summary(&self, folds: usize) -> String {
         let folds_list: Vec<String> = self.fold_values.iter().map(|v| format!("{v}")).collect();
+        let base = self.term.candidates()[0];
         let rows = match self.term {
             Term::Fp8 => "fp8 rows of dense models",
-            Term::Moe => "mixture-of-experts rows",
+            Term::Fp4 => "NVFP4 rows of dense models",
+            Term::Moe | Term::MoePrefill => "mixture-of-experts rows",
         };
         format!(
-            "{} = {} fitted to {} {rows} of every engine; {folds}-fold held-out: TTFT median |err| {:.1}%, p90 {:.1}% (at 1: {:.1}%, {:.1}%), TPOT median |err| {:.1}%, p90 {:.1}% (at 1: {:.1}%, {:.1}%); the folds' values: {}",
+            "{} = {} fitted to {} {rows} of every engine; {folds}-fold held-out: TTFT median |err| {:.1}%, p90 {:.1}% (at {base}: {:.1}%, {:.1}%), TPOT median |err| {:.1}%, p90 {:.1}% (at {base}: {:.1}%, {:.1}%); the folds' values: {}",
             self.term.key(),
             self.value,
             self.rows,
@@ -220,7 +249,7 @@ impl EfficiencyFit {
             "# The shipped default of `cost.{}` is this value (a test ties them).",
             self.term.key()
         );
-        let _ = writeln!(s, "[cost]\n{} = {}", self.term.key(), self.value);
+        let _ = writeln!(s, "[cost]\n{} = {:?}", self.term.key(), self.value);
         s
     }
 }

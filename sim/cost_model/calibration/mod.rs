@@ -238,6 +238,7 @@ pub fn calibrate_points(path: &Path) -> Result<Fit, ValidationError> {
                 .map(|(g, m, k, n, ms)| {
                     let model = CostModel::new(
                         Deployment {
+                            parallel: Default::default(),
                             model: model("llama-2-7b"),
                             gpu: g.clone(),
                             tp: 1,

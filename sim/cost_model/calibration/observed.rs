@@ -152,6 +152,8 @@ pub fn fit_engine_costs(
             &mine,
             EngineCost {
                 fp8_compute_eff: fp8,
+                fp4_compute_eff: None,
+                moe_prefill_expert_us: None,
                 moe_gemm_eff: None,
                 ..EngineCost::default()
             },
@@ -170,6 +172,8 @@ pub fn fit_engine_costs(
                     request_overhead_ms: Some(0.0),
                     allreduce_latency_us: None,
                     fp8_compute_eff: fp8,
+                    fp4_compute_eff: None,
+                    moe_prefill_expert_us: None,
                     moe_gemm_eff: None,
                 },
             )?);
@@ -203,6 +207,8 @@ pub fn fit_engine_costs(
                         request_overhead_ms: Some(0.0),
                         allreduce_latency_us: us,
                         fp8_compute_eff: fp8,
+                        fp4_compute_eff: None,
+                        moe_prefill_expert_us: None,
                         moe_gemm_eff: None,
                     },
                 )?);
@@ -231,6 +237,8 @@ pub fn fit_engine_costs(
                         request_overhead_ms: Some(ms),
                         allreduce_latency_us: ALLREDUCE_CANDIDATES_US[a],
                         fp8_compute_eff: fp8,
+                        fp4_compute_eff: None,
+                        moe_prefill_expert_us: None,
                         moe_gemm_eff: None,
                     },
                 )?);

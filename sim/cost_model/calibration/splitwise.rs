@@ -70,6 +70,7 @@ pub(crate) fn splitwise_rows(id: &str, value: &str) -> Vec<SplitwiseRow> {
 pub(crate) fn splitwise_cost(params: &CostParams) -> CostModel {
     CostModel::new(
         Deployment {
+            parallel: Default::default(),
             model: model("llama-2-70b"),
             gpu: gpu("h100-sxm"),
             tp: 8,

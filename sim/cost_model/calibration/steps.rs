@@ -237,6 +237,7 @@ mod tests {
         let points = read_steps(&path).expect("read");
         assert_eq!(steps_csv(&points).lines().count(), 8);
         let d = Deployment {
+            parallel: Default::default(),
             model: find_model("llama-3-8b").expect("model").clone(),
             gpu: find_gpu("h100-sxm").expect("gpu").clone(),
             tp: 1,

@@ -285,7 +285,7 @@ fn silicon_section(s: &mut String, r: &Replays) {
     }
     let _ = writeln!(
         s,
-        "\n## Measured deployments (aiconfigurator `silicon.csv`)\n\nEach aggregated row is a closed-loop benchmark of vLLM, SGLang or TensorRT-LLM. `sim validate-model` simulates it as it ran: one replica with its share of the clients (`batch_size`), {} x that many requests, all clients starting at once, under the engine's serving defaults (vLLM V1: chunked prefill mixed into decode steps, 8,192 tokens a step; SGLang 0.5: a prefill batch of up to 8,192 tokens runs alone and first, admission by its new-token-ratio estimate, `mem_fraction_static` for weights and KV; TensorRT-LLM: context and generation in one step up to 8,192 tokens, KV for the whole request reserved at admission, an fp8 KV cache with fp8 weights, 0.9 of the memory weights and activations leave for it), and with the request stream of the client that measured it: InferenceX rows (its fork of vLLM's `benchmark_serving`) draw lengths uniform in [0.8 L, L]; aiconfigurator's gap-analysis rows (aiperf) send exactly `isl`/`osl`, so the clients stay in step and each wave's prefills queue behind one another. Of the defaults only `fp8_compute_eff` and `moe_gemm_eff` were fitted to these rows (to the dense models' fp8 rows and to the mixture-of-experts rows: their 5-fold held-out errors are in `calibration/fp8-gemm.toml` and `calibration/moe-gemm.toml`, below), so those groups' figures here are in-sample; signed medians show the bias, |err| columns the spread.\n\n| engine | GPU | model | dtype | rows | TTFT median | TTFT median abs | TTFT p90 abs | TPOT median | TPOT median abs | TPOT p90 abs |\n|---|---|---|---|---|---|---|---|---|---|---|",
+        "\n## Measured deployments (aiconfigurator `silicon.csv`)\n\nEach aggregated row is a closed-loop benchmark of vLLM, SGLang or TensorRT-LLM. `sim validate-model` simulates it as it ran: one replica with its share of the clients (`batch_size`), {} x that many requests, all clients starting at once, under the engine's serving defaults (vLLM V1: chunked prefill mixed into decode steps, 8,192 tokens a step; SGLang 0.5: a prefill batch of up to 8,192 tokens runs alone and first, admission by its new-token-ratio estimate, `mem_fraction_static` for weights and KV; TensorRT-LLM: context and generation in one step up to 8,192 tokens, KV for the whole request reserved at admission, an fp8 KV cache with fp8 weights, 0.9 of the memory weights and activations leave for it), and with the request stream of the client that measured it: InferenceX rows (its fork of vLLM's `benchmark_serving`) draw lengths uniform in [0.8 L, L]; aiconfigurator's gap-analysis rows (aiperf) send exactly `isl`/`osl`, so the clients stay in step and each wave's prefills queue behind one another. Of the defaults only `fp8_compute_eff`, `fp4_compute_eff`, `moe_gemm_eff` and `moe_prefill_expert_us` were fitted to these rows (to the dense models' fp8 and NVFP4 rows and to the mixture-of-experts rows: their 5-fold held-out errors are in `calibration/fp8-gemm.toml`, `fp4-gemm.toml`, `moe-gemm.toml` and `moe-prefill.toml`, below), so those groups' figures here are in-sample; signed medians show the bias, |err| columns the spread.\n\n| engine | GPU | model | dtype | rows | TTFT median | TTFT median abs | TTFT p90 abs | TPOT median | TPOT median abs | TPOT p90 abs |\n|---|---|---|---|---|---|---|---|---|---|---|",
         silicon::WAVES
     );
     // Rows by engine, GPU, model and dtype, in that order.
@@ -363,12 +363,12 @@ fn silicon_section(s: &mut String, r: &Replays) {
     row(s, ["**all**", "", "", ""], &all);
     let _ = writeln!(
         s,
-        "\nWhere the clients stay in step (the aiperf rows), TTFT is mostly the wait for the wave's other prefills; SGLang, whose prefill batches pause decoding, shows exactly this. The InferenceX rows' TTFT is still predicted short, most at low concurrency: a per-request cost outside the GPU steps (API server, tokenizer), which `sim calibrate --observed` fits below. vLLM's aiperf rows fall between the in-step and the drifted-apart predictions (at 8 clients the measured TTFT is about one prefill plus a fixed cost). Qwen3-235B-A22B (a mixture of experts, its experts split over the tensor-parallel GPUs; rows with expert parallelism wait for issue 18) was predicted 30-45% fast in TPOT while the experts' grouped GEMMs ran at a dense GEMM's efficiency; `moe_gemm_eff` (0.4, fitted to these 40 rows, one model on one GPU: a thin basis) brings the held-out TPOT median |err| from 43.2% to 13.2%, but vLLM's TTFT is now over-predicted (+53%) where SGLang's is close, so the two engines' MoE prefill kernels differ more than one factor says. Groups whose measured TTFT falls as concurrency grows (TensorRT-LLM 1.0.0rc3 on H100) or whose TPOT hardly moves with the batch (TensorRT-LLM on GB200, SGLang and vLLM with Llama-3.1-8B on H200) look like measurement artifacts or settings the rows do not record."
+        "\nWhere the clients stay in step (the aiperf rows), TTFT is mostly the wait for the wave's other prefills; SGLang, whose prefill batches pause decoding, shows exactly this. The InferenceX rows' TTFT is still predicted short, most at low concurrency: a per-request cost outside the GPU steps (API server, tokenizer), which `sim calibrate --observed` fits below. vLLM's aiperf rows fall between the in-step and the drifted-apart predictions (at 8 clients the measured TTFT is about one prefill plus a fixed cost). The mixtures of experts (DeepSeek-V3/R1 with latent attention, Qwen3-235B-A22B, Qwen3.5-397B-A17B with linear attention, gpt-oss-120b with sliding layers; tensor, expert and attention data parallelism as each row ran, the rows' recording quirks read as their ids say) are the weakest part: their TTFT has a floor the roofline does not have (180-300 ms for four 1,024-token prompts on DeepSeek-R1 and Qwen3.5, against 30-90 ms for Llama-3.1-70B and gpt-oss), which grows with the experts a GPU holds; `moe_prefill_expert_us` models it as a fixed cost per local expert and MoE layer of a step that prefills, and `moe_gemm_eff` (refitted over all 1,270 rows) the grouped GEMMs' efficiency. Both are fitted one after the other (`calibration/moe-gemm.toml`, `calibration/moe-prefill.toml`, held-out errors below); the held-out medians remain far from the 15% the simulator aims at, and TPOT is still over-predicted at high concurrency, where real routing touches fewer distinct experts than uniform routing (no skew is modelled yet) and the InferenceX TensorRT-LLM DeepSeek rows at 4 clients (TPOT 4-5 ms on B200) look like multi-token prediction, which the rows do not record. Groups whose measured TTFT falls as concurrency grows (TensorRT-LLM 1.0.0rc3 on H100) or whose TPOT hardly moves with the batch (TensorRT-LLM on GB200, SGLang and vLLM with Llama-3.1-8B on H200) look like measurement artifacts or settings the rows do not record."
     );
     if !r.observed_fits.is_empty() {
         let _ = writeln!(
             s,
-            "\nWhat `sim calibrate --observed` fitted, as the shipped files record it (k-fold: each row's error comes from the fit on the other folds): the fp8 GEMM efficiency over every engine's fp8 rows, and the memory plan's runtime reserve, both shipped as defaults; then per engine the step overhead, all-reduce latency and per-request front-end cost, which a scenario opts into with `cost.calibration = \"calibration/observed-<engine>.toml\"` (and the engine's `[engine]` keys), and `sim run` and `sim plan` then report bands from the folds and the held-out errors:\n"
+            "\nWhat `sim calibrate --observed` fitted, as the shipped files record it (k-fold: each row's error comes from the fit on the other folds): the fp8 and fp4 GEMM efficiencies over every engine's fp8 and NVFP4 rows of dense models, the experts' grouped-GEMM efficiency and per-expert prefill cost over the mixture-of-experts rows, and the memory plan's runtime reserve, all shipped as defaults; then per engine the step overhead, all-reduce latency and per-request front-end cost, which a scenario opts into with `cost.calibration = \"calibration/observed-<engine>.toml\"` (and the engine's `[engine]` keys), and `sim run` and `sim plan` then report bands from the folds and the held-out errors:\n"
         );
         for (file, header) in &r.observed_fits {
             let _ = writeln!(s, "- `{file}`: {header}");
@@ -424,10 +424,22 @@ fn defaults_section(s: &mut String, gemm_held_out: &[GemmHeldOut]) {
             "5-fold held out, below",
         ),
         (
+            "`fp4_compute_eff`".into(),
+            format!("{}", d.fp4_compute_eff),
+            "aiconfigurator's NVFP4 rows of dense models on B200 and GB200 (Llama-3.1-70B, Qwen3-32B; `calibration/fp4-gemm.toml`)",
+            "5-fold held out, below",
+        ),
+        (
             "`moe_gemm_eff`".into(),
             format!("{}", d.moe_gemm_eff),
-            "aiconfigurator's mixture-of-experts rows (Qwen3-235B-A22B on H200, experts split over TP; `calibration/moe-gemm.toml`)",
-            "5-fold held out, below (one model: a thin basis)",
+            "aiconfigurator's 1,270 mixture-of-experts rows (DeepSeek-V3/R1, Qwen3-235B-A22B, Qwen3.5-397B-A17B, gpt-oss-120b; TP, EP and attention DP; `calibration/moe-gemm.toml`)",
+            "5-fold held out, below",
+        ),
+        (
+            "`moe_prefill_expert_us`".into(),
+            format!("{}", d.moe_prefill_expert_us),
+            "the same rows, with `moe_gemm_eff` in place (`calibration/moe-prefill.toml`)",
+            "5-fold held out, below",
         ),
         (
             "`w8_memory_eff`, `w4_memory_eff`".into(),

@@ -62,6 +62,7 @@ pub(crate) fn gemm_point_checks(points: &[GemmPoint], params: &CostParams) -> Ve
         .map(|&(file, g, tokens, tp, measured)| {
             let m = CostModel::new(
                 Deployment {
+                    parallel: Default::default(),
                     model: model("llama-2-7b"),
                     gpu: gpu(g),
                     tp,

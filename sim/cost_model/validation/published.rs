@@ -36,6 +36,7 @@ fn gpt_13b() -> ModelSpec {
         experts_per_token: 1,
         gated_mlp: true,
         position_embeddings: 0,
+        arch: Default::default(),
     }
 }
 

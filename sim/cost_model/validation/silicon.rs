@@ -35,8 +35,12 @@ pub struct EngineCost {
     pub allreduce_latency_us: Option<f64>,
     /// `cost.fp8_compute_eff`.
     pub fp8_compute_eff: Option<f64>,
+    /// `cost.fp4_compute_eff`.
+    pub fp4_compute_eff: Option<f64>,
     /// `cost.moe_gemm_eff`.
     pub moe_gemm_eff: Option<f64>,
+    /// `cost.moe_prefill_expert_us`.
+    pub moe_prefill_expert_us: Option<f64>,
 }
 
 /// `(why, rows)` of the rows not simulated.
@@ -95,37 +99,93 @@ prompt = { dist = "fixed", value = 1024 }
 output = { dist = "fixed", value = 128 }
 "#;
 
-/// What a row resolves to (catalog model, GPU, dtype), or why it is not simulated.
-fn plan(row: &AggregateRow) -> Result<(&'static str, &'static str, Dtype), String> {
+/// What a row resolves to: the catalog model and GPU, the weight format and the layout.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Planned {
+    /// Catalog model.
+    pub model: &'static str,
+    /// Catalog GPU.
+    pub gpu: &'static str,
+    /// Weight format.
+    pub dtype: Dtype,
+    /// Attention tensor parallelism.
+    pub tp: u32,
+    /// Attention data-parallel ranks.
+    pub dp: u32,
+    /// Expert parallelism.
+    pub ep: u32,
+}
+
+/// What a row resolves to, or why it is not simulated.
+fn plan(row: &AggregateRow) -> Result<Planned, String> {
     if row.mode != "agg" {
         return Err("disaggregated (fleets: issue 20)".into());
     }
-    if row.pp.unwrap_or(1) > 1 || row.attention_dp.unwrap_or(1) > 1 {
-        return Err("pipeline or attention data parallelism (issue 18)".into());
+    if row.pp.unwrap_or(1) > 1 {
+        return Err("pipeline parallelism".into());
     }
+    let spec = crate::catalog::find_model_by_id(&row.model)
+        .ok_or_else(|| format!("model `{}` not in the catalog", row.model))?;
     let dtype = match row.gemm_quant.as_str() {
         "" => Dtype::Bf16,
-        "fp8" | "fp8_block" => Dtype::Fp8,
-        "nvfp4" => return Err("fp4 weights (issue 18)".into()),
+        "fp8" => Dtype::Fp8,
+        "fp8_block" => Dtype::Fp8Block,
+        // gpt-oss ships its experts in MXFP4, which the rows label fp4.
+        "nvfp4" if spec.name.starts_with("gpt-oss") => Dtype::Mxfp4,
+        "nvfp4" => Dtype::Nvfp4,
         q => return Err(format!("quantization `{q}`")),
     };
-    let spec = crate::catalog::find_model_by_id(&row.model)
-        .ok_or_else(|| "model not in the catalog (MoE and MLA: issue 18)".to_string())?;
-    // A mixture of experts runs here as the roofline prices it: experts split over the
-    // tensor-parallel GPUs, with attention.
-    if spec.num_experts > 1 {
-        if row.moe_ep.unwrap_or(1) > 1 {
-            return Err("expert parallelism (issue 18)".into());
-        }
-        if row.moe_tp.unwrap_or(row.tp.unwrap_or(1)) != row.tp.unwrap_or(1) {
-            return Err("experts split over other GPUs than attention (issue 18)".into());
-        }
-    }
+    let (tp, dp, ep) = layout(row, spec.is_moe())?;
     let model = spec.name;
     let gpu = crate::catalog::find_gpu(&row.system)
         .map(|g| g.name)
         .ok_or_else(|| format!("GPU `{}` not in the catalog", row.system))?;
-    Ok((model, gpu, dtype))
+    Ok(Planned {
+        model,
+        gpu,
+        dtype,
+        tp,
+        dp,
+        ep,
+    })
+}
+
+/// A row's (attention TP, attention DP, EP). The stage's GPUs are `tp x attention_dp` for
+/// attention and `moe_tp x moe_ep` for the experts. Two recording quirks are read as the
+/// rows' ids say: rows whose `tp_size` (or `attention_dp_size`) is the square of
+/// `moe_tp_size = moe_ep_size = n` ran on n GPUs (ids `..._tp8_ep8_...`: 8 GPUs, attention
+/// TP 8, experts EP 8); vLLM rows whose experts span more GPUs than `tp_size` ran data
+/// parallel (`--data-parallel-size`, attention DP).
+fn layout(row: &AggregateRow, moe: bool) -> Result<(u32, u32, u32), String> {
+    let tp = row.tp.unwrap_or(1).max(1);
+    let adp = row.attention_dp.unwrap_or(1).max(1);
+    if !moe {
+        return if adp > 1 {
+            Err("attention data parallelism of a dense model".into())
+        } else {
+            Ok((tp, 1, 1))
+        };
+    }
+    let ep = row.moe_ep.unwrap_or(1).max(1);
+    let Some(moe_tp) = row.moe_tp.filter(|&m| m > 0) else {
+        return Ok((tp, adp, ep));
+    };
+    if moe_tp == ep && ep > 1 {
+        if tp == ep * ep && adp == 1 {
+            return Ok((ep, 1, ep));
+        }
+        if adp == ep * ep && tp == 1 {
+            return Ok((1, ep, ep));
+        }
+    }
+    let (gpus, experts) = (tp * adp, moe_tp * ep);
+    if gpus == experts {
+        Ok((tp, adp, ep))
+    } else if adp == 1 && experts % tp == 0 {
+        Ok((tp, experts / tp, ep))
+    } else {
+        Err("attention and expert layouts over different GPU counts".into())
+    }
 }
 
 /// Each engine's serving defaults that shape a closed loop, as their sources set them
@@ -198,11 +258,10 @@ pub fn engine_keys(backend: &str) -> String {
 fn simulate(
     scn: &Scenario,
     row: &AggregateRow,
-    model: &str,
-    gpu: &str,
-    dtype: Dtype,
+    p: &Planned,
     engine: EngineCost,
 ) -> Result<Option<analysis::Summary>, crate::SimError> {
+    let (model, gpu, dtype) = (p.model, p.gpu, p.dtype);
     let mut cfg = scn.base.clone();
     cfg.cost.framework = engine_framework(&row.backend);
     if engine.request_overhead_ms.is_some() {
@@ -217,22 +276,36 @@ fn simulate(
     if let Some(e) = engine.fp8_compute_eff {
         cfg.cost.fp8_compute_eff = e;
     }
+    if let Some(e) = engine.fp4_compute_eff {
+        cfg.cost.fp4_compute_eff = e;
+    }
     if let Some(e) = engine.moe_gemm_eff {
         cfg.cost.moe_gemm_eff = e;
+    }
+    if let Some(us) = engine.moe_prefill_expert_us {
+        cfg.cost.moe_prefill_expert_us = us;
     }
     cfg.model.name = Some(model.to_string());
     cfg.model.dtype = dtype;
     // NVIDIA's fp8 checkpoints quantize the KV cache too (`kv_cache_quant_algo: FP8`),
     // which TensorRT-LLM follows; vLLM and SGLang keep a 16-bit cache unless told.
-    if row.backend == "trtllm" && dtype == Dtype::Fp8 {
+    if row.backend == "trtllm" && (dtype == Dtype::Fp8 || dtype.is_fp4()) {
         cfg.model.kv_dtype = Some(Dtype::Fp8);
     }
     cfg.hardware.gpu = Some(gpu.to_string());
-    cfg.hardware.tp = row.tp.unwrap_or(1);
-    engine_defaults(&mut cfg.engine, &row.backend, gpu, cfg.hardware.tp);
+    cfg.hardware.tp = p.tp;
+    cfg.hardware.dp = p.dp;
+    cfg.hardware.ep = p.ep;
+    engine_defaults(&mut cfg.engine, &row.backend, gpu, p.tp * p.dp);
     // One replica and the clients it serves: a deployment of several replicas behind a
-    // router records its per-replica share as `batch_size`.
-    let c = row.batch_size.or(row.concurrency).unwrap_or(1);
+    // router records its per-replica share as `batch_size`, and under attention data
+    // parallelism its per-rank share (the run simulates one rank with its share).
+    let c = if p.dp > 1 {
+        row.concurrency
+            .unwrap_or_else(|| row.batch_size.unwrap_or(1) * p.dp)
+    } else {
+        row.batch_size.or(row.concurrency).unwrap_or(1)
+    };
     cfg.engine.max_num_seqs = cfg.engine.max_num_seqs.max(c);
     cfg.engine.max_model_len = Some(row.isl + row.osl);
     // The simulator's prefill-first scheduler prefills whole prompts (SGLang chunks the
@@ -322,15 +395,15 @@ pub fn silicon_checks_with(
     }
     let results: Vec<Result<Option<SiliconCheck>, crate::SimError>> = todo
         .par_iter()
-        .map(|(row, (model, gpu, dtype))| {
+        .map(|(row, p)| {
             let overhead = cost(&row.backend);
-            let Some(r) = simulate(&scn, row, model, gpu, *dtype, overhead)? else {
+            let Some(r) = simulate(&scn, row, p, overhead)? else {
                 return Ok(None);
             };
             Ok(Some(SiliconCheck {
                 row: (*row).clone(),
-                model,
-                gpu,
+                model: p.model,
+                gpu: p.gpu,
                 ttft_ms: r.mean_ttft_ms,
                 tpot_ms: r.mean_tpot_ms,
             }))

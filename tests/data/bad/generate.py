@@ -88,7 +88,8 @@ m("model-key", "model.size", '"8b"', "size")
 case("model-missing", "model", text='name = "bad"\n[hardware]\ngpu = "h100-sxm"\n[workload]\nnum_requests = 2\narrival = { process = "poisson", rate = 1.0 }\n[[workload.class]]\nname = "c"\nprompt = { dist = "fixed", value = 4 }\noutput = { dist = "fixed", value = 4 }\n')
 for cfg, expect in [("mamba.json", "mamba"), ("bert.json", "BertForMaskedLM"), ("kv0.json", "num_key_value_heads"),
                     ("maxpos0.json", "max_position_embeddings"), ("heads-huge.json", "num_attention_heads"),
-                    ("not-json.json", "not JSON"), ("no-hidden.json", "hidden_size"), ("shared-experts.json", "shared_expert"),
+                    ("not-json.json", "not JSON"), ("no-hidden.json", "hidden_size"), ("layer-type-unknown.json", "layer_types[1]"),
+                    ("experts-per-token.json", "num_experts_per_tok"), ("mla-partial.json", "qk_nope_head_dim"),
                     ("head-indivisible.json", "head_dim"), ("layers0.json", "num_hidden_layers"),
                     ("vocab-string.json", "vocab_size"), ("missing.json", "missing.json")]:
     s = mutate("model.name", None)
@@ -106,6 +107,10 @@ m("tp-zero", "hardware.tp", "0", "hardware.tp")
 m("tp-indivisible", "hardware.tp", "3", "hardware.tp")
 m("pp-zero", "hardware.pp", "0", "hardware.pp")
 m("pp-too-many", "hardware.pp", "1000", "hardware.pp")
+m("ep-dense-model", "hardware.ep", "2", "hardware.ep")
+m("dp-zero", "hardware.dp", "0", "hardware.dp")
+s = mutate("hardware.tp", "8"); s["model"]["name"] = '"mixtral-8x7b"'; s["hardware"]["ep"] = "3"
+case("ep-not-dividing-experts", "8 routed experts", scenario=s)
 m("hardware-key", "hardware.gpus", "2", "gpus")
 for f, expect in [("gpu-memory-huge.toml", "memory_gib"), ("gpu-negative.toml", "bf16_tflops"),
                   ("gpu-unknown-key.toml", "cores"), ("gpu-allreduce.toml", "allreduce_eff"),
@@ -465,7 +470,9 @@ DATA_FILES = {
     "heads-huge.json": '{"hidden_size": 4096, "num_attention_heads": 67108864, "head_dim": 64, "num_hidden_layers": 32, "intermediate_size": 11008, "vocab_size": 32000}\n',
     "not-json.json": "hidden_size: 4096\n",
     "no-hidden.json": '{"num_attention_heads": 32, "num_hidden_layers": 32, "intermediate_size": 11008, "vocab_size": 32000}\n',
-    "shared-experts.json": LLAMA + ', "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632}\n',
+    "layer-type-unknown.json": '{"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 2, "intermediate_size": 11008, "vocab_size": 32000, "layer_types": ["full_attention", "mamba"]}\n',
+    "experts-per-token.json": LLAMA + ', "num_experts": 8, "num_experts_per_tok": 9, "moe_intermediate_size": 1408}\n',
+    "mla-partial.json": LLAMA + ', "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 1408, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "v_head_dim": 128}\n',
     "head-indivisible.json": '{"hidden_size": 4000, "num_attention_heads": 48, "num_hidden_layers": 32, "intermediate_size": 11008, "vocab_size": 32000}\n',
     "layers0.json": '{"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 0, "intermediate_size": 11008, "vocab_size": 32000}\n',
     "vocab-string.json": '{"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 32, "intermediate_size": 11008, "vocab_size": "32k"}\n',
