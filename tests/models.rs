@@ -261,3 +261,20 @@ fn bad_architectures_are_refused_by_name() {
     .unwrap();
     assert_eq!(ok.arch.shared_expert_intermediate, 512);
 }
+
+#[test]
+fn huge_architecture_values_are_errors_not_overflows() {
+    let base = r#""model_type": "deepseek_v3", "hidden_size": 1024, "num_attention_heads": 8,
+        "num_hidden_layers": 4, "intermediate_size": 2048, "vocab_size": 1000,
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 4096"#;
+    let e = spec(&format!("{{{base}, \"n_shared_experts\": 4000000000}}")).unwrap_err();
+    assert!(e.contains("n_shared_experts"), "{e}");
+    // Linear-attention widths at their bounds stay finite.
+    let q = spec(&format!(
+        r#"{{{base}, "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            "linear_num_key_heads": 65536, "linear_num_value_heads": 65536,
+            "linear_key_head_dim": 65536, "linear_value_head_dim": 65536}}"#
+    ))
+    .unwrap();
+    assert!(q.params().is_finite());
+}

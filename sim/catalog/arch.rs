@@ -159,12 +159,12 @@ pub struct LinearAttention {
 impl LinearAttention {
     /// Width of the q, k and v projections together (the convolution's channels).
     pub fn qkv_width(&self) -> f64 {
-        f64::from(2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim)
+        2.0 * f64::from(self.key_heads) * f64::from(self.key_head_dim) + self.value_width()
     }
 
     /// Width of the value heads (the gate `z` and the output's input).
     pub fn value_width(&self) -> f64 {
-        f64::from(self.value_heads * self.value_head_dim)
+        f64::from(self.value_heads) * f64::from(self.value_head_dim)
     }
 
     /// Parameters of one layer: the q/k/v/z projection, the `b` and `a` gates, the

@@ -714,7 +714,17 @@ fn read_arch(
         }
         arch.shared_expert_intermediate = match num("shared_expert_intermediate_size")? {
             Some(n) => n,
-            None => num("n_shared_experts")?.unwrap_or(0) * expert_width,
+            None => {
+                let n = num("n_shared_experts")?.unwrap_or(0);
+                n.checked_mul(expert_width)
+                    .filter(|&w| w <= 1 << 20)
+                    .ok_or_else(|| {
+                        format!(
+                            "{shown}: `n_shared_experts` ({n}) x `moe_intermediate_size` ({expert_width}) must be at most {}",
+                            1 << 20
+                        )
+                    })?
+            }
         };
     }
     arch.mtp_layers = match num("num_nextn_predict_layers")? {

@@ -201,7 +201,7 @@ impl Deployment {
         if let Some(s) = m.arch.sliding {
             let layers = self.stage_share(s.layers);
             let bs = block_size.max(1);
-            let window_tokens = f64::from((s.window.div_ceil(bs) + 1) * bs);
+            let window_tokens = (f64::from(s.window.div_ceil(bs)) + 1.0) * f64::from(bs);
             let per_token = f64::from(layers) * self.sliding_bytes_per_token_per_layer();
             groups.push(KvGroup {
                 kind: "sliding attention",
