@@ -269,6 +269,17 @@ fn huge_architecture_values_are_errors_not_overflows() {
         "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 4096"#;
     let e = spec(&format!("{{{base}, \"n_shared_experts\": 4000000000}}")).unwrap_err();
     assert!(e.contains("n_shared_experts"), "{e}");
+    let e = spec(&format!(
+        "{{{base}, \"num_nextn_predict_layers\": 4000000000}}"
+    ))
+    .unwrap_err();
+    assert!(e.contains("num_nextn_predict_layers"), "{e}");
+    let e = spec(&format!(
+        r#"{{{base}, "full_attention_interval": 8, "linear_num_key_heads": 4,
+            "linear_num_value_heads": 4, "linear_key_head_dim": 64, "linear_value_head_dim": 64}}"#
+    ))
+    .unwrap_err();
+    assert!(e.contains("at least one full-attention layer"), "{e}");
     // Linear-attention widths at their bounds stay finite.
     let q = spec(&format!(
         r#"{{{base}, "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],

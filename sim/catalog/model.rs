@@ -483,10 +483,9 @@ impl ModelSpec {
         self.linear_params_total() + heads * self.embedding_params() + norms
     }
 
-    /// The model's first `n` layers (a self-speculation draft): the layer kinds counted as
-    /// they fall in the first `n` (DeepSeek's dense layers come first; gpt-oss alternates
-    /// sliding and full layers, sliding first; Qwen3.5 has three linear layers to each full
-    /// one, full last).
+    /// The model's first `n` layers (a self-speculation draft): DeepSeek's dense layers come
+    /// first; sliding and linear layers are counted as evenly interleaved (rounded up), and
+    /// at least one full-attention layer is kept, so a one-layer draft is full attention.
     pub fn first_layers(&self, n: u32) -> ModelSpec {
         let n = n.clamp(1, self.layers);
         let mut m = self.clone();
@@ -648,6 +647,11 @@ fn read_arch(
             layers: sliding,
         });
     }
+    if linear >= layers {
+        return Err(format!(
+            "{shown}: every layer is linear attention; at least one full-attention layer is needed (`layer_types`, `full_attention_interval`)"
+        ));
+    }
     if linear > 0 {
         if arch.mla.is_some() || sliding > 0 {
             return Err(format!(
@@ -731,6 +735,12 @@ fn read_arch(
         Some(n) => n,
         None => num("mtp_num_hidden_layers")?.unwrap_or(0),
     };
+    if arch.mtp_layers > layers {
+        return Err(format!(
+            "{shown}: {} multi-token-prediction layers (`num_nextn_predict_layers` / `mtp_num_hidden_layers`) but only {layers} layers",
+            arch.mtp_layers
+        ));
+    }
     arch.attn_output_gate = v.get("attn_output_gate").and_then(|x| x.as_bool()) == Some(true);
     Ok(arch)
 }

@@ -170,21 +170,24 @@ fn layout(row: &AggregateRow, moe: bool) -> Result<(u32, u32, u32), String> {
     let Some(moe_tp) = row.moe_tp.filter(|&m| m > 0) else {
         return Ok((tp, adp, ep));
     };
+    let odd = || "attention and expert layouts over different GPU counts".to_string();
+    let square = ep.checked_mul(ep).ok_or_else(odd)?;
     if moe_tp == ep && ep > 1 {
-        if tp == ep * ep && adp == 1 {
+        if tp == square && adp == 1 {
             return Ok((ep, 1, ep));
         }
-        if adp == ep * ep && tp == 1 {
+        if adp == square && tp == 1 {
             return Ok((1, ep, ep));
         }
     }
-    let (gpus, experts) = (tp * adp, moe_tp * ep);
+    let gpus = tp.checked_mul(adp).ok_or_else(odd)?;
+    let experts = moe_tp.checked_mul(ep).ok_or_else(odd)?;
     if gpus == experts {
         Ok((tp, adp, ep))
     } else if adp == 1 && experts % tp == 0 {
         Ok((tp, experts / tp, ep))
     } else {
-        Err("attention and expert layouts over different GPU counts".into())
+        Err(odd())
     }
 }
 
