@@ -176,7 +176,7 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
         let Some(f) = fit_efficiency(&rows, args.folds, term, &prior)? else {
             continue;
         };
-        prior = term.then(f.value, &prior);
+        prior = term.cost(f.value, &prior);
         outln!(out, "{}", f.summary(args.folds));
         let file = dir.join(term.file());
         std::fs::write(&file, f.toml(&path.display().to_string(), args.folds))

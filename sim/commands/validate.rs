@@ -159,8 +159,8 @@ fn print_plan(out: &mut String, scenario: &Scenario) {
                         g.bytes_per_seq / 1e6
                     )
                 };
-                let detail = match (g.kind, &d.model.arch.mla) {
-                    (_, Some(mla)) if g.bytes_per_token > 0.0 => format!(
+                let detail = match &d.model.arch.mla {
+                    Some(mla) if g.bytes_per_token > 0.0 => format!(
                         " ({} layers x ({} latent + {} RoPE key) x {} B, whole on each GPU)",
                         g.layers,
                         mla.kv_lora_rank,

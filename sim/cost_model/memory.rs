@@ -195,23 +195,12 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
     let activations = forward.max(sampler);
     let kv_per_token = d.kv_bytes_per_token() + inp.draft_kv_bytes_per_token;
     let block_bytes = kv_per_token * f64::from(inp.block_size);
-    if block_bytes.is_nan() || block_bytes <= 0.0 {
-        // Unreachable for a model read by `ModelSpec` (a full-attention layer is required),
-        // kept so a zero-byte block can never divide the pool into u32::MAX blocks.
-        return Err(FitError::NoKvRoom {
-            state_gb: 0.0,
-            usable_gb: usable / gb,
-            weights_gb: weights / gb,
-            act_gb: 0.0,
-            overhead_gb: inp.runtime_overhead_bytes / gb,
-            left_gb: 0.0,
-            block_bytes,
-        });
-    }
     let seq_state = d.seq_state_bytes(inp.block_size);
     let state_reserve = seq_state * seqs;
     let left = usable - weights - activations - inp.runtime_overhead_bytes - state_reserve;
-    let computed_blocks = if left > 0.0 {
+    // A block of 0 bytes (no layer whose cache grows: `ModelSpec` refuses such a model)
+    // holds no blocks rather than u32::MAX of them.
+    let computed_blocks = if left > 0.0 && block_bytes > 0.0 {
         (left / block_bytes).floor()
     } else {
         0.0

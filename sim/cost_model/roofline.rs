@@ -290,6 +290,7 @@ impl CostModel {
         // Attention data parallelism: the attention's all-reduce stays within a rank's TP
         // group; the MoE layers dispatch tokens to their experts' GPUs and combine the
         // results (two all-to-alls), the dense layers all-reduce as usual.
+        let (attn_flops, attn_bytes) = self.attention_layers_work(&a, &a_slide);
         let allreduce_s = if self.d.parallel.dp > 1 {
             let ar = self.allreduce_s(tokens * hidden * act);
             let moe = f64::from(m.moe_layers());
@@ -306,13 +307,8 @@ impl CostModel {
             lm_head_s: head_s,
             overhead_s,
             kv_transfer_s: 0.0,
-            flops: lin.flops
-                + self.attention_layers_total(&a, &a_slide, |w| w.pf_flops + w.dc_flops)
-                + head_flops,
-            bytes: lin.bytes
-                + self.attention_layers_total(&a, &a_slide, |w| w.pf_bytes + w.dc_bytes)
-                + layers * ew_bytes
-                + head_bytes,
+            flops: lin.flops + attn_flops + head_flops,
+            bytes: lin.bytes + attn_bytes + layers * ew_bytes + head_bytes,
         }
     }
 
@@ -438,29 +434,27 @@ impl CostModel {
         s
     }
 
-    /// A quantity of every layer's attention (`of`: FLOPs or bytes of one layer's work),
-    /// summed over the layer kinds as [`CostModel::attention_layers_s`] sums seconds.
-    fn attention_layers_total(
+    /// (FLOPs, bytes) of every layer's attention, summed over the layer kinds as
+    /// [`CostModel::attention_layers_s`] sums seconds.
+    fn attention_layers_work(
         &self,
         a: &AttentionWork,
         slide: &Option<AttentionWork>,
-        of: impl Fn(&AttentionWork) -> f64,
-    ) -> f64 {
+    ) -> (f64, f64) {
         let m = &self.d.model;
-        let mut t = f64::from(m.full_attention_layers()) * of(a);
+        let full = f64::from(m.full_attention_layers());
+        let mut flops = full * (a.pf_flops + a.dc_flops);
+        let mut bytes = full * (a.pf_bytes + a.dc_bytes);
         if let (Some(h), Some(w)) = (m.arch.sliding, slide) {
-            t += f64::from(h.layers) * of(w);
+            flops += f64::from(h.layers) * (w.pf_flops + w.dc_flops);
+            bytes += f64::from(h.layers) * (w.pf_bytes + w.dc_bytes);
         }
         if let Some(l) = m.arch.linear {
-            let (flops, bytes) = self.linear_attention_work(a);
-            let mine = AttentionWork {
-                pf_flops: flops,
-                pf_bytes: bytes,
-                ..AttentionWork::default()
-            };
-            t += f64::from(l.layers) * of(&mine);
+            let (f, b) = self.linear_attention_work(a);
+            flops += f64::from(l.layers) * f;
+            bytes += f64::from(l.layers) * b;
         }
-        t
+        (flops, bytes)
     }
 
     /// (FLOPs, bytes) of one Gated DeltaNet layer on one GPU over the step's tokens: per
@@ -631,15 +625,13 @@ impl CostModel {
     /// expert some token picked is read: with uniform routing, `E (1 - (1 - k/E)^T)`
     /// distinct experts for `T` tokens, 2 for one decode token of Mixtral, all 8 beyond a
     /// few dozen tokens; experts split over TP), the shared experts and the router.
-    fn mlp(&self, w: &mut LinearWork, local: f64, width: u32, experts: bool) {
-        let tokens = local;
+    fn mlp(&self, w: &mut LinearWork, tokens: f64, width: u32, experts: bool) {
         let m = &self.d.model;
-        let tp = f64::from(self.d.tp);
         let hidden = f64::from(m.hidden);
         // Every attention data-parallel rank's tokens meet in the routed experts (the
         // ranks assumed equally loaded); each GPU holds `1 / ep` of the experts, each split
         // `moe_tp` ways.
-        let (tokens, inter, runs, reads) = if experts {
+        let (routed, inter, runs, reads) = if experts {
             let all = tokens * f64::from(self.d.parallel.dp.max(1));
             let ep = f64::from(self.d.parallel.ep.max(1));
             let e = f64::from(m.num_experts);
@@ -651,19 +643,16 @@ impl CostModel {
                 e * (1.0 - (1.0 - k / e).powf(all)) / ep,
             )
         } else {
-            (tokens, f64::from(width) / tp, 1.0, 1.0)
+            (tokens, f64::from(width) / f64::from(self.d.tp), 1.0, 1.0)
         };
         // Gate and up together when gated, the up projection alone otherwise.
         let up = (m.mlp_matrices() - 1.0) * inter;
-        self.add_gemm(w, tokens, hidden, up, runs, reads, experts);
-        self.add_gemm(w, tokens, inter, hidden, runs, reads, experts);
+        self.add_gemm(w, routed, hidden, up, runs, reads, experts);
+        self.add_gemm(w, routed, inter, hidden, runs, reads, experts);
         if experts {
-            let tokens = local;
-            let shared = f64::from(m.arch.shared_expert_intermediate) / tp;
-            if shared > 0.0 {
-                let up = (m.mlp_matrices() - 1.0) * shared;
-                self.add_gemm(w, tokens, hidden, up, 1.0, 1.0, false);
-                self.add_gemm(w, tokens, shared, hidden, 1.0, 1.0, false);
+            // The shared experts: a dense MLP of the rank's own tokens.
+            if m.arch.shared_expert_intermediate > 0 {
+                self.mlp(w, tokens, m.arch.shared_expert_intermediate, false);
             }
             // The router: a tiny (hidden x experts) GEMM, and a top-k.
             let (gemm_eff, weight_mem_eff) = self.gemm_effs(self.d.dense_dtype());

@@ -108,8 +108,9 @@ impl Term {
         }
     }
 
-    /// The rows' costs with the term at `eff`, the terms fitted before it at `prior`.
-    fn cost(self, eff: f64, prior: &EngineCost) -> EngineCost {
+    /// The rows' costs with the term at `eff`, the terms fitted before it at `prior`: what
+    /// the next term is fitted under once this one is.
+    pub fn cost(self, eff: f64, prior: &EngineCost) -> EngineCost {
         let mut c = *prior;
         match self {
             Term::Fp8 => c.fp8_compute_eff = Some(eff),
@@ -118,11 +119,6 @@ impl Term {
             Term::MoePrefill => c.moe_prefill_expert_us = Some(eff),
         }
         c
-    }
-
-    /// `prior` with this term at `eff`: what the next term is fitted under.
-    pub fn then(self, eff: f64, prior: &EngineCost) -> EngineCost {
-        self.cost(eff, prior)
     }
 }
 
