@@ -873,10 +873,35 @@ fn validate_prints_each_layer_groups_cache() {
     for needle in [
         "full attention                 36864 bytes / token (18 layers)",
         "sliding attention              5.31 MB / sequence",
-        "sequence state",
+        "1 sliding group(s) of 9 pages while decoding",
     ] {
         assert!(out.contains(needle), "`{needle}` missing:\n{out}");
     }
+    // The hybrid allocator's side tables are paged and recomputed, as in vLLM V1.
+    assert_bad(
+        &hybrid.replace(
+            "[workload]",
+            "[engine]\nkv_allocator = \"contiguous\"\nenable_prefix_caching = false\n[workload]",
+        ),
+        &["engine.kv_allocator", "gpt-oss-120b", "own block tables"],
+    );
+    assert_bad(
+        &hybrid.replace(
+            "[workload]",
+            "[engine]\npreemption_mode = \"swap\"\n[workload]",
+        ),
+        &["engine.preemption_mode", "\"recompute\""],
+    );
+    // Sliding layers counted as full attention: no side groups, a page of all 36 layers.
+    let (code, err, out) = validate(&hybrid.replace(
+        "[workload]",
+        "[engine]\ndisable_sliding_window = true\n[workload]",
+    ));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        !out.contains("hybrid pages") && out.contains("1179648 bytes per block"),
+        "{out}"
+    );
 }
 
 #[test]

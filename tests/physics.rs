@@ -29,6 +29,7 @@ fn inputs() -> MemoryInputs {
         num_gpu_blocks_override: None,
         draft_weight_bytes: 0.0,
         draft_kv_bytes_per_token: 0.0,
+        disable_hybrid: false,
     }
 }
 
@@ -920,4 +921,47 @@ fn attention_data_parallel_ranks_meet_in_the_experts() {
         one.flops
     );
     assert!(c.bytes < one.bytes / 4.0, "{} vs {}", c.bytes, one.bytes);
+}
+
+/// vLLM's hybrid allocator: one pool of pages, a block table per group of as many layers as
+/// the full-attention ones. gpt-oss (18 full, 18 sliding): a page is 16 tokens x 18 layers
+/// x 8 KV heads x 64 x 2 x 2 B; one sliding group holds the window and a step's tokens.
+/// Qwen3.5 on TP8 (15 full, 45 linear): three state groups of 15 layers, each state
+/// `15 x (64 x 128 x 128 x 4 B + 3 x 12,288 x 2 B) / 8` in whole pages.
+#[test]
+fn hybrid_models_page_their_pool_as_vllm_groups_layers() {
+    use engine::block_manager::SideGroup;
+    let bf16 = Dtype::Bf16;
+    let mut d = deployment("gpt-oss-120b", "h200", 1, Dtype::Mxfp4);
+    d.kv_dtype = bf16;
+    let oss = memory_plan(&d, &inputs()).expect("fits");
+    let page = 16.0 * 18.0 * 8.0 * 64.0 * 2.0 * 2.0;
+    assert_eq!(oss.block_bytes, page);
+    assert_eq!(oss.side_groups, vec![SideGroup::Sliding { window: 128 }]);
+    // (128 + 4096 tokens of a whole-prompt step) / 16 + 1.
+    assert_eq!(oss.side_pages_per_seq, 265);
+    assert_eq!(oss.pool_tokens, u64::from(oss.num_blocks - 265) * 16);
+    assert_eq!(oss.num_blocks, (oss.kv_budget_bytes / page).floor() as u32);
+    // Counted as full attention instead: a page holds all 36 layers.
+    let full = memory_plan(
+        &d,
+        &MemoryInputs {
+            disable_hybrid: true,
+            ..inputs()
+        },
+    )
+    .expect("fits");
+    assert_eq!((full.block_bytes, full.side_groups.len()), (2.0 * page, 0));
+
+    let q =
+        memory_plan(&deployment("qwen3.5-397b-a17b", "h200", 8, bf16), &inputs()).expect("fits");
+    let page = 16.0 * 15.0 * 1.0 * 256.0 * 2.0 * 2.0;
+    assert_eq!(q.block_bytes, page);
+    let state = 15.0 * (64.0 * 128.0 * 128.0 * 4.0 + 3.0 * 12_288.0 * 2.0) / 8.0;
+    let pages = (state / page).ceil() as u32;
+    assert_eq!(pages, 33);
+    assert_eq!(q.side_groups, vec![SideGroup::State { pages }; 3]);
+    assert_eq!(q.pool_tokens, u64::from(q.num_blocks - 99) * 16);
+    // A max-length sequence: 256 blocks and 99 state pages.
+    assert!((q.max_concurrency_at_max_len - f64::from(q.num_blocks) / 355.0).abs() < 1e-9);
 }

@@ -17,8 +17,8 @@ use std::rc::Rc;
 
 use analysis::{RunCollector, RunInfo};
 use engine::backend::{Backend, BackendError};
-use engine::block_manager::{BlockManager, NULL_BLOCK};
-use engine::eviction::Lru;
+use engine::block_manager::{BlockManager, SideGroup, NULL_BLOCK};
+use engine::eviction::EvictionKind;
 use engine::plan::{StepOutcome, StepPlan, WorkKind};
 use engine::record::{RequestRecord, StepRecord};
 use engine::request::{FinishReason, Nanos, Request, SeqId, SeqStatus};
@@ -95,6 +95,12 @@ struct Knobs {
     /// Speculative decoding with synthetic acceptance: `(k, per-position rates, dynamic
     /// k's zero batch)`.
     spec: Option<(u32, Vec<f64>, Option<u32>)>,
+    /// A hybrid model's layer groups beside the main table (sliding windows, linear
+    /// states), and the most pages they hold for one sequence (kept out of `pool_tokens`).
+    side: Vec<SideGroup>,
+    side_pages: u32,
+    /// The prefix cache's eviction policy.
+    eviction: EvictionKind,
 }
 
 impl Knobs {
@@ -121,6 +127,9 @@ impl Knobs {
             contiguous: false,
             watermark: 0,
             spec: None,
+            side: Vec::new(),
+            side_pages: 0,
+            eviction: EvictionKind::Lru,
         }
     }
 }
@@ -128,13 +137,16 @@ impl Knobs {
 /// The block manager the knobs ask for.
 fn block_manager(k: &Knobs) -> BlockManager {
     if k.contiguous {
-        return BlockManager::new(k.num_blocks, k.block_size).with_contiguous_allocation();
+        return BlockManager::new(k.num_blocks, k.block_size)
+            .with_contiguous_allocation()
+            .with_side_groups(k.side.clone());
     }
     let bm = if k.prefix {
-        BlockManager::with_prefix_caching(k.num_blocks, k.block_size, Box::<Lru>::default())
+        BlockManager::with_prefix_caching(k.num_blocks, k.block_size, k.eviction.policy())
     } else {
         BlockManager::new(k.num_blocks, k.block_size)
     };
+    let bm = bm.with_side_groups(k.side.clone());
     let bm = match k.window {
         Some(w) => bm.with_sliding_window(w),
         None => bm,
@@ -158,7 +170,7 @@ impl Knobs {
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.budget.max(floor),
             max_model_len: self.max_model_len,
-            pool_tokens: u64::from(self.num_blocks) * u64::from(self.block_size),
+            pool_tokens: u64::from(self.num_blocks - self.side_pages) * u64::from(self.block_size),
             eos_token: None,
             want_block_tables: self.want_tables,
             keep_tokens: self.want_tables,
@@ -274,6 +286,13 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                         Some((k, r, z))
                     }),
             ],
+            side_layout(),
+            prop_oneof![
+                Just(EvictionKind::Lru),
+                Just(EvictionKind::Fifo),
+                Just(EvictionKind::Lfu),
+                Just(EvictionKind::Slru),
+            ],
         ),
     )
         .prop_map(
@@ -288,19 +307,23 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                 prefix,
                 swap,
                 queue,
-                (window, contiguous, watermark, spec),
+                (window, contiguous, watermark, spec, side, eviction),
             )| {
                 let block_size = 1 << bs_exp;
+                // A hybrid layout's side tables hold at most a window and a step's tokens
+                // (a whole prompt for the schedulers that do not chunk, and the drafts'
+                // slots) or their states: the pool has room for them beside one
+                // max-length sequence.
+                let chunk = max_model_len + 5;
+                let side_pages = BlockManager::new(1, block_size)
+                    .with_side_groups(side.clone())
+                    .max_side_pages(chunk);
                 // Small: 1..=max_model_len (chunked only; others are raised to the floor);
                 // large: max_model_len..=3 x max_model_len.
-                let budget = if small_budget {
-                    1 + r % max_model_len
-                } else {
-                    max_model_len + r % (2 * max_model_len + 1)
-                };
+                let budget = budget_of(small_budget, r, max_model_len);
                 Knobs {
                     block_size,
-                    num_blocks: max_model_len.div_ceil(block_size) + extra_blocks,
+                    num_blocks: max_model_len.div_ceil(block_size) + extra_blocks + side_pages,
                     max_model_len,
                     max_num_seqs,
                     budget,
@@ -312,13 +335,41 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                         .filter(|_| !contiguous)
                         .map(|k| k * max_model_len.div_ceil(block_size)),
                     queue,
-                    window: window.filter(|_| !contiguous),
+                    // Sliding layers are a side group when the layout is hybrid.
+                    window: window.filter(|_| !contiguous && side.is_empty()),
                     contiguous,
                     watermark,
                     spec,
+                    // The contiguous allocator predates hybrid layouts (sim refuses both).
+                    side: if contiguous { Vec::new() } else { side },
+                    side_pages: if contiguous { 0 } else { side_pages },
+                    eviction,
                 }
             },
         )
+}
+
+/// Small: 1..=max_model_len (chunked only; others are raised to the floor); large:
+/// max_model_len..=3 x max_model_len.
+fn budget_of(small: bool, r: u32, max_model_len: u32) -> u32 {
+    if small {
+        1 + r % max_model_len
+    } else {
+        max_model_len + r % (2 * max_model_len + 1)
+    }
+}
+
+/// Hybrid layouts: none (most cases), a sliding group, a linear-state group, or both
+/// (gpt-oss, Qwen3.5, and a model with both kinds beside its full-attention layers).
+fn side_layout() -> impl Strategy<Value = Vec<SideGroup>> {
+    let sliding = (1u32..=48).prop_map(|window| SideGroup::Sliding { window });
+    let state = (1u32..=2).prop_map(|pages| SideGroup::State { pages });
+    prop_oneof![
+        3 => Just(Vec::new()),
+        1 => sliding.clone().prop_map(|g| vec![g]),
+        1 => state.clone().prop_map(|g| vec![g]),
+        1 => (sliding, state).prop_map(|(a, b)| vec![a, b]),
+    ]
 }
 
 /// Knobs and a workload that fits them.
@@ -887,7 +938,10 @@ impl<'a> Harness<'a> {
                 self.sched
                     .running()
                     .iter()
-                    .filter(|&&r| self.bm.table(r).contains(&b))
+                    .filter(|&&r| {
+                        self.bm.table(r).contains(&b)
+                            || self.bm.side_tables(r).iter().any(|t| t.contains(&b))
+                    })
                     .count()
             };
             prop_assert_eq!(holders(dst), 1, "copy target {} not private", dst);
@@ -1299,7 +1353,8 @@ proptest! {
         extra in 0u32..=2,
     ) {
         let knobs = Knobs {
-            num_blocks: knobs.max_model_len.div_ceil(knobs.block_size) * (1 + extra),
+            num_blocks: knobs.max_model_len.div_ceil(knobs.block_size) * (1 + extra)
+                + knobs.side_pages,
             ..knobs
         };
         // Static batching reserves per table: children forked by n > 1 may still preempt.

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use engine::block_manager::SideGroup;
 use sim::scenario::Scenario;
 
 use super::gb;
@@ -171,12 +172,35 @@ fn print_plan(out: &mut String, scenario: &Scenario) {
                 };
                 outln!(out, "    {:<31}{size}{detail}", g.kind);
             }
-            if m.state_reserve_bytes > 0.0 {
+            if !m.side_groups.is_empty() {
+                // vLLM's hybrid allocator: one pool of pages, a block table per group.
+                let pages = |sliding: bool| -> Vec<u32> {
+                    m.side_groups
+                        .iter()
+                        .filter(|g| matches!(g, SideGroup::Sliding { .. }) == sliding)
+                        .map(|g| g.decode_pages(m.block_size))
+                        .collect()
+                };
+                let mut groups = Vec::new();
+                for (sliding, what) in [
+                    (true, "sliding group(s) of {} pages while decoding"),
+                    (false, "linear-state group(s) of {} page(s)"),
+                ] {
+                    let p = pages(sliding);
+                    if let Some(first) = p.first() {
+                        groups.push(format!(
+                            "{} {}",
+                            p.len(),
+                            what.replace("{}", &first.to_string())
+                        ));
+                    }
+                }
                 outln!(
                     out,
-                    "  sequence state   {} set aside: {:.2} MB per sequence x max_num_seqs",
-                    gb(m.state_reserve_bytes),
-                    m.seq_state_bytes / 1e6
+                    "  hybrid pages     blocks are {}-byte pages shared by the layer groups: a sequence holds its full-attention blocks and {}; at most {} pages beside its own blocks",
+                    m.block_bytes,
+                    groups.join(" and "),
+                    m.side_pages_per_seq
                 );
             }
         }

@@ -2,6 +2,7 @@
 //! parallelism, KV heads and bytes per token on each GPU. The memory plan and the roofline
 //! both start from it.
 
+use engine::block_manager::SideGroup;
 use serde::Serialize;
 
 use crate::catalog::{Dtype, Gpu, ModelSpec};
@@ -185,6 +186,57 @@ impl Deployment {
             .sum()
     }
 
+    /// The pool's pages with blocks of `block_size` tokens, a draft's KV of
+    /// `draft_kv_bytes_per_token` beside the target's, and sliding layers kept apart
+    /// (`hybrid`; false: they hold every token, as vLLM's
+    /// `--disable-hybrid-kv-cache-manager` does).
+    ///
+    /// vLLM groups layers so that every group has as many layers as the smallest kind and
+    /// pages one size. Here the full-attention layers are one group (the smallest kind in
+    /// every hybrid model of the catalog: gpt-oss 18 of 36, Qwen3.5 15 of 60); the
+    /// sliding and linear layers make `ceil(their count / that)` groups of as many layers,
+    /// the last padded. A linear group's state takes whole pages (vLLM instead grows the
+    /// attention block until a page holds a state: the same bytes up to the rounding).
+    pub fn page_layout(
+        &self,
+        block_size: u32,
+        draft_kv_bytes_per_token: f64,
+        hybrid: bool,
+    ) -> PageLayout {
+        let m = &self.model;
+        let bs = f64::from(block_size.max(1));
+        let full = self.stage_share(m.full_attention_layers()).max(1);
+        let per_layer = self.kv_bytes_per_token() / f64::from(full);
+        let mut side = Vec::new();
+        let mut page_bytes = (self.kv_bytes_per_token() + draft_kv_bytes_per_token) * bs;
+        if let Some(s) = m.arch.sliding {
+            let layers = self.stage_share(s.layers);
+            let sliding = self.sliding_bytes_per_token_per_layer();
+            if hybrid {
+                page_bytes =
+                    (f64::from(full) * per_layer.max(sliding) + draft_kv_bytes_per_token) * bs;
+                side.extend(
+                    (0..layers.div_ceil(full)).map(|_| SideGroup::Sliding { window: s.window }),
+                );
+            } else {
+                page_bytes += f64::from(layers) * sliding * bs;
+            }
+        }
+        if let Some(l) = m.arch.linear {
+            let layers = self.stage_share(l.layers);
+            let state = f64::from(full) * l.state_bytes_per_seq(self.tp);
+            let pages = if page_bytes > 0.0 {
+                (state / page_bytes).ceil().min(f64::from(u32::MAX)) as u32
+            } else {
+                0
+            };
+            side.extend((0..layers.div_ceil(full)).map(|_| SideGroup::State {
+                pages: pages.max(1),
+            }));
+        }
+        PageLayout { page_bytes, side }
+    }
+
     /// The cache of each kind of layer on one GPU (what `sim validate` prints).
     pub fn kv_groups(&self, block_size: u32) -> Vec<KvGroup> {
         let m = &self.model;
@@ -221,6 +273,17 @@ impl Deployment {
         }
         groups
     }
+}
+
+/// How the KV pool of one GPU is paged (vLLM's hybrid KV cache manager): every pool block
+/// is a page of `page_bytes`; the full-attention layers' table grows with the sequence, and
+/// the [`SideGroup`]s beside it are groups of as many sliding or linear-attention layers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PageLayout {
+    /// Bytes of one pool block on one GPU.
+    pub page_bytes: f64,
+    /// The groups beside the full-attention table (empty for a uniform model).
+    pub side: Vec<SideGroup>,
 }
 
 /// One kind of layer's cache on one GPU.

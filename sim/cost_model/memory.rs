@@ -2,6 +2,7 @@
 //! activation peak and runtime overhead, divided into KV blocks, as vLLM's profile run sizes
 //! its pool; a deployment that does not fit is a [`FitError`] with the numbers.
 
+use engine::block_manager::SideGroup;
 use serde::Serialize;
 
 use super::Deployment;
@@ -21,13 +22,18 @@ pub struct MemoryPlan {
     /// CUDA context, cuBLAS/NCCL workspaces, CUDA graphs.
     pub runtime_overhead_bytes: f64,
     /// Bytes one sequence holds whatever its length: a hybrid model's sliding-window blocks
-    /// and linear-attention state (0 for a uniform model; not in `plan.json` then).
+    /// and linear-attention state (0 for a uniform model; not in `plan.json` then). They
+    /// come out of the same pool, page by page, as vLLM's hybrid allocator takes them.
     #[serde(skip_serializing_if = "is_zero")]
     pub seq_state_bytes: f64,
-    /// That state for `max_num_seqs` sequences, set aside before the KV pool (as SGLang
-    /// sizes its separate state pools for the most requests it runs).
-    #[serde(skip_serializing_if = "is_zero")]
-    pub state_reserve_bytes: f64,
+    /// A hybrid model's groups of sliding or linear-attention layers beside the
+    /// full-attention table (what the block manager keeps side tables for).
+    #[serde(skip)]
+    pub side_groups: Vec<SideGroup>,
+    /// The most pages one sequence's side groups hold (its window and a step's tokens, its
+    /// states): `pool_tokens` leaves them out (0 for a uniform model; not in `plan.json`).
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub side_pages_per_seq: u32,
     /// What is left for the KV cache.
     pub kv_budget_bytes: f64,
     /// KV bytes per token on this GPU.
@@ -52,6 +58,10 @@ pub struct MemoryPlan {
 
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
+}
+
+fn is_zero_u32(x: &u32) -> bool {
+    *x == 0
 }
 
 /// Why a deployment does not fit.
@@ -89,11 +99,22 @@ pub enum FitError {
         /// Memory left for the KV cache, GB.
         left_gb: f64,
     },
+    /// A hybrid model's pool cannot hold one sequence's sliding windows and states beside
+    /// a block of its own.
+    #[error("the KV pool of {blocks} blocks ({block_bytes} bytes each) cannot hold one sequence: its sliding windows and linear-attention states take {side_pages} blocks ({side_gb:.2} GB) beside its own; give the KV cache more memory or lower engine.max_num_batched_tokens")]
+    NoSeqRoom {
+        /// Blocks in the pool.
+        blocks: u32,
+        /// Bytes per block.
+        block_bytes: f64,
+        /// Blocks one sequence's side groups hold.
+        side_pages: u32,
+        /// Those in GB.
+        side_gb: f64,
+    },
     /// No room for a single KV block after weights, activations and overhead.
-    #[error("no memory left for the KV cache: {usable_gb:.2} GB usable - {weights_gb:.2} GB weights - {act_gb:.2} GB activations - {overhead_gb:.2} GB runtime overhead{} = {left_gb:.2} GB, less than one block ({block_bytes} bytes)", state_part(*state_gb))]
+    #[error("no memory left for the KV cache: {usable_gb:.2} GB usable - {weights_gb:.2} GB weights - {act_gb:.2} GB activations - {overhead_gb:.2} GB runtime overhead = {left_gb:.2} GB, less than one block ({block_bytes} bytes)")]
     NoKvRoom {
-        /// Per-sequence state set aside for `max_num_seqs` sequences, GB.
-        state_gb: f64,
         /// Usable memory, GB.
         usable_gb: f64,
         /// Weights, GB.
@@ -107,15 +128,6 @@ pub enum FitError {
         /// Block size in bytes.
         block_bytes: f64,
     },
-}
-
-/// The per-sequence state's term of [`FitError::NoKvRoom`] (none for a uniform model).
-fn state_part(state_gb: f64) -> String {
-    if state_gb > 0.0 {
-        format!(" - {state_gb:.2} GB per-sequence state (max_num_seqs sequences)")
-    } else {
-        String::new()
-    }
 }
 
 /// Rows of the top-k/top-p sampling kernel's buffer (one per SM; 128 on an RTX 4090, 132 on
@@ -144,6 +156,9 @@ pub struct MemoryInputs {
     /// And its KV per token (each block holds the draft's KV of the same tokens, as vLLM
     /// allocates it).
     pub draft_kv_bytes_per_token: f64,
+    /// Sliding layers hold every token like full attention (vLLM's
+    /// `--disable-hybrid-kv-cache-manager`; `engine.disable_sliding_window`).
+    pub disable_hybrid: bool,
 }
 
 /// Plans one GPU's memory: `blocks = floor((mem x util - weights - activations - overhead)
@@ -194,10 +209,18 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
         + seqs * f64::from(m.hidden) * 2.0;
     let activations = forward.max(sampler);
     let kv_per_token = d.kv_bytes_per_token() + inp.draft_kv_bytes_per_token;
-    let block_bytes = kv_per_token * f64::from(inp.block_size);
+    let layout = d.page_layout(
+        inp.block_size,
+        inp.draft_kv_bytes_per_token,
+        !inp.disable_hybrid,
+    );
+    let block_bytes = if layout.side.is_empty() && d.model.arch.sliding.is_none() {
+        kv_per_token * f64::from(inp.block_size)
+    } else {
+        layout.page_bytes
+    };
     let seq_state = d.seq_state_bytes(inp.block_size);
-    let state_reserve = seq_state * seqs;
-    let left = usable - weights - activations - inp.runtime_overhead_bytes - state_reserve;
+    let left = usable - weights - activations - inp.runtime_overhead_bytes;
     // A block of 0 bytes (no layer whose cache grows: `ModelSpec` refuses such a model)
     // holds no blocks rather than u32::MAX of them.
     let computed_blocks = if left > 0.0 && block_bytes > 0.0 {
@@ -218,7 +241,6 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
         None => {
             if computed_blocks < 1.0 {
                 return Err(FitError::NoKvRoom {
-                    state_gb: state_reserve / gb,
                     usable_gb: usable / gb,
                     weights_gb: weights / gb,
                     act_gb: activations / gb,
@@ -230,7 +252,34 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
             computed_blocks.min(f64::from(u32::MAX)) as u32
         }
     };
-    let pool_tokens = u64::from(num_blocks) * u64::from(inp.block_size);
+    // A step writes at most the token budget, or a whole prompt.
+    let chunk = inp.max_num_batched_tokens.min(inp.max_model_len);
+    let side_pages = layout
+        .side
+        .iter()
+        .map(|g| g.max_pages(inp.block_size, chunk))
+        .fold(0u32, u32::saturating_add);
+    if side_pages > 0 && num_blocks <= side_pages {
+        return Err(FitError::NoSeqRoom {
+            blocks: num_blocks,
+            block_bytes,
+            side_pages,
+            side_gb: f64::from(side_pages) * block_bytes / gb,
+        });
+    }
+    let pool_tokens = u64::from(num_blocks - side_pages) * u64::from(inp.block_size);
+    let max_concurrency_at_max_len = if layout.side.is_empty() {
+        pool_tokens as f64 / f64::from(inp.max_model_len)
+    } else {
+        // A decoding sequence of max length: its blocks, its windows and its states.
+        let per_seq = inp.max_model_len.div_ceil(inp.block_size)
+            + layout
+                .side
+                .iter()
+                .map(|g| g.decode_pages(inp.block_size))
+                .fold(0u32, u32::saturating_add);
+        f64::from(num_blocks) / f64::from(per_seq.max(1))
+    };
     Ok(MemoryPlan {
         gpu_mem_bytes: d.gpu.mem_bytes,
         gpu_memory_utilization: inp.gpu_memory_utilization,
@@ -238,7 +287,8 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
         activation_bytes: activations,
         runtime_overhead_bytes: inp.runtime_overhead_bytes,
         seq_state_bytes: seq_state,
-        state_reserve_bytes: state_reserve,
+        side_groups: layout.side,
+        side_pages_per_seq: side_pages,
         kv_budget_bytes: left.max(0.0),
         kv_bytes_per_token: kv_per_token,
         block_size: inp.block_size,
@@ -246,7 +296,7 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
         num_blocks,
         pool_tokens,
         max_model_len: inp.max_model_len,
-        max_concurrency_at_max_len: pool_tokens as f64 / f64::from(inp.max_model_len),
+        max_concurrency_at_max_len,
         swap_bytes: 0.0,
         num_cpu_blocks: 0,
     })

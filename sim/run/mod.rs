@@ -304,6 +304,8 @@ fn block_manager(
     if let Some(w) = variant.scheduler.sliding_window {
         block_manager = block_manager.with_sliding_window(w);
     }
+    // A hybrid model's sliding and linear-attention layers keep side tables.
+    block_manager = block_manager.with_side_groups(variant.memory.side_groups.clone());
     if e.preemption_mode == PreemptionMode::Swap {
         // The CPU runtime caps its host pool like its KV cache: the block manager must
         // plan with the pool the runtime has.
@@ -330,6 +332,17 @@ fn warnings(
         warnings.push(format!(
             "{}: attention data parallelism: one of the {dp} ranks was simulated (every {dp}th request, 1/{dp} of a closed loop's clients); request counts and latencies are that rank's, throughputs the deployment's ({dp} x the rank's)",
             variant.name
+        ));
+    }
+    let has_state = variant
+        .memory
+        .side_groups
+        .iter()
+        .any(|g| matches!(g, engine::block_manager::SideGroup::State { .. }));
+    if has_state && variant.config.engine.enable_prefix_caching {
+        warnings.push(format!(
+            "{}: {} keeps a linear-attention state per sequence, not per block: prefix caching finds no hits (as vLLM without its Mamba `align` cache mode)",
+            variant.name, variant.deployment.model.name
         ));
     }
     if stats.blocks_in_use_at_end > 0 {

@@ -196,10 +196,26 @@ pub(super) fn resolve(
             max_model_len,
             runtime_overhead_bytes: e.runtime_overhead_gib * 1024.0 * 1024.0 * 1024.0,
             num_gpu_blocks_override: e.num_gpu_blocks_override,
+            disable_hybrid: e.disable_sliding_window,
         },
     )
     .map_err(|f| f.to_string())?;
     let mut memory = memory;
+    if !memory.side_groups.is_empty() {
+        // vLLM's hybrid allocator is paged and V1 recomputes preempted requests.
+        if e.kv_allocator == KvAllocator::Contiguous {
+            return Err(format!(
+                "engine.kv_allocator: {} keeps sliding-window or linear-attention layers in their own block tables, which the contiguous allocator has not; use \"paged\"",
+                model.name
+            ));
+        }
+        if e.preemption_mode == PreemptionMode::Swap {
+            return Err(format!(
+                "engine.preemption_mode: {} keeps sliding-window or linear-attention layers in their own block tables, which are not swapped (vLLM V1 recomputes); use \"recompute\"",
+                model.name
+            ));
+        }
+    }
     if u64::from(memory.num_blocks) > MAX_POOL_BLOCKS {
         return Err(format!(
             "the KV pool would hold {} blocks ({} tokens of {} bytes each): more than the {MAX_POOL_BLOCKS} blocks the simulator tracks ({:.0} GB of device memory for {:.1} MB of KV per token); check the GPU's memory, or set engine.num_gpu_blocks_override",

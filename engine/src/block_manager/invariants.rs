@@ -23,7 +23,11 @@ impl BlockManager {
             ));
         }
         let mut holders = vec![0u32; self.ref_counts.len()];
-        for table in self.tables.values() {
+        for table in self
+            .tables
+            .values()
+            .chain(self.side_tables.values().flatten())
+        {
             for &b in table.iter().filter(|&&b| b != NULL_BLOCK) {
                 holders[b as usize] += 1;
             }
@@ -106,6 +110,7 @@ impl BlockManager {
                 ));
             }
         }
+        self.check_side()?;
         let hashed = self.hashes.iter().filter(|h| h.is_some()).count();
         if hashed != self.cached.len() {
             return Err(format!(

@@ -15,10 +15,12 @@
 //! This file holds the types and the pool's state; the operations are grouped by concern:
 //! `reserve.rs` (the step's reservation and admission), `release.rs` (freeing, forks,
 //! rollbacks, the sliding window), `prefix.rs` (the prefix cache), `swap.rs` (preemption
-//! and the CPU swap pool), `contiguous.rs` (the pre-PagedAttention baseline allocator) and
-//! `invariants.rs` (the checks the property tests run).
+//! and the CPU swap pool), `contiguous.rs` (the pre-PagedAttention baseline allocator),
+//! `hybrid.rs` (the side tables of a hybrid model's sliding and linear-attention layers)
+//! and `invariants.rs` (the checks the property tests run).
 
 mod contiguous;
+mod hybrid;
 mod invariants;
 mod prefix;
 mod release;
@@ -29,6 +31,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
+
+pub use hybrid::SideGroup;
 
 use crate::eviction::EvictionPolicy;
 use crate::request::SeqId;
@@ -226,6 +230,10 @@ pub struct BlockManager {
     /// Per sequence verifying drafts this step, the index of its first block grown only
     /// for lookahead slots.
     lookahead: FxHashMap<SeqId, u32>,
+    /// Groups of layers beside the main table (a hybrid model's sliding and linear layers).
+    side: Vec<SideGroup>,
+    /// Per sequence holding blocks, one table per side group.
+    side_tables: FxHashMap<SeqId, Vec<Vec<u32>>>,
 }
 
 impl BlockManager {
@@ -251,6 +259,8 @@ impl BlockManager {
             extents: None,
             extent_free: 0,
             lookahead: FxHashMap::default(),
+            side: Vec::new(),
+            side_tables: FxHashMap::default(),
         }
     }
 

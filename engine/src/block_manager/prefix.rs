@@ -50,13 +50,32 @@ impl BlockManager {
         (n, free)
     }
 
+    /// Leading cached blocks a sequence with `hashes` can use (the main table's hits, cut
+    /// back to what the side groups hold cached), and how many of those are free.
+    pub(super) fn prefix_hits(&self, hashes: &[u64]) -> (u32, u32) {
+        let (hits, free) = self.lookup(hashes);
+        if self.side.is_empty() {
+            return (hits, free);
+        }
+        let hits = self.side_hit_limit(hashes, hits);
+        let free = hashes[..hits as usize]
+            .iter()
+            .filter(|h| self.ref_counts[self.cached[*h] as usize] == 0)
+            .count() as u32;
+        (hits, free)
+    }
+
     /// Registers newly full blocks of sequences in the prefix cache (a hash already cached
     /// by another block leaves this one uncached: the first copy wins).
     pub fn cache_blocks(&mut self, blocks: &[CacheBlocks]) {
-        let Some(policy) = self.policy.as_mut() else {
+        if self.policy.is_none() {
             return;
-        };
+        }
         for c in blocks {
+            self.cache_side_blocks(c);
+            let Some(policy) = self.policy.as_mut() else {
+                return;
+            };
             let Some(table) = self.tables.get(&c.seq) else {
                 continue;
             };
@@ -85,32 +104,46 @@ impl BlockManager {
         hashes: &[u64],
         slots: impl Fn(u32) -> u32,
     ) -> Option<u32> {
-        let (hits, hits_free) = self.lookup(hashes);
-        let want = self.blocks_for(slots(hits * self.block_size)).max(hits);
-        if want - hits > self.num_free() - hits_free {
+        let (hits, hits_free) = self.prefix_hits(hashes);
+        let hit = hits * self.block_size;
+        let slots = slots(hit);
+        let want = self.blocks_for(slots).max(hits);
+        let (side_hits, side_free) = self.side_hit_pages(hashes, hits);
+        let side_reused = side_hits.iter().map(Vec::len).sum::<usize>() as u32;
+        let side = self.side_need(seq, slots, hit).saturating_sub(side_reused);
+        if want - hits + side > self.num_free().saturating_sub(hits_free + side_free) {
             return None;
         }
         let mut table = Vec::with_capacity(want as usize);
         for h in &hashes[..hits as usize] {
             let b = self.cached[h];
-            let rc = &mut self.ref_counts[b as usize];
-            if *rc == 0 {
-                if let Some(p) = self.policy.as_mut() {
-                    p.on_unevictable(b);
-                }
-                self.used += 1;
-            }
-            *rc += 1;
-            if let Some(p) = self.policy.as_mut() {
-                p.on_hit(b, self.tick);
-            }
+            self.take_cached(b);
             table.push(b);
         }
+        // The side groups' hits are taken back before any fresh block can evict them.
+        self.take_side_hits(seq, side_hits);
         for _ in hits..want {
             table.push(self.take_block()?);
         }
         self.tables.insert(seq, table);
-        Some(hits * self.block_size)
+        self.grow_side(seq, slots, hit, &mut Vec::new());
+        Some(hit)
+    }
+
+    /// Takes a reference to cached block `b` for a prefix hit (out of the evictable set if
+    /// nobody held it).
+    pub(super) fn take_cached(&mut self, b: u32) {
+        let rc = &mut self.ref_counts[b as usize];
+        if *rc == 0 {
+            if let Some(p) = self.policy.as_mut() {
+                p.on_unevictable(b);
+            }
+            self.used += 1;
+        }
+        *rc += 1;
+        if let Some(p) = self.policy.as_mut() {
+            p.on_hit(b, self.tick);
+        }
     }
 
     /// The hashes a waiting entry looks up in the prefix cache (`None`: no lookup). A full

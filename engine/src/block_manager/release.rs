@@ -60,6 +60,7 @@ impl BlockManager {
                 self.unref(b);
             }
         }
+        self.fork_side(parent, child);
     }
 
     /// Forks several children (the per-step commit message).
@@ -79,6 +80,7 @@ impl BlockManager {
                     .extend(src.iter().rev().filter(|&&c| c != NULL_BLOCK));
             }
         }
+        self.free_side(seq);
         if let Some(table) = self.tables.remove(&seq) {
             for &b in table.iter().rev() {
                 if b != NULL_BLOCK {
@@ -144,6 +146,7 @@ impl BlockManager {
                 self.unref(b);
             }
         }
+        self.rollback_side(seq, keep);
     }
 
     /// Frees several sequences (the per-step commit message).

@@ -16,6 +16,8 @@ impl BlockManager {
         copies: &mut Vec<(u32, u32)>,
     ) -> bool {
         self.drop_outside_window(seq, write_from);
+        self.drop_side_outside_window(seq, write_from);
+        let side_need = self.side_need(seq, slots, write_from) as usize;
         let want = self.blocks_for(slots) as usize;
         let first = (write_from / self.block_size) as usize;
         let (have, shared) = match self.tables.get(&seq) {
@@ -29,10 +31,11 @@ impl BlockManager {
             None => (0, Vec::new()),
         };
         if want <= have && shared.is_empty() {
+            self.grow_side(seq, slots, write_from, copies);
             return true;
         }
         let need = want.saturating_sub(have) + shared.len();
-        if need > self.num_free() as usize {
+        if need + side_need > self.num_free() as usize {
             return false;
         }
         let mut fresh = Vec::with_capacity(need);
@@ -43,7 +46,11 @@ impl BlockManager {
             let Some(run) = self.take_run((want - have) as u32, after) else {
                 // No room right after it: move the whole sequence to a run that fits
                 // (copying every block, as a realloc does), if there is one.
-                return have > 0 && self.relocate(seq, want, copies);
+                let moved = have > 0 && self.relocate(seq, want, copies);
+                if moved {
+                    self.grow_side(seq, slots, write_from, copies);
+                }
+                return moved;
             };
             // The run first, so that a copy does not take the block the run needs.
             for _ in 0..shared.len() {
@@ -72,6 +79,7 @@ impl BlockManager {
             self.copy_sources.push(src);
         }
         table.extend(fresh);
+        self.grow_side(seq, slots, write_from, copies);
         true
     }
 
@@ -133,16 +141,20 @@ impl BlockManager {
             return self.blocks_for(e.slots).max(src.len() as u32) - nulls;
         }
         if let Some(hashes) = self.usable_hashes(e) {
-            let (hits, hits_free) = self.lookup(hashes);
+            let (hits, hits_free) = self.prefix_hits(hashes);
             let (tokens, total) = (e.tokens, e.total);
             let hit = hits * self.block_size;
-            let want = self
-                .blocks_for(e.slots.max(hit + tokens.min(total - hit)))
-                .max(hits);
-            return want - hits + hits_free;
+            let slots = e.slots.max(hit + tokens.min(total - hit));
+            let want = self.blocks_for(slots).max(hits);
+            let (side_hits, side_free) = self.side_hit_pages(hashes, hits);
+            let side_reused = side_hits.iter().map(Vec::len).sum::<usize>() as u32;
+            let side = self
+                .side_need(e.seq, slots, hit)
+                .saturating_sub(side_reused);
+            return want - hits + hits_free + side + side_free;
         }
         let have = self.tables.get(&e.seq).map_or(0, |t| t.len() as u32);
-        self.blocks_for(e.slots).saturating_sub(have)
+        self.blocks_for(e.slots).saturating_sub(have) + self.side_need(e.seq, e.slots, e.write_from)
     }
 
     /// Whether preempting every not-yet-preempted candidate in `victims` would free enough
@@ -165,7 +177,8 @@ impl BlockManager {
                 .table(*v)
                 .iter()
                 .filter(|&&b| b != NULL_BLOCK && self.ref_counts[b as usize] == 1)
-                .count() as u32;
+                .count() as u32
+                + self.side_private(*v);
         }
         room >= need
     }
@@ -315,7 +328,7 @@ impl BlockManager {
             resp.probe_hits = req
                 .probe
                 .iter()
-                .map(|(seq, hashes)| (*seq, self.lookup(hashes).0 * self.block_size))
+                .map(|(seq, hashes)| (*seq, self.prefix_hits(hashes).0 * self.block_size))
                 .collect();
         }
         resp

@@ -15,8 +15,9 @@ impl BlockManager {
         let mut pending: FxHashMap<u32, u32> = FxHashMap::default();
         if !resp.block_copies.is_empty() {
             let table = self.table(seq);
+            let side = self.side_tables(seq);
             resp.block_copies.retain(|&(src, dst)| {
-                let mine = table.contains(&dst);
+                let mine = table.contains(&dst) || side.iter().any(|t| t.contains(&dst));
                 if mine {
                     pending.insert(dst, src);
                 }
@@ -25,8 +26,10 @@ impl BlockManager {
         }
         let mut dst = Vec::new();
         let live = self.table(seq).iter().filter(|&&b| b != NULL_BLOCK).count();
+        // A hybrid layout's sequences recompute (vLLM V1 does not swap).
+        let swappable = self.side.is_empty();
         if let (Some(cpu), Some(table)) = (&mut self.cpu, self.tables.get(&seq)) {
-            if live > 0 && live <= cpu.free.len() {
+            if swappable && live > 0 && live <= cpu.free.len() {
                 dst.reserve(n);
                 for &g in table {
                     if g == NULL_BLOCK {
