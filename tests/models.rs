@@ -289,3 +289,71 @@ fn huge_architecture_values_are_errors_not_overflows() {
     .unwrap();
     assert!(q.params().is_finite());
 }
+
+/// Kimi-K2 (DeepSeek-V3's architecture with 384 experts and 64 heads): 1.04 T parameters
+/// and 32.6 B active per the model card (stated as "1 T" and "32 B"), the same 576-value
+/// latent cache per token and layer as DeepSeek's.
+#[test]
+fn kimi_k2_matches_its_model_card() {
+    let m = sim::catalog::find_model("kimi-k2").expect("catalog");
+    let (p, a) = (m.params() / 1e9, m.active_params() / 1e9);
+    assert!((p - 1040.0).abs() < 0.02 * 1040.0, "{p} B");
+    assert!((a - 32.6).abs() < 0.02 * 32.6, "{a} B active");
+    let mla = m.arch.mla.expect("latent attention");
+    assert_eq!(mla.cache_width(), 576);
+    assert_eq!(
+        (m.arch.dense_layers, m.moe_layers(), m.arch.mtp_layers),
+        (1, 60, 0)
+    );
+}
+
+/// Gemma 3's local/global layers (27B: 62 layers, every 6th global, the others attending
+/// over 1,024 tokens), from `sliding_window_pattern` or `layer_types` alike: 10 global
+/// layers grow with the context; the pool pages them as vLLM groups them, a full group of
+/// 10 layers and ceil(52 / 10) = 6 sliding groups beside it.
+#[test]
+fn gemma3_local_and_global_layers() {
+    let base = r#""model_type": "gemma3_text", "num_hidden_layers": 62, "hidden_size": 5376,
+        "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128,
+        "intermediate_size": 21504, "vocab_size": 262208, "sliding_window": 1024"#;
+    let pattern = spec(&format!("{{{base}, \"sliding_window_pattern\": 6}}")).expect("pattern");
+    let types: Vec<&str> = (0..62)
+        .map(|i| {
+            if (i + 1) % 6 == 0 {
+                "\"full_attention\""
+            } else {
+                "\"sliding_attention\""
+            }
+        })
+        .collect();
+    let listed = spec(&format!(
+        "{{{base}, \"layer_types\": [{}]}}",
+        types.join(",")
+    ))
+    .expect("listed");
+    assert_eq!(pattern.arch, listed.arch);
+    let s = pattern.arch.sliding.expect("sliding layers");
+    assert_eq!(
+        (s.window, s.layers, pattern.full_attention_layers()),
+        (1024, 52, 10)
+    );
+    assert_eq!(pattern.sliding_window, None, "not a uniform window");
+    let d = sim::cost_model::Deployment {
+        parallel: Default::default(),
+        model: pattern,
+        gpu: sim::catalog::find_gpu("h100-sxm").expect("gpu").clone(),
+        tp: 1,
+        pp: 1,
+        dtype: sim::catalog::Dtype::Bf16,
+        kv_dtype: sim::catalog::Dtype::Bf16,
+    };
+    let layout = d.page_layout(16, 0.0, true);
+    assert_eq!(layout.page_bytes, 16.0 * 10.0 * 2.0 * 16.0 * 128.0 * 2.0);
+    assert_eq!(
+        layout.side,
+        vec![engine::block_manager::SideGroup::Sliding { window: 1024 }; 6]
+    );
+    assert!(spec(&format!("{{{base}, \"sliding_window_pattern\": 0}}"))
+        .unwrap_err()
+        .contains("sliding_window_pattern"));
+}

@@ -965,3 +965,50 @@ fn hybrid_models_page_their_pool_as_vllm_groups_layers() {
     // A max-length sequence: 256 blocks and 99 state pages.
     assert!((q.max_concurrency_at_max_len - f64::from(q.num_blocks) / 355.0).abs() < 1e-9);
 }
+
+/// Mixture-of-experts decode: skewed routing reads fewer experts than uniform routing (at
+/// 16 tokens of DeepSeek-R1, 256 experts top-8: 101.0 of them uniform, fewer under Zipf
+/// skew 1), and every step pays `moe_layer_us` in each of the 58 MoE layers.
+#[test]
+fn routing_skew_reads_fewer_experts_and_moe_layers_cost_a_fixed_time() {
+    use sim::cost_model::Routing;
+    let uniform = Routing::new(256, 8, 0.0).distinct(16.0);
+    assert!((uniform - 256.0 * (1.0 - (31.0f64 / 32.0).powi(16))).abs() < 1e-9);
+    let skewed = Routing::new(256, 8, 1.0).distinct(16.0);
+    assert!(skewed < 0.9 * uniform, "{skewed} vs {uniform}");
+    let step = |p: CostParams| {
+        CostModel::new(deployment("deepseek-r1", "h200", 8, Dtype::Fp8Block), p).step_cost(
+            std::iter::empty(),
+            (0..16).map(|_| (2048, 1)),
+            16,
+            16,
+        )
+    };
+    let base = step(CostParams {
+        moe_layer_us: 0.0,
+        moe_routing_skew: 0.0,
+        ..CostParams::default()
+    });
+    let skew = step(CostParams {
+        moe_layer_us: 0.0,
+        moe_routing_skew: 1.0,
+        ..CostParams::default()
+    });
+    assert!(
+        skew.linear_s < base.linear_s,
+        "{} vs {}",
+        skew.linear_s,
+        base.linear_s
+    );
+    let fixed = step(CostParams {
+        moe_layer_us: 20.0,
+        moe_routing_skew: 0.0,
+        ..CostParams::default()
+    });
+    assert!(
+        (fixed.seconds - base.seconds - 58.0 * 20e-6).abs() < 1e-9,
+        "{} vs {}",
+        fixed.seconds,
+        base.seconds
+    );
+}

@@ -69,7 +69,7 @@ fn is_zero(n: &u32) -> bool {
 /// The Llama-family `config.json` keys [`ModelSpec::from_hf_value`] reads (other families'
 /// spellings aside): a catalog model file's `[config]` may hold only these, so that a
 /// misspelt key is an error, not a default.
-pub const HF_CONFIG_KEYS: [&str; 42] = [
+pub const HF_CONFIG_KEYS: [&str; 43] = [
     "_name_or_path",
     "attn_output_gate",
     "decoder_sparse_step",
@@ -108,6 +108,7 @@ pub const HF_CONFIG_KEYS: [&str; 42] = [
     "rope_theta",
     "shared_expert_intermediate_size",
     "sliding_window",
+    "sliding_window_pattern",
     "tie_word_embeddings",
     "use_sliding_window",
     "v_head_dim",
@@ -561,6 +562,7 @@ fn has_full_layers(v: &serde_json::Value) -> bool {
     v.get("layer_types")
         .and_then(|t| t.as_array())
         .is_some_and(|t| !t.iter().any(|x| x.as_str() == Some("sliding_attention")))
+        || v.get("sliding_window_pattern").and_then(|p| p.as_u64()) == Some(1)
 }
 
 /// The [`Arch`] of a `config.json`: latent attention, the layer types, which layers of a
@@ -594,10 +596,19 @@ fn read_arch(
         });
     }
     // Layer types: listed (gpt-oss, Gemma 3, Qwen3.5), or every `full_attention_interval`-th
-    // layer full and the rest linear (Qwen3-Next).
+    // layer full and the rest linear (Qwen3-Next), or every `sliding_window_pattern`-th
+    // layer global and the rest sliding (Gemma 3's older configs).
     let (mut sliding, mut linear) = (0u32, 0u32);
     match v.get("layer_types") {
         None | Some(serde_json::Value::Null) => {
+            if let Some(every) = num("sliding_window_pattern")? {
+                if every == 0 {
+                    return Err(format!(
+                        "{shown}: `sliding_window_pattern` must be positive, got 0"
+                    ));
+                }
+                sliding = layers - layers / every;
+            }
             if let Some(every) = num("full_attention_interval")? {
                 if every == 0 {
                     return Err(format!(

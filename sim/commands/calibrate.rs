@@ -55,7 +55,7 @@ pub struct Args {
     #[arg(long, default_value_t = 5)]
     pub folds: usize,
     /// With --observed measured deployments: fit only these stages (`fp8`, `fp4`, `moe`,
-    /// `moe-prefill`, `engines`; default: all, in that order). A stage left out keeps its
+    /// `moe-prefill`, `moe-layer`, `moe-skew`, `engines`; default: all, in that order). A stage left out keeps its
     /// default.
     #[arg(long, value_delimiter = ',', value_enum)]
     pub only: Vec<Stage>,
@@ -72,6 +72,10 @@ pub enum Stage {
     Moe,
     /// The eager launch cost of an MoE layer in a step that prefills.
     MoePrefill,
+    /// The fixed cost per MoE layer of every step.
+    MoeLayer,
+    /// The routers' expert popularity skew.
+    MoeSkew,
     /// Each engine's step, all-reduce and front-end costs.
     Engines,
 }
@@ -169,6 +173,8 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
         (Term::Fp4, Stage::Fp4),
         (Term::Moe, Stage::Moe),
         (Term::MoePrefill, Stage::MoePrefill),
+        (Term::MoeLayer, Stage::MoeLayer),
+        (Term::MoeSkew, Stage::MoeSkew),
     ] {
         if !wanted(stage) {
             continue;

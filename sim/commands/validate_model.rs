@@ -184,6 +184,8 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
                     || n == "fp4-gemm.toml"
                     || n == "moe-gemm.toml"
                     || n == "moe-prefill.toml"
+                    || n == "moe-layer.toml"
+                    || n == "moe-skew.toml"
                     || n == "memory-reserve.toml"
             })
         })
@@ -209,6 +211,8 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
                     "fp4_compute_eff",
                     "moe_gemm_eff",
                     "moe_prefill_expert_us",
+                    "moe_layer_us",
+                    "moe_routing_skew",
                     "runtime_overhead_gib",
                 ]
                 .iter()

@@ -4,6 +4,8 @@
 //! - [`Deployment`] (`deployment.rs`): a catalog model on catalog GPUs, with TP/PP and formats.
 //! - [`memory_plan`] (`memory.rs`): weights, activations, overhead and the KV pool in blocks.
 //! - [`CostModel`] (`roofline.rs`): each operator on the roofline, summed into a step.
+//! - [`Routing`] (`routing.rs`): the distinct experts a step's tokens touch (uniform or
+//!   skewed routing).
 //! - [`CostParams`] and [`Framework`] (`params.rs`, `framework.rs`): efficiencies and the
 //!   serving framework's CPU overheads, a scenario's `[cost]` table.
 //! - [`profiled::ProfiledCosts`] (`profiled/`): measured operator times in place of the
@@ -26,13 +28,15 @@ mod memory;
 mod params;
 pub mod profiled;
 mod roofline;
+mod routing;
 pub mod validation;
 
 pub use backend::CostModelBackend;
-pub use deployment::{kv_cache_bytes, Deployment, KvGroup, Parallel};
+pub use deployment::{kv_cache_bytes, Deployment, KvGroup, PageLayout, Parallel};
 pub use framework::{
     Framework, CUSTOM_ALLREDUCE_LATENCY_US, CUSTOM_ALLREDUCE_MAX_BYTES, VLLM_2023_PROFILE,
 };
 pub use memory::{memory_plan, FitError, MemoryInputs, MemoryPlan};
 pub use params::CostParams;
 pub use roofline::{CostModel, StepCost, P2P_LATENCY_US};
+pub use routing::Routing;

@@ -96,6 +96,17 @@ pub struct CostParams {
     /// steps replay), whatever its tokens. The default is `sim calibrate --observed`'s fit
     /// to aiconfigurator's mixture-of-experts deployments (`calibration/moe-prefill.toml`).
     pub moe_prefill_expert_us: f64,
+    /// Fixed cost per MoE layer of every step, microseconds: the router's top-k, sorting
+    /// tokens by expert, permuting them to their experts and back, small kernels whose
+    /// time hardly depends on the batch (what makes a small-batch decode of a mixture of
+    /// experts slower than its weight reads). The default is `sim calibrate --observed`'s
+    /// fit to aiconfigurator's mixture-of-experts deployments (`calibration/moe-layer.toml`).
+    pub moe_layer_us: f64,
+    /// Skew of the routers' expert popularity, as the exponent of Zipf's law (0: uniform
+    /// routing, every expert equally likely; 1: the i-th most popular expert takes 1/i of
+    /// the traffic of the first). Skewed routing touches fewer distinct experts, so a
+    /// decode step reads fewer expert weights (see [`super::Routing`]).
+    pub moe_routing_skew: f64,
     /// A folder of measured operator times of this model on this GPU (LLMServingSim's
     /// profiler: the folder of `meta.yaml`, with `tp<N>/` per degree), relative to the
     /// scenario's folder: the layers' operators, LM head and sampler are priced from it
@@ -142,6 +153,8 @@ impl Default for CostParams {
             fp4_compute_eff: FP4_EFF,
             moe_gemm_eff: MOE_EFF,
             moe_prefill_expert_us: MOE_PREFILL_US,
+            moe_layer_us: 0.0,
+            moe_routing_skew: 0.0,
             operator_profile: None,
         }
     }
@@ -213,7 +226,14 @@ impl CostParams {
             ("cost.step_overhead_us", self.step_overhead_us()),
             ("cost.per_seq_overhead_us", self.per_seq_overhead_us()),
             ("cost.moe_prefill_expert_us", self.moe_prefill_expert_us),
+            ("cost.moe_layer_us", self.moe_layer_us),
         ];
+        if !(0.0..=4.0).contains(&self.moe_routing_skew) {
+            return Err(format!(
+                "cost.moe_routing_skew: must be a Zipf exponent from 0 (uniform routing) to 4, got {}",
+                self.moe_routing_skew
+            ));
+        }
         if let Some(ms) = self.request_overhead_ms {
             if !(0.0..=60_000.0).contains(&ms) {
                 return Err(format!(

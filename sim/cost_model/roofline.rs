@@ -10,6 +10,7 @@ use engine::plan::{StepPlan, WorkKind};
 use std::sync::Arc;
 
 use super::profiled::ProfiledCosts;
+use super::routing::Routing;
 use super::{CostParams, Deployment, CUSTOM_ALLREDUCE_LATENCY_US, CUSTOM_ALLREDUCE_MAX_BYTES};
 use crate::catalog::Dtype;
 
@@ -82,17 +83,25 @@ pub struct CostModel {
     window: Option<u32>,
     /// Measured operator times that replace the roofline's layers, LM head and sampler.
     profile: Option<Arc<ProfiledCosts>>,
+    /// Which experts a step's tokens touch.
+    routing: Routing,
 }
 
 impl CostModel {
     /// A cost model of `d` with parameters `p`.
     pub fn new(d: Deployment, p: CostParams) -> Self {
+        let routing = Routing::new(
+            d.model.num_experts,
+            d.model.experts_per_token,
+            p.moe_routing_skew,
+        );
         CostModel {
             d,
             p,
             block_size: 16,
             window: None,
             profile: None,
+            routing,
         }
     }
 
@@ -256,9 +265,17 @@ impl CostModel {
         } else {
             0.0
         };
+        // Every step's MoE layers route, sort and permute their tokens: small kernels of a
+        // fixed cost.
+        let routing_us = if tokens > 0.0 && m.is_moe() {
+            f64::from(m.moe_layers()) * self.p.moe_layer_us
+        } else {
+            0.0
+        };
         let overhead_s = (self.p.step_overhead_us()
             + self.p.per_seq_overhead_us() * f64::from(num_seqs)
-            + eager_us)
+            + eager_us
+            + routing_us)
             * 1e-6;
 
         // Pipeline parallelism: a batch passes the stages one after another (the engine
@@ -624,7 +641,8 @@ impl CostModel {
     /// One layer's MLP on one GPU: a dense MLP of `width`, or the routed experts (every
     /// expert some token picked is read: with uniform routing, `E (1 - (1 - k/E)^T)`
     /// distinct experts for `T` tokens, 2 for one decode token of Mixtral, all 8 beyond a
-    /// few dozen tokens; experts split over TP), the shared experts and the router.
+    /// few dozen tokens; fewer under skewed routing, [`Routing`]; experts split over TP),
+    /// the shared experts and the router.
     fn mlp(&self, w: &mut LinearWork, tokens: f64, width: u32, experts: bool) {
         let m = &self.d.model;
         let hidden = f64::from(m.hidden);
@@ -634,13 +652,12 @@ impl CostModel {
         let (routed, inter, runs, reads) = if experts {
             let all = tokens * f64::from(self.d.parallel.dp.max(1));
             let ep = f64::from(self.d.parallel.ep.max(1));
-            let e = f64::from(m.num_experts);
             let k = f64::from(m.experts_per_token.clamp(1, m.num_experts));
             (
                 all,
                 f64::from(width) / f64::from(self.d.moe_tp()),
                 k / ep,
-                e * (1.0 - (1.0 - k / e).powf(all)) / ep,
+                self.routing.distinct(all) / ep,
             )
         } else {
             (tokens, f64::from(width) / f64::from(self.d.tp), 1.0, 1.0)

@@ -15,6 +15,12 @@
 //!   MoE layer in a step that prefills (each expert's GEMM a problem of its own, outside
 //!   the decode steps' CUDA graphs). Fitted to the mixture-of-experts rows with the
 //!   grouped-GEMM fit in place.
+//! - `cost.moe_layer_us` ([`Term::MoeLayer`]): a fixed cost per MoE layer of every step
+//!   (the router's top-k, sorting and permuting tokens): small-batch decodes of mixtures of
+//!   experts run slower than their weight reads.
+//! - `cost.moe_routing_skew` ([`Term::MoeSkew`]): how unevenly the routers spread tokens
+//!   over the experts (fewer distinct experts read per decode step). Fitted to the
+//!   mixture-of-experts rows with the two fits above in place.
 //!
 //! Each is a property of the kernels, not of one engine. Every row is simulated under each
 //! candidate, under its engine's serving defaults; per fold the candidate with the smallest
@@ -45,7 +51,14 @@ pub const MOE_CANDIDATES: [f64; 9] = [1.0, 0.8, 0.6, 0.5, 0.4, 0.35, 0.3, 0.25, 
 /// The per-expert prefill costs tried, microseconds.
 pub const MOE_PREFILL_CANDIDATES: [f64; 8] = [0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 15.0];
 
-/// A fitted efficiency (or, for [`Term::MoePrefill`], a cost).
+/// The fixed costs per MoE layer and step tried, microseconds.
+pub const MOE_LAYER_CANDIDATES: [f64; 7] = [0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 70.0];
+
+/// The routing skews tried (Zipf exponents; 0: uniform routing).
+pub const MOE_SKEW_CANDIDATES: [f64; 6] = [0.0, 0.25, 0.5, 0.75, 1.0, 1.5];
+
+/// A fitted efficiency (or, for [`Term::MoePrefill`], a cost; for [`Term::MoeSkew`], a
+/// routing skew).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Term {
     /// `cost.fp8_compute_eff`, on dense models' fp8 rows.
@@ -56,6 +69,10 @@ pub enum Term {
     Moe,
     /// `cost.moe_prefill_expert_us`, on mixtures of experts' rows.
     MoePrefill,
+    /// `cost.moe_layer_us`, on mixtures of experts' rows.
+    MoeLayer,
+    /// `cost.moe_routing_skew`, on mixtures of experts' rows.
+    MoeSkew,
 }
 
 impl Term {
@@ -66,6 +83,8 @@ impl Term {
             Term::Fp4 => &FP4_CANDIDATES,
             Term::Moe => &MOE_CANDIDATES,
             Term::MoePrefill => &MOE_PREFILL_CANDIDATES,
+            Term::MoeLayer => &MOE_LAYER_CANDIDATES,
+            Term::MoeSkew => &MOE_SKEW_CANDIDATES,
         }
     }
 
@@ -76,6 +95,8 @@ impl Term {
             Term::Fp4 => "fp4_compute_eff",
             Term::Moe => "moe_gemm_eff",
             Term::MoePrefill => "moe_prefill_expert_us",
+            Term::MoeLayer => "moe_layer_us",
+            Term::MoeSkew => "moe_routing_skew",
         }
     }
 
@@ -86,6 +107,8 @@ impl Term {
             Term::Fp4 => "fp4-gemm.toml",
             Term::Moe => "moe-gemm.toml",
             Term::MoePrefill => "moe-prefill.toml",
+            Term::MoeLayer => "moe-layer.toml",
+            Term::MoeSkew => "moe-skew.toml",
         }
     }
 
@@ -96,6 +119,8 @@ impl Term {
             Term::Fp4 => "The fp4 (NVFP4) GEMM efficiency relative to gemm_compute_eff",
             Term::Moe => "The mixture of experts' grouped-GEMM efficiency relative to dense GEMMs'",
             Term::MoePrefill => "The fixed cost per local expert and MoE layer of a step that prefills, microseconds",
+            Term::MoeLayer => "The fixed cost per MoE layer of every step (routing, sorting and permuting tokens), microseconds",
+            Term::MoeSkew => "The routers' expert popularity skew (Zipf exponent; 0: uniform routing)",
         }
     }
 
@@ -104,7 +129,7 @@ impl Term {
         match self {
             Term::Fp8 => !r.is_moe() && matches!(r.gemm_quant.as_str(), "fp8" | "fp8_block"),
             Term::Fp4 => !r.is_moe() && r.gemm_quant == "nvfp4",
-            Term::Moe | Term::MoePrefill => r.is_moe(),
+            Term::Moe | Term::MoePrefill | Term::MoeLayer | Term::MoeSkew => r.is_moe(),
         }
     }
 
@@ -117,6 +142,8 @@ impl Term {
             Term::Fp4 => c.fp4_compute_eff = Some(eff),
             Term::Moe => c.moe_gemm_eff = Some(eff),
             Term::MoePrefill => c.moe_prefill_expert_us = Some(eff),
+            Term::MoeLayer => c.moe_layer_us = Some(eff),
+            Term::MoeSkew => c.moe_routing_skew = Some(eff),
         }
         c
     }
@@ -212,7 +239,9 @@ impl EfficiencyFit {
         let rows = match self.term {
             Term::Fp8 => "fp8 rows of dense models",
             Term::Fp4 => "NVFP4 rows of dense models",
-            Term::Moe | Term::MoePrefill => "mixture-of-experts rows",
+            Term::Moe | Term::MoePrefill | Term::MoeLayer | Term::MoeSkew => {
+                "mixture-of-experts rows"
+            }
         };
         format!(
             "{} = {} fitted to {} {rows} of every engine; {folds}-fold held-out: TTFT median |err| {:.1}%, p90 {:.1}% (at {base}: {:.1}%, {:.1}%), TPOT median |err| {:.1}%, p90 {:.1}% (at {base}: {:.1}%, {:.1}%); the folds' values: {}",

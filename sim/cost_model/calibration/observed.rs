@@ -154,6 +154,8 @@ pub fn fit_engine_costs(
                 fp8_compute_eff: fp8,
                 fp4_compute_eff: None,
                 moe_prefill_expert_us: None,
+                moe_layer_us: None,
+                moe_routing_skew: None,
                 moe_gemm_eff: None,
                 ..EngineCost::default()
             },
@@ -174,6 +176,8 @@ pub fn fit_engine_costs(
                     fp8_compute_eff: fp8,
                     fp4_compute_eff: None,
                     moe_prefill_expert_us: None,
+                    moe_layer_us: None,
+                    moe_routing_skew: None,
                     moe_gemm_eff: None,
                 },
             )?);
@@ -209,6 +213,8 @@ pub fn fit_engine_costs(
                         fp8_compute_eff: fp8,
                         fp4_compute_eff: None,
                         moe_prefill_expert_us: None,
+                        moe_layer_us: None,
+                        moe_routing_skew: None,
                         moe_gemm_eff: None,
                     },
                 )?);
@@ -239,6 +245,8 @@ pub fn fit_engine_costs(
                         fp8_compute_eff: fp8,
                         fp4_compute_eff: None,
                         moe_prefill_expert_us: None,
+                        moe_layer_us: None,
+                        moe_routing_skew: None,
                         moe_gemm_eff: None,
                     },
                 )?);

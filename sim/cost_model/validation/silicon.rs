@@ -41,6 +41,10 @@ pub struct EngineCost {
     pub moe_gemm_eff: Option<f64>,
     /// `cost.moe_prefill_expert_us`.
     pub moe_prefill_expert_us: Option<f64>,
+    /// `cost.moe_layer_us`.
+    pub moe_layer_us: Option<f64>,
+    /// `cost.moe_routing_skew`.
+    pub moe_routing_skew: Option<f64>,
 }
 
 /// `(why, rows)` of the rows not simulated.
@@ -287,6 +291,12 @@ fn simulate(
     }
     if let Some(us) = engine.moe_prefill_expert_us {
         cfg.cost.moe_prefill_expert_us = us;
+    }
+    if let Some(us) = engine.moe_layer_us {
+        cfg.cost.moe_layer_us = us;
+    }
+    if let Some(s) = engine.moe_routing_skew {
+        cfg.cost.moe_routing_skew = s;
     }
     cfg.model.name = Some(model.to_string());
     cfg.model.dtype = dtype;

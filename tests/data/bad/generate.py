@@ -242,7 +242,8 @@ for key, v, expect in [("gemm_compute_eff", "0.0", "gemm_compute_eff"), ("gemm_m
                        ("overlap_exponent", "0.5", "overlap_exponent"), ("step_overhead_us", "-1.0", "step_overhead_us"),
                        ("framework", '"tgi"', "tgi"), ("calibration", '"../data/missing-calibration.toml"', "missing-calibration.toml"),
                        ("calibration", '"../data/calibration-bad.toml"', "gemm_memory_eff"), ("warp_eff", "0.5", "warp_eff"),
-                       ("kernel_launch_us", "nan", "kernel_launch_us")]:
+                       ("kernel_launch_us", "nan", "kernel_launch_us"), ("moe_routing_skew", "-0.5", "moe_routing_skew"),
+                       ("moe_routing_skew", "nan", "moe_routing_skew"), ("moe_layer_us", "-3.0", "moe_layer_us")]:
     m(f"cost-{key}-{v.strip(chr(34)).replace('.', '_').replace('/', '').replace('-', 'neg')[:20]}", f"cost.{key}", v, expect)
 # A calibration's [fit] record (sim calibrate --observed): a bad error interval, fold or key.
 for name, expect in [("error", "ttft_error_90"), ("fold", "folds[1]"), ("key", "fit_quality")]:
