@@ -745,6 +745,11 @@ fn the_efficiency_defaults_are_their_fits() {
         p.moe_prefill_expert_us,
         fitted("moe-prefill.toml", "moe_prefill_expert_us")
     );
+    assert_eq!(p.moe_layer_us, fitted("moe-layer.toml", "moe_layer_us"));
+    assert_eq!(
+        p.moe_routing_skew,
+        fitted("moe-skew.toml", "moe_routing_skew")
+    );
     // The experts' GEMMs of a memory-bound decode take 1 / moe_gemm_eff as long.
     let decode = |eff: f64| {
         let q = CostParams {
@@ -877,7 +882,12 @@ fn attention_data_parallel_ranks_meet_in_the_experts() {
     use sim::cost_model::Parallel;
     let mut dp8 = deployment("deepseek-r1", "h200", 1, Dtype::Fp8Block);
     dp8.parallel = Parallel { dp: 8, ep: 8 };
-    let m = CostModel::new(dp8, CostParams::default());
+    // Uniform routing: the comparison of weights read below is about where experts live.
+    let uniform = CostParams {
+        moe_routing_skew: 0.0,
+        ..CostParams::default()
+    };
+    let m = CostModel::new(dp8, uniform.clone());
     let batch = 32u32;
     let c = m.step_cost(
         std::iter::empty(),
@@ -906,7 +916,7 @@ fn attention_data_parallel_ranks_meet_in_the_experts() {
     // One rank alone on one GPU holding every expert.
     let mut alone = deployment("deepseek-r1", "h200", 1, Dtype::Fp8Block);
     alone.parallel = Parallel { dp: 1, ep: 1 };
-    let one = CostModel::new(alone, CostParams::default()).step_cost(
+    let one = CostModel::new(alone, uniform).step_cost(
         std::iter::empty(),
         (0..batch).map(|_| (2000, 1)),
         batch,

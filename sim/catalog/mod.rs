@@ -332,10 +332,11 @@ mod tests {
             ("nvidia/DeepSeek-R1-NVFP4", "deepseek-r1"),
             ("openai/gpt-oss-120b", "gpt-oss-120b"),
             ("Qwen/Qwen3.5-397B-A17B", "qwen3.5-397b-a17b"),
+            ("moonshotai/Kimi-K2-Instruct", "kimi-k2"),
         ] {
             assert_eq!(find_model_by_id(id).map(|m| m.name), Some(name), "{id}");
         }
-        assert!(find_model_by_id("moonshotai/Kimi-K2-Instruct").is_none());
+        assert!(find_model_by_id("mistralai/Mistral-Large-Instruct-2411").is_none());
     }
 
     #[test]

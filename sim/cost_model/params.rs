@@ -105,7 +105,9 @@ pub struct CostParams {
     /// Skew of the routers' expert popularity, as the exponent of Zipf's law (0: uniform
     /// routing, every expert equally likely; 1: the i-th most popular expert takes 1/i of
     /// the traffic of the first). Skewed routing touches fewer distinct experts, so a
-    /// decode step reads fewer expert weights (see [`super::Routing`]).
+    /// decode step reads fewer expert weights (see [`super::Routing`]). The default is
+    /// `sim calibrate --observed`'s fit to aiconfigurator's mixture-of-experts deployments
+    /// (`calibration/moe-skew.toml`).
     pub moe_routing_skew: f64,
     /// A folder of measured operator times of this model on this GPU (LLMServingSim's
     /// profiler: the folder of `meta.yaml`, with `tp<N>/` per degree), relative to the
@@ -124,6 +126,12 @@ const FP4_EFF: f64 = 0.4;
 /// `moe_prefill_expert_us`'s default: the value in `calibration/moe-prefill.toml` (a test
 /// ties them).
 const MOE_PREFILL_US: f64 = 8.0;
+
+/// `moe_layer_us`'s default: the value in `calibration/moe-layer.toml` (a test ties them).
+const MOE_LAYER_US: f64 = 20.0;
+
+/// `moe_routing_skew`'s default: the value in `calibration/moe-skew.toml` (a test ties them).
+const MOE_SKEW: f64 = 1.0;
 
 /// `moe_gemm_eff`'s default: the value in `calibration/moe-gemm.toml` (a test ties them).
 const MOE_EFF: f64 = 0.6;
@@ -153,8 +161,8 @@ impl Default for CostParams {
             fp4_compute_eff: FP4_EFF,
             moe_gemm_eff: MOE_EFF,
             moe_prefill_expert_us: MOE_PREFILL_US,
-            moe_layer_us: 0.0,
-            moe_routing_skew: 0.0,
+            moe_layer_us: MOE_LAYER_US,
+            moe_routing_skew: MOE_SKEW,
             operator_profile: None,
         }
     }

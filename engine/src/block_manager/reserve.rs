@@ -31,6 +31,9 @@ impl BlockManager {
             None => (0, Vec::new()),
         };
         if want <= have && shared.is_empty() {
+            if side_need > self.num_free() as usize {
+                return false;
+            }
             self.grow_side(seq, slots, write_from, copies);
             return true;
         }

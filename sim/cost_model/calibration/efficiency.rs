@@ -168,6 +168,9 @@ pub struct EfficiencyFit {
     pub baseline_ttft: Vec<f64>,
     /// See `baseline_ttft`.
     pub baseline_tpot: Vec<f64>,
+    /// Each candidate with its median |TTFT| and |TPOT| errors over every row (in-sample:
+    /// the shape of the fit, not its held-out error).
+    pub landscape: Vec<(f64, f64, f64)>,
 }
 
 /// Fits `term` to the rows of `rows` it applies to, `folds`-fold, with the terms fitted
@@ -218,6 +221,14 @@ pub fn fit_efficiency(
         held_out_tpot: Vec::new(),
         baseline_ttft: errors[0].iter().map(|e| e.0).collect(),
         baseline_tpot: errors[0].iter().map(|e| e.1).collect(),
+        landscape: candidates
+            .iter()
+            .zip(&errors)
+            .map(|(&v, e)| {
+                let (ttft, tpot): (Vec<f64>, Vec<f64>) = e.iter().copied().unzip();
+                (v, median_abs(&ttft), median_abs(&tpot))
+            })
+            .collect(),
     };
     for f in 0..folds {
         let train: Vec<usize> = (0..n).filter(|j| j % folds != f).map(|j| idx[j]).collect();
@@ -269,6 +280,16 @@ impl EfficiencyFit {
             self.term.what()
         );
         let _ = writeln!(s, "# {}.", self.summary(folds));
+        let shape: Vec<String> = self
+            .landscape
+            .iter()
+            .map(|(v, ttft, tpot)| format!("{v}: {:.1}% / {:.1}%", 100.0 * ttft, 100.0 * tpot))
+            .collect();
+        let _ = writeln!(
+            s,
+            "# Median |err| of TTFT / TPOT over every row at each value tried: {}.",
+            shape.join(", ")
+        );
         let _ = writeln!(
             s,
             "# The shipped default of `cost.{}` is this value (a test ties them).",

@@ -363,7 +363,7 @@ fn silicon_section(s: &mut String, r: &Replays) {
     row(s, ["**all**", "", "", ""], &all);
     let _ = writeln!(
         s,
-        "\nWhere the clients stay in step (the aiperf rows), TTFT is mostly the wait for the wave's other prefills; SGLang, whose prefill batches pause decoding, shows exactly this. The InferenceX rows' TTFT is still predicted short, most at low concurrency: a per-request cost outside the GPU steps (API server, tokenizer), which `sim calibrate --observed` fits below. vLLM's aiperf rows fall between the in-step and the drifted-apart predictions (at 8 clients the measured TTFT is about one prefill plus a fixed cost). The mixtures of experts (DeepSeek-V3/R1 with latent attention, Qwen3-235B-A22B, Qwen3.5-397B-A17B with linear attention, gpt-oss-120b with sliding layers; tensor, expert and attention data parallelism as each row ran, the rows' recording quirks read as their ids say) are the weakest part: their TTFT has a floor the roofline does not have (180-300 ms for four 1,024-token prompts on DeepSeek-R1 and Qwen3.5, against 30-90 ms for Llama-3.1-70B and gpt-oss), which grows with the experts a GPU holds; `moe_prefill_expert_us` models it as a fixed cost per local expert and MoE layer of a step that prefills, and `moe_gemm_eff` (refitted over all 1,270 rows) the grouped GEMMs' efficiency. Both are fitted one after the other (`calibration/moe-gemm.toml`, `calibration/moe-prefill.toml`, held-out errors below); the held-out medians remain far from the 15% the simulator aims at, and TPOT is still over-predicted at high concurrency, where real routing touches fewer distinct experts than uniform routing (no skew is modelled yet) and the InferenceX TensorRT-LLM DeepSeek rows at 4 clients (TPOT 4-5 ms on B200) look like multi-token prediction, which the rows do not record. Groups whose measured TTFT falls as concurrency grows (TensorRT-LLM 1.0.0rc3 on H100) or whose TPOT hardly moves with the batch (TensorRT-LLM on GB200, SGLang and vLLM with Llama-3.1-8B on H200) look like measurement artifacts or settings the rows do not record."
+        "\nWhere the clients stay in step (the aiperf rows), TTFT is mostly the wait for the wave's other prefills; SGLang, whose prefill batches pause decoding, shows exactly this. The InferenceX rows' TTFT is still predicted short, most at low concurrency: a per-request cost outside the GPU steps (API server, tokenizer), which `sim calibrate --observed` fits below. vLLM's aiperf rows fall between the in-step and the drifted-apart predictions (at 8 clients the measured TTFT is about one prefill plus a fixed cost). The mixtures of experts (DeepSeek-V3/R1 with latent attention, Qwen3-235B-A22B, Qwen3.5-397B-A17B with linear attention, gpt-oss-120b with sliding layers; tensor, expert and attention data parallelism as each row ran, the rows' recording quirks read as their ids say) are the weakest part: their TTFT has a floor the roofline does not have (180-300 ms for four 1,024-token prompts on DeepSeek-R1 and Qwen3.5, against 30-90 ms for Llama-3.1-70B and gpt-oss), which grows with the experts a GPU holds; `moe_prefill_expert_us` models it as a fixed cost per local expert and MoE layer of a step that prefills, and `moe_gemm_eff` (refitted over all 1,270 rows) the grouped GEMMs' efficiency. With uniform routing, TPOT was predicted too fast at 8 clients or fewer (DeepSeek-V3, Qwen3-235B, Qwen3.5: 20-30% short) and too slow beyond 32 (25-65% long). Two terms address the two ends. `moe_layer_us` is a fixed cost per MoE layer of every step: the router's top-k and the sorting and permuting of tokens, small kernels whatever the batch. `moe_routing_skew` ranks expert popularity by Zipf's law, so a batch touches fewer distinct experts and a decode step reads fewer expert weights. The terms were fitted one after another: `moe_gemm_eff`, `moe_prefill_expert_us`, a first `moe_layer_us`, the skew, then `moe_gemm_eff` and `moe_layer_us` again (`calibration/moe-*.toml`, held-out errors below). This took the mixture-of-experts rows' TPOT from 26.0% to 19.5% median |err| and their bias from +8.7% to +1.0%. The held-out medians are still above the 15% the simulator aims at: 34% on TTFT, where the DeepSeek rows are predicted 55-70% short beyond 8 clients, and 20% on TPOT. The InferenceX TensorRT-LLM DeepSeek rows at 4 clients (TPOT 4-5 ms on B200) look like multi-token prediction, which the rows do not record. Groups whose measured TTFT falls as concurrency grows (TensorRT-LLM 1.0.0rc3 on H100) or whose TPOT hardly moves with the batch (TensorRT-LLM on GB200, SGLang and vLLM with Llama-3.1-8B on H200) look like measurement artifacts or settings the rows do not record."
     );
     if !r.observed_fits.is_empty() {
         let _ = writeln!(
@@ -432,13 +432,25 @@ fn defaults_section(s: &mut String, gemm_held_out: &[GemmHeldOut]) {
         (
             "`moe_gemm_eff`".into(),
             format!("{}", d.moe_gemm_eff),
-            "aiconfigurator's 1,270 mixture-of-experts rows (DeepSeek-V3/R1, Qwen3-235B-A22B, Qwen3.5-397B-A17B, gpt-oss-120b; TP, EP and attention DP; `calibration/moe-gemm.toml`)",
+            "aiconfigurator's 1,270 mixture-of-experts rows (DeepSeek-V3/R1, Qwen3-235B-A22B, Qwen3.5-397B-A17B, gpt-oss-120b; TP, EP and attention DP), refitted with the three terms below in place (`calibration/moe-gemm.toml`)",
             "5-fold held out, below",
         ),
         (
             "`moe_prefill_expert_us`".into(),
             format!("{}", d.moe_prefill_expert_us),
-            "the same rows, with `moe_gemm_eff` in place (`calibration/moe-prefill.toml`)",
+            "the same rows, with `moe_gemm_eff` 0.6 in place, before the two terms below existed (`calibration/moe-prefill.toml`)",
+            "5-fold held out, below",
+        ),
+        (
+            "`moe_routing_skew`".into(),
+            format!("{}", d.moe_routing_skew),
+            "the same rows, with `moe_gemm_eff` 0.6, `moe_prefill_expert_us` and a first `moe_layer_us` fit (10) in place (`calibration/moe-skew.toml`)",
+            "5-fold held out, below",
+        ),
+        (
+            "`moe_layer_us`".into(),
+            format!("{}", d.moe_layer_us),
+            "the same rows, fitted last, with the skew and the refitted `moe_gemm_eff` in place (`calibration/moe-layer.toml`)",
             "5-fold held out, below",
         ),
         (
