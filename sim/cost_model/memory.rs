@@ -2,7 +2,7 @@
 //! activation peak and runtime overhead, divided into KV blocks, as vLLM's profile run sizes
 //! its pool; a deployment that does not fit is a [`FitError`] with the numbers.
 
-use engine::block_manager::SideGroup;
+use engine::block_manager::{max_side_pages, SideGroup};
 use serde::Serialize;
 
 use super::Deployment;
@@ -214,10 +214,12 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
         inp.draft_kv_bytes_per_token,
         !inp.disable_hybrid,
     );
-    let block_bytes = if layout.side.is_empty() && d.model.arch.sliding.is_none() {
-        kv_per_token * f64::from(inp.block_size)
+    let block_bytes = layout.page_bytes;
+    // Sliding layers counted as full attention hold every token too.
+    let kv_per_token = if layout.side.is_empty() && d.model.arch.sliding.is_some() {
+        block_bytes / f64::from(inp.block_size)
     } else {
-        layout.page_bytes
+        kv_per_token
     };
     let seq_state = d.seq_state_bytes(inp.block_size);
     let left = usable - weights - activations - inp.runtime_overhead_bytes;
@@ -254,11 +256,7 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
     };
     // A step writes at most the token budget, or a whole prompt.
     let chunk = inp.max_num_batched_tokens.min(inp.max_model_len);
-    let side_pages = layout
-        .side
-        .iter()
-        .map(|g| g.max_pages(inp.block_size, chunk))
-        .fold(0u32, u32::saturating_add);
+    let side_pages = max_side_pages(&layout.side, inp.block_size, chunk);
     if side_pages > 0 && num_blocks <= side_pages {
         return Err(FitError::NoSeqRoom {
             blocks: num_blocks,

@@ -55,6 +55,15 @@ impl SideGroup {
     }
 }
 
+/// The most pages one sequence holds in `groups` when a step writes up to `chunk` tokens
+/// (what the pool must hold beside the sequence's own blocks).
+pub fn max_side_pages(groups: &[SideGroup], block_size: u32, chunk: u32) -> u32 {
+    groups
+        .iter()
+        .map(|g| g.max_pages(block_size, chunk))
+        .fold(0u32, u32::saturating_add)
+}
+
 /// The prefix-cache key of a page of side group `g` holding the block hashed `h` (side
 /// groups cache the same token blocks as the main table, but other layers' KV).
 pub(super) fn side_key(h: u64, g: usize) -> u64 {
@@ -93,10 +102,7 @@ impl BlockManager {
     /// more for a block the window straddles and one for a chunk's tail, and the states),
     /// for sizing what one sequence of max length needs.
     pub fn max_side_pages(&self, chunk: u32) -> u32 {
-        self.side
-            .iter()
-            .map(|g| g.max_pages(self.block_size, chunk))
-            .fold(0u32, u32::saturating_add)
+        max_side_pages(&self.side, self.block_size, chunk)
     }
 
     /// First block of a sliding table a write from `write_from` still attends to.
@@ -144,6 +150,9 @@ impl BlockManager {
     /// missing live pages of the sliding groups, the states of a sequence without them,
     /// and private copies of shared pages the step writes (a state is written every step).
     pub(super) fn side_need(&self, seq: SeqId, slots: u32, write_from: u32) -> u32 {
+        if self.side.is_empty() {
+            return 0;
+        }
         let want = self.blocks_for(slots) as usize;
         let tables = self.side_tables.get(&seq);
         let mut need = 0;
@@ -251,13 +260,16 @@ impl BlockManager {
         hits
     }
 
-    /// The cached side pages a prefix hit of `hits` blocks reuses, per group as
-    /// `(index, block)`, and how many of them are free (taking them uses up free blocks).
-    pub(super) fn side_hit_pages(
+    /// The side of a prefix admission of `seq` with `hits` cached blocks, growing to
+    /// `slots`: the cached side pages it reuses, per group as `(index, block)`, the fresh
+    /// pages it takes, and how many reused pages are free (taking them uses up free blocks).
+    pub(super) fn side_admission(
         &self,
+        seq: SeqId,
         hashes: &[u64],
         hits: u32,
-    ) -> (Vec<Vec<(usize, u32)>>, u32) {
+        slots: u32,
+    ) -> (Vec<Vec<(usize, u32)>>, u32, u32) {
         let mut free = 0;
         let pages = self
             .side
@@ -278,8 +290,12 @@ impl BlockManager {
                 }
                 _ => Vec::new(),
             })
-            .collect();
-        (pages, free)
+            .collect::<Vec<Vec<(usize, u32)>>>();
+        let reused = pages.iter().map(Vec::len).sum::<usize>() as u32;
+        let fresh = self
+            .side_need(seq, slots, hits * self.block_size)
+            .saturating_sub(reused);
+        (pages, fresh, free)
     }
 
     /// Gives `seq` the cached side pages of its prefix hit (taken back from the evictable

@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-pub use hybrid::SideGroup;
+pub use hybrid::{max_side_pages, SideGroup};
 
 use crate::eviction::EvictionPolicy;
 use crate::request::SeqId;

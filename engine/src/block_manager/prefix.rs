@@ -108,9 +108,7 @@ impl BlockManager {
         let hit = hits * self.block_size;
         let slots = slots(hit);
         let want = self.blocks_for(slots).max(hits);
-        let (side_hits, side_free) = self.side_hit_pages(hashes, hits);
-        let side_reused = side_hits.iter().map(Vec::len).sum::<usize>() as u32;
-        let side = self.side_need(seq, slots, hit).saturating_sub(side_reused);
+        let (side_hits, side, side_free) = self.side_admission(seq, hashes, hits, slots);
         if want - hits + side > self.num_free().saturating_sub(hits_free + side_free) {
             return None;
         }

@@ -149,11 +149,7 @@ impl BlockManager {
             let hit = hits * self.block_size;
             let slots = e.slots.max(hit + tokens.min(total - hit));
             let want = self.blocks_for(slots).max(hits);
-            let (side_hits, side_free) = self.side_hit_pages(hashes, hits);
-            let side_reused = side_hits.iter().map(Vec::len).sum::<usize>() as u32;
-            let side = self
-                .side_need(e.seq, slots, hit)
-                .saturating_sub(side_reused);
+            let (_, side, side_free) = self.side_admission(e.seq, hashes, hits, slots);
             return want - hits + hits_free + side + side_free;
         }
         let have = self.tables.get(&e.seq).map_or(0, |t| t.len() as u32);
