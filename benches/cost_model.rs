@@ -45,6 +45,7 @@ fn plan(chunk: bool) -> StepPlan {
         })
         .collect();
     StepPlan {
+        padding: Default::default(),
         work,
         ..StepPlan::default()
     }

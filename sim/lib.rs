@@ -24,6 +24,7 @@
 
 pub mod bands;
 pub mod catalog;
+pub mod claims;
 pub mod cost_model;
 pub mod driver;
 pub mod messages;

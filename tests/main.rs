@@ -1,6 +1,7 @@
 //! Integration tests of the `sim` package, one binary (they link once).
 
 mod bad_inputs;
+mod claims;
 mod cli;
 mod client;
 mod models;

@@ -239,6 +239,69 @@ fn swapping_a_block_costs_its_bytes_over_pcie() {
 }
 
 #[test]
+fn a_padded_batch_costs_its_pad_rows_as_real_ones() {
+    use engine::plan::{Padding, SeqWork, StepPlan, WorkKind};
+    // HF `generate` computes a finished member's row like a live one: a decode step of 2
+    // sequences with 6 pad rows costs what a decode of 8 does at the same context, and a
+    // prompt padded from 100 to 600 tokens what a 600-token prefill does.
+    let m = CostModel::new(
+        deployment("llama-2-7b", "a100-80gb", 1, Dtype::Fp16),
+        CostParams::default(),
+    );
+    let work = |kind: WorkKind, start: u32, len: u32| SeqWork {
+        seq: 0,
+        kind,
+        start,
+        len,
+        sample: true,
+        num_samples: 1,
+        block_table: Vec::new(),
+        token_ids: Vec::new(),
+        sampling: Default::default(),
+        drafts: None,
+    };
+    let decodes = |n: usize| (0..n).map(|_| work(WorkKind::Decode, 999, 1)).collect();
+    let padded = StepPlan {
+        work: decodes(2),
+        padding: Padding {
+            prefill: Vec::new(),
+            decode: vec![1000; 6],
+        },
+        ..StepPlan::default()
+    };
+    let full = StepPlan {
+        work: decodes(8),
+        ..StepPlan::default()
+    };
+    let (a, b) = (m.plan_cost(&padded).seconds, m.plan_cost(&full).seconds);
+    assert!((a - b).abs() < 1e-12 * b, "{a} vs {b}");
+    assert!(
+        a > m
+            .plan_cost(&StepPlan {
+                work: decodes(2),
+                ..StepPlan::default()
+            })
+            .seconds
+    );
+    let prompt = StepPlan {
+        work: vec![work(WorkKind::Prefill, 0, 100)],
+        padding: Padding {
+            prefill: vec![(100, 500)],
+            decode: Vec::new(),
+        },
+        ..StepPlan::default()
+    };
+    let long = StepPlan {
+        work: vec![work(WorkKind::Prefill, 0, 600)],
+        ..StepPlan::default()
+    };
+    // (The pad tokens are priced as a second chunk over the prompt's KV: the same FLOPs,
+    // a little more attention overhead.)
+    let (a, b) = (m.plan_cost(&prompt).seconds, m.plan_cost(&long).seconds);
+    assert!(a >= b && a / b - 1.0 < 0.01, "{a} vs {b}");
+}
+
+#[test]
 fn sliding_window_caps_the_attended_context() {
     // Mistral-7B's 4096-token window: decoding at 32k costs what decoding at 4096 does, and
     // a prefill chunk past the window attends to 4096 tokens per token.

@@ -130,6 +130,7 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
         watermark_blocks: c.watermark,
         sliding_window: None,
         speculative: None,
+        static_padding: false,
     };
     let mut sched = Scheduler::new(cfg).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let mut bm = BlockManager::with_prefix_caching(c.blocks, c.block_size, c.eviction.policy());

@@ -197,6 +197,9 @@ impl Knobs {
                     None => DynamicK::Off,
                 },
             }),
+            // Half the static runs pad their batches as HF `generate` does (a cost
+            // only: the schedule must be the same).
+            static_padding: kind == SchedulerKind::Static && self.max_num_seqs.is_multiple_of(2),
         }
     }
 }
@@ -1093,7 +1096,32 @@ fn check_static_trace(run: &Run) -> Result<(), TestCaseError> {
     if !forked {
         prop_assert_eq!(run.preemptions, 0, "static batching preempted");
     }
+    // A padded batch (half the static runs) keeps a pad row for each finished member:
+    // rows computed >= the most the batch ever ran at once, every pad row at the step's
+    // longest context.
+    let mut members = 0usize;
     for s in &run.steps {
+        if s.running_before.is_empty() {
+            members = 0;
+        }
+        members = members.max(s.plan.work.len());
+        let pad = &s.plan.padding;
+        prop_assert!(pad.prefill.iter().all(|&(_, n)| n > 0));
+        if !pad.decode.is_empty() && !forked {
+            prop_assert!(
+                s.plan.num_prefill_tokens() == 0,
+                "pad rows in a prefill step"
+            );
+            prop_assert!(s.plan.work.len() + pad.decode.len() >= members);
+            let longest = s
+                .plan
+                .work
+                .iter()
+                .map(|w| w.context_len())
+                .max()
+                .unwrap_or(0);
+            prop_assert!(pad.decode.iter().all(|&c| c >= longest));
+        }
         prop_assert!(forked || s.plan.preempted.is_empty());
         let admitted = s.admitted();
         prop_assert!(

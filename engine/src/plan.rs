@@ -71,6 +71,34 @@ pub struct StepPlan {
     /// blocks they free, as `(gpu block, cpu block)`. A block shared by two preempted
     /// sequences is copied once for each.
     pub swap_out: Vec<(u32, u32)>,
+    /// Work a padded static batch computes for nothing (Hugging Face `generate` serving a
+    /// batch): empty unless `engine.static_padding`. The cost model prices it; real
+    /// runtimes skip it (their batches are not padded).
+    pub padding: Padding,
+}
+
+/// The padding of a static batch whose prompts are padded to the longest and whose
+/// finished members keep decoding pad tokens until the last member ends.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Padding {
+    /// Pad tokens computed with a prefill, as `(first position, tokens)`: a prompt padded
+    /// to the batch's longest.
+    pub prefill: Vec<(u32, u32)>,
+    /// Decode rows of finished members, each at the context it attends to (the batch's
+    /// longest, as left padding makes every row as long).
+    pub decode: Vec<u32>,
+}
+
+impl Padding {
+    /// True when the step computes no padding.
+    pub fn is_empty(&self) -> bool {
+        self.prefill.is_empty() && self.decode.is_empty()
+    }
+
+    /// Tokens of padding the step computes.
+    pub fn tokens(&self) -> u64 {
+        self.prefill.iter().map(|&(_, n)| u64::from(n)).sum::<u64>() + self.decode.len() as u64
+    }
 }
 
 impl StepPlan {

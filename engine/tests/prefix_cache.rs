@@ -192,6 +192,7 @@ fn run_fuzz(seed: u64) -> Result<(), String> {
         watermark_blocks: rng.below(3) as u32,
         sliding_window: None,
         speculative: None,
+        static_padding: false,
     };
     let desc = format!("seed {seed} cfg {cfg:?} ev {ev:?} blocks {blocks}");
     let policy: Box<dyn EvictionPolicy> = if ev == EvictionKind::Belady {

@@ -222,6 +222,7 @@ pub fn one_sequence_step(
     sampling: SamplingParams,
 ) -> StepPlan {
     StepPlan {
+        padding: Default::default(),
         work: vec![SeqWork {
             seq: 0,
             kind: if len == 1 && start > 0 {

@@ -18,6 +18,7 @@ macro_rules! outln {
 
 pub mod bench;
 pub mod calibrate;
+pub mod claims;
 pub mod compare;
 pub mod cpu_bench;
 pub mod cuda_bench;

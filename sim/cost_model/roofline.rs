@@ -820,18 +820,24 @@ impl CostModel {
                 ..StepCost::default()
             };
         }
+        // A padded static batch computes its pad tokens like real ones (and a logits row
+        // for each finished member's pad row).
+        let pad = &plan.padding;
         let prefill = plan
             .work
             .iter()
             .filter(|w| w.kind == WorkKind::Prefill)
-            .map(|w| (w.start, w.len));
+            .map(|w| (w.start, w.len))
+            .chain(pad.prefill.iter().copied());
         let decode = plan
             .work
             .iter()
             .filter(|w| w.kind != WorkKind::Prefill)
-            .map(|w| (w.context_len(), w.len));
-        let samples = plan.num_logit_rows() as u32;
-        let mut c = self.step_cost(prefill, decode, samples, plan.work.len() as u32);
+            .map(|w| (w.context_len(), w.len))
+            .chain(pad.decode.iter().map(|&c| (c, 1)));
+        let samples = (plan.num_logit_rows() + pad.decode.len()) as u32;
+        let rows = (plan.work.len() + pad.decode.len()) as u32;
+        let mut c = self.step_cost(prefill, decode, samples, rows);
         c.kv_transfer_s = self.kv_transfer_s(
             plan.swap_in.len() + plan.swap_out.len(),
             plan.block_copies.len(),

@@ -150,6 +150,11 @@ pub struct EngineConfig {
     /// `"max-model-len"`, and without prefix caching or swap).
     #[serde(default)]
     pub kv_allocator: KvAllocator,
+    /// Static batching as Hugging Face `generate` serves a batch (the "naive" baseline):
+    /// prompts padded to the batch's longest, finished members computing pad tokens
+    /// until the last ends. Only with `scheduler = "static"`.
+    #[serde(default)]
+    pub static_padding: bool,
 }
 
 fn default_swap_space() -> f64 {
@@ -213,6 +218,7 @@ impl Default for EngineConfig {
             preemption_storm_threshold: default_storm(),
             disable_sliding_window: false,
             kv_allocator: KvAllocator::Paged,
+            static_padding: false,
         }
     }
 }

@@ -559,6 +559,7 @@ fn scheduler_config(
             model_window
         },
         speculative,
+        static_padding: e.static_padding,
     }
 }
 

@@ -129,26 +129,59 @@ pub(super) fn sweep_dimensions(
     Ok(out)
 }
 
-/// Sets the dotted key `key` of `table` to `value`, creating tables on the way.
+/// Sets the dotted key `key` of `table` to `value`, creating tables on the way. A
+/// numeric part indexes an array of tables (`workload.class.0.output`: the first class's
+/// output).
 pub(super) fn set_dotted(
     table: &mut toml::Table,
     key: &str,
     value: toml::Value,
 ) -> Result<(), String> {
-    let mut parts: Vec<&str> = key.split('.').collect();
-    let Some(last) = parts.pop() else {
-        return Err("empty key".into());
-    };
-    let mut t = table;
-    for (i, p) in parts.iter().enumerate() {
-        let entry = t
-            .entry(p.to_string())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        t = match entry {
-            toml::Value::Table(sub) => sub,
-            _ => return Err(format!("{key}: `{}` is not a table", parts[..=i].join("."))),
-        };
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(format!("{key}: empty part in the key"));
     }
-    t.insert(last.to_string(), value);
-    Ok(())
+    let mut root = toml::Value::Table(std::mem::take(table));
+    let r = set_in(&mut root, &parts, 0, key, value);
+    if let toml::Value::Table(t) = root {
+        *table = t;
+    }
+    r
+}
+
+fn set_in(
+    v: &mut toml::Value,
+    parts: &[&str],
+    i: usize,
+    key: &str,
+    value: toml::Value,
+) -> Result<(), String> {
+    let Some(&p) = parts.get(i) else {
+        *v = value;
+        return Ok(());
+    };
+    let here = || parts[..i].join(".");
+    match v {
+        toml::Value::Table(t) => {
+            let entry = t
+                .entry(p.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            set_in(entry, parts, i + 1, key, value)
+        }
+        toml::Value::Array(a) => {
+            let n = a.len();
+            let idx: usize = p.parse().map_err(|_| {
+                format!(
+                    "{key}: `{}` is an array: index it by number (0 to {})",
+                    here(),
+                    n.saturating_sub(1)
+                )
+            })?;
+            let item = a
+                .get_mut(idx)
+                .ok_or_else(|| format!("{key}: `{}` has {n} entries, no index {idx}", here()))?;
+            set_in(item, parts, i + 1, key, value)
+        }
+        _ => Err(format!("{key}: `{}` is not a table", here())),
+    }
 }

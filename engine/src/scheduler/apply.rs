@@ -166,7 +166,9 @@ impl Scheduler {
             num_swapped: resp.swapped.len() as u32,
             external_fragmentation: resp.external_fragmentation,
         };
+        let padding = self.padding(&work);
         let plan = StepPlan {
+            padding,
             step: self.steps,
             start: now,
             work,
@@ -226,5 +228,40 @@ fn seq_work(
         token_ids,
         sampling: s.request.sampling,
         drafts,
+    }
+}
+
+impl Scheduler {
+    /// The padding a padded static batch computes with `work` (`static_padding`): each
+    /// prompt padded to the batch's longest, and a pad row for every member that has
+    /// finished while the others decode, at the longest context of the step.
+    fn padding(&mut self, work: &[SeqWork]) -> crate::plan::Padding {
+        let mut pad = crate::plan::Padding::default();
+        if !self.cfg.static_padding {
+            return pad;
+        }
+        let seqs = &self.seqs;
+        for id in &self.running {
+            if let Some(s) = seqs.get(id) {
+                self.pad.longest_prompt = self.pad.longest_prompt.max(s.request.prompt_len);
+            }
+        }
+        // Members are counted in sequences; a finished one keeps its row.
+        self.pad.members = self.pad.members.max(self.running.len() as u32);
+        for w in work.iter().filter(|w| w.kind == WorkKind::Prefill) {
+            let end = w.context_len();
+            if let Some(s) = seqs.get(&w.seq) {
+                // The last chunk of a prompt shorter than the longest gets its pad tokens.
+                if end == s.request.prompt_len && end < self.pad.longest_prompt {
+                    pad.prefill.push((end, self.pad.longest_prompt - end));
+                }
+            }
+        }
+        let decoding = work.iter().filter(|w| w.kind != WorkKind::Prefill);
+        if let Some(context) = decoding.map(|w| w.context_len()).max() {
+            let idle = self.pad.members.saturating_sub(self.running.len() as u32);
+            pad.decode = vec![context.max(self.pad.longest_prompt); idle as usize];
+        }
+        pad
     }
 }

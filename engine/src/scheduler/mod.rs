@@ -132,6 +132,10 @@ pub struct SchedulerConfig {
     pub sliding_window: Option<u32>,
     /// Speculative decoding (`None`: off).
     pub speculative: Option<crate::spec::SpecConfig>,
+    /// Static batching as Hugging Face `generate` runs a batch: prompts padded to the
+    /// batch's longest, finished members decoding pad tokens until the last one ends
+    /// ([`crate::plan::Padding`]). Only with [`SchedulerKind::Static`].
+    pub static_padding: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -157,6 +161,7 @@ impl Default for SchedulerConfig {
             watermark_blocks: 0,
             sliding_window: None,
             speculative: None,
+            static_padding: false,
         }
     }
 }
@@ -209,6 +214,15 @@ impl SchedulerConfig {
             return bad(
                 "model.sliding_window",
                 "must be at least 1 token (omit it for full attention)".into(),
+            );
+        }
+        if self.static_padding && self.kind != SchedulerKind::Static {
+            return bad(
+                "engine.static_padding",
+                format!(
+                    "pads a static batch, but the scheduler is {} (set engine.scheduler = \"static\")",
+                    self.kind.as_str()
+                ),
             );
         }
         if let Some(spec) = &self.speculative {
@@ -349,6 +363,16 @@ pub struct Scheduler {
     pending_drafts: Vec<Option<crate::spec::Drafts>>,
     /// Acceptance counters per request class.
     spec_stats: Vec<crate::spec::SpecStats>,
+    /// The padded static batch in flight (`static_padding`): members and longest prompt.
+    pad: PadState,
+}
+
+/// What a padded static batch's padding is computed from: the batch's members (those
+/// finished keep their rows) and its longest prompt.
+#[derive(Debug, Clone, Copy, Default)]
+struct PadState {
+    members: u32,
+    longest_prompt: u32,
 }
 
 /// Scheduler-side facts about the last planned step (for `steps.csv`).
@@ -388,6 +412,7 @@ impl Scheduler {
             groups: FxHashMap::default(),
             pending_drafts: Vec::new(),
             spec_stats: Vec::new(),
+            pad: PadState::default(),
         })
     }
 

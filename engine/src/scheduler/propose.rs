@@ -34,6 +34,10 @@ impl Scheduler {
             waiting: &self.waiting,
             running: &self.running,
         };
+        if self.running.is_empty() {
+            // A static batch forms only when the last one has ended.
+            self.pad = PadState::default();
+        }
         let mut p = self.policy.propose(&q, &self.policy_cfg);
         // Admission reserve, and prefix-cache lookups for sequences admitted without blocks.
         let static_batch = self.cfg.kind == SchedulerKind::Static;
@@ -42,7 +46,9 @@ impl Scheduler {
                 e.total = s.num_tokens;
                 e.write_from = s.num_computed;
                 if e.kind == EntryKind::Waiting {
-                    if !static_batch {
+                    // Static batching reserves prompt + max_tokens itself; only a
+                    // max-length reservation (HF's static cache) asks for more.
+                    if !static_batch || self.cfg.admission == AdmissionPolicy::MaxModelLen {
                         let reserve = self.cfg.admission.slots(
                             s,
                             e.tokens,

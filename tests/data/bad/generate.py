@@ -142,6 +142,8 @@ s = mutate("engine.kv_allocator", '"contiguous"')
 case("engine-contiguous-prefix-caching", "enable_prefix_caching", scenario=s)
 s = mutate("engine.kv_allocator", '"contiguous"'); s["engine"]["enable_prefix_caching"] = "false"; s["engine"]["preemption_mode"] = '"swap"'
 case("engine-contiguous-swap", "preemption_mode", scenario=s)
+s = mutate("engine.scheduler", '"continuous"'); s["engine"]["static_padding"] = "true"
+case("engine-static-padding-continuous", "engine.static_padding", scenario=s)
 # --- workload
 for path, v, expect in [("workload.num_requests", "0", "workload.num_requests"),
                         ("workload.duration_s", "-1.0", "workload.duration_s"),
@@ -327,7 +329,9 @@ case("spec-draft-tp-indivisible", "draft_tp", scenario=s)
 # --- sweeps and variants
 for sweep, expect in [({'"workload.arrival.rate"': "[]"}, "sweep"), ({'"name"': '["a", "b"]'}, "name"),
                       ({'"engine.block_size"': "16"}, "sweep"), ({'"engine.block_size"': "[16, 7]"}, "engine.block_size"),
-                      ({'"model.name.x"': "[1]"}, "model.name"), ({'"workload.arrival.rate"': "[1.0, -2.0]"}, "workload.arrival.rate")]:
+                      ({'"model.name.x"': "[1]"}, "model.name"), ({'"workload.arrival.rate"': "[1.0, -2.0]"}, "workload.arrival.rate"),
+                      ({'"workload.class.5.weight"': "[1.0]"}, "no index 5"), ({'"workload.class.x.weight"': "[1.0]"}, "index it by number"),
+                      ({'"workload..rate"': "[1.0]"}, "empty part")]:
     s = mutate("engine.scheduler", '"chunked"'); s["sweep"] = sweep
     case("sweep-" + "".join(sweep.values()).replace('"', "").replace("[", "").replace("]", "").replace(",", "_").replace(" ", "").replace(".", "_").replace("-", "neg")[:20] + "-" + list(sweep)[0].strip('"').replace(".", "-"), expect, scenario=s)
 for variants, expect in [([{"engine.scheduler": '"static"'}], "name"), ([{"name": '"../escaped"'}], "../escaped"),

@@ -1,0 +1,109 @@
+//! Claim 6: tensor parallelism gives lower latency than pipeline parallelism for a 70B
+//! model on 4 GPUs; pipelines communicate less but waste compute in bubbles.
+//!
+//! In: `parallelism.toml`, variants `tp4`, `pp4` (and optionally `tp2-pp2`) swept over a
+//! closed loop's concurrency (its lowest and highest points are read). Out: rows for
+//! latency at the lowest load, throughput at the highest, and the bytes each scheme moves
+//! between GPUs per token (from the model's shape).
+
+use super::{at, figs, point_label, sweep_points, times, ClaimRow, Ctx, Verdict};
+use crate::SimError;
+
+pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
+    let tp = ctx.variant("tp4")?;
+    let pp = ctx.variant("pp4")?;
+    let runs = ctx.sweep()?;
+    let points = sweep_points(&runs);
+    let (Some(&lo), Some(&hi)) = (points.first(), points.last()) else {
+        return Err(ctx.error("the sweep ran no point".into()));
+    };
+    let load = |p: usize| point_label(&runs, p);
+    let need = |p: usize, v: &str| {
+        at(&runs, p, v).ok_or_else(|| ctx.error(format!("no run of `{v}` at every point")))
+    };
+    let mut variants: Vec<&str> = vec!["tp4", "pp4"];
+    if ctx.scn.variants.iter().any(|v| v.name == "tp2-pp2") {
+        variants.push("tp2-pp2");
+    }
+    let mut lat = Vec::new();
+    for v in &variants {
+        let s = need(lo, v)?;
+        lat.push(format!(
+            "{v}: TTFT {:.0} ms, TPOT {:.1} ms",
+            s.mean_ttft_ms, s.mean_tpot_ms
+        ));
+    }
+    let (t, p) = (need(lo, "tp4")?, need(lo, "pp4")?);
+    let mut rows = vec![ClaimRow {
+        scenario: String::new(),
+        figures: figs(&[("tp_tpot_ms", t.mean_tpot_ms), ("pp_tpot_ms", p.mean_tpot_ms), ("tp_ttft_ms", t.mean_ttft_ms), ("pp_ttft_ms", p.mean_ttft_ms)]),
+        claim: format!(
+            "TP gives lower latency than PP ({} on {} {})",
+            tp.deployment.model.name,
+            tp.deployment.num_gpus(),
+            tp.deployment.gpu.name
+        ),
+        article: "TP: lower latency; PP: higher latency".into(),
+        simulated: format!("{}: {}", load(lo), lat.join("; ")),
+        verdict: if t.mean_tpot_ms < p.mean_tpot_ms && t.mean_ttft_ms < p.mean_ttft_ms {
+            Verdict::Holds
+        } else {
+            Verdict::DoesNotHold
+        },
+        why: format!(
+            "TP splits every layer over the GPUs, so a step takes about a quarter of one GPU's time plus two all-reduces a layer; PP runs the stages one after another, so a token still crosses all {} layers' weights in sequence ({} TPOT of PP over TP)",
+            tp.deployment.model.layers,
+            times(p.mean_tpot_ms / t.mean_tpot_ms.max(1e-9))
+        ),
+    }];
+    // Throughput at the highest load.
+    let mut thr = Vec::new();
+    for v in &variants {
+        let s = need(hi, v)?;
+        thr.push(format!("{v}: {:.0} tok/s", s.output_throughput));
+    }
+    let (th, ph) = (need(hi, "tp4")?, need(hi, "pp4")?);
+    let stages = pp.deployment.pp;
+    rows.push(ClaimRow {
+        scenario: String::new(),
+        figures: figs(&[("tp_tps", th.output_throughput), ("pp_tps", ph.output_throughput)]),
+        claim: "pipeline bubbles waste compute".into(),
+        article: "\"Pipeline bubbles waste compute\"".into(),
+        simulated: format!(
+            "{}: {}; each PP GPU busy 1/{stages} of a step",
+            load(hi),
+            thr.join("; ")
+        ),
+        verdict: if ph.output_throughput < th.output_throughput {
+            Verdict::Holds
+        } else {
+            Verdict::DoesNotHold
+        },
+        why: "the engine runs one batch at a time through the stages (no overlapping micro-batches, as vLLM's virtual engines would), so every GPU idles while the others compute; with micro-batches in flight PP's throughput would recover most of that".into(),
+    });
+    // Bytes between GPUs per token.
+    let m = &tp.deployment.model;
+    let act = 2.0;
+    let n = f64::from(tp.deployment.tp);
+    let tp_bytes = f64::from(m.layers) * 2.0 * 2.0 * (n - 1.0) / n * f64::from(m.hidden) * act;
+    let pp_bytes = f64::from(stages - 1) * f64::from(m.hidden) * act;
+    rows.push(ClaimRow {
+        scenario: String::new(),
+        figures: figs(&[("tp_bytes", tp_bytes), ("pp_bytes", pp_bytes)]),
+        claim: "PP communicates less than TP".into(),
+        article: "TP: high communication (all-reduce); PP: less".into(),
+        simulated: format!(
+            "per token: TP{} {:.2} MB (two ring all-reduces a layer), PP{stages} {:.3} MB (hand-offs between stages)",
+            tp.deployment.tp,
+            tp_bytes / 1e6,
+            pp_bytes / 1e6
+        ),
+        verdict: if pp_bytes < tp_bytes {
+            Verdict::Holds
+        } else {
+            Verdict::DoesNotHold
+        },
+        why: "TP all-reduces the hidden state twice per layer; PP passes it once per stage boundary; over NVLink the all-reduces cost little next to the latency PP adds".into(),
+    });
+    Ok(rows)
+}
