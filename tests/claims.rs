@@ -120,11 +120,11 @@ fn continuous_against_static_batching() {
         "continuous batching's throughput over static batching with paged",
     );
     // Below saturation every scheduler completes what arrives: the same throughput.
-    let light = fig(naive, "rate 2, output std 1");
+    let light = fig(naive, "rate 2, std 1");
     assert!((light - 1.0).abs() < 0.05, "{light}");
     // Saturated with widely spread outputs, a padded batch runs until its longest member
     // ends and max-length KV caps it: at least 5x.
-    assert!(fig(naive, "rate 200, output std 768") >= 5.0);
+    assert!(fig(naive, "rate 200, std 768") >= 5.0);
     // The paged static batcher loses only the idle slots of finished members: the gap
     // grows with the spread but stays small.
     for (k, v) in &paged.figures {
@@ -133,7 +133,7 @@ fn continuous_against_static_batching() {
         assert!(*v <= n * 1.02, "{k}: paged static {v} vs naive {n}");
         assert!(*v < 3.0, "{k}: {v}");
     }
-    assert!(fig(paged, "rate 200, output std 768") > fig(paged, "rate 200, output std 1"));
+    assert!(fig(paged, "rate 200, std 768") > fig(paged, "rate 200, std 1"));
     assert_eq!(paged.verdict, Verdict::DoesNotHold);
     assert!(matches!(naive.verdict, Verdict::HoldsOnlyWhen(_)));
 }

@@ -6,7 +6,7 @@
 //! spread of output lengths. Out: one row per baseline, with the output-throughput ratio
 //! at every point and the points where it reaches the claim.
 
-use super::{sweep_points, times, ClaimRow, Ctx, Verdict};
+use super::{point_label, sweep_points, times, ClaimRow, Ctx, Verdict};
 use crate::sweep::SweepRun;
 use crate::SimError;
 
@@ -27,21 +27,8 @@ fn points(runs: &[SweepRun], baseline: &str) -> Vec<Point> {
         let (Some(c), Some(b)) = (get("continuous"), get(baseline)) else {
             continue;
         };
-        let label = c
-            .values
-            .iter()
-            .map(|(k, v)| {
-                let short = if k.ends_with("rate") {
-                    "rate"
-                } else {
-                    "output std"
-                };
-                format!("{short} {v}")
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
         out.push(Point {
-            label,
+            label: point_label(runs, p),
             ratio: c.summary.output_throughput / b.summary.output_throughput.max(1e-9),
             // Queueing longer than the mean service means the baseline fell behind.
             saturated: b.summary.mean_queue_ms > b.summary.mean_e2el_ms * 0.5,
@@ -65,13 +52,13 @@ fn row(points: &[Point], baseline: &str, why: &str) -> ClaimRow {
     } else {
         let sat = reach.iter().all(|p| p.saturated);
         Verdict::HoldsOnlyWhen(format!(
-            "the baseline is {}saturated and output lengths spread widely ({})",
-            if sat { "" } else { "nearly " },
+            "{} (the baseline {}saturated)",
             reach
                 .iter()
                 .map(|p| p.label.as_str())
                 .collect::<Vec<_>>()
-                .join("; ")
+                .join("; "),
+            if sat { "" } else { "nearly " }
         ))
     };
     ClaimRow {

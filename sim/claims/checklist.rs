@@ -117,16 +117,18 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
         claim: "admission limits keep KV from blowing up".into(),
         article: "reject or queue requests when concurrency would blow up KV".into(),
         simulated: format!(
-            "at {hi_rate} req/s without: {} preemptions, {} recomputed tokens, p99 TPOT {:.0} ms, {:.0} tok/s; reserving prompt + max_tokens: {} preemptions, p99 TPOT {:.0} ms, {:.0} tok/s, mean queueing {:.0} vs {:.0} ms",
+            "at {hi_rate} req/s, admitting on the next step's blocks: {} preemptions, {} recomputed tokens, mean batch {:.0}, p99 TPOT {:.0} ms, {:.0} tok/s, mean queueing {:.0} ms; reserving prompt + max_tokens: {} preemptions, mean batch {:.0}, p99 TPOT {:.0} ms, {:.0} tok/s, mean queueing {:.0} ms",
             no.num_preemptions,
             no.recomputed_tokens,
+            no.mean_batch_size,
             no.p99_tpot_ms,
             no.output_throughput,
+            no.mean_queue_ms,
             lim.num_preemptions,
+            lim.mean_batch_size,
             lim.p99_tpot_ms,
             lim.output_throughput,
-            lim.mean_queue_ms,
-            no.mean_queue_ms
+            lim.mean_queue_ms
         ),
         verdict: if lim.num_preemptions == 0 && no.num_preemptions > 0 {
             Verdict::Holds
@@ -135,7 +137,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
         } else {
             Verdict::DoesNotHold
         },
-        why: "admitting on the next step's blocks alone lets decodes outgrow the pool and evict each other; reserving the worst case queues requests instead, at the cost of a smaller batch".into(),
+        why: "admitting on the next step's blocks alone lets decodes outgrow the pool and evict each other, and every eviction recomputes its tokens; reserving the worst case makes requests wait before they start instead, never after".into(),
     });
     let pf = get("prefill-first")?;
     let ttft = pf.mean_ttft_ms / base.mean_ttft_ms.max(1e-9) - 1.0;

@@ -77,6 +77,6 @@ fn why(v: &str) -> &'static str {
         "vllm-fp16" => "at one client it is bound by streaming the weights (TP2 halves that against HF's layer-by-layer split); its multiple over HF grows with the clients it batches",
         "vllm-awq" => "int4 on one GPU streams about as many bytes per GPU as fp16 on two, so a deployment matches vLLM fp16 rather than doubling it: AWQ halves the GPUs, not the time",
         "vllm-awq-spec" => "the draft's extra tokens per verify step pay at one client; at 16 the batch makes verification compute-bound and the gain is gone",
-        _ => "TGI batches continuously too; reserving prompt + max_tokens costs only when KV is short, which these 768-token requests never make it",
+        _ => "TGI batches continuously too and reserves prompt + max_tokens at admission: where KV is short (64 clients of 768 tokens outgrow this pool) it queues requests where vLLM preempts and recomputes them",
     }
 }

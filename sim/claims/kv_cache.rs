@@ -45,9 +45,12 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
             Verdict::DoesNotHold
         },
         why: format!(
-            "the formula is right but the article's product is not: 2x80x8x128x4096x32x2 is {:.2e} bytes, not 27.5e9 ({} GiB)",
+            "the formula is right but the article's product is not: 2x{}x{}x{}x4096x32x2 is {:.0} bytes ({:.1} GiB), not 27,487,051,776 (25.6 GiB)",
+            m.layers,
+            m.kv_heads,
+            m.head_dim,
             formula(4096.0 * 32.0),
-            (formula(4096.0 * 32.0) / (1u64 << 30) as f64).round()
+            formula(4096.0 * 32.0) / f64::from(1u32 << 30)
         ),
     }];
 
@@ -63,7 +66,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
             "{} ({} such requests fit in the pool of {} x {})",
             gb(long),
             if fits {
-                format!("{:.1}", gqa.memory.max_concurrency_at_max_len)
+                format!("{:.0}", gqa.memory.max_concurrency_at_max_len.floor())
             } else {
                 "no".into()
             },
@@ -82,27 +85,29 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
         ),
     });
 
-    // GQA against MHA.
+    // GQA against MHA, in one pool (the MHA model's own is smaller: its K and V
+    // projections are 8x larger too).
     let ratio = per_token_mha / per_token;
+    let pool = gqa.memory.pool_tokens as f64 * per_token;
     rows.push(ClaimRow {
         scenario: String::new(),
         figures: figs(&[("mha_over_gqa", ratio), ("mha_seq_bytes", per_token_mha * 4096.0)]),
         claim: "grouped-query attention cuts KV 8x against multi-head".into(),
         article: "8x (64 query heads, 8 KV heads); MHA 10.7 GB per 4,096-token sequence".into(),
         simulated: format!(
-            "{} per token; MHA {} per 4,096-token sequence; sequences of {} tokens in the same pool: {:.0} (GQA) vs {:.0} (MHA)",
+            "{} per token; MHA {} per 4,096-token sequence; 4,096-token sequences in the GQA model's {} pool: {:.0} with GQA, {:.0} with MHA",
             times(ratio),
             gb(per_token_mha * 4096.0),
-            mha.memory.max_model_len,
-            gqa.memory.pool_tokens as f64 / f64::from(mha.memory.max_model_len),
-            mha.memory.max_concurrency_at_max_len
+            gb(pool),
+            (pool / (per_token * 4096.0)).floor(),
+            (pool / (per_token_mha * 4096.0)).floor()
         ),
         verdict: if (ratio - 8.0).abs() < 0.01 {
             Verdict::Holds
         } else {
             Verdict::DoesNotHold
         },
-        why: "KV bytes scale with the KV heads, so 64 / 8 = 8x; the pool holds 8x the tokens".into(),
+        why: "KV bytes scale with the KV heads, so 64 / 8 = 8x; a pool holds 8x the tokens".into(),
     });
     Ok(rows)
 }

@@ -93,7 +93,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
         claim: "PP communicates less than TP".into(),
         article: "TP: high communication (all-reduce); PP: less".into(),
         simulated: format!(
-            "per token: TP{} {:.2} MB (two ring all-reduces a layer), PP{stages} {:.3} MB (hand-offs between stages)",
+            "per token: each TP{} GPU sends {:.2} MB (two ring all-reduces a layer); PP{stages} sends {:.3} MB in all (one hand-off per stage boundary)",
             tp.deployment.tp,
             tp_bytes / 1e6,
             pp_bytes / 1e6

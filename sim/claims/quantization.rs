@@ -75,7 +75,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
         Ok(format!(
             "{} of KV, {:.0} sequences of {} tokens",
             gb(v.memory.kv_budget_bytes * f64::from(v.deployment.num_gpus())),
-            v.memory.max_concurrency_at_max_len,
+            v.memory.max_concurrency_at_max_len.floor(),
             v.memory.max_model_len
         ))
     };

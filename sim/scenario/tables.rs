@@ -161,8 +161,15 @@ fn set_in(
         return Ok(());
     };
     let here = || parts[..i].join(".");
+    let index = p.bytes().all(|b| b.is_ascii_digit());
     match v {
         toml::Value::Table(t) => {
+            if index && !t.contains_key(p) {
+                return Err(format!(
+                    "{key}: `{}` has no array to index with {p}",
+                    parts[..i].join(".")
+                ));
+            }
             let entry = t
                 .entry(p.to_string())
                 .or_insert_with(|| toml::Value::Table(toml::Table::new()));
@@ -170,7 +177,7 @@ fn set_in(
         }
         toml::Value::Array(a) => {
             let n = a.len();
-            let idx: usize = p.parse().map_err(|_| {
+            let idx: usize = p.parse().ok().filter(|_| index).ok_or_else(|| {
                 format!(
                     "{key}: `{}` is an array: index it by number (0 to {})",
                     here(),

@@ -233,8 +233,10 @@ fn seq_work(
 
 impl Scheduler {
     /// The padding a padded static batch computes with `work` (`static_padding`): each
-    /// prompt padded to the batch's longest, and a pad row for every member that has
-    /// finished while the others decode, at the longest context of the step.
+    /// prompt padded to the batch's longest, and in a decode step a pad row for each of the
+    /// batch's rows (`n` per request) that computes nothing, at the padded context (the
+    /// longest prompt plus the decode steps run). Live rows are priced at their own context:
+    /// the attention over their left padding is not charged.
     fn padding(&mut self, work: &[SeqWork]) -> crate::plan::Padding {
         let mut pad = crate::plan::Padding::default();
         if !self.cfg.static_padding {
@@ -243,11 +245,15 @@ impl Scheduler {
         let seqs = &self.seqs;
         for id in &self.running {
             if let Some(s) = seqs.get(id) {
-                self.pad.longest_prompt = self.pad.longest_prompt.max(s.request.prompt_len);
+                let pad = &mut self.pad;
+                pad.longest_prompt = pad.longest_prompt.max(s.request.prompt_len);
+                // A request holds its `n` rows (parallel samples or beams) from admission,
+                // whether or not its sequences have forked, run, or already finished.
+                if pad.requests.insert(s.request.id) {
+                    pad.rows += s.request.n.max(1);
+                }
             }
         }
-        // Members are counted in sequences; a finished one keeps its row.
-        self.pad.members = self.pad.members.max(self.running.len() as u32);
         for w in work.iter().filter(|w| w.kind == WorkKind::Prefill) {
             let end = w.context_len();
             if let Some(s) = seqs.get(&w.seq) {
@@ -259,8 +265,13 @@ impl Scheduler {
         }
         let decoding = work.iter().filter(|w| w.kind != WorkKind::Prefill);
         if let Some(context) = decoding.map(|w| w.context_len()).max() {
-            let idle = self.pad.members.saturating_sub(self.running.len() as u32);
-            pad.decode = vec![context.max(self.pad.longest_prompt); idle as usize];
+            // Rows the step does not compute for a live sequence: finished members (and
+            // those preempted, which a padded batch would not have).
+            let live = work.iter().filter(|w| w.kind != WorkKind::Prefill).count() as u32;
+            let idle = self.pad.rows.saturating_sub(live);
+            let padded = self.pad.longest_prompt + 1 + self.pad.decode_steps;
+            pad.decode = vec![context.max(padded); idle as usize];
+            self.pad.decode_steps += 1;
         }
         pad
     }

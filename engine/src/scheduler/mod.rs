@@ -367,12 +367,15 @@ pub struct Scheduler {
     pad: PadState,
 }
 
-/// What a padded static batch's padding is computed from: the batch's members (those
-/// finished keep their rows) and its longest prompt.
-#[derive(Debug, Clone, Copy, Default)]
+/// What a padded static batch's padding is computed from: its requests (each keeps `n`
+/// rows until the batch ends, finished or not), its longest prompt and the decode steps
+/// it has run (every row is as long as the longest prompt plus those, under left padding).
+#[derive(Debug, Clone, Default)]
 struct PadState {
-    members: u32,
+    requests: rustc_hash::FxHashSet<SeqId>,
+    rows: u32,
     longest_prompt: u32,
+    decode_steps: u32,
 }
 
 /// Scheduler-side facts about the last planned step (for `steps.csv`).

@@ -8,8 +8,10 @@ use crate::block_manager::{EntryKind, ReserveOrder};
 /// pre-PagedAttention systems did), so a batch never preempts. The batch's prompts are
 /// prefilled first (whole prompts, as many per step as `max_num_batched_tokens` allows),
 /// then all members decode together until the last one finishes; nobody joins mid-batch.
-/// Members that finish early leave the batch (their slots idle until the batch ends); the
-/// cost model does not charge their padding, which flatters static batching slightly.
+/// Members that finish early leave the batch (their slots idle until the batch ends); with
+/// `static_padding` the step plan carries their pad rows and the prompts' padding
+/// ([`crate::plan::Padding`]), which the cost model charges, as Hugging Face `generate`
+/// computes them.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct StaticBatch;
 

@@ -331,7 +331,8 @@ for sweep, expect in [({'"workload.arrival.rate"': "[]"}, "sweep"), ({'"name"': 
                       ({'"engine.block_size"': "16"}, "sweep"), ({'"engine.block_size"': "[16, 7]"}, "engine.block_size"),
                       ({'"model.name.x"': "[1]"}, "model.name"), ({'"workload.arrival.rate"': "[1.0, -2.0]"}, "workload.arrival.rate"),
                       ({'"workload.class.5.weight"': "[1.0]"}, "no index 5"), ({'"workload.class.x.weight"': "[1.0]"}, "index it by number"),
-                      ({'"workload..rate"': "[1.0]"}, "empty part")]:
+                      ({'"workload..rate"': "[1.0]"}, "empty part"), ({'"engine.0.block_size"': "[16]"}, "no array to index"),
+                      ({'"workload.class.+0.weight"': "[1.0]"}, "index it by number")]:
     s = mutate("engine.scheduler", '"chunked"'); s["sweep"] = sweep
     case("sweep-" + "".join(sweep.values()).replace('"', "").replace("[", "").replace("]", "").replace(",", "_").replace(" ", "").replace(".", "_").replace("-", "neg")[:20] + "-" + list(sweep)[0].strip('"').replace(".", "-"), expect, scenario=s)
 for variants, expect in [([{"engine.scheduler": '"static"'}], "name"), ([{"name": '"../escaped"'}], "../escaped"),
