@@ -7,11 +7,7 @@
 //! beyond it (the highest), where KV runs out. Out: one row per item with the figures that
 //! move.
 
-use std::collections::BTreeMap;
-
-use analysis::Summary;
-
-use super::{figs, summary, sweep_points, ClaimRow, Ctx, Verdict};
+use super::{at, figs, sweep_points, ClaimRow, Ctx, Verdict};
 use crate::SimError;
 
 fn change(a: f64, b: f64) -> String {
@@ -43,17 +39,11 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
             .unwrap_or_default()
     };
     let (lo_rate, hi_rate) = (rate(lo_point), rate(hi_point));
-    let runs_at = |p: usize| -> BTreeMap<String, Summary> {
-        sweep
-            .iter()
-            .filter(|r| r.point == p)
-            .map(|r| (r.variant.clone(), r.summary.clone()))
-            .collect()
-    };
-    let (runs, over) = (runs_at(lo_point), runs_at(hi_point));
-    let get = |n: &str| summary(&runs, n);
+    // Within capacity (the lowest rate) and beyond it (the highest).
+    let get = |n: &str| at(&sweep, lo_point, n);
+    let over = |n: &str| at(&sweep, hi_point, n);
     let (base, hi) = (get("gmu-0.90")?, get("gmu-0.95")?);
-    let (obase, ohi) = (summary(&over, "gmu-0.90")?, summary(&over, "gmu-0.95")?);
+    let (obase, ohi) = (over("gmu-0.90")?, over("gmu-0.95")?);
     let (b90, b95) = (
         ctx.variant("gmu-0.90")?.memory.num_blocks,
         ctx.variant("gmu-0.95")?.memory.num_blocks,
@@ -107,10 +97,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
         },
         why: "a hit skips the prefill of the cached blocks, so TTFT falls by the share of the prompt the system prompt is".into(),
     });
-    let (no, lim) = (
-        summary(&over, "no-admission-limit")?,
-        summary(&over, "admission-limit")?,
-    );
+    let (no, lim) = (over("no-admission-limit")?, over("admission-limit")?);
     rows.push(ClaimRow {
         scenario: String::new(),
         figures: figs(&[("preemptions_without", no.num_preemptions as f64), ("preemptions_with", lim.num_preemptions as f64)]),

@@ -72,13 +72,6 @@ pub struct ClaimRow {
 }
 
 impl ClaimRow {
-    /// The row with `figures` added.
-    pub fn with(mut self, figures: &[(&str, f64)]) -> Self {
-        self.figures
-            .extend(figures.iter().map(|(k, v)| (k.to_string(), *v)));
-        self
-    }
-
     /// The figure `name`, if the row has it.
     pub fn figure(&self, name: &str) -> Option<f64> {
         self.figures
@@ -192,18 +185,12 @@ impl Ctx<'_> {
         if self.scn.sweep.is_empty() {
             return Err(self.error("the claim is about a trend: it needs a [sweep]".into()));
         }
-        let mut scn = self.scn.clone();
-        if let Some(n) = self.opts.requests {
-            for v in &mut scn.variants {
-                v.config.workload.num_requests = Some(n);
-            }
-        }
         let opts = RunOptions {
             out_dir: self.dir(""),
             requests: self.opts.requests,
             ..RunOptions::default()
         };
-        run_sweep(&scn, &opts, None)
+        run_sweep(self.scn, &opts, None)
     }
 }
 
@@ -246,16 +233,7 @@ pub fn claim_files(path: &Path, only: &[String]) -> Result<Vec<PathBuf>, SimErro
     };
     let known = known();
     for f in &files {
-        if !known.contains(&stem(f).as_str()) {
-            return Err(SimError::Scenario(ScenarioError {
-                file: f.display().to_string(),
-                msg: format!(
-                    "no claim is named `{}` (the claims: {})",
-                    stem(f),
-                    known.join(", ")
-                ),
-            }));
-        }
+        evaluator(f)?;
     }
     for o in only {
         if !known.contains(&o.as_str()) {
@@ -271,6 +249,24 @@ pub fn claim_files(path: &Path, only: &[String]) -> Result<Vec<PathBuf>, SimErro
         .collect())
 }
 
+/// The evaluator of the claim scenario `path` (by its stem), or an error listing them.
+fn evaluator(path: &Path) -> Result<Evaluator, SimError> {
+    let stem = stem(path);
+    EVALUATORS
+        .iter()
+        .find(|(n, _)| *n == stem)
+        .map(|(_, e)| *e)
+        .ok_or_else(|| {
+            SimError::Scenario(ScenarioError {
+                file: path.display().to_string(),
+                msg: format!(
+                    "no claim is named `{stem}` (the claims: {})",
+                    known().join(", ")
+                ),
+            })
+        })
+}
+
 fn stem(p: &Path) -> String {
     p.file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -279,16 +275,8 @@ fn stem(p: &Path) -> String {
 
 /// Judges one claim scenario.
 pub fn evaluate(path: &Path, opts: &ClaimOptions) -> Result<Vec<ClaimRow>, SimError> {
+    let eval = evaluator(path)?;
     let stem = stem(path);
-    let Some((_, eval)) = EVALUATORS.iter().find(|(n, _)| *n == stem) else {
-        return Err(SimError::Scenario(ScenarioError {
-            file: path.display().to_string(),
-            msg: format!(
-                "no claim is named `{stem}` (the claims: {})",
-                known().join(", ")
-            ),
-        }));
-    };
     let scn = Scenario::load(path, None)?;
     let ctx = Ctx {
         scn: &scn,
@@ -390,10 +378,16 @@ pub fn point_label(runs: &[SweepRun], point: usize) -> String {
 }
 
 /// The summary of `variant` at sweep point `point`.
-pub fn at<'a>(runs: &'a [SweepRun], point: usize, variant: &str) -> Option<&'a Summary> {
+pub fn at<'a>(runs: &'a [SweepRun], point: usize, variant: &str) -> Result<&'a Summary, SimError> {
     runs.iter()
         .find(|r| r.point == point && r.variant == variant)
         .map(|r| &r.summary)
+        .ok_or_else(|| {
+            SimError::Scenario(ScenarioError {
+                file: "claims".into(),
+                msg: format!("no run of variant `{variant}` at sweep point {point}"),
+            })
+        })
 }
 
 /// Named figures for [`ClaimRow::figures`].

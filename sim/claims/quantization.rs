@@ -12,7 +12,7 @@ use crate::SimError;
 
 /// Mean TPOT of `variant` at sweep point `point`.
 fn tpot(runs: &[SweepRun], point: usize, variant: &str) -> Option<f64> {
-    at(runs, point, variant).map(|s| s.mean_tpot_ms)
+    at(runs, point, variant).ok().map(|s| s.mean_tpot_ms)
 }
 
 /// The fewest GPUs (tensor parallel 1, 2, 4, 8) the variant's format fits on.

@@ -34,7 +34,7 @@ impl Scheduler {
             waiting: &self.waiting,
             running: &self.running,
         };
-        if self.running.is_empty() {
+        if self.cfg.static_padding && self.running.is_empty() {
             // A static batch forms only when the last one has ended.
             self.pad = PadState::default();
         }
