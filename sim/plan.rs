@@ -33,6 +33,12 @@ pub struct PlanRow {
     pub output_tps: f64,
     /// Replicas needed for the target rate.
     pub replicas: u32,
+    /// Requests of the longest probe that confirmed `max_rate` (4x those the search
+    /// used; see [`plan`]).
+    pub confirmed_at: u64,
+    /// Whether that confirmation held: `false` when the rate still failed at the longest
+    /// probe tried (a queue still growing), so `max_rate` is an upper bound.
+    pub steady: bool,
     /// USD per GPU-hour.
     pub price_per_hour: f64,
 }
@@ -74,11 +80,24 @@ fn meets(s: &analysis::Summary, ttft_ms: Option<f64>, tpot_ms: Option<f64>) -> b
 
 /// Runs the grid. Each probe simulates `requests` requests at one Poisson rate (the
 /// scenario's arrival process with its rate replaced; gamma keeps its burstiness); the
-/// sustainable rate is bracketed by doubling from 0.25 req/s and refined by 10 bisections.
+/// sustainable rate is bracketed by doubling (or halving) from 0.25 req/s and bisected to 1%.
+///
+/// A short probe overrates a replica whose requests are long: arrivals end before the
+/// queue has grown to its steady size, so the SLO holds on a transient. The rate found is
+/// therefore probed again with 4x the requests (and, failing, 5% lower); when both fail
+/// there, the search repeats below them with 4x the requests, up to [`MAX_SEARCH_REQUESTS`] per probe (past that the last
+/// rate found is reported as not steady, an upper bound).
 pub fn plan(scn: &Scenario, inp: &PlanInputs) -> Result<Vec<PlanRow>, SimError> {
     let slo = &scn.base.slo;
     plan_with(scn, inp, None, slo.ttft_ms, slo.tpot_ms)
 }
+
+/// Requests per probe unless told otherwise (`sim plan --requests`).
+pub const DEFAULT_PROBE_REQUESTS: u64 = 400;
+
+/// The most requests per probe a search escalates to after failed steady-state checks (the
+/// check itself probes 4x its search's requests).
+pub const MAX_SEARCH_REQUESTS: u64 = 25_600;
 
 /// [`plan`] with the cost terms replaced (`cost`: one fold's fit) and the SLO's bounds
 /// given (scaled by a held-out error).
@@ -125,10 +144,13 @@ fn plan_with(
                     max_rate: 0.0,
                     output_tps: 0.0,
                     replicas: 0,
+                    confirmed_at: 0,
+                    steady: false,
                     price_per_hour: 0.0,
                 };
-                let probe = |rate: f64| -> Result<Option<analysis::Summary>, SimError> {
+                let probe = |rate: f64, n: u64| -> Result<Option<analysis::Summary>, SimError> {
                     let mut c = cfg.clone();
+                    c.workload.num_requests = Some(n);
                     c.workload.arrival = Some(match c.workload.arrival {
                         Some(ArrivalConfig::Gamma { burstiness, .. }) => {
                             ArrivalConfig::Gamma { rate, burstiness }
@@ -171,44 +193,100 @@ fn plan_with(
                         continue;
                     }
                 }
-                let (mut lo, mut hi) = (0.0, 0.25);
-                let mut best: Option<analysis::Summary> = None;
-                // Bracket: double while the SLO holds (up to 4096 req/s).
-                loop {
-                    match probe(hi)? {
-                        Some(s) if meets(&s, ttft_ms, tpot_ms) => {
-                            lo = hi;
-                            best = Some(s);
-                            if hi >= 4096.0 {
-                                break;
-                            }
-                            hi *= 2.0;
-                        }
-                        _ => break,
-                    }
-                }
-                if best.is_some() && hi > lo {
-                    for _ in 0..10 {
-                        let mid = (lo + hi) / 2.0;
-                        match probe(mid)? {
-                            Some(s) if meets(&s, ttft_ms, tpot_ms) => {
-                                lo = mid;
-                                best = Some(s);
-                            }
-                            _ => hi = mid,
+                let meets_at = |rate: f64, n: u64| -> Result<Option<analysis::Summary>, SimError> {
+                    Ok(probe(rate, n)?.filter(|s| meets(s, ttft_ms, tpot_ms)))
+                };
+                let mut n = inp.requests;
+                let (mut start, mut fails_at) = (0.25, None);
+                'steady: loop {
+                    let Some((rate, summary)) = search(&meets_at, n, start, fails_at)? else {
+                        row.max_rate = 0.0;
+                        row.output_tps = 0.0;
+                        break;
+                    };
+                    (row.max_rate, row.output_tps) = (rate, summary.output_throughput);
+                    row.confirmed_at = n.saturating_mul(4);
+                    for r in [rate, rate * (1.0 - MARGIN)] {
+                        if let Some(s) = meets_at(r, row.confirmed_at)? {
+                            (row.max_rate, row.output_tps) = (r, s.output_throughput);
+                            row.steady = true;
+                            break 'steady;
                         }
                     }
+                    if row.confirmed_at > MAX_SEARCH_REQUESTS.max(inp.requests) {
+                        break;
+                    }
+                    // Both failed with more requests: search below them with as many.
+                    fails_at = Some(rate * (1.0 - MARGIN));
+                    start = rate * (1.0 - MARGIN) / 2.0;
+                    n = row.confirmed_at;
                 }
-                if let Some(s) = best {
-                    row.max_rate = lo;
-                    row.output_tps = s.output_throughput;
-                    row.replicas = (inp.target_rate / lo).ceil().max(1.0) as u32;
+                if row.max_rate > 0.0 {
+                    row.replicas = (inp.target_rate / row.max_rate).ceil().max(1.0) as u32;
                 }
                 rows.push(row);
             }
         }
     }
     Ok(rows)
+}
+
+/// Relative width of the bracket at which a search stops bisecting.
+const PRECISION: f64 = 0.01;
+
+/// How far below a rate a longer probe may confirm it: near the bound a longer probe samples
+/// more of the latency tail, so the rate found is accepted 5% lower rather than searched again.
+const MARGIN: f64 = 0.05;
+
+/// The highest rate meeting the SLO with `n` requests per probe, and that probe's summary:
+/// from `start`, doubled while the SLO holds (up to 4096 req/s; not past `fails_at`, a rate
+/// known to fail) or halved until it does (down to `start / 1024`), then bisected to
+/// [`PRECISION`]. `None` when even the lowest rate tried fails.
+fn search(
+    meets_at: &dyn Fn(f64, u64) -> Result<Option<analysis::Summary>, SimError>,
+    n: u64,
+    start: f64,
+    fails_at: Option<f64>,
+) -> Result<Option<(f64, analysis::Summary)>, SimError> {
+    let (mut lo, mut hi, mut best);
+    if let Some(s) = meets_at(start, n)? {
+        (lo, best) = (start, s);
+        hi = match fails_at {
+            Some(f) => f,
+            None => loop {
+                if lo >= 4096.0 {
+                    return Ok(Some((lo, best)));
+                }
+                match meets_at(2.0 * lo, n)? {
+                    Some(s) => (lo, best) = (2.0 * lo, s),
+                    None => break 2.0 * lo,
+                }
+            },
+        };
+    } else {
+        hi = start;
+        loop {
+            let l = hi / 2.0;
+            if l < start / 1024.0 {
+                return Ok(None);
+            }
+            match meets_at(l, n)? {
+                Some(s) => {
+                    (lo, best) = (l, s);
+                    break;
+                }
+                None => hi = l,
+            }
+        }
+    }
+    while hi - lo > PRECISION * hi {
+        let mid = (lo + hi) / 2.0;
+        match meets_at(mid, n)? {
+            Some(s) => (lo, best) = (mid, s),
+            None => hi = mid,
+        }
+    }
+    Ok(Some((lo, best)))
 }
 
 /// How sure a plan row is, from a calibration file's `[fit]`: the rate sustained under each
@@ -322,7 +400,7 @@ pub fn table(rows: &[PlanRow], target_rate: f64) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<16} {:>3} {:<9} {:>14} {:>12} {:>9} {:>6} {:>10} {:>12}",
+        "{:<16} {:>3} {:<9} {:>14} {:>12} {:>9} {:>6} {:>10} {:>12} {:>11}",
         "gpu",
         "tp",
         "weights",
@@ -331,7 +409,8 @@ pub fn table(rows: &[PlanRow], target_rate: f64) -> String {
         "replicas",
         "GPUs",
         "$/hour",
-        "$/M tokens"
+        "$/M tokens",
+        "steady at"
     );
     for r in rows {
         if let Some(why) = &r.skipped {
@@ -350,7 +429,7 @@ pub fn table(rows: &[PlanRow], target_rate: f64) -> String {
             .map_or_else(|| "-".to_string(), |c| format!("{c:.3}"));
         let _ = writeln!(
             s,
-            "{:<16} {:>3} {:<9} {:>14.2} {:>12.0} {:>9} {:>6} {:>10.2} {:>12}",
+            "{:<16} {:>3} {:<9} {:>14.2} {:>12.0} {:>9} {:>6} {:>10.2} {:>12} {:>11}",
             r.gpu,
             r.tp,
             r.dtype.as_str(),
@@ -367,12 +446,23 @@ pub fn table(rows: &[PlanRow], target_rate: f64) -> String {
                 "-".into()
             },
             r.price_per_hour * f64::from(gpus),
-            per_million
+            per_million,
+            match (r.max_rate > 0.0, r.steady) {
+                (false, _) => "-".to_string(),
+                (true, true) => format!("{} req", r.confirmed_at),
+                (true, false) => format!("no: {}", r.confirmed_at),
+            }
         );
     }
     let _ = writeln!(
         s,
-        "(replicas and GPUs for {target_rate} req/s; the SLO bounds p90 TTFT and p99 TPOT)"
+        "(replicas and GPUs for {target_rate} req/s; the SLO bounds p90 TTFT and p99 TPOT; each rate re-checked with 4x the probe's requests, 'steady at')"
     );
+    if rows.iter().any(|r| r.max_rate > 0.0 && !r.steady) {
+        let _ = writeln!(
+            s,
+            "'no: N': the rate still broke the SLO at N requests per probe (the queue was still growing): an upper bound"
+        );
+    }
     s
 }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use sim::claims::{self, ClaimOptions, ClaimRow, Verdict};
+use sim::run::BackendKind;
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/claims")
@@ -15,8 +16,12 @@ fn dir() -> PathBuf {
 fn rows() -> &'static [ClaimRow] {
     static ROWS: OnceLock<Vec<ClaimRow>> = OnceLock::new();
     ROWS.get_or_init(|| {
-        let files = claims::claim_files(&dir(), &[]).expect("claim files");
-        assert_eq!(files.len(), claims::known().len(), "a scenario per claim");
+        let files = claims::claim_files(&dir(), &[], BackendKind::Model).expect("claim files");
+        assert_eq!(
+            files.len(),
+            claims::known(BackendKind::Model).len(),
+            "a scenario per claim"
+        );
         files
             .iter()
             .flat_map(|f| {
@@ -41,7 +46,7 @@ fn fig(r: &ClaimRow, name: &str) -> f64 {
 
 #[test]
 fn every_claim_scenario_opens_with_the_articles_wording() {
-    for f in claims::claim_files(&dir(), &[]).unwrap() {
+    for f in claims::claim_files(&dir(), &[], BackendKind::Model).unwrap() {
         let text = std::fs::read_to_string(&f).unwrap();
         let head: String = text.lines().take_while(|l| l.starts_with('#')).collect();
         assert!(
@@ -273,11 +278,11 @@ fn readme_table_is_the_judged_one() {
 
 #[test]
 fn unknown_claims_are_refused() {
-    let err = claims::claim_files(&dir(), &["nope".into()]).unwrap_err();
+    let err = claims::claim_files(&dir(), &["nope".into()], BackendKind::Model).unwrap_err();
     assert!(err.to_string().contains("--only: no claim `nope`"), "{err}");
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("mystery.toml"), "").unwrap();
-    let err = claims::claim_files(tmp.path(), &[]).unwrap_err();
+    let err = claims::claim_files(tmp.path(), &[], BackendKind::Model).unwrap_err();
     assert!(
         err.to_string().contains("no claim is named `mystery`"),
         "{err}"

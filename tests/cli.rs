@@ -937,3 +937,27 @@ fn the_mtp_layers_draft_where_a_model_has_them() {
         &["speculative.method", "no multi-token-prediction layers"],
     );
 }
+
+/// `sim claims` on a real runtime needs the weights, and only the CPU runtime runs them.
+#[test]
+fn claims_backend_flags_are_checked() {
+    let run = |args: &[&str]| {
+        let out = sim(args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&["claims", "--backend", "cpu"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--model"), "{err}");
+    let (code, err) = run(&["claims", "--model", "x.gguf"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--backend cpu"), "{err}");
+    let (code, err) = run(&["claims", "--backend", "cuda"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("synthetic weights"), "{err}");
+    let (code, err) = run(&["claims", "--backend", "cpu", "--model", "no-such.gguf"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no-such.gguf"), "{err}");
+}

@@ -537,3 +537,54 @@ fn fidelity_compares_a_real_backend_with_the_cost_model() {
             && out.join("simulated/base/steps.csv").exists()
     );
 }
+
+/// `sim claims --backend cpu`: the claims the CPU runtime can show (`scenarios/claims/cpu/`),
+/// judged from measured runs of the real model. Wall-clock ratios are not pinned (timed
+/// tests are not ours); what the engine decides is: greedy self-speculation emits the same
+/// tokens alone and batched, so the acceptance at light and heavy load is the same, and a
+/// round's measured cost and the perfect-draft speed-up are tied by `(k + 1) / cost`.
+#[test]
+fn claims_measured_on_the_cpu_runtime() {
+    let Some(path) = crate::smollm2() else {
+        eprintln!("skipped: no SmolLM2 GGUF (SIM_SMOLLM2_GGUF or ~/.cache/sim-models)");
+        return;
+    };
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/claims/cpu");
+    let backend = sim::run::BackendKind::Cpu;
+    let files = sim::claims::claim_files(&dir, &[], backend).expect("claim files");
+    assert_eq!(files.len(), sim::claims::known(backend).len());
+    let opts = sim::claims::ClaimOptions {
+        requests: Some(4),
+        backend,
+        model: Some(path),
+        ..Default::default()
+    };
+    let rows: Vec<_> = files
+        .iter()
+        .flat_map(|f| sim::claims::evaluate(f, &opts).expect("judged"))
+        .collect();
+    assert!(rows
+        .iter()
+        .all(|r| r.claim.contains("measured on the CPU runtime")));
+    let batching: Vec<_> = rows.iter().filter(|r| r.scenario == "batching").collect();
+    // Padding is not executed by real runtimes: only the paged static baseline is measured.
+    assert_eq!(batching.len(), 1);
+    assert_eq!(batching[0].figures.len(), 4, "{:?}", batching[0]);
+    assert!(batching[0]
+        .figures
+        .iter()
+        .all(|(_, r)| r.is_finite() && *r > 0.0));
+    let spec: Vec<_> = rows
+        .iter()
+        .filter(|r| r.scenario == "speculative")
+        .collect();
+    assert_eq!(spec.len(), 2);
+    let fig = |i: usize, n: &str| spec[i].figure(n).unwrap_or_else(|| panic!("{n}"));
+    let alpha = fig(0, "alpha_light");
+    assert!((0.0..=1.0).contains(&alpha));
+    assert_eq!(alpha, fig(1, "alpha_heavy"));
+    // k = 2 in cpu/speculative.toml.
+    let round = fig(0, "round_cost_steps");
+    assert!(round > 0.0);
+    assert!((fig(0, "speedup_if_all_accepted") - 3.0 / round).abs() < 1e-9);
+}

@@ -498,3 +498,63 @@ fn hybrid_attention_holds_twice_the_context() {
         top("full-attention")
     );
 }
+
+/// `sim plan` on prefill-bound traffic (4,000-token prompts, one output token): a replica
+/// cannot sustain more requests per second than it can prefill, `rate x S <= 1` with `S`
+/// one prompt's prefill time alone. A 30-request probe ends before the queue grows, so
+/// without the steady-state re-check it would accept rates well above that; with it the
+/// rate found holds at 4x the requests and stays under the bound. (Batching prefills
+/// saves a few percent of weight reads at most: 5% tolerance.)
+#[test]
+fn plan_rates_are_steady_not_transient() {
+    let text = r#"
+name = "prefill-bound"
+[model]
+name = "llama-3-8b"
+[hardware]
+gpu = "h100-sxm"
+[engine]
+scheduler = "chunked"
+max_num_batched_tokens = 8192
+[workload]
+num_requests = 30
+arrival = { process = "poisson", rate = 1.0 }
+[[workload.class]]
+name = "long"
+prompt = { dist = "fixed", value = 4000 }
+output = { dist = "fixed", value = 1 }
+[slo]
+ttft_ms = 3000
+[[variant]]
+name = "replica"
+"#;
+    let scn = Scenario::from_text(Path::new("prefill-bound.toml"), text).expect("scenario");
+    // One request alone: its TTFT is the prefill time S.
+    let mut single = scn.clone();
+    for v in &mut single.variants {
+        v.config.workload.num_requests = Some(1);
+    }
+    let alone = run_scenario(&single, &RunOptions::default()).expect("runs");
+    let s_prefill = alone[0].summary.mean_ttft_ms / 1e3;
+    let rows = sim::plan::plan(
+        &scn,
+        &sim::plan::PlanInputs {
+            target_rate: 10.0,
+            gpus: vec!["h100-sxm".into()],
+            tps: vec![1],
+            dtypes: vec![sim::catalog::Dtype::Bf16],
+            requests: 30,
+            prices: Vec::new(),
+        },
+    )
+    .expect("plans");
+    let r = &rows[0];
+    assert!(r.steady && r.confirmed_at >= 120, "{r:?}");
+    assert!(r.max_rate > 0.0, "{r:?}");
+    let load = r.max_rate * s_prefill;
+    assert!(
+        load <= 1.05,
+        "rate {} x prefill {s_prefill} s = {load}",
+        r.max_rate
+    );
+}

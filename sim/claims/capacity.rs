@@ -65,10 +65,11 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
                 gpus: vec![v.deployment.gpu.name.to_string()],
                 tps: vec![v.deployment.tp],
                 dtypes: vec![v.deployment.dtype],
+                // As `sim plan` runs by default: its steady-state check, not a longer
+                // probe, keeps long requests from overrating a replica.
                 requests: ctx
                     .requests()
-                    .or(v.config.workload.num_requests)
-                    .unwrap_or(400),
+                    .unwrap_or(crate::plan::DEFAULT_PROBE_REQUESTS),
                 prices: Vec::new(),
             },
         )?;

@@ -9,6 +9,10 @@
 //! model or the workload and judge the claim again on their own setup. Out: the rows, a
 //! printed table ([`table`]), `claims.csv` and `claims.md`, and each claim's runs under
 //! `<out>/<claim>/` as `sim run` writes them.
+//!
+//! Where a real runtime can show a claim on this machine, `scenarios/claims/cpu/` holds the
+//! same claim on a small GGUF model, judged by the evaluators of [`CPU_EVALUATORS`] from
+//! measured (wall-clock) runs of the CPU runtime (`sim claims --backend cpu --model F`).
 
 mod batching;
 mod capacity;
@@ -25,7 +29,8 @@ use std::path::{Path, PathBuf};
 
 use analysis::Summary;
 
-use crate::run::{run_scenario, RunOptions};
+use crate::driver::DriverKind;
+use crate::run::{run_scenario, BackendKind, RunOptions};
 use crate::scenario::{Scenario, ScenarioError, Variant};
 use crate::sweep::{run_sweep, SweepRun};
 use crate::SimError;
@@ -97,9 +102,24 @@ const EVALUATORS: &[(&str, Evaluator)] = &[
     ("checklist", checklist::evaluate),
 ];
 
-/// The claim names `sim claims` knows (the scenario stems).
-pub fn known() -> Vec<&'static str> {
-    EVALUATORS.iter().map(|(n, _)| *n).collect()
+/// The claims the CPU runtime measures (`scenarios/claims/cpu/`): those whose mechanism a
+/// small model on a CPU shows. Padding, quantized GPU kernels, GPU memory and multi-GPU
+/// parallelism are not the CPU runtime's, so the other claims are the cost model's alone.
+const CPU_EVALUATORS: &[(&str, Evaluator)] = &[
+    ("batching", batching::evaluate),
+    ("speculative", speculative::evaluate_measured),
+];
+
+fn evaluators(backend: BackendKind) -> &'static [(&'static str, Evaluator)] {
+    match backend {
+        BackendKind::Model => EVALUATORS,
+        BackendKind::Cpu | BackendKind::Cuda => CPU_EVALUATORS,
+    }
+}
+
+/// The claim names `sim claims` knows on `backend` (the scenario stems).
+pub fn known(backend: BackendKind) -> Vec<&'static str> {
+    evaluators(backend).iter().map(|(n, _)| *n).collect()
 }
 
 /// How to judge.
@@ -110,6 +130,11 @@ pub struct ClaimOptions {
     /// Override every run's request count (quick looks; the verdicts are argued at the
     /// scenarios' own counts).
     pub requests: Option<u64>,
+    /// What runs the scenarios: the cost model, or the CPU runtime (the claims of
+    /// [`CPU_EVALUATORS`]; the CUDA runtime is refused: it runs synthetic weights).
+    pub backend: BackendKind,
+    /// A GGUF file set as every scenario's `model.gguf` (the CPU runtime's weights).
+    pub model: Option<PathBuf>,
 }
 
 /// What an evaluator works with: its scenario and where its runs go.
@@ -134,6 +159,11 @@ impl Ctx<'_> {
     /// The request count every run is limited to (`--requests`), if any.
     pub fn requests(&self) -> Option<u64> {
         self.opts.requests
+    }
+
+    /// Whether the runs are measured on a real runtime rather than simulated.
+    pub fn measured(&self) -> bool {
+        self.opts.backend != BackendKind::Model
     }
 
     /// An error about the claim's scenario.
@@ -171,8 +201,7 @@ impl Ctx<'_> {
         let opts = RunOptions {
             out_dir: self.dir(sub),
             only: names.iter().map(|s| s.to_string()).collect(),
-            requests: self.opts.requests,
-            ..RunOptions::default()
+            ..self.run_options()
         };
         Ok(run_scenario(scn, &opts)?
             .into_iter()
@@ -187,10 +216,27 @@ impl Ctx<'_> {
         }
         let opts = RunOptions {
             out_dir: self.dir(""),
-            requests: self.opts.requests,
-            ..RunOptions::default()
+            ..self.run_options()
         };
         run_sweep(self.scn, &opts, None)
+    }
+
+    /// The runs' options: the request override and the backend; a real runtime runs one
+    /// variant at a time under the inline driver, so that runs do not share the cores they
+    /// are timed on.
+    fn run_options(&self) -> RunOptions {
+        let measured = self.measured();
+        RunOptions {
+            requests: self.opts.requests,
+            backend: self.opts.backend,
+            parallel: !measured,
+            driver: if measured {
+                DriverKind::Inline
+            } else {
+                RunOptions::default().driver
+            },
+            ..RunOptions::default()
+        }
     }
 }
 
@@ -208,9 +254,14 @@ pub fn summary<'a>(
 }
 
 /// The claim scenarios to judge: `path` itself when it is a file, else the folder's
-/// `*.toml` files in the order of [`EVALUATORS`]; `only` keeps the named ones. A file
-/// whose stem names no evaluator is an error.
-pub fn claim_files(path: &Path, only: &[String]) -> Result<Vec<PathBuf>, SimError> {
+/// `*.toml` files in the order of the backend's evaluators; `only` keeps the named ones. A
+/// file whose stem names no evaluator of the backend is an error.
+pub fn claim_files(
+    path: &Path,
+    only: &[String],
+    backend: BackendKind,
+) -> Result<Vec<PathBuf>, SimError> {
+    let table = evaluators(backend);
     let files: Vec<PathBuf> = if path.is_file() {
         vec![path.to_path_buf()]
     } else {
@@ -224,16 +275,16 @@ pub fn claim_files(path: &Path, only: &[String]) -> Result<Vec<PathBuf>, SimErro
             .collect();
         v.sort_by_key(|p| {
             let stem = stem(p);
-            EVALUATORS
+            table
                 .iter()
                 .position(|(n, _)| *n == stem)
                 .unwrap_or(usize::MAX)
         });
         v
     };
-    let known = known();
+    let known = known(backend);
     for f in &files {
-        evaluator(f)?;
+        evaluator(f, backend)?;
     }
     for o in only {
         if !known.contains(&o.as_str()) {
@@ -249,10 +300,11 @@ pub fn claim_files(path: &Path, only: &[String]) -> Result<Vec<PathBuf>, SimErro
         .collect())
 }
 
-/// The evaluator of the claim scenario `path` (by its stem), or an error listing them.
-fn evaluator(path: &Path) -> Result<Evaluator, SimError> {
+/// The evaluator of the claim scenario `path` (by its stem) on `backend`, or an error
+/// listing them.
+fn evaluator(path: &Path, backend: BackendKind) -> Result<Evaluator, SimError> {
     let stem = stem(path);
-    EVALUATORS
+    evaluators(backend)
         .iter()
         .find(|(n, _)| *n == stem)
         .map(|(_, e)| *e)
@@ -260,8 +312,12 @@ fn evaluator(path: &Path) -> Result<Evaluator, SimError> {
             SimError::Scenario(ScenarioError {
                 file: path.display().to_string(),
                 msg: format!(
-                    "no claim is named `{stem}` (the claims: {})",
-                    known().join(", ")
+                    "no claim is named `{stem}`{} (the claims: {})",
+                    match backend {
+                        BackendKind::Model => "",
+                        _ => " on a real runtime",
+                    },
+                    known(backend).join(", ")
                 ),
             })
         })
@@ -275,17 +331,53 @@ fn stem(p: &Path) -> String {
 
 /// Judges one claim scenario.
 pub fn evaluate(path: &Path, opts: &ClaimOptions) -> Result<Vec<ClaimRow>, SimError> {
-    let eval = evaluator(path)?;
+    let eval = evaluator(path, opts.backend)?;
     let stem = stem(path);
-    let scn = Scenario::load(path, None)?;
+    if opts.backend == BackendKind::Cuda {
+        return Err(SimError::Scenario(ScenarioError {
+            file: path.display().to_string(),
+            msg: "--backend cuda: the CUDA runtime runs synthetic weights, so it cannot measure a model's speculative acceptance; the claims run on `model` or `cpu`".into(),
+        }));
+    }
+    let scn = match &opts.model {
+        Some(m) => {
+            let abs = std::path::absolute(m).map_err(|e| SimError::Io {
+                path: m.display().to_string(),
+                source: e,
+            })?;
+            Scenario::load_with(
+                path,
+                None,
+                &[("model.gguf", toml::Value::String(abs.display().to_string()))],
+            )?
+        }
+        None => Scenario::load(path, None)?,
+    };
     let ctx = Ctx {
         scn: &scn,
         opts,
         stem: stem.clone(),
     };
     let mut rows = eval(&ctx)?;
+    let measured_on = ctx.measured().then(|| {
+        let model = scn.variants.first().map_or_else(String::new, |v| {
+            v.config
+                .model
+                .gguf
+                .as_ref()
+                .and_then(|g| g.file_name())
+                .map_or_else(
+                    || v.deployment.model.name.to_string(),
+                    |f| f.to_string_lossy().into_owned(),
+                )
+        });
+        format!(" (measured on the CPU runtime, {model})")
+    });
     for r in &mut rows {
         r.scenario = stem.clone();
+        if let Some(m) = &measured_on {
+            r.claim.push_str(m);
+        }
     }
     Ok(rows)
 }

@@ -5,26 +5,36 @@
 use std::path::PathBuf;
 
 use sim::claims::{self, ClaimOptions};
+use sim::run::BackendKind;
 
 /// The articles' claims, tested: runs each claim scenario of a folder (or one file) and
 /// prints claim, the article's figure, the simulated figure, holds / holds only when ...
 /// / does not hold, and why.
 #[derive(clap::Args)]
 pub struct Args {
-    /// A claims folder or one claim's scenario.
-    #[arg(default_value = "scenarios/claims")]
-    pub path: PathBuf,
+    /// A claims folder or one claim's scenario (default `scenarios/claims`, or
+    /// `scenarios/claims/cpu` with `--backend cpu`).
+    pub path: Option<PathBuf>,
     /// Judge only these claims (repeatable: quantization, kv_cache, paged_attention,
-    /// batching, speculative, parallelism, frameworks, capacity, checklist).
+    /// batching, speculative, parallelism, frameworks, capacity, checklist; on the CPU
+    /// runtime: batching, speculative).
     #[arg(long)]
     pub only: Vec<String>,
-    /// Output folder: each claim's runs, `claims.csv` and `claims.md`.
-    #[arg(long, default_value = "results/claims")]
-    pub out: PathBuf,
+    /// Output folder: each claim's runs, `claims.csv` and `claims.md` (default
+    /// `results/claims`, or `results/claims-cpu` with `--backend cpu`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     /// Override every run's request count (a quick look; the verdicts are argued at the
     /// scenarios' own counts).
     #[arg(long)]
     pub requests: Option<u64>,
+    /// What runs the scenarios: the cost model, or the CPU runtime (the claims it can
+    /// measure, with the weights of `--model`; its figures are wall-clock measurements).
+    #[arg(long, value_enum, default_value_t = BackendKind::Model)]
+    pub backend: BackendKind,
+    /// A GGUF model file set as the scenarios' `model.gguf` (with `--backend cpu`).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
 }
 
 /// Runs `sim claims`, printing into `out`.
@@ -34,17 +44,55 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         only,
         out: dir,
         requests,
+        backend,
+        model,
     } = args;
     if requests == Some(0) {
         anyhow::bail!("--requests: must be at least 1");
     }
-    let files = claims::claim_files(&path, &only)?;
+    let measured = match backend {
+        BackendKind::Model => false,
+        BackendKind::Cpu => true,
+        BackendKind::Cuda => anyhow::bail!(
+            "--backend cuda: the CUDA runtime runs synthetic weights, so it cannot measure a model's acceptance or outputs; the claims run on `model` or `cpu`"
+        ),
+    };
+    if measured && model.is_none() {
+        anyhow::bail!(
+            "--backend cpu: --model FILE.gguf names the weights the CPU runtime runs (e.g. ~/.cache/sim-models/SmolLM2-135M-Instruct.Q4_1.gguf; README, The real model)"
+        );
+    }
+    if model.is_some() && !measured {
+        anyhow::bail!("--model: the weights are run by the CPU runtime: add --backend cpu");
+    }
+    if let Some(m) = &model {
+        if !m.is_file() {
+            anyhow::bail!("--model: {}: no such file (a GGUF model)", m.display());
+        }
+    }
+    let path = path.unwrap_or_else(|| {
+        PathBuf::from(if measured {
+            "scenarios/claims/cpu"
+        } else {
+            "scenarios/claims"
+        })
+    });
+    let dir = dir.unwrap_or_else(|| {
+        PathBuf::from(if measured {
+            "results/claims-cpu"
+        } else {
+            "results/claims"
+        })
+    });
+    let files = claims::claim_files(&path, &only, backend)?;
     if files.is_empty() {
         anyhow::bail!("{}: no claim scenario (*.toml) to judge", path.display());
     }
     let opts = ClaimOptions {
         out_dir: Some(dir.clone()),
         requests,
+        backend,
+        model,
     };
     let mut rows = Vec::new();
     for f in &files {

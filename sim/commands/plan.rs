@@ -25,8 +25,9 @@ pub struct Args {
     /// Weight formats (repeatable; default: the scenario's).
     #[arg(long = "dtype")]
     pub dtypes: Vec<String>,
-    /// Requests simulated per probed rate.
-    #[arg(long, default_value_t = 400)]
+    /// Requests simulated per probed rate (the rate found is re-checked with 4x as many; see
+    /// the "steady at" column).
+    #[arg(long, default_value_t = sim::plan::DEFAULT_PROBE_REQUESTS)]
     pub requests: u64,
     /// Price override, GPU=USD per GPU-hour (repeatable).
     #[arg(long = "price")]

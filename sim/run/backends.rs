@@ -13,9 +13,10 @@ use crate::scenario::{Scenario, Variant};
 use crate::SimError;
 
 /// Which backend executes the steps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum BackendKind {
     /// The roofline cost model of the scenario's GPUs (no GPU needed).
+    #[default]
     Model,
     /// Real kernels on the local NVIDIA GPU (synthetic weights of the scenario's model).
     Cuda,

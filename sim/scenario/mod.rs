@@ -159,20 +159,36 @@ impl Scenario {
         seed: Option<u64>,
         calibration: &Path,
     ) -> Result<Scenario, ScenarioError> {
+        let abs = std::path::absolute(calibration).map_err(|e| ScenarioError {
+            file: path.display().to_string(),
+            msg: format!("--calibration: {e}"),
+        })?;
+        Scenario::load_with(
+            path,
+            seed,
+            &[(
+                "cost.calibration",
+                toml::Value::String(abs.display().to_string()),
+            )],
+        )
+    }
+
+    /// [`Scenario::load`] with dotted keys set as if the file had them (`--calibration`,
+    /// `sim claims --model`).
+    pub fn load_with(
+        path: &Path,
+        seed: Option<u64>,
+        overrides: &[(&str, toml::Value)],
+    ) -> Result<Scenario, ScenarioError> {
         let err = |msg: String| ScenarioError {
             file: path.display().to_string(),
             msg,
         };
         let src = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
         let mut raw: toml::Table = toml::from_str(&src).map_err(|e| err(e.to_string()))?;
-        let abs =
-            std::path::absolute(calibration).map_err(|e| err(format!("--calibration: {e}")))?;
-        set_dotted(
-            &mut raw,
-            "cost.calibration",
-            toml::Value::String(abs.display().to_string()),
-        )
-        .map_err(err)?;
+        for (key, value) in overrides {
+            set_dotted(&mut raw, key, value.clone()).map_err(err)?;
+        }
         Scenario::from_table(path, None, raw, seed)
     }
 

@@ -170,7 +170,7 @@ pub fn report(
     replays_section(&mut s, replays);
     silicon_section(&mut s, replays);
     s.push_str(
-        "\n## The articles' claims\n\n`sim claims` (README, \"What the articles claim, tested\") judges the founding articles' figures on the simulator. Nothing was fitted to them: they are claims under test, and the defaults above price every run. Where a claim does not hold, the table says why (an arithmetic slip in the article, a baseline it does not name, a load it does not state).\n",
+        "\n## The articles' claims\n\n`sim claims` (README, \"What the articles claim, tested\") judges the founding articles' figures on the simulator. Nothing was fitted to them: they are claims under test, and the defaults above price every run. Where a claim does not hold, the table says why (an arithmetic slip in the article, a baseline it does not name, a load it does not state). Two claims are also measured on the CPU runtime with SmolLM2-135M's real weights (`sim claims --backend cpu --model FILE`: continuous vs static batching, self-speculative decoding); those figures are wall-clock measurements of this machine, not predictions, and nothing is fitted to them either.\n",
     );
     let _ = writeln!(
         s,
