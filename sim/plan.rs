@@ -148,7 +148,8 @@ fn plan_with(
                     steady: false,
                     price_per_hour: 0.0,
                 };
-                let probe = |rate: f64, n: u64| -> Result<Option<analysis::Summary>, SimError> {
+                // The summary of `n` requests at `rate` when they meet the SLO.
+                let meets_at = |rate: f64, n: u64| -> Result<Option<analysis::Summary>, SimError> {
                     let mut c = cfg.clone();
                     c.workload.num_requests = Some(n);
                     c.workload.arrival = Some(match c.workload.arrival {
@@ -170,7 +171,7 @@ fn plan_with(
                         &ProgressBar::hidden(),
                         &|| {},
                     )?;
-                    Ok(Some(r.summary))
+                    Ok(Some(r.summary).filter(|s| meets(s, ttft_ms, tpot_ms)))
                 };
                 // Does the deployment resolve at all (fits, valid TP)?
                 let mut check = cfg.clone();
@@ -193,34 +194,11 @@ fn plan_with(
                         continue;
                     }
                 }
-                let meets_at = |rate: f64, n: u64| -> Result<Option<analysis::Summary>, SimError> {
-                    Ok(probe(rate, n)?.filter(|s| meets(s, ttft_ms, tpot_ms)))
-                };
-                let mut n = inp.requests;
-                let (mut start, mut fails_at) = (0.25, None);
-                'steady: loop {
-                    let Some((rate, summary)) = search(&meets_at, n, start, fails_at)? else {
-                        row.max_rate = 0.0;
-                        row.output_tps = 0.0;
-                        break;
-                    };
-                    (row.max_rate, row.output_tps) = (rate, summary.output_throughput);
-                    row.confirmed_at = n.saturating_mul(4);
-                    for r in [rate, rate * (1.0 - MARGIN)] {
-                        if let Some(s) = meets_at(r, row.confirmed_at)? {
-                            (row.max_rate, row.output_tps) = (r, s.output_throughput);
-                            row.steady = true;
-                            break 'steady;
-                        }
-                    }
-                    if row.confirmed_at > MAX_SEARCH_REQUESTS.max(inp.requests) {
-                        break;
-                    }
-                    // Both failed with more requests: search below them with as many.
-                    fails_at = Some(rate * (1.0 - MARGIN));
-                    start = rate * (1.0 - MARGIN) / 2.0;
-                    n = row.confirmed_at;
-                }
+                let settled = settle(&meets_at, inp.requests)?;
+                row.max_rate = settled.rate;
+                row.output_tps = settled.output_tps;
+                row.confirmed_at = settled.confirmed_at;
+                row.steady = settled.steady;
                 if row.max_rate > 0.0 {
                     row.replicas = (inp.target_rate / row.max_rate).ceil().max(1.0) as u32;
                 }
@@ -229,6 +207,57 @@ fn plan_with(
         }
     }
     Ok(rows)
+}
+
+/// Where the search for a sustainable rate settled.
+#[derive(Debug, Clone, Copy, Default)]
+struct Settled {
+    /// The rate (0 when none meets the SLO).
+    rate: f64,
+    /// Output tokens/s of the run that confirmed it (or found it, unconfirmed).
+    output_tps: f64,
+    /// Requests of the confirming probe.
+    confirmed_at: u64,
+    /// Whether the confirmation held.
+    steady: bool,
+}
+
+/// Searches with `requests` per probe, then confirms the rate found with 4x the requests
+/// (or 5% lower, [`MARGIN`]); when neither holds, searches below them with 4x the requests,
+/// up to [`MAX_SEARCH_REQUESTS`] (or `requests`, if more).
+fn settle(
+    meets_at: &dyn Fn(f64, u64) -> Result<Option<analysis::Summary>, SimError>,
+    requests: u64,
+) -> Result<Settled, SimError> {
+    let mut n = requests;
+    let (mut start, mut fails_at) = (0.25, None);
+    let mut settled = Settled::default();
+    loop {
+        let Some((rate, summary)) = search(meets_at, n, start, fails_at)? else {
+            // Refuted down to a thousandth of the first rate tried.
+            return Ok(Settled::default());
+        };
+        settled.rate = rate;
+        settled.output_tps = summary.output_throughput;
+        settled.confirmed_at = n.saturating_mul(4);
+        for r in [rate, rate * (1.0 - MARGIN)] {
+            if let Some(s) = meets_at(r, settled.confirmed_at)? {
+                return Ok(Settled {
+                    rate: r,
+                    output_tps: s.output_throughput,
+                    confirmed_at: settled.confirmed_at,
+                    steady: true,
+                });
+            }
+        }
+        if settled.confirmed_at > MAX_SEARCH_REQUESTS.max(requests) {
+            return Ok(settled);
+        }
+        // Both failed with more requests: search below them with as many.
+        fails_at = Some(rate * (1.0 - MARGIN));
+        start = rate * (1.0 - MARGIN) / 2.0;
+        n = settled.confirmed_at;
+    }
 }
 
 /// Relative width of the bracket at which a search stops bisecting.

@@ -765,7 +765,6 @@ mod tests {
 
     fn step(work: Vec<SeqWork>) -> StepPlan {
         StepPlan {
-            padding: Default::default(),
             work,
             ..StepPlan::default()
         }
@@ -997,7 +996,6 @@ mod tests {
         let e = rt.block_elems();
         let before = rt.k_cache[1].clone();
         let plan = StepPlan {
-            padding: Default::default(),
             swap_out: vec![(7, 1)],
             block_copies: vec![(6, 0)],
             swap_in: vec![(1, 2)],

@@ -222,7 +222,6 @@ pub fn one_sequence_step(
     sampling: SamplingParams,
 ) -> StepPlan {
     StepPlan {
-        padding: Default::default(),
         work: vec![SeqWork {
             seq: 0,
             kind: if len == 1 && start > 0 {

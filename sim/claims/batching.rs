@@ -7,7 +7,7 @@
 //! at every point and the points where it reaches the claim. Measured on a real runtime
 //! (`cpu/batching.toml`), which does not execute padding, only `static-paged` is compared.
 
-use super::{point_label, sweep_points, times, ClaimRow, Ctx, Verdict};
+use super::{at, point_label, sweep_points, times, ClaimRow, Ctx, Verdict};
 use crate::sweep::SweepRun;
 use crate::SimError;
 
@@ -24,15 +24,14 @@ struct Point {
 fn points(runs: &[SweepRun], baseline: &str) -> Vec<Point> {
     let mut out = Vec::new();
     for p in sweep_points(runs) {
-        let get = |v: &str| runs.iter().find(|r| r.point == p && r.variant == v);
-        let (Some(c), Some(b)) = (get("continuous"), get(baseline)) else {
+        let (Ok(c), Ok(b)) = (at(runs, p, "continuous"), at(runs, p, baseline)) else {
             continue;
         };
         out.push(Point {
             label: point_label(runs, p),
-            ratio: c.summary.output_throughput / b.summary.output_throughput.max(1e-9),
+            ratio: c.output_throughput / b.output_throughput.max(1e-9),
             // Queueing longer than the mean service means the baseline fell behind.
-            saturated: b.summary.mean_queue_ms > b.summary.mean_e2el_ms * 0.5,
+            saturated: b.mean_queue_ms > b.mean_e2el_ms * 0.5,
         });
     }
     out

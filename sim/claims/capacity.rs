@@ -137,11 +137,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
             "prefill-heavy traffic sized from the decode-heavy benchmark: {from_decode} replica(s); it needs {}",
             pp.replicas
         ),
-        verdict: if pp.replicas > from_decode {
-            Verdict::Holds
-        } else {
-            Verdict::DoesNotHold
-        },
+        verdict: Verdict::holds_if(pp.replicas > from_decode),
         why: "the output tokens/s of a decode-heavy benchmark carry almost no prefill; long prompts spend most of a replica's compute before the first output token".into(),
     });
     Ok(rows)

@@ -7,7 +7,7 @@
 //! beyond it (the highest), where KV runs out. Out: one row per item with the figures that
 //! move.
 
-use super::{at, figs, sweep_points, ClaimRow, Ctx, Verdict};
+use super::{at, figs, swept, ClaimRow, Ctx, Verdict};
 use crate::SimError;
 
 fn change(a: f64, b: f64) -> String {
@@ -27,17 +27,8 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
         ctx.variant(n)?;
     }
     let sweep = ctx.sweep()?;
-    let points = sweep_points(&sweep);
-    let (Some(&lo_point), Some(&hi_point)) = (points.first(), points.last()) else {
-        return Err(ctx.error("the sweep ran no point".into()));
-    };
-    let rate = |p: usize| {
-        sweep
-            .iter()
-            .find(|r| r.point == p)
-            .and_then(|r| r.values.first().map(|(_, v)| v.clone()))
-            .unwrap_or_default()
-    };
+    let (lo_point, hi_point) = ctx.ends(&sweep)?;
+    let rate = |p: usize| swept(&sweep, p, "rate").unwrap_or_default();
     let (lo_rate, hi_rate) = (rate(lo_point), rate(hi_point));
     // Within capacity (the lowest rate) and beyond it (the highest).
     let get = |n: &str| at(&sweep, lo_point, n);
@@ -90,11 +81,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
             change(base.p99_ttft_ms, pc.p99_ttft_ms),
             change(base.output_throughput, pc.output_throughput)
         ),
-        verdict: if pc.mean_ttft_ms < base.mean_ttft_ms && pc.prefix_cache_hit_rate > 0.3 {
-            Verdict::Holds
-        } else {
-            Verdict::DoesNotHold
-        },
+        verdict: Verdict::holds_if(pc.mean_ttft_ms < base.mean_ttft_ms && pc.prefix_cache_hit_rate > 0.3),
         why: "a hit skips the prefill of the cached blocks, so TTFT falls by the share of the prompt the system prompt is".into(),
     });
     let (no, lim) = (over("no-admission-limit")?, over("admission-limit")?);

@@ -39,11 +39,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
             gb(batch),
             gb(peak)
         ),
-        verdict: if (batch / 25.6e9 - 1.0).abs() < 0.1 {
-            Verdict::Holds
-        } else {
-            Verdict::DoesNotHold
-        },
+        verdict: Verdict::holds_if((batch / 25.6e9 - 1.0).abs() < 0.1),
         why: format!(
             "the formula is right but the article's product is not: 2x{}x{}x{}x4096x32x2 is {:.0} bytes ({:.1} GiB), not 27,487,051,776 (25.6 GiB)",
             m.layers,
@@ -73,11 +69,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
             gqa.deployment.num_gpus(),
             gqa.deployment.gpu.name
         ),
-        verdict: if (long / 51.5e9 - 1.0).abs() < 0.1 {
-            Verdict::Holds
-        } else {
-            Verdict::DoesNotHold
-        },
+        verdict: Verdict::holds_if((long / 51.5e9 - 1.0).abs() < 0.1),
         why: format!(
             "131,072 tokens x {:.0} bytes a token is {} (the same product as 32 x 4,096); it still exceeds a 70B model's ~35-37 GB of int4 weights, as the article says",
             per_token,
@@ -102,11 +94,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
             (pool / (per_token * 4096.0)).floor(),
             (pool / (per_token_mha * 4096.0)).floor()
         ),
-        verdict: if (ratio - 8.0).abs() < 0.01 {
-            Verdict::Holds
-        } else {
-            Verdict::DoesNotHold
-        },
+        verdict: Verdict::holds_if((ratio - 8.0).abs() < 0.01),
         why: "KV bytes scale with the KV heads, so 64 / 8 = 8x; a pool holds 8x the tokens".into(),
     });
     Ok(rows)

@@ -46,6 +46,17 @@ pub enum Verdict {
     DoesNotHold,
 }
 
+impl Verdict {
+    /// [`Verdict::Holds`] when `holds`, else [`Verdict::DoesNotHold`].
+    pub fn holds_if(holds: bool) -> Verdict {
+        if holds {
+            Verdict::Holds
+        } else {
+            Verdict::DoesNotHold
+        }
+    }
+}
+
 impl std::fmt::Display for Verdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -109,6 +120,20 @@ const CPU_EVALUATORS: &[(&str, Evaluator)] = &[
     ("batching", batching::evaluate),
     ("speculative", speculative::evaluate_measured),
 ];
+
+/// Whether claims on `backend` are measured (the CPU runtime) rather than simulated (the
+/// cost model). The CUDA runtime is refused: it runs synthetic weights, so it cannot measure
+/// a model's acceptance or outputs.
+pub fn measured_on(backend: BackendKind) -> Result<bool, SimError> {
+    match backend {
+        BackendKind::Model => Ok(false),
+        BackendKind::Cpu => Ok(true),
+        BackendKind::Cuda => Err(SimError::Scenario(ScenarioError {
+            file: "--backend cuda".into(),
+            msg: "the CUDA runtime runs synthetic weights, so it cannot measure a model's acceptance or outputs; the claims run on `model` or `cpu`".into(),
+        })),
+    }
+}
 
 fn evaluators(backend: BackendKind) -> &'static [(&'static str, Evaluator)] {
     match backend {
@@ -219,6 +244,15 @@ impl Ctx<'_> {
             ..self.run_options()
         };
         run_sweep(self.scn, &opts, None)
+    }
+
+    /// The first and the last point `runs` ran (a sweep's low and high ends).
+    pub fn ends(&self, runs: &[SweepRun]) -> Result<(usize, usize), SimError> {
+        let points = sweep_points(runs);
+        match (points.first(), points.last()) {
+            (Some(&lo), Some(&hi)) => Ok((lo, hi)),
+            _ => Err(self.error("the sweep ran no point".into())),
+        }
     }
 
     /// The runs' options: the request override and the backend; a real runtime runs one
@@ -333,12 +367,7 @@ fn stem(p: &Path) -> String {
 pub fn evaluate(path: &Path, opts: &ClaimOptions) -> Result<Vec<ClaimRow>, SimError> {
     let eval = evaluator(path, opts.backend)?;
     let stem = stem(path);
-    if opts.backend == BackendKind::Cuda {
-        return Err(SimError::Scenario(ScenarioError {
-            file: path.display().to_string(),
-            msg: "--backend cuda: the CUDA runtime runs synthetic weights, so it cannot measure a model's speculative acceptance; the claims run on `model` or `cpu`".into(),
-        }));
-    }
+    measured_on(opts.backend)?;
     let scn = match &opts.model {
         Some(m) => {
             let abs = std::path::absolute(m).map_err(|e| SimError::Io {
@@ -467,6 +496,16 @@ pub fn point_label(runs: &[SweepRun], point: usize) -> String {
                 .join(", ")
         })
         .unwrap_or_default()
+}
+
+/// The value (as written in TOML) of the swept key ending in `suffix` (`rate`) at `point`.
+pub fn swept<'a>(runs: &'a [SweepRun], point: usize, suffix: &str) -> Option<&'a str> {
+    runs.iter()
+        .find(|r| r.point == point)?
+        .values
+        .iter()
+        .find(|(k, _)| k.ends_with(suffix))
+        .map(|(_, v)| v.as_str())
 }
 
 /// The summary of `variant` at sweep point `point`.

@@ -33,11 +33,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
             pct(max.kv_fragmentation),
             pct(max.kv_external_fragmentation)
         ),
-        verdict: if max.kv_fragmentation > 0.5 {
-            Verdict::Holds
-        } else {
-            Verdict::DoesNotHold
-        },
+        verdict: Verdict::holds_if(max.kv_fragmentation > 0.5),
         why: "a slot holds only the tokens computed so far, while its request's max_model_len is reserved from admission".into(),
     }];
     rows.push(ClaimRow {
@@ -50,11 +46,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
             pct(paged.kv_fragmentation),
             pct(paged.kv_external_fragmentation)
         ),
-        verdict: if paged.kv_fragmentation < 0.05 && paged.kv_external_fragmentation == 0.0 {
-            Verdict::Holds
-        } else {
-            Verdict::DoesNotHold
-        },
+        verdict: Verdict::holds_if(paged.kv_fragmentation < 0.05 && paged.kv_external_fragmentation == 0.0),
         why: "blocks are taken as tokens arrive; only each sequence's last, partly filled block is slack (under block_size / 2 tokens on average)".into(),
     });
     // KV reserved per token held: 1 / (1 - fragmentation).
@@ -102,11 +94,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
             times(thr),
             times(thr_exact)
         ),
-        verdict: if within(eff, 2.0, 5.0, 0.05) {
-            Verdict::Holds
-        } else {
-            Verdict::DoesNotHold
-        },
+        verdict: Verdict::holds_if(within(eff, 2.0, 5.0, 0.05)),
         why: "more sequences fit in the same pool; throughput grows less than the batch once decode turns compute-bound or prefill competes".into(),
     });
     Ok(rows)

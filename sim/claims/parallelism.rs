@@ -6,17 +6,14 @@
 //! latency at the lowest load, throughput at the highest, and the bytes each scheme moves
 //! between GPUs per token (from the model's shape).
 
-use super::{at, figs, point_label, sweep_points, times, ClaimRow, Ctx, Verdict};
+use super::{at, figs, point_label, times, ClaimRow, Ctx, Verdict};
 use crate::SimError;
 
 pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
     let tp = ctx.variant("tp4")?;
     let pp = ctx.variant("pp4")?;
     let runs = ctx.sweep()?;
-    let points = sweep_points(&runs);
-    let (Some(&lo), Some(&hi)) = (points.first(), points.last()) else {
-        return Err(ctx.error("the sweep ran no point".into()));
-    };
+    let (lo, hi) = ctx.ends(&runs)?;
     let load = |p: usize| point_label(&runs, p);
     let need = |p: usize, v: &str| at(&runs, p, v);
     let mut variants: Vec<&str> = vec!["tp4", "pp4"];
@@ -43,11 +40,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
         ),
         article: "TP: lower latency; PP: higher latency".into(),
         simulated: format!("{}: {}", load(lo), lat.join("; ")),
-        verdict: if t.mean_tpot_ms < p.mean_tpot_ms && t.mean_ttft_ms < p.mean_ttft_ms {
-            Verdict::Holds
-        } else {
-            Verdict::DoesNotHold
-        },
+        verdict: Verdict::holds_if(t.mean_tpot_ms < p.mean_tpot_ms && t.mean_ttft_ms < p.mean_ttft_ms),
         why: format!(
             "TP splits every layer over the GPUs, so a step takes about a quarter of one GPU's time plus two all-reduces a layer; PP runs the stages one after another, so a token still crosses all {} layers' weights in sequence ({} TPOT of PP over TP)",
             tp.deployment.model.layers,
@@ -72,11 +65,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
             load(hi),
             thr.join("; ")
         ),
-        verdict: if ph.output_throughput < th.output_throughput {
-            Verdict::Holds
-        } else {
-            Verdict::DoesNotHold
-        },
+        verdict: Verdict::holds_if(ph.output_throughput < th.output_throughput),
         why: "the engine runs one batch at a time through the stages (no overlapping micro-batches, as vLLM's virtual engines would), so every GPU idles while the others compute; with micro-batches in flight PP's throughput would recover most of that".into(),
     });
     // Bytes between GPUs per token.
@@ -96,11 +85,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
             tp_bytes / 1e6,
             pp_bytes / 1e6
         ),
-        verdict: if pp_bytes < tp_bytes {
-            Verdict::Holds
-        } else {
-            Verdict::DoesNotHold
-        },
+        verdict: Verdict::holds_if(pp_bytes < tp_bytes),
         why: "TP all-reduces the hidden state twice per layer; PP passes it once per stage boundary; over NVLink the all-reduces cost little next to the latency PP adds".into(),
     });
     Ok(rows)

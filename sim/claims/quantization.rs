@@ -6,7 +6,7 @@
 //! for the weights, the fewest GPUs each format fits on (memory plans resolved at TP 1, 2,
 //! 4, 8), and the decode speed-up (mean TPOT of fp16 over the format's) at both loads.
 
-use super::{at, figs, gb, point_label, sweep_points, times, within, ClaimRow, Ctx, Verdict};
+use super::{at, figs, gb, point_label, times, within, ClaimRow, Ctx, Verdict};
 use crate::sweep::SweepRun;
 use crate::SimError;
 
@@ -47,11 +47,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
         claim: "a 70B model's weights shrink 2x in int8 and 4x in int4".into(),
         article: "140 GB fp16, 70 GB int8, 35 GB int4".into(),
         simulated: format!("{} / {} / {} ({model})", gb(w16), gb(w8), gb(w4)),
-        verdict: if ok {
-            Verdict::Holds
-        } else {
-            Verdict::DoesNotHold
-        },
+        verdict: Verdict::holds_if(ok),
         why: format!(
             "parameters x bytes per weight; int4 carries an fp16 scale and a zero point per 128 weights and keeps the embeddings in 16 bits, so it saves {} rather than 4x",
             times(w16 / w4)
@@ -91,20 +87,13 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
             show(g4),
             kv_room("int4", g4)?
         ),
-        verdict: if g16 == Some(2) && g4 == Some(1) {
-            Verdict::Holds
-        } else {
-            Verdict::DoesNotHold
-        },
+        verdict: Verdict::holds_if(g16 == Some(2) && g4 == Some(1)),
         why: "the memory plan (weights, activations, runtime reserve within gpu_memory_utilization) must leave room for one max-length sequence; fp16 on two GPUs leaves little KV, int4 on one leaves more".into(),
     });
 
     // Decode speed-ups at the lightest and the heaviest load.
     let runs = ctx.sweep()?;
-    let points = sweep_points(&runs);
-    let (Some(&lo), Some(&hi)) = (points.first(), points.last()) else {
-        return Err(ctx.error("the sweep ran no point".into()));
-    };
+    let (lo, hi) = ctx.ends(&runs)?;
     let label = |p: usize| point_label(&runs, p);
     let speed = |p: usize, name: &str| -> Result<f64, SimError> {
         match (tpot(&runs, p, "fp16"), tpot(&runs, p, name)) {

@@ -11,7 +11,7 @@
 //! runtime with variants `baseline` and `self-draft` (the model's first layers draft),
 //! swept over the rate; the acceptance and the speed-ups are measured. Out: two rows.
 
-use super::{figs, sweep_points, times, ClaimRow, Ctx, Verdict};
+use super::{at, figs, sweep_points, swept, times, ClaimRow, Ctx, Verdict};
 use crate::cost_model::CostModel;
 use crate::sweep::SweepRun;
 use crate::SimError;
@@ -30,19 +30,13 @@ fn points(runs: &[SweepRun], draft: &str) -> Vec<Point> {
     sweep_points(runs)
         .into_iter()
         .filter_map(|p| {
-            let get = |v: &str| runs.iter().find(|r| r.point == p && r.variant == v);
-            let (b, s) = (get("baseline")?, get(draft)?);
-            let spec = s.summary.speculative.as_ref()?;
-            let rate = b
-                .values
-                .iter()
-                .find(|(k, _)| k.ends_with("rate"))
-                .and_then(|(_, v)| v.parse().ok())?;
+            let (b, s) = (at(runs, p, "baseline").ok()?, at(runs, p, draft).ok()?);
+            let spec = s.speculative.as_ref()?;
             Some(Point {
-                rate,
+                rate: swept(runs, p, "rate")?.parse().ok()?,
                 alpha: spec.acceptance_rate,
                 mean_len: spec.mean_acceptance_length,
-                speedup: b.summary.mean_tpot_ms / s.summary.mean_tpot_ms.max(1e-9),
+                speedup: b.mean_tpot_ms / s.mean_tpot_ms.max(1e-9),
             })
         })
         .collect()
@@ -125,11 +119,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
         claim: "at high throughput speculation may not be worth it".into(),
         article: "\"the overhead may not be worth it\"".into(),
         simulated: format!("TPOT speed-up at {hi_rate} req/s: {}", fmt(hi_rate)),
-        verdict: if shrinks {
-            Verdict::Holds
-        } else {
-            Verdict::DoesNotHold
-        },
+        verdict: Verdict::holds_if(shrinks),
         why: format!(
             "a large batch makes decode compute-bound: verification then costs {} times the compute, and the draft's steps add to every step",
             k + 1
@@ -244,11 +234,7 @@ pub(super) fn evaluate_measured(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError
         article: "\"the overhead may not be worth it\"".into(),
         simulated: format!("{}; {}", at(lo), at(hi)),
         // Wall-clock ratios move by several percent run to run: "shrinks" needs 5%.
-        verdict: if hi.speedup < 1.0 || hi.speedup < 0.95 * lo.speedup {
-            Verdict::Holds
-        } else {
-            Verdict::DoesNotHold
-        },
+        verdict: Verdict::holds_if(hi.speedup < 1.0 || hi.speedup < 0.95 * lo.speedup),
         why: if lo.speedup < 1.0 {
             "on this runtime speculation slows decoding at any load (the row above), so at high load it is not worth it either; a batch's verify tokens add compute to every step".into()
         } else {

@@ -50,13 +50,7 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     if requests == Some(0) {
         anyhow::bail!("--requests: must be at least 1");
     }
-    let measured = match backend {
-        BackendKind::Model => false,
-        BackendKind::Cpu => true,
-        BackendKind::Cuda => anyhow::bail!(
-            "--backend cuda: the CUDA runtime runs synthetic weights, so it cannot measure a model's acceptance or outputs; the claims run on `model` or `cpu`"
-        ),
-    };
+    let measured = claims::measured_on(backend)?;
     if measured && model.is_none() {
         anyhow::bail!(
             "--backend cpu: --model FILE.gguf names the weights the CPU runtime runs (e.g. ~/.cache/sim-models/SmolLM2-135M-Instruct.Q4_1.gguf; README, The real model)"
@@ -70,20 +64,13 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
             anyhow::bail!("--model: {}: no such file (a GGUF model)", m.display());
         }
     }
-    let path = path.unwrap_or_else(|| {
-        PathBuf::from(if measured {
-            "scenarios/claims/cpu"
-        } else {
-            "scenarios/claims"
-        })
-    });
-    let dir = dir.unwrap_or_else(|| {
-        PathBuf::from(if measured {
-            "results/claims-cpu"
-        } else {
-            "results/claims"
-        })
-    });
+    let (claims_dir, results_dir) = if measured {
+        ("scenarios/claims/cpu", "results/claims-cpu")
+    } else {
+        ("scenarios/claims", "results/claims")
+    };
+    let path = path.unwrap_or_else(|| claims_dir.into());
+    let dir = dir.unwrap_or_else(|| results_dir.into());
     let files = claims::claim_files(&path, &only, backend)?;
     if files.is_empty() {
         anyhow::bail!("{}: no claim scenario (*.toml) to judge", path.display());

@@ -167,7 +167,7 @@ fn set_in(
             if index && !t.contains_key(p) {
                 return Err(format!(
                     "{key}: `{}` has no array to index with {p}",
-                    parts[..i].join(".")
+                    here()
                 ));
             }
             let entry = t

@@ -263,12 +263,15 @@ impl Scheduler {
                 }
             }
         }
-        let decoding = work.iter().filter(|w| w.kind != WorkKind::Prefill);
-        if let Some(context) = decoding.map(|w| w.context_len()).max() {
+        let decoding: Vec<u32> = work
+            .iter()
+            .filter(|w| w.kind != WorkKind::Prefill)
+            .map(|w| w.context_len())
+            .collect();
+        if let Some(&context) = decoding.iter().max() {
             // Rows the step does not compute for a live sequence: finished members (and
             // those preempted, which a padded batch would not have).
-            let live = work.iter().filter(|w| w.kind != WorkKind::Prefill).count() as u32;
-            let idle = self.pad.rows.saturating_sub(live);
+            let idle = self.pad.rows.saturating_sub(decoding.len() as u32);
             let padded = self.pad.longest_prompt + 1 + self.pad.decode_steps;
             pad.decode = vec![context.max(padded); idle as usize];
             self.pad.decode_steps += 1;

@@ -300,7 +300,6 @@ mod tests {
     #[test]
     fn packs_slots_tiles_and_samples() {
         let plan = StepPlan {
-            padding: Default::default(),
             work: vec![
                 work(7, 0, 10, true, vec![5, 9]), // prefill 10 tokens, block size 8
                 work(8, 20, 1, true, vec![1, 2, 3]), // decode at position 20
@@ -322,7 +321,6 @@ mod tests {
         // A 5-token chunk with tiles of 4 leaves a single-token remainder.
         let odd = StepMeta::build(
             &StepPlan {
-                padding: Default::default(),
                 work: vec![work(1, 0, 5, true, vec![0])],
                 ..StepPlan::default()
             },
@@ -366,7 +364,6 @@ mod tests {
             acceptance: engine::spec::Acceptance::iid(0.5, 3).expect("rate"),
         });
         let plan = StepPlan {
-            padding: Default::default(),
             work: vec![v.clone(), work(1, 9, 1, true, vec![2, 3])],
             ..StepPlan::default()
         };
@@ -394,7 +391,6 @@ mod tests {
             seed: 11,
         };
         let plan = StepPlan {
-            padding: Default::default(),
             work: vec![work(1, 9, 1, true, vec![0, 1]), w.clone()],
             ..StepPlan::default()
         };
@@ -423,7 +419,6 @@ mod tests {
     #[test]
     fn padded_tables_keep_one_layout_while_contexts_grow() {
         let decode = |pos: u32, table: Vec<u32>| StepPlan {
-            padding: Default::default(),
             work: vec![work(1, pos, 1, true, table)],
             ..StepPlan::default()
         };

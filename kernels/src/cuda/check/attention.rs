@@ -99,7 +99,6 @@ pub(super) fn random_problem(
     let cache = (num_blocks * block_size * kv_heads * head_dim) as usize;
     Problem {
         plan: StepPlan {
-            padding: Default::default(),
             work,
             ..StepPlan::default()
         },

@@ -281,7 +281,6 @@ pub(super) fn single_seq_plan(start: u32, len: u32, block_size: u32) -> StepPlan
 pub(super) fn batch_decode_plan(batch: u32, ctx: u32, block_size: u32) -> StepPlan {
     let n = ctx.div_ceil(block_size);
     StepPlan {
-        padding: Default::default(),
         work: (0..batch)
             .map(|i| SeqWork {
                 seq: u64::from(i),

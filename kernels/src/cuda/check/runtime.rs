@@ -76,7 +76,6 @@ pub fn transfer_check(seed: u64) -> Result<Vec<RuntimeCase>, CudaError> {
     let mut cases = Vec::new();
     for (i, (out, copies, back)) in steps.into_iter().enumerate() {
         let plan = StepPlan {
-            padding: Default::default(),
             step: i as u64,
             swap_out: out.clone(),
             block_copies: copies.clone(),
@@ -232,7 +231,6 @@ fn one_work_plan(
 ) -> StepPlan {
     let len = ids.len() as u32;
     StepPlan {
-        padding: Default::default(),
         work: vec![SeqWork {
             seq: 0,
             kind: if verify {
@@ -298,7 +296,6 @@ fn verify_mixed_step(
     fork.work[0].num_samples = 2;
     fork.work[0].block_table = blocks(3, 1);
     let plan = StepPlan {
-        padding: Default::default(),
         work: vec![
             verify.work[0].clone(),
             decode.work[0].clone(),
@@ -384,7 +381,6 @@ pub fn graph_check(seed: u64) -> Result<Vec<RuntimeCase>, CudaError> {
                 })
                 .collect();
             let plan = StepPlan {
-                padding: Default::default(),
                 step: u64::from(pos),
                 work,
                 ..StepPlan::default()
