@@ -8,6 +8,12 @@
 //! asks the scheduler for a step, hands the plan to the worker, and schedules `StepDone` at
 //! `now + duration`.
 //!
+//! A fleet (`[cluster]`) is the same loop over many engines on the one clock: each
+//! arrival first goes to the router ([`RouterHandle`]), which names the replica; steps,
+//! wakes and records carry the replica's index; the router's view of the replicas is
+//! refreshed by a `Refresh` event every `refresh_ms`. One engine is a fleet of one without a
+//! router, and runs exactly as before.
+//!
 //! The loop is written once, against [`EngineHandle`]; two handles implement it:
 //! [`ActorEngine`] sends one actix message per step to the scheduler, block-manager and
 //! worker actors (the product path), and [`InlineEngine`] calls the same cores directly
@@ -19,18 +25,19 @@ use std::collections::BinaryHeap;
 use actix::prelude::*;
 use analysis::RunCollector;
 use engine::actors::{
-    Arrive, BlockManagerActor, CommitStep, Execute, PlanStep, PoolUsage, SchedulerActor,
-    WorkerActor,
+    Arrive, BlockManagerActor, CommitStep, Execute, PlanStep, PoolUsage, QueueState,
+    SchedulerActor, WorkerActor,
 };
 use engine::backend::Backend;
 use engine::block_manager::BlockManager;
 use engine::cores::Cores;
 use engine::plan::{StepOutcome, StepPlan};
 use engine::record::{RequestRecord, StepRecord};
-use engine::request::{Nanos, Request};
+use engine::request::{Nanos, Request, SeqId};
 use engine::scheduler::{CommitResult, Scheduler};
 use engine::EngineError;
 
+use crate::router::{Decision, Load, Router, RouterActor, RouterError};
 use crate::workload::WorkloadError;
 
 /// Errors that stop a run.
@@ -48,6 +55,9 @@ pub enum DriverError {
     /// Writing records failed.
     #[error(transparent)]
     Analysis(#[from] analysis::AnalysisError),
+    /// The router's bookkeeping broke.
+    #[error(transparent)]
+    Router(#[from] RouterError),
 }
 
 /// A planned step and the queue state after planning.
@@ -79,6 +89,11 @@ pub trait EngineHandle {
     async fn spec_stats(&mut self) -> Result<Vec<engine::spec::SpecStats>, DriverError>;
     /// Tokens per KV block.
     async fn block_size(&mut self) -> Result<u32, DriverError>;
+    /// What the replica exports to a router: its queues and KV usage.
+    async fn load(&mut self) -> Result<Load, DriverError>;
+    /// Frees the blocks of finished sequences whose KV was held (sent to a decode
+    /// replica).
+    async fn free_held(&mut self, ids: Vec<SeqId>) -> Result<(), DriverError>;
 }
 
 /// Calls the cores directly.
@@ -144,6 +159,20 @@ impl EngineHandle for InlineEngine {
 
     async fn spec_stats(&mut self) -> Result<Vec<engine::spec::SpecStats>, DriverError> {
         Ok(self.cores.scheduler.spec_stats().to_vec())
+    }
+
+    async fn free_held(&mut self, ids: Vec<SeqId>) -> Result<(), DriverError> {
+        self.cores.block_manager.release(&[], &[], &[], &ids);
+        Ok(())
+    }
+
+    async fn load(&mut self) -> Result<Load, DriverError> {
+        let bm = &self.cores.block_manager;
+        Ok(Load {
+            waiting: self.cores.scheduler.num_waiting() as u32,
+            running: self.cores.scheduler.num_running() as u32,
+            kv_usage: f64::from(bm.num_used()) / f64::from(bm.num_blocks().max(1)),
+        })
     }
 }
 
@@ -228,13 +257,187 @@ impl EngineHandle for ActorEngine {
         self.block_size
             .ok_or_else(|| DriverError::Engine(EngineError::Mailbox("block size unknown".into())))
     }
+
+    async fn free_held(&mut self, ids: Vec<SeqId>) -> Result<(), DriverError> {
+        self.block_manager
+            .send(engine::actors::Release {
+                cache: Vec::new(),
+                rollback: Vec::new(),
+                fork: Vec::new(),
+                free: ids,
+            })
+            .await
+            .map_err(mailbox)?;
+        Ok(())
+    }
+
+    async fn load(&mut self) -> Result<Load, DriverError> {
+        let (waiting, running) = self.scheduler.send(QueueState).await.map_err(mailbox)?;
+        let (used, blocks, _) = self.block_manager.send(PoolUsage).await.map_err(mailbox)?;
+        Ok(Load {
+            waiting,
+            running,
+            kv_usage: f64::from(used) / f64::from(blocks.max(1)),
+        })
+    }
+}
+
+/// The router operations the clock needs (a fleet's; one engine has none).
+#[allow(async_fn_in_trait)]
+pub trait RouterHandle {
+    /// Routes a request at a time; the request comes back with the decision.
+    async fn route(&mut self, req: Request, now: Nanos)
+        -> Result<(Request, Decision), DriverError>;
+    /// These requests ended on `replica`.
+    async fn ended(&mut self, ids: Vec<SeqId>, replica: usize) -> Result<(), DriverError>;
+    /// A disaggregated request's prefill ended on `from`; its decode is on `to`.
+    async fn handoff(&mut self, id: SeqId, from: usize, to: usize) -> Result<(), DriverError>;
+    /// The replicas' exported loads at `now`; answers the requests in flight.
+    async fn refresh(&mut self, loads: Vec<Load>, now: Nanos) -> Result<usize, DriverError>;
+    /// How often loads are refreshed (0: before every decision).
+    fn refresh_ns(&self) -> Nanos;
+}
+
+impl RouterHandle for Router {
+    async fn route(
+        &mut self,
+        req: Request,
+        now: Nanos,
+    ) -> Result<(Request, Decision), DriverError> {
+        let d = Router::route(self, &req, now)?;
+        Ok((req, d))
+    }
+
+    async fn ended(&mut self, ids: Vec<SeqId>, replica: usize) -> Result<(), DriverError> {
+        for id in ids {
+            Router::ended(self, id, replica)?;
+        }
+        Ok(())
+    }
+
+    async fn handoff(&mut self, id: SeqId, from: usize, to: usize) -> Result<(), DriverError> {
+        Ok(Router::handoff(self, id, from, to)?)
+    }
+
+    async fn refresh(&mut self, loads: Vec<Load>, now: Nanos) -> Result<usize, DriverError> {
+        Router::refresh(self, &loads, now);
+        Ok(self.in_flight())
+    }
+
+    fn refresh_ns(&self) -> Nanos {
+        Router::refresh_ns(self)
+    }
+}
+
+/// Talks to a [`RouterActor`].
+pub struct ActorRouter {
+    addr: Addr<RouterActor>,
+    refresh_ns: Nanos,
+}
+
+impl ActorRouter {
+    /// Starts the router's actor on the current arbiter.
+    pub fn start(router: Router) -> Self {
+        let refresh_ns = router.refresh_ns();
+        ActorRouter {
+            addr: RouterActor::new(router).start(),
+            refresh_ns,
+        }
+    }
+}
+
+impl RouterHandle for ActorRouter {
+    async fn route(
+        &mut self,
+        req: Request,
+        now: Nanos,
+    ) -> Result<(Request, Decision), DriverError> {
+        Ok(self
+            .addr
+            .send(crate::router::Route(req, now))
+            .await
+            .map_err(mailbox)??)
+    }
+
+    async fn ended(&mut self, ids: Vec<SeqId>, replica: usize) -> Result<(), DriverError> {
+        Ok(self
+            .addr
+            .send(crate::router::Ended(ids, replica))
+            .await
+            .map_err(mailbox)??)
+    }
+
+    async fn handoff(&mut self, id: SeqId, from: usize, to: usize) -> Result<(), DriverError> {
+        Ok(self
+            .addr
+            .send(crate::router::Handoff(id, from, to))
+            .await
+            .map_err(mailbox)??)
+    }
+
+    async fn refresh(&mut self, loads: Vec<Load>, now: Nanos) -> Result<usize, DriverError> {
+        self.addr
+            .send(crate::router::Refresh(loads, now))
+            .await
+            .map_err(mailbox)
+    }
+
+    fn refresh_ns(&self) -> Nanos {
+        self.refresh_ns
+    }
+}
+
+/// Where a run's records go: one collector for one engine; a fleet's sink splits them by
+/// replica and pool and writes the router's decisions.
+pub trait Records {
+    /// A request ended (finished or rejected) on `replica`.
+    fn request(&mut self, replica: usize, r: &RequestRecord)
+        -> Result<(), analysis::AnalysisError>;
+    /// `replica` ran a step.
+    fn step(&mut self, replica: usize, s: &StepRecord) -> Result<(), analysis::AnalysisError>;
+    /// Inter-token gaps of a step of `replica`.
+    fn itl(&mut self, replica: usize, gaps: &[Nanos]);
+    /// The router decided.
+    fn route(&mut self, _d: &Decision) -> Result<(), analysis::AnalysisError> {
+        Ok(())
+    }
+    /// A disaggregated request's prefill ended on `replica` (its request ends later, on
+    /// the decode replica).
+    fn prefilled(
+        &mut self,
+        _replica: usize,
+        _r: &RequestRecord,
+    ) -> Result<(), analysis::AnalysisError> {
+        Ok(())
+    }
+    /// A prompt's KV moved between replicas.
+    fn transfer(&mut self, _t: &Transfer) -> Result<(), analysis::AnalysisError> {
+        Ok(())
+    }
+}
+
+impl Records for RunCollector {
+    fn request(&mut self, _: usize, r: &RequestRecord) -> Result<(), analysis::AnalysisError> {
+        self.record_request(r)
+    }
+    fn step(&mut self, _: usize, s: &StepRecord) -> Result<(), analysis::AnalysisError> {
+        self.record_step(s)
+    }
+    fn itl(&mut self, _: usize, gaps: &[Nanos]) {
+        self.record_itl(gaps);
+    }
 }
 
 enum Event {
     Arrival(Request),
-    StepDone(StepPlan, StepOutcome),
-    /// Plan again at this instant (a step that only preempted).
-    Wake,
+    /// A replica's step ended.
+    StepDone(usize, StepPlan, StepOutcome),
+    /// Plan a replica again at this instant (a step that only preempted).
+    Wake(usize),
+    /// The router reads the replicas' exported loads.
+    Refresh,
+    /// A disaggregated request's KV reached its decode replica.
+    KvArrived(SeqId),
 }
 
 struct Scheduled {
@@ -394,7 +597,7 @@ impl Slots {
         &mut self,
         workload: &mut dyn Iterator<Item = Result<Request, WorkloadError>>,
         clock: &mut Clock,
-        stats: &mut RunStats,
+        arrived: &mut u64,
         now: Nanos,
     ) -> Result<(), DriverError> {
         if self.scheduled || (self.exhausted && self.held.is_none()) {
@@ -425,11 +628,64 @@ impl Slots {
         let t = req.arrival.max(slot).max(self.last_arrival);
         self.last_arrival = t;
         req.arrival = t;
-        stats.arrived += 1;
+        *arrived += 1;
         self.scheduled = true;
         clock.push(t.saturating_add(self.frontend_ns), Event::Arrival(req));
         Ok(())
     }
+}
+
+/// How long moving a prompt's KV takes: `(from replica, to replica, tokens)` -> `(bytes,
+/// duration)`.
+pub type TransferTime<'a> = &'a dyn Fn(usize, usize, u32) -> (f64, Nanos);
+
+/// A fleet's front: its router, and the time KV takes between replicas (prefill/decode
+/// disaggregation).
+pub struct Front<'a, R> {
+    /// The router.
+    pub router: &'a mut R,
+    /// KV transfer time.
+    pub transfer: TransferTime<'a>,
+}
+
+/// A prompt's KV moved from a prefill replica to a decode replica.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Transfer {
+    /// The request.
+    pub request: SeqId,
+    /// The prefill replica.
+    pub from: usize,
+    /// The decode replica.
+    pub to: usize,
+    /// Prompt tokens whose KV moved.
+    pub tokens: u32,
+    /// Bytes moved (per GPU of the prefill replica, as each sends its own shard).
+    pub bytes: f64,
+    /// When the prefill finished and the transfer began.
+    pub start: Nanos,
+    /// When the KV arrived (the decode replica admits the request then).
+    pub end: Nanos,
+}
+
+/// A disaggregated request between its arrival and its decode: the request as sent, where
+/// its decode goes, and its prefill's record once the prefill is done.
+struct Ticket {
+    request: Request,
+    decode: usize,
+    prefill: Option<(usize, RequestRecord)>,
+}
+
+/// A fleet run's counters: the whole, and each replica's.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FleetStats {
+    /// Requests that arrived.
+    pub arrived: u64,
+    /// Requests that ended (finished or rejected).
+    pub ended: u64,
+    /// Simulated time of the last event.
+    pub end_time: Nanos,
+    /// Per replica (`arrived`: routed to it).
+    pub replicas: Vec<RunStats>,
 }
 
 /// Runs a workload through an engine until every request has ended, feeding records to
@@ -442,101 +698,365 @@ pub async fn run<E: EngineHandle>(
     sink: &mut RunCollector,
     progress: &mut dyn FnMut(u64),
 ) -> Result<RunStats, DriverError> {
+    let fleet = run_fleet(
+        std::slice::from_mut(engine),
+        None::<Front<'_, Router>>,
+        workload,
+        client,
+        sink,
+        progress,
+    )
+    .await?;
+    let one = fleet.replicas.into_iter().next().unwrap_or_default();
+    Ok(RunStats {
+        arrived: fleet.arrived,
+        ended: fleet.ended,
+        end_time: fleet.end_time,
+        ..one
+    })
+}
+
+/// Runs a workload through a fleet of engines behind `router` (none: one engine, every
+/// request to it) until every request has ended: [`run`] for many replicas on one clock.
+pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
+    engines: &mut [E],
+    front: Option<Front<'_, R>>,
+    workload: &mut dyn Iterator<Item = Result<Request, WorkloadError>>,
+    client: Client,
+    sink: &mut dyn Records,
+    progress: &mut dyn FnMut(u64),
+) -> Result<FleetStats, DriverError> {
+    let n = engines.len();
     let mut clock = Clock::default();
-    let mut stats = RunStats::default();
-    let mut busy = false;
+    let mut stats = FleetStats {
+        replicas: vec![RunStats::default(); n],
+        ..FleetStats::default()
+    };
+    let mut arrived = 0u64;
+    let mut busy = vec![false; n];
+    // Replicas whose state changed at this instant: planned once every event of the
+    // instant is handled, in index order.
+    let mut dirty = Dirty::new(n);
+    let mut planning: Vec<usize> = Vec::with_capacity(n);
+    // Where each replica last found nothing to run with work left (for a stall report).
+    let mut idle_with_work: Vec<Option<(Nanos, u32, u32)>> = vec![None; n];
     let mut slots = Slots::new(client);
-    slots.send_next(workload, &mut clock, &mut stats, 0)?;
-    let (_, pool_blocks, _) = engine.pool_usage().await?;
-    let block_size = engine.block_size().await?;
+    slots.send_next(workload, &mut clock, &mut arrived, 0)?;
+    let mut pool_blocks = Vec::with_capacity(n);
+    let mut block_sizes = Vec::with_capacity(n);
+    for e in engines.iter_mut() {
+        pool_blocks.push(e.pool_usage().await?.1);
+        block_sizes.push(e.block_size().await?);
+    }
+    let (mut router, transfer) = match front {
+        Some(f) => (Some(f.router), Some(f.transfer)),
+        None => (None, None),
+    };
+    // Disaggregated requests between arrival and decode (only live ones).
+    let mut tickets: rustc_hash::FxHashMap<SeqId, Ticket> = rustc_hash::FxHashMap::default();
+    let refresh_ns = router.as_ref().map_or(0, |r| r.refresh_ns());
+    if router.is_some() && refresh_ns > 0 {
+        clock.push(refresh_ns, Event::Refresh);
+    }
 
     while let Some(ev) = clock.pop() {
         let now = ev.time;
         stats.end_time = now;
+        // A request handed to a replica: a client's arrival, or a disaggregated request's
+        // KV reaching its decode replica.
+        let mut delivery: Option<(Request, usize)> = None;
         match ev.event {
             Event::Arrival(req) => {
                 slots.scheduled = false;
-                if let Some(rejected) = engine.arrive(req, now).await? {
-                    sink.record_request(&rejected)?;
-                    stats.ended += 1;
-                    progress(stats.ended);
-                    slots.release(now);
-                }
-                slots.send_next(workload, &mut clock, &mut stats, now)?;
+                let (req, r) = match router.as_deref_mut() {
+                    None => (req, 0),
+                    Some(router) => {
+                        if refresh_ns == 0 {
+                            let loads = loads(engines).await?;
+                            router.refresh(loads, now).await?;
+                        }
+                        let (req, d) = router.route(req, now).await?;
+                        sink.route(&d)?;
+                        match d.decode {
+                            None => (req, d.replica),
+                            Some(decode) => {
+                                // vLLM's disaggregated proxy: the prefill replica computes
+                                // the prompt and one token, and holds the KV for the send.
+                                let prefill = Request {
+                                    max_tokens: 1,
+                                    n: 1,
+                                    beam_search: false,
+                                    hold_kv: true,
+                                    ..req.clone()
+                                };
+                                tickets.insert(
+                                    req.id,
+                                    Ticket {
+                                        request: req,
+                                        decode,
+                                        prefill: None,
+                                    },
+                                );
+                                (prefill, d.replica)
+                            }
+                        }
+                    }
+                };
+                delivery = Some((req, r));
             }
-            Event::Wake => {}
-            Event::StepDone(plan, outcome) => {
-                busy = false;
-                let (result, gaps) = engine.commit(plan, outcome, now).await?;
-                sink.record_itl(&gaps);
-                for r in &result.finished {
-                    sink.record_request(r)?;
+            Event::Wake(r) => dirty.mark(r),
+            Event::KvArrived(id) => {
+                // The prefill replica frees the KV it held; the decode replica admits the
+                // request with that KV computed.
+                let Some(t) = tickets.get(&id) else {
+                    return Err(RouterError::NotInFlight(id).into());
+                };
+                let (from, to) = (t.prefill.as_ref().map_or(0, |p| p.0), t.decode);
+                engines[from].free_held(vec![id]).await?;
+                dirty.mark(from);
+                let req = Request {
+                    kv_ready: t.request.prompt_len,
+                    ..t.request.clone()
+                };
+                delivery = Some((req, to));
+            }
+            Event::Refresh => {
+                if let Some(router) = router.as_deref_mut() {
+                    let loads = loads(engines).await?;
+                    router.refresh(loads, now).await?;
+                }
+                // Refresh while anything else is on the clock (the run ends with it).
+                if clock.peek_time().is_some() {
+                    clock.push(now.saturating_add(refresh_ns), Event::Refresh);
+                }
+            }
+            Event::StepDone(r, plan, outcome) => {
+                busy[r] = false;
+                let (mut result, gaps) = engines[r].commit(plan, outcome, now).await?;
+                sink.itl(r, &gaps);
+                if !tickets.is_empty() {
+                    // Disaggregated requests: a prefill's end starts its KV transfer; a
+                    // decode's end is the request's, with the prefill's facts merged in.
+                    let mut ended = Vec::with_capacity(result.finished.len());
+                    for rec in std::mem::take(&mut result.finished) {
+                        let id = rec.request_id;
+                        match tickets.get_mut(&id) {
+                            Some(t) if t.prefill.is_none() => {
+                                sink.prefilled(r, &rec)?;
+                                stats.replicas[r].ended += 1;
+                                let tokens = t.request.prompt_len;
+                                let (bytes, ns) =
+                                    transfer.map_or((0.0, 0), |f| f(r, t.decode, tokens));
+                                let end = now.saturating_add(ns);
+                                sink.transfer(&Transfer {
+                                    request: id,
+                                    from: r,
+                                    to: t.decode,
+                                    tokens,
+                                    bytes,
+                                    start: now,
+                                    end,
+                                })?;
+                                if let Some(router) = router.as_deref_mut() {
+                                    router.handoff(id, r, t.decode).await?;
+                                }
+                                t.prefill = Some((r, rec));
+                                clock.push(end, Event::KvArrived(id));
+                            }
+                            Some(_) => ended.push(merged(tickets.remove(&id), rec)),
+                            None => ended.push(rec),
+                        }
+                    }
+                    result.finished = ended;
+                }
+                for rec in &result.finished {
+                    sink.request(r, rec)?;
                 }
                 if !result.finished.is_empty() {
-                    stats.ended += result.finished.len() as u64;
+                    let k = result.finished.len() as u64;
+                    stats.ended += k;
+                    stats.replicas[r].ended += k;
                     progress(stats.ended);
                     for _ in &result.finished {
                         slots.release(now);
                     }
-                    slots.send_next(workload, &mut clock, &mut stats, now)?;
+                    if let Some(router) = router.as_deref_mut() {
+                        let ids = result.finished.iter().map(|f| f.request_id).collect();
+                        router.ended(ids, r).await?;
+                    }
+                    slots.send_next(workload, &mut clock, &mut arrived, now)?;
                 }
+                dirty.mark(r);
             }
         }
-        // Every event at this instant is handled before the worker is given a step.
-        if busy || clock.peek_time() == Some(now) {
-            continue;
-        }
-        let Some(planned) = engine.plan(now).await? else {
-            continue;
-        };
-        let p = &planned.plan;
-        let transfers = p.has_transfers();
-        if p.is_empty() && !transfers && !p.preempted.is_empty() {
-            // Nothing runs, but the preemptions changed the pool (a contiguous allocator
-            // that could not grow a sequence in place): record them and plan again now.
-            let outcome = StepOutcome::default();
-            sink.record_step(&step_record(&planned, &outcome, pool_blocks, block_size))?;
-            clock.push(now, Event::Wake);
-            continue;
-        }
-        if planned.plan.is_empty() && !transfers {
-            if clock.peek_time().is_none() {
-                return Err(EngineError::Stalled {
-                    time_ns: now,
-                    waiting: planned.num_waiting as usize,
-                    running: planned.num_running as usize,
+        if let Some((req, r)) = delivery {
+            let id = req.id;
+            stats.replicas[r].arrived += 1;
+            if let Some(rejected) = engines[r].arrive(req, now).await? {
+                let rec = merged(tickets.remove(&id), rejected);
+                sink.request(r, &rec)?;
+                stats.ended += 1;
+                stats.replicas[r].ended += 1;
+                progress(stats.ended);
+                slots.release(now);
+                if let Some(router) = router.as_deref_mut() {
+                    router.ended(vec![id], r).await?;
                 }
-                .into());
             }
+            slots.send_next(workload, &mut clock, &mut arrived, now)?;
+            dirty.mark(r);
+        }
+        // Every event at this instant is handled before a worker is given a step.
+        if clock.peek_time() == Some(now) {
             continue;
         }
-        let record = step_record(&planned, &StepOutcome::default(), pool_blocks, block_size);
-        let (plan, outcome) = engine.execute(planned.plan).await?;
-        sink.record_step(&StepRecord {
-            duration_ns: outcome.duration,
-            mbu: outcome.mbu,
-            mfu: outcome.mfu,
-            ..record
-        })?;
-        stats.steps += 1;
-        busy = true;
-        let done = now.checked_add(outcome.duration.max(1)).ok_or_else(|| {
-            DriverError::Backend(engine::backend::BackendError {
-                backend: "clock".into(),
-                message: format!(
-                    "step {} of {} ns at t = {now} ns overflows the simulated clock",
-                    plan.step, outcome.duration
-                ),
-            })
-        })?;
-        clock.push(done, Event::StepDone(plan, outcome));
+        dirty.take_into(&mut planning);
+        for &r in &planning {
+            if busy[r] {
+                continue;
+            }
+            let Some(planned) = engines[r].plan(now).await? else {
+                idle_with_work[r] = None;
+                continue;
+            };
+            let p = &planned.plan;
+            let transfers = p.has_transfers();
+            if p.is_empty() && !transfers && !p.preempted.is_empty() {
+                // Nothing runs, but the preemptions changed the pool (a contiguous
+                // allocator that could not grow a sequence in place): record them and
+                // plan again now.
+                let outcome = StepOutcome::default();
+                let rec = step_record(&planned, &outcome, pool_blocks[r], block_sizes[r]);
+                sink.step(r, &rec)?;
+                clock.push(now, Event::Wake(r));
+                continue;
+            }
+            if planned.plan.is_empty() && !transfers {
+                idle_with_work[r] = Some((now, planned.num_waiting, planned.num_running));
+                continue;
+            }
+            idle_with_work[r] = None;
+            let record = step_record(
+                &planned,
+                &StepOutcome::default(),
+                pool_blocks[r],
+                block_sizes[r],
+            );
+            let (plan, outcome) = engines[r].execute(planned.plan).await?;
+            sink.step(
+                r,
+                &StepRecord {
+                    duration_ns: outcome.duration,
+                    mbu: outcome.mbu,
+                    mfu: outcome.mfu,
+                    ..record
+                },
+            )?;
+            stats.replicas[r].steps += 1;
+            busy[r] = true;
+            let done = now.checked_add(outcome.duration.max(1)).ok_or_else(|| {
+                DriverError::Backend(engine::backend::BackendError {
+                    backend: "clock".into(),
+                    message: format!(
+                        "step {} of {} ns at t = {now} ns overflows the simulated clock",
+                        plan.step, outcome.duration
+                    ),
+                })
+            })?;
+            stats.replicas[r].end_time = done;
+            clock.push(done, Event::StepDone(r, plan, outcome));
+        }
     }
-    let (used, pool, evictions) = engine.pool_usage().await?;
-    stats.blocks_in_use_at_end = used;
-    stats.pool_blocks = pool;
-    stats.evictions = evictions;
-    stats.spec = engine.spec_stats().await?;
+    stats.arrived = arrived;
+    if stats.ended < stats.arrived {
+        // Work is left and nothing is on the clock: some replica cannot make progress.
+        let (time_ns, waiting, running) = idle_with_work
+            .iter()
+            .flatten()
+            .next()
+            .copied()
+            .unwrap_or((stats.end_time, 0, 0));
+        return Err(EngineError::Stalled {
+            time_ns,
+            waiting: waiting as usize,
+            running: running as usize,
+        }
+        .into());
+    }
+    if let Some(router) = router {
+        // Every routed request ended on the replica it was sent to (checked as each
+        // ended): nothing may be left counted in flight.
+        let left = router
+            .refresh(loads(engines).await?, stats.end_time)
+            .await?;
+        if left > 0 {
+            return Err(RouterError::LeftInFlight(left).into());
+        }
+    }
+    for (e, s) in engines.iter_mut().zip(&mut stats.replicas) {
+        let (used, pool, evictions) = e.pool_usage().await?;
+        s.blocks_in_use_at_end = used;
+        s.pool_blocks = pool;
+        s.evictions = evictions;
+        s.spec = e.spec_stats().await?;
+    }
     Ok(stats)
+}
+
+/// Replicas whose state changed at the current instant.
+struct Dirty {
+    list: Vec<usize>,
+    flags: Vec<bool>,
+}
+
+impl Dirty {
+    fn new(n: usize) -> Self {
+        Dirty {
+            list: Vec::new(),
+            flags: vec![false; n],
+        }
+    }
+
+    fn mark(&mut self, r: usize) {
+        if !self.flags[r] {
+            self.flags[r] = true;
+            self.list.push(r);
+        }
+    }
+
+    /// The marked replicas in index order into `out` (cleared first; reused, so that an
+    /// instant allocates nothing), unmarked.
+    fn take_into(&mut self, out: &mut Vec<usize>) {
+        out.clear();
+        std::mem::swap(&mut self.list, out);
+        out.sort_unstable();
+        for &r in out.iter() {
+            self.flags[r] = false;
+        }
+    }
+}
+
+/// A disaggregated request's record: its decode's, with what happened before the decode
+/// (the first scheduling, prefix-cache hits and preemptions on the prefill replica).
+fn merged(ticket: Option<Ticket>, decode: RequestRecord) -> RequestRecord {
+    let Some((_, p)) = ticket.and_then(|t| t.prefill) else {
+        return decode;
+    };
+    RequestRecord {
+        first_scheduled_ns: p.first_scheduled_ns.or(decode.first_scheduled_ns),
+        cached_tokens: p.cached_tokens,
+        num_preemptions: p.num_preemptions + decode.num_preemptions,
+        ..decode
+    }
+}
+
+/// Every replica's exported load, in order.
+async fn loads<E: EngineHandle>(engines: &mut [E]) -> Result<Vec<Load>, DriverError> {
+    let mut out = Vec::with_capacity(engines.len());
+    for e in engines.iter_mut() {
+        out.push(e.load().await?);
+    }
+    Ok(out)
 }
 
 /// The `steps.csv` row of a planned step and its outcome.
@@ -620,6 +1140,61 @@ pub fn run_to_end(
                 run(&mut engine, workload, client, sink, progress).await
             });
             result
+        }
+    }
+}
+
+/// Runs a fleet to completion with the chosen driver: every replica's cores (inline) or
+/// actors, and the router core (inline) or its actor, on one clock.
+pub fn run_fleet_to_end(
+    kind: DriverKind,
+    parts: Vec<EngineParts>,
+    (router, transfer): (Router, TransferTime<'_>),
+    workload: &mut dyn Iterator<Item = Result<Request, WorkloadError>>,
+    client: Client,
+    sink: &mut dyn Records,
+    progress: &mut dyn FnMut(u64),
+) -> Result<FleetStats, DriverError> {
+    match kind {
+        DriverKind::Inline => {
+            let mut engines: Vec<InlineEngine> = parts
+                .into_iter()
+                .map(|p| InlineEngine::new(p.scheduler, p.block_manager, p.backend))
+                .collect();
+            let mut router = router;
+            futures_executor::block_on(run_fleet(
+                &mut engines,
+                Some(Front {
+                    router: &mut router,
+                    transfer,
+                }),
+                workload,
+                client,
+                sink,
+                progress,
+            ))
+        }
+        DriverKind::Actors => {
+            let system = actix::System::new();
+            system.block_on(async move {
+                let mut engines: Vec<ActorEngine> = parts
+                    .into_iter()
+                    .map(|p| ActorEngine::start(p.scheduler, p.block_manager, p.backend))
+                    .collect();
+                let mut router = ActorRouter::start(router);
+                run_fleet(
+                    &mut engines,
+                    Some(Front {
+                        router: &mut router,
+                        transfer,
+                    }),
+                    workload,
+                    client,
+                    sink,
+                    progress,
+                )
+                .await
+            })
         }
     }
 }

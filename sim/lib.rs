@@ -31,6 +31,7 @@ pub mod messages;
 pub mod observed;
 pub mod plan;
 pub mod replay;
+pub mod router;
 pub mod run;
 pub mod scenario;
 pub mod speculate;

@@ -4,6 +4,7 @@ mod bad_inputs;
 mod claims;
 mod cli;
 mod client;
+mod fleet;
 mod models;
 mod mooncake;
 mod observed;

@@ -56,7 +56,8 @@ fn mixed_continuous_and_chunked_beat_static() {
     assert!(get("chunked").request_goodput > get("continuous").request_goodput);
 }
 
-fn read_all(dir: &Path) -> Vec<(String, Vec<u8>)> {
+/// Every file under `dir` but the wall-clock timings, by relative path.
+pub(crate) fn read_all(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut files = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {

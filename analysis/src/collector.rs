@@ -207,7 +207,8 @@ impl RunCollector {
         Ok(self.with_csv_named(requests, requests_path, steps, steps_path))
     }
 
-    fn with_csv_named(
+    /// [`RunCollector::with_csv`] with the paths errors name.
+    pub fn with_csv_named(
         mut self,
         requests: Box<dyn Write>,
         requests_path: PathBuf,

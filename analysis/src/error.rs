@@ -65,7 +65,7 @@ pub enum AnalysisError {
 
 impl AnalysisError {
     /// An [`AnalysisError::Io`] for `path`.
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         AnalysisError::Io {
             path: path.into(),
             source,
@@ -73,7 +73,7 @@ impl AnalysisError {
     }
 
     /// An [`AnalysisError::Csv`] for `path`.
-    pub(crate) fn csv(path: impl Into<PathBuf>, source: csv::Error) -> Self {
+    pub fn csv(path: impl Into<PathBuf>, source: csv::Error) -> Self {
         AnalysisError::Csv {
             path: path.into(),
             source,

@@ -45,6 +45,7 @@
 mod collector;
 mod compare;
 mod error;
+pub mod fleet;
 mod latency;
 pub mod plots;
 pub mod prometheus;

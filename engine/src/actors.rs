@@ -121,6 +121,22 @@ impl Handler<SpecCounters> for SchedulerActor {
     }
 }
 
+/// Asks for `(waiting requests, running sequences)`: what a replica exports to a fleet's
+/// router.
+#[derive(Message)]
+#[rtype(result = "(u32, u32)")]
+pub struct QueueState;
+
+impl Handler<QueueState> for SchedulerActor {
+    type Result = MessageResult<QueueState>;
+    fn handle(&mut self, _: QueueState, _: &mut Context<Self>) -> Self::Result {
+        MessageResult((
+            self.core.num_waiting() as u32,
+            self.core.num_running() as u32,
+        ))
+    }
+}
+
 impl Handler<Arrive> for SchedulerActor {
     type Result = Option<RequestRecord>;
     fn handle(&mut self, msg: Arrive, _: &mut Context<Self>) -> Self::Result {

@@ -112,6 +112,17 @@ pub struct Request {
     pub priority: i32,
     /// Index of the request class in the workload (for per-class metrics).
     pub class: u16,
+    /// The conversation (chat session) the request belongs to, as a client's session
+    /// header names it, for a fleet router's session affinity; 0: none.
+    pub session: u64,
+    /// Prefill/decode disaggregation, decode side: the leading prompt tokens whose KV
+    /// arrives computed (transferred from a prefill replica): the sequence starts with them
+    /// computed, in blocks of its own, and computes only the rest (0: none).
+    pub kv_ready: u32,
+    /// Prefill/decode disaggregation, prefill side: when the request finishes, its blocks
+    /// stay held (listed in [`crate::scheduler::CommitResult::held`]) until the transfer
+    /// that reads them ends and the driver frees them.
+    pub hold_kv: bool,
     /// How tokens are drawn (real backends).
     pub sampling: SamplingParams,
 }
@@ -132,6 +143,9 @@ impl Request {
             beam_search: false,
             priority: 0,
             class: 0,
+            session: 0,
+            kv_ready: 0,
+            hold_kv: false,
             sampling: SamplingParams::default(),
         }
     }
@@ -251,11 +265,14 @@ impl Sequence {
     /// A new waiting sequence for `request`.
     pub fn new(request: Request) -> Self {
         let num_tokens = request.prompt_len;
+        // Transferred KV counts as computed; the last prompt token is always computed here,
+        // for its logits.
+        let num_computed = request.kv_ready.min(num_tokens.saturating_sub(1));
         Sequence {
             request,
             status: SeqStatus::Waiting,
             num_tokens,
-            num_computed: 0,
+            num_computed,
             output_len: 0,
             output_tokens: Vec::new(),
             first_scheduled: None,

@@ -10,6 +10,7 @@
 
 mod backends;
 mod bench;
+mod fleet;
 mod progress;
 
 use std::path::{Path, PathBuf};
@@ -25,7 +26,7 @@ use rayon::prelude::*;
 pub use backends::BackendKind;
 pub use bench::{bench_scenario, peak_rss_bytes, BenchResult};
 
-use crate::driver::{run_to_end, DriverKind, RunStats};
+use crate::driver::{run_to_end, DriverKind, EngineParts, RunStats};
 use crate::scenario::{Scenario, Variant};
 use crate::workload::Workload;
 use crate::SimError;
@@ -73,6 +74,8 @@ pub struct VariantResult {
     pub stats: RunStats,
     /// Things the user should know (leaks, rejections, adjusted trace rows).
     pub warnings: Vec<String>,
+    /// A fleet's own figures (`[cluster]` variants; `fleet.json`).
+    pub fleet: Option<analysis::fleet::FleetSummary>,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SimError + '_ {
@@ -152,6 +155,17 @@ fn run_variant_into(
     progress: &ProgressBar,
     on_progress: &dyn Fn(),
 ) -> Result<VariantResult, SimError> {
+    if variant.fleet.is_some() {
+        return fleet::run_fleet_variant(
+            scenario,
+            variant,
+            backend_kind,
+            driver,
+            out_dir,
+            progress,
+            on_progress,
+        );
+    }
     let started = Instant::now();
     let mut workload = Workload::open(&variant.config.workload, &scenario.base_dir, scenario.seed)?;
     let classes = workload.class_names();
@@ -166,17 +180,7 @@ fn run_variant_into(
         variant: variant.name.clone(),
         source: Box::new(e),
     };
-    let (backend, num_blocks) = backends::build(backend_kind, scenario, variant)?;
-    let mut sched_cfg = variant.scheduler.clone();
-    if backend_kind != BackendKind::Model {
-        // A real runtime holds the blocks it could allocate.
-        sched_cfg.pool_tokens = u64::from(num_blocks) * u64::from(variant.memory.block_size);
-    }
-    // Real runtimes read and write KV through the block tables and consume token ids.
-    sched_cfg.want_block_tables = backend.needs_block_tables();
-    sched_cfg.keep_tokens = backend.needs_block_tables();
-    let scheduler = Scheduler::new(sched_cfg).map_err(|e| run_err(e.into()))?;
-    let block_manager = block_manager(scenario, variant, num_blocks, backend_kind)?;
+    let parts = engine_parts(scenario, variant, backend_kind)?;
     let mut last = 0;
     // Attention data parallelism: one rank is simulated, taking every `dp`-th request (the
     // round-robin of vLLM's and SGLang's DP front ends) and its share of a closed loop's
@@ -190,11 +194,7 @@ fn run_variant_into(
     let mut rank = (&mut workload).step_by(dp as usize);
     let stats = run_to_end(
         driver,
-        crate::driver::EngineParts {
-            scheduler,
-            block_manager,
-            backend,
-        },
+        parts,
         &mut rank,
         client,
         &mut collector,
@@ -244,20 +244,52 @@ fn run_variant_into(
         summary,
         stats,
         warnings,
+        fleet: None,
+    })
+}
+
+/// One engine of `variant` on the chosen backend: its backend, scheduler and block manager.
+fn engine_parts(
+    scenario: &Scenario,
+    variant: &Variant,
+    backend_kind: BackendKind,
+) -> Result<EngineParts, SimError> {
+    let (backend, num_blocks) = backends::build(backend_kind, scenario, variant)?;
+    let mut sched_cfg = variant.scheduler.clone();
+    if backend_kind != BackendKind::Model {
+        // A real runtime holds the blocks it could allocate.
+        sched_cfg.pool_tokens = u64::from(num_blocks) * u64::from(variant.memory.block_size);
+    }
+    // Real runtimes read and write KV through the block tables and consume token ids.
+    sched_cfg.want_block_tables = backend.needs_block_tables();
+    sched_cfg.keep_tokens = backend.needs_block_tables();
+    let scheduler = Scheduler::new(sched_cfg).map_err(|e| SimError::Run {
+        variant: variant.name.clone(),
+        source: Box::new(crate::driver::DriverError::Engine(e)),
+    })?;
+    let block_manager = block_manager(scenario, variant, num_blocks, backend_kind)?;
+    Ok(EngineParts {
+        scheduler,
+        block_manager,
+        backend,
     })
 }
 
 /// `plan.json`: the deployment, memory plan, engine and cost settings the variant runs with.
 fn write_plan(dir: &Path, variant: &Variant) -> Result<(), SimError> {
-    let plan_path = dir.join("plan.json");
     let plan = serde_json::json!({
         "deployment": variant.deployment,
         "memory": variant.memory,
         "engine": variant.config.engine,
         "cost": variant.config.cost,
     });
-    let text = serde_json::to_string_pretty(&plan).unwrap_or_default();
-    std::fs::write(&plan_path, text + "\n").map_err(io_err(&plan_path))
+    write_json(&dir.join("plan.json"), &plan)
+}
+
+/// Writes `value` as pretty JSON and a newline.
+fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), SimError> {
+    let text = serde_json::to_string_pretty(value).unwrap_or_default();
+    std::fs::write(path, text + "\n").map_err(io_err(path))
 }
 
 /// `timing.json`: wall-clock figures, which vary run to run, so they live apart from the
@@ -275,9 +307,7 @@ fn write_timing(
         "steps": stats.steps,
         "simulated_time_s": stats.end_time as f64 / 1e9,
     });
-    let path = dir.join("timing.json");
-    let text = serde_json::to_string_pretty(&timing).unwrap_or_default();
-    std::fs::write(&path, text + "\n").map_err(io_err(&path))
+    write_json(&dir.join("timing.json"), &timing)
 }
 
 /// The variant's block manager: its pool, prefix caching with the eviction policy, the

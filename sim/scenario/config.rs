@@ -254,6 +254,9 @@ pub struct ScenarioConfig {
     /// Speculative decoding (`[speculative]`; absent or `method = "none"`: off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculative: Option<SpeculativeConfig>,
+    /// A fleet of replicas behind a router (`[cluster]`; absent: one engine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<super::cluster::ClusterConfig>,
     /// Variants (raw override tables; resolved by [`super::Scenario::load`]).
     #[serde(default, skip_serializing)]
     pub variant: Vec<toml::Table>,

@@ -22,6 +22,7 @@
 //! `seed` (the request stream is shared by construction), except the client's cap
 //! `workload.max_in_flight`.
 
+pub mod cluster;
 mod config;
 mod resolve;
 mod tables;
@@ -72,6 +73,9 @@ pub struct Variant {
     /// Measured operator times the cost model prices steps with (`[cost]
     /// operator_profile`), read once per variant.
     pub profile: Option<std::sync::Arc<crate::cost_model::profiled::ProfiledCosts>>,
+    /// The fleet, when the configuration has a `[cluster]`: its pools resolved like
+    /// variants (the variant's own deployment is then the scenario's base engine, unused).
+    pub fleet: Option<cluster::Fleet>,
 }
 
 /// A loaded scenario.
@@ -295,6 +299,7 @@ impl Scenario {
         if base.variant.is_empty() {
             let mut v = resolve("base", base.clone(), &base_dir).map_err(err)?;
             v.fit = fit.clone();
+            v.fleet = resolve_fleet(&unexpanded, &base, &base_dir).map_err(err)?;
             variants.push(v);
         }
         for (i, over) in base.variant.iter().enumerate() {
@@ -327,6 +332,7 @@ impl Scenario {
             merged.remove("variant");
             merged.remove("sweep");
             merge(&mut merged, &over);
+            let merged_raw = merged.clone();
             let variant_fit = expand_calibration(&mut merged, &base_dir)
                 .map_err(|m| err(format!("variant `{vname}`: {m}")))?
                 .flatten();
@@ -346,6 +352,8 @@ impl Scenario {
             let mut v = resolve(&vname, cfg, &base_dir)
                 .map_err(|m| err(format!("variant `{vname}`: {m}")))?;
             v.fit = variant_fit;
+            v.fleet = resolve_fleet(&merged_raw, &v.config, &base_dir)
+                .map_err(|m| err(format!("variant `{vname}`: {m}")))?;
             variants.push(v);
         }
         Ok(Scenario {
@@ -387,9 +395,69 @@ impl Scenario {
     }
 }
 
+/// The fleet of a configuration with a `[cluster]` (`None` without one): every pool is the
+/// configuration (`table`, as written, before its calibration file is read) with the pool's
+/// tables merged over it, checked and resolved like a variant.
+fn resolve_fleet(
+    table: &toml::Table,
+    config: &ScenarioConfig,
+    base_dir: &Path,
+) -> Result<Option<cluster::Fleet>, String> {
+    let Some(cl) = &config.cluster else {
+        return Ok(None);
+    };
+    cl.validate()?;
+    let mut pools = Vec::new();
+    for (name, pool) in &cl.pools {
+        let key = format!("cluster.pools.{name}");
+        let mut t = table.clone();
+        for k in ["cluster", "variant", "sweep"] {
+            t.remove(k);
+        }
+        let mut over = toml::Table::new();
+        for (k, tab) in pool.overrides() {
+            over.insert(k.into(), toml::Value::Table(tab.clone()));
+        }
+        merge(&mut t, &over);
+        let fit = expand_calibration(&mut t, base_dir)
+            .map_err(|m| format!("{key}: {m}"))?
+            .flatten();
+        let cfg: ScenarioConfig =
+            serde_path_to_error::deserialize(toml::Value::Table(t)).map_err(|e| {
+                let path = e.path().to_string();
+                format!(
+                    "{key}.{path}: {}",
+                    crate::messages::concise(e.into_inner().message())
+                )
+            })?;
+        let mut engine = resolve(name, cfg, base_dir).map_err(|m| format!("{key}: {m}"))?;
+        if engine.deployment.parallel.dp > 1 {
+            return Err(format!(
+                "{key}: attention data parallelism (hardware.dp = {}) inside a fleet: give the ranks as replicas instead",
+                engine.deployment.parallel.dp
+            ));
+        }
+        engine.fit = fit;
+        pools.push(cluster::Pool {
+            name: name.clone(),
+            replicas: pool.replicas,
+            usd_per_gpu_hour: pool
+                .usd_per_gpu_hour
+                .or(cl.usd_per_gpu_hour)
+                .unwrap_or(engine.deployment.gpu.price_per_hour),
+            role: pool.role,
+            engine: Box::new(engine),
+        });
+    }
+    Ok(Some(cluster::Fleet {
+        config: cl.clone(),
+        pools,
+    }))
+}
+
 /// A scenario's or a variant's name names a results folder (`results/<scenario>/<variant>`):
 /// it must stay one folder inside the output folder. Errors say which `key`.
-fn check_folder_name(key: &str, name: &str) -> Result<(), String> {
+pub(crate) fn check_folder_name(key: &str, name: &str) -> Result<(), String> {
     let bad = |why: &str| Err(format!("{key}: {why}, got {name:?}"));
     if name.is_empty() || name == "." || name == ".." {
         return bad("must name a folder (not empty, `.` or `..`)");

@@ -256,6 +256,7 @@ pub(super) fn resolve(
         draft,
         fit: None,
         profile,
+        fleet: None,
     })
 }
 

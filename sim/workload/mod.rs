@@ -40,7 +40,7 @@ pub use error::WorkloadError;
 pub use lengths::{JointLengths, LengthDist};
 pub use multi_turn::{MultiTurnConfig, MULTI_TURN_CLASSES};
 pub use shared_prefix::{GeneratedSharedPrefix, GSP_CLASS};
-pub use streams::synthetic_token;
+pub use streams::{stream, synthetic_token};
 pub use trace::{mooncake_token, TraceConfig, TraceFormat, MOONCAKE_BLOCK_TOKENS};
 
 use arrivals::Gaps;
@@ -66,6 +66,8 @@ struct Generated {
     max_tokens: u32,
     class: u16,
     script: Vec<u32>,
+    /// The conversation (multi-turn workloads; 0: none).
+    session: u64,
 }
 
 impl Generated {
@@ -84,6 +86,7 @@ impl Generated {
             max_tokens,
             class,
             script,
+            session: 0,
         }
     }
 }
@@ -251,6 +254,7 @@ impl Workload {
                     max_tokens: t.max_tokens,
                     class: 0,
                     script: Vec::new(),
+                    session: 0,
                 },
                 None => return Ok(None),
             },
@@ -265,6 +269,7 @@ impl Workload {
             max_tokens,
             class,
             script: scripted_output,
+            session,
         } = g;
         if arrival_s.is_nan() || arrival_s > MAX_ARRIVAL_S {
             let key = match self.source {
@@ -305,6 +310,9 @@ impl Workload {
                 .copied()
                 .unwrap_or(0),
             class,
+            session,
+            kv_ready: 0,
+            hold_kv: false,
             sampling: SamplingParams {
                 seed: splitmix64(self.seed ^ splitmix64(id)),
                 ..self

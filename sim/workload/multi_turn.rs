@@ -200,6 +200,7 @@ impl MultiTurn {
             .collect();
         c.history.extend_from_slice(&script);
         let class = u16::from(c.turn > 0);
+        let session = c.id + 1;
         c.turn += 1;
         c.turns_left -= 1;
         let fits = self
@@ -214,6 +215,9 @@ impl MultiTurn {
             self.pending_s.insert(c.id, next);
             self.live.insert(c.id, c);
         }
-        Generated::with_prompt(t, prompt, o, class, script)
+        Generated {
+            session,
+            ..Generated::with_prompt(t, prompt, o, class, script)
+        }
     }
 }

@@ -30,7 +30,7 @@ pub(super) fn purpose_output(i: usize) -> u64 {
 }
 
 /// A generator for `purpose`, independent of every other purpose under the same seed.
-pub(super) fn stream(seed: u64, purpose: u64) -> ChaCha8Rng {
+pub fn stream(seed: u64, purpose: u64) -> ChaCha8Rng {
     let mut state = splitmix64(seed) ^ splitmix64(purpose.wrapping_mul(0xD1B5_4A32_D192_ED03));
     let mut key = [0u8; 32];
     for chunk in key.chunks_exact_mut(8) {

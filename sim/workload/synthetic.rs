@@ -113,6 +113,7 @@ impl Synthetic {
             // validate() caps the class count at u16::MAX + 1.
             class: u16::try_from(class).unwrap_or(u16::MAX),
             script: Vec::new(),
+            session: 0,
         }
     }
 }

@@ -143,7 +143,19 @@ impl Scheduler {
         for rid in sampled_groups {
             self.reselect_beams(rid, plan, &mut result);
         }
+        // Held KV (a prefill replica's, until its transfer ends) is not freed now.
+        let seqs = &self.seqs;
+        let held: Vec<SeqId> = result
+            .to_free
+            .iter()
+            .copied()
+            .filter(|id| seqs.get(id).is_some_and(|s| s.request.hold_kv))
+            .collect();
         self.drop_finished(&result, &unforked);
+        if !held.is_empty() {
+            result.to_free.retain(|id| !held.contains(id));
+            result.held = held;
+        }
         Ok(result)
     }
 

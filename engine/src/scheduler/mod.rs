@@ -330,6 +330,9 @@ pub struct CommitResult {
     /// Verify steps rolled back to their verified tokens: `(sequence, tokens kept)`
     /// ([`crate::block_manager::BlockManager::rollback`]).
     pub rollback: Vec<(SeqId, u32)>,
+    /// Finished sequences of requests with `hold_kv`: taken out of `to_free`, their blocks
+    /// stay in use until the driver frees them (a prefill replica's KV being transferred).
+    pub held: Vec<SeqId>,
 }
 
 /// The scheduler core (a plain struct: time is passed in, effects are returned).

@@ -343,6 +343,28 @@ for variants, expect in [([{"engine.scheduler": '"static"'}], "name"), ([{"name"
                          ([{"name": '"v"', "engine.colour": '"red"'}], "colour"), ([{"name": '"v"', "seed": "3"}], "seed")]:
     s = mutate("engine.scheduler", '"chunked"'); s["variant"] = variants
     case("variant-" + expect.replace("/", "slash").replace(".", "dot").replace(" ", "-"), expect, scenario=s)
+# --- fleets ([cluster])
+for name, cluster, expect in [
+        ("no-pools", '[cluster]\nrouting = "round-robin"\n', "pools"),
+        ("empty-pools", '[cluster]\npools = {}\n', "at least one pool"),
+        ("replicas-0", '[cluster.pools.a]\nreplicas = 0\n', "cluster.pools.a.replicas"),
+        ("replicas-huge", '[cluster.pools.a]\nreplicas = 1000000\n', "cluster.pools.a.replicas"),
+        ("replicas-sum", '[cluster.pools.a]\nreplicas = 3000\n[cluster.pools.b]\nreplicas = 3000\n', "6000 replicas"),
+        ("routing-unknown", '[cluster]\nrouting = "random"\n[cluster.pools.a]\nreplicas = 2\n', "random"),
+        ("refresh-negative", '[cluster]\nrefresh_ms = -5\n[cluster.pools.a]\nreplicas = 2\n', "cluster.refresh_ms"),
+        ("weights-zero", '[cluster.scorers]\nprefix = 0\nqueue = 0\nkv = 0\n[cluster.pools.a]\nreplicas = 2\n', "cluster.scorers"),
+        ("weight-nan", '[cluster.scorers]\nprefix = nan\n[cluster.pools.a]\nreplicas = 2\n', "cluster.scorers.prefix"),
+        ("scorer-unknown", '[cluster.scorers]\nlatency = 1\n[cluster.pools.a]\nreplicas = 2\n', "latency"),
+        ("key-unknown", '[cluster]\ncolour = "red"\n[cluster.pools.a]\nreplicas = 2\n', "colour"),
+        ("pool-key-unknown", '[cluster.pools.a]\nreplicas = 2\ngpus = 4\n', "gpus"),
+        ("pool-engine-key", '[cluster.pools.a]\nreplicas = 2\nengine = { max_num_seq = 4 }\n', "max_num_seq"),
+        ("pool-engine-value", '[cluster.pools.a]\nreplicas = 2\nengine = { block_size = 7 }\n', "cluster.pools.a"),
+        ("pool-gpu-unknown", '[cluster.pools.a]\nreplicas = 2\nhardware = { gpu = "h900" }\n', "cluster.pools.a"),
+        ("pool-name-slash", '[cluster.pools."a/b"]\nreplicas = 2\n', "a/b"),
+        ("price-negative", '[cluster]\nusd_per_gpu_hour = -1.0\n[cluster.pools.a]\nreplicas = 2\n', "cluster.usd_per_gpu_hour"),
+        ("index-block-0", '[cluster.prefix_index]\nblock_size = 0\n[cluster.pools.a]\nreplicas = 2\n', "cluster.prefix_index.block_size"),
+        ("variant-routing", '[cluster.pools.a]\nreplicas = 2\n\n[[variant]]\nname = "v"\ncluster.routing = "fastest"\n', "fastest")]:
+    case("cluster-" + name, expect, text=render(BASE) + "\n" + cluster)
 # --- whole files
 case("toml-syntax", "line", text='name = "bad"\n[model\nname = "x"\n')
 case("toml-unknown-top-key", "colour", text=render(BASE) + 'colour = "red"\n')
