@@ -94,6 +94,10 @@ pub trait EngineHandle {
     /// Frees the blocks of finished sequences whose KV was held (sent to a decode
     /// replica).
     async fn free_held(&mut self, ids: Vec<SeqId>) -> Result<(), DriverError>;
+    /// The CPU offload tier's counters (`None`: no tier).
+    async fn offload_stats(
+        &mut self,
+    ) -> Result<Option<engine::block_manager::offload::OffloadStats>, DriverError>;
 }
 
 /// Calls the cores directly.
@@ -164,6 +168,12 @@ impl EngineHandle for InlineEngine {
     async fn free_held(&mut self, ids: Vec<SeqId>) -> Result<(), DriverError> {
         self.cores.block_manager.release(&[], &[], &[], &ids);
         Ok(())
+    }
+
+    async fn offload_stats(
+        &mut self,
+    ) -> Result<Option<engine::block_manager::offload::OffloadStats>, DriverError> {
+        Ok(self.cores.block_manager.offload_stats())
     }
 
     async fn load(&mut self) -> Result<Load, DriverError> {
@@ -269,6 +279,15 @@ impl EngineHandle for ActorEngine {
             .await
             .map_err(mailbox)?;
         Ok(())
+    }
+
+    async fn offload_stats(
+        &mut self,
+    ) -> Result<Option<engine::block_manager::offload::OffloadStats>, DriverError> {
+        self.block_manager
+            .send(engine::actors::OffloadCounters)
+            .await
+            .map_err(mailbox)
     }
 
     async fn load(&mut self) -> Result<Load, DriverError> {
@@ -508,6 +527,8 @@ pub struct RunStats {
     pub evictions: u64,
     /// Speculative decoding's acceptance counters, by request class.
     pub spec: Vec<engine::spec::SpecStats>,
+    /// The CPU offload tier's counters (`None`: no tier).
+    pub offload: Option<engine::block_manager::offload::OffloadStats>,
 }
 
 /// The benchmark client between the workload and the engine (vLLM's `bench serve`): with
@@ -999,6 +1020,7 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
         s.pool_blocks = pool;
         s.evictions = evictions;
         s.spec = e.spec_stats().await?;
+        s.offload = e.offload_stats().await?;
     }
     Ok(stats)
 }

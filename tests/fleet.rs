@@ -120,6 +120,17 @@ fn fleet_outputs_are_identical_across_drivers_and_runs() {
             assert!(ba == bb, "{na} differs between runs");
         }
     }
+    // The report has the fleet's section: its figures, load per replica over time.
+    let html =
+        std::fs::read_to_string(analysis::report::write_run_report(&dirs[0]).expect("report"))
+            .expect("read report");
+    for part in [
+        "<h2>Fleet</h2>",
+        "prefix-aware: load per replica",
+        "requests per replica",
+    ] {
+        assert!(html.contains(part), "report lacks {part}");
+    }
 }
 
 /// A fleet scenario as text: `pools` of (name, replicas, KV blocks per replica, role), the

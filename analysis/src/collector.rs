@@ -33,6 +33,8 @@ pub struct RunInfo {
     pub wall_time_s: f64,
     /// Speculative decoding's acceptance counters, by request class (empty: none).
     pub spec: Vec<engine::spec::SpecStats>,
+    /// The CPU offload tier's counters and the tokens per block (`None`: no tier).
+    pub offload: Option<(engine::block_manager::offload::OffloadStats, u32)>,
 }
 
 /// The running statistics of one request class.
@@ -359,6 +361,19 @@ impl RunCollector {
         }
         let steps = self.num_steps as f64;
         let total_requests = completed + self.num_rejected;
+        let offload = info.offload.map(|(t, block_size)| {
+            let input = self.total_input_tokens as f64;
+            let cpu = (t.loads * u64::from(block_size)) as f64;
+            crate::summary::OffloadSummary {
+                capacity_blocks: t.capacity,
+                blocks_at_end: t.blocks,
+                stores: t.stores,
+                loads: t.loads,
+                evictions: t.evictions,
+                gpu_hit_rate: ratio(self.total_cached_tokens as f64 - cpu, input),
+                cpu_hit_rate: ratio(cpu, input),
+            }
+        });
 
         Ok(Summary {
             scenario: info.scenario,
@@ -442,6 +457,7 @@ impl RunCollector {
             leaked_blocks: info.kv_blocks_in_use_at_end,
             num_evictions: info.evictions,
             speculative: SpecSummary::of(&all),
+            offload,
             wall_time_s: finite(info.wall_time_s),
             sim_speed: if info.wall_time_s > 0.0 {
                 ratio(total_requests as f64, info.wall_time_s)
@@ -715,6 +731,7 @@ mod tests {
             evictions: 0,
             wall_time_s: 0.5,
             spec: Vec::new(),
+            offload: None,
         }
     }
 

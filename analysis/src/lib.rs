@@ -62,4 +62,6 @@ pub use error::AnalysisError;
 pub use rows::{REQUESTS_CSV_HEADER, STEPS_CSV_HEADER};
 pub use slo::Slo;
 pub use stats::{median, percentile};
-pub use summary::{read_summary_json, write_summary_json, ClassSummary, SpecSummary, Summary};
+pub use summary::{
+    read_summary_json, write_summary_json, ClassSummary, OffloadSummary, SpecSummary, Summary,
+};

@@ -259,6 +259,7 @@ mod tests {
             plan: None,
             warnings: Vec::new(),
             hit_rate: Vec::new(),
+            fleet: None,
         };
         let t = exposition(&v);
         assert!(

@@ -274,8 +274,30 @@ pub struct Summary {
     /// Speculative decoding's acceptance (absent without verify steps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculative: Option<SpecSummary>,
+    /// The CPU offload tier under the prefix cache (absent without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload: Option<OffloadSummary>,
     /// Per-class metrics, in class-index order.
     pub classes: Vec<ClassSummary>,
+}
+
+/// The CPU offload tier's figures: its counters and the prefix-cache hit rate by tier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct OffloadSummary {
+    /// Capacity, blocks.
+    pub capacity_blocks: u32,
+    /// Blocks held when the run ended.
+    pub blocks_at_end: u32,
+    /// Blocks written to the tier.
+    pub stores: u64,
+    /// Blocks loaded back (hits in the tier).
+    pub loads: u64,
+    /// Blocks dropped because it was full.
+    pub evictions: u64,
+    /// Prompt tokens found in the GPU prefix cache / prompt tokens.
+    pub gpu_hit_rate: f64,
+    /// Prompt tokens loaded from the tier / prompt tokens.
+    pub cpu_hit_rate: f64,
 }
 
 impl Summary {

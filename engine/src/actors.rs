@@ -84,6 +84,18 @@ impl Handler<PoolUsage> for BlockManagerActor {
     }
 }
 
+/// Asks for the CPU offload tier's counters (`None`: no tier).
+#[derive(Message)]
+#[rtype(result = "Option<crate::block_manager::offload::OffloadStats>")]
+pub struct OffloadCounters;
+
+impl Handler<OffloadCounters> for BlockManagerActor {
+    type Result = MessageResult<OffloadCounters>;
+    fn handle(&mut self, _: OffloadCounters, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.core.offload_stats())
+    }
+}
+
 /// Owns the scheduler core and talks to the block manager.
 pub struct SchedulerActor {
     core: Scheduler,

@@ -67,6 +67,9 @@ pub struct StepPlan {
     /// Blocks to copy from the CPU pool before the step, as `(cpu block, gpu block)`, last
     /// (after the swap-outs and the block copies).
     pub swap_in: Vec<(u32, u32)>,
+    /// Blocks loaded from the CPU offload tier into fresh GPU blocks before the step (the
+    /// sequences' prefix hits there), over PCIe like swap-ins.
+    pub offload_loads: u32,
     /// Blocks to copy to the CPU pool first, before anything of the step reuses the GPU
     /// blocks they free, as `(gpu block, cpu block)`. A block shared by two preempted
     /// sequences is copied once for each.
@@ -148,7 +151,10 @@ impl StepPlan {
 
     /// True when the plan moves KV blocks (swaps or copies) before its work.
     pub fn has_transfers(&self) -> bool {
-        !self.swap_in.is_empty() || !self.swap_out.is_empty() || !self.block_copies.is_empty()
+        !self.swap_in.is_empty()
+            || !self.swap_out.is_empty()
+            || !self.block_copies.is_empty()
+            || self.offload_loads > 0
     }
 
     /// True when the step has no work.

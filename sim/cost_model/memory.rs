@@ -54,6 +54,12 @@ pub struct MemoryPlan {
     pub swap_bytes: f64,
     /// Blocks of the CPU swap pool (`floor(swap_bytes / block_bytes)`).
     pub num_cpu_blocks: u32,
+    /// Host memory per GPU of the KV offload tier under the prefix cache, bytes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub offload_bytes: f64,
+    /// Blocks of the offload tier (`floor(offload_bytes / block_bytes)`).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub offload_blocks: u32,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -297,5 +303,7 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
         max_concurrency_at_max_len,
         swap_bytes: 0.0,
         num_cpu_blocks: 0,
+        offload_bytes: 0.0,
+        offload_blocks: 0,
     })
 }

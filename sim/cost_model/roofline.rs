@@ -811,7 +811,7 @@ impl CostModel {
         if plan.work.is_empty() {
             // Only block moves (swap-outs of a step that preempted without running).
             let t = self.kv_transfer_s(
-                plan.swap_in.len() + plan.swap_out.len(),
+                plan.swap_in.len() + plan.swap_out.len() + plan.offload_loads as usize,
                 plan.block_copies.len(),
             );
             return StepCost {
@@ -839,7 +839,7 @@ impl CostModel {
         let rows = (plan.work.len() + pad.decode.len()) as u32;
         let mut c = self.step_cost(prefill, decode, samples, rows);
         c.kv_transfer_s = self.kv_transfer_s(
-            plan.swap_in.len() + plan.swap_out.len(),
+            plan.swap_in.len() + plan.swap_out.len() + plan.offload_loads as usize,
             plan.block_copies.len(),
         );
         c.seconds += c.kv_transfer_s;

@@ -295,6 +295,7 @@ pub(super) fn run_fleet_variant(
         evictions: s.evictions,
         wall_time_s: wall,
         spec: s.spec.clone(),
+        offload: s.offload.map(|t| (t, variant.memory.block_size)),
     };
     // Each pool's and the fleet's counters: their replicas' summed.
     let mut pool_stats = vec![RunStats::default(); fleet.pools.len()];
@@ -402,6 +403,14 @@ fn add(into: &mut RunStats, s: &RunStats) {
     }
     for (a, b) in into.spec.iter_mut().zip(&s.spec) {
         a.merge(b);
+    }
+    if let Some(t) = s.offload {
+        let o = into.offload.get_or_insert_with(Default::default);
+        o.capacity += t.capacity;
+        o.blocks += t.blocks;
+        o.stores += t.stores;
+        o.loads += t.loads;
+        o.evictions += t.evictions;
     }
 }
 

@@ -222,6 +222,7 @@ fn run_variant_into(
         evictions: stats.evictions,
         wall_time_s: wall,
         spec: stats.spec.clone(),
+        offload: stats.offload.map(|t| (t, variant.memory.block_size)),
     })?;
     let mut summary = summary;
     if dp > 1 {
@@ -330,6 +331,22 @@ fn block_manager(
     };
     if e.kv_allocator == KvAllocator::Contiguous {
         block_manager = block_manager.with_contiguous_allocation();
+    }
+    if variant.memory.offload_blocks > 0 {
+        if backend_kind != BackendKind::Model {
+            return Err(SimError::Scenario(crate::scenario::ScenarioError {
+                file: scenario.path.display().to_string(),
+                msg: format!(
+                    "variant `{}`: engine.kv_offload_gib: the offload tier is modelled on the cost model only (--backend model)",
+                    variant.name
+                ),
+            }));
+        }
+        block_manager = block_manager.with_offload(
+            variant.memory.offload_blocks,
+            e.kv_offload_store,
+            e.kv_offload_policy,
+        );
     }
     if let Some(w) = variant.scheduler.sliding_window {
         block_manager = block_manager.with_sliding_window(w);

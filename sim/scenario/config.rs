@@ -150,6 +150,18 @@ pub struct EngineConfig {
     /// `"max-model-len"`, and without prefix caching or swap).
     #[serde(default)]
     pub kv_allocator: KvAllocator,
+    /// Host memory per GPU for a KV offload tier under the prefix cache, GiB (vLLM's
+    /// `kv_offloading_size`, LMCache's `max_local_cpu_size`; 0: none): blocks evicted from
+    /// the GPU cache stay reusable there, loaded back over PCIe instead of recomputed.
+    #[serde(default)]
+    pub kv_offload_gib: f64,
+    /// When blocks are written to the tier: `write-through` (as they fill; vLLM, LMCache)
+    /// or `on-evict` (when the GPU evicts them).
+    #[serde(default)]
+    pub kv_offload_store: engine::block_manager::offload::OffloadStore,
+    /// Which block a full tier drops: `lru` or `arc`.
+    #[serde(default)]
+    pub kv_offload_policy: engine::block_manager::offload::OffloadPolicy,
     /// Static batching as Hugging Face `generate` serves a batch (the "naive" baseline):
     /// prompts padded to the batch's longest, finished members computing pad tokens
     /// until the last ends. Only with `scheduler = "static"`.
@@ -219,6 +231,9 @@ impl Default for EngineConfig {
             disable_sliding_window: false,
             kv_allocator: KvAllocator::Paged,
             static_padding: false,
+            kv_offload_gib: 0.0,
+            kv_offload_store: Default::default(),
+            kv_offload_policy: Default::default(),
         }
     }
 }

@@ -227,15 +227,12 @@ pub(super) fn resolve(
         ));
     }
     if e.preemption_mode == PreemptionMode::Swap {
-        memory.swap_bytes = e.swap_space_gib * 1024.0 * 1024.0 * 1024.0;
-        let blocks = (memory.swap_bytes / memory.block_bytes).floor();
-        if blocks > MAX_POOL_BLOCKS as f64 {
-            return Err(format!(
-                "engine.swap_space_gib: {} GiB is {blocks:.0} CPU blocks of {} bytes, more than the {MAX_POOL_BLOCKS} the simulator tracks",
-                e.swap_space_gib, memory.block_bytes
-            ));
-        }
-        memory.num_cpu_blocks = blocks as u32;
+        (memory.swap_bytes, memory.num_cpu_blocks) =
+            host_blocks("engine.swap_space_gib", e.swap_space_gib, memory.block_bytes)?;
+    }
+    if e.kv_offload_gib > 0.0 {
+        (memory.offload_bytes, memory.offload_blocks) =
+            host_blocks("engine.kv_offload_gib", e.kv_offload_gib, memory.block_bytes)?;
     }
     check_prompt_parts(&config.workload, max_model_len)?;
     let scheduler = scheduler_config(
@@ -258,6 +255,19 @@ pub(super) fn resolve(
         profile,
         fleet: None,
     })
+}
+
+/// Host memory of `gib` GiB (the swap pool, the offload tier) in bytes and in KV blocks of
+/// `block_bytes`, at most [`MAX_POOL_BLOCKS`] (`key` names the setting in errors).
+fn host_blocks(key: &str, gib: f64, block_bytes: f64) -> Result<(f64, u32), String> {
+    let bytes = gib * 1024.0 * 1024.0 * 1024.0;
+    let blocks = (bytes / block_bytes).floor();
+    if blocks > MAX_POOL_BLOCKS as f64 {
+        return Err(format!(
+            "{key}: {gib} GiB is {blocks:.0} blocks of {block_bytes} bytes, more than the {MAX_POOL_BLOCKS} the simulator tracks"
+        ));
+    }
+    Ok((bytes, blocks as u32))
 }
 
 /// `[cost] operator_profile`: the profile of the deployment's model on its GPU at its
@@ -504,6 +514,18 @@ fn check_engine(e: &EngineConfig) -> Result<(), String> {
             "engine.queue_aging_s: must be a positive number of seconds, got {}",
             e.queue_aging_s
         ));
+    }
+    if !(e.kv_offload_gib >= 0.0 && e.kv_offload_gib.is_finite()) {
+        return Err(format!(
+            "engine.kv_offload_gib: must be a non-negative number of GiB, got {}",
+            e.kv_offload_gib
+        ));
+    }
+    if e.kv_offload_gib > 0.0 && !e.enable_prefix_caching {
+        return Err(
+            "engine.kv_offload_gib: the offload tier lies under the prefix cache; set enable_prefix_caching = true"
+                .into(),
+        );
     }
     if !(e.swap_space_gib >= 0.0 && e.swap_space_gib.is_finite()) {
         return Err(format!(

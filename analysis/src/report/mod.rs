@@ -8,12 +8,14 @@
 //! latency and goodput against the first swept key, SLO lines and saturation knees) and
 //! links the points' reports.
 
+mod fleet;
 mod run;
 mod sweep;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+pub use fleet::FleetData;
 pub use run::{run_report, write_run_report};
 pub use sweep::{knee, sweep_report};
 
@@ -49,6 +51,8 @@ pub struct VariantData {
     /// Cumulative prefix-cache hit rate (cached / prompt tokens) by arrival: `(arrival s,
     /// rate)`, empty when nothing hit.
     pub hit_rate: Vec<(f64, f64)>,
+    /// A fleet's own files (`None`: one engine).
+    pub fleet: Option<fleet::FleetData>,
 }
 
 fn bad(path: &Path, msg: String) -> AnalysisError {
@@ -216,6 +220,7 @@ pub fn read_variant(dir: &Path) -> Result<VariantData, AnalysisError> {
         plan,
         warnings,
         hit_rate,
+        fleet: fleet::read_fleet(dir)?,
     })
 }
 

@@ -111,6 +111,8 @@ pub fn run_report(dir: &Path, variants: &[VariantData]) -> String {
     b.push_str(&latency_charts(variants));
     // Over time.
     b.push_str(&over_time_charts(variants));
+    // Fleets: routing, load per replica, transfers; hits by tier.
+    b.push_str(&super::fleet::fleet_section(variants));
     // Memory plans.
     b.push_str("<h2>Memory plan</h2>\n");
     b.push_str(&memory_table(&header, variants));

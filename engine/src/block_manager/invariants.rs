@@ -15,6 +15,15 @@ impl BlockManager {
 
     /// Checks DESIGN §3 invariants 1 and 2; returns a description of the first violation.
     pub fn check_invariants(&self) -> Result<(), String> {
+        if let Some(t) = &self.offload {
+            let st = t.stats();
+            if st.blocks > st.capacity {
+                return Err(format!(
+                    "offload tier holds {} blocks, more than its {}",
+                    st.blocks, st.capacity
+                ));
+            }
+        }
         let c = self.counts();
         if c.free_uncached + c.free_cached + c.in_use != self.num_blocks() {
             return Err(format!(

@@ -22,6 +22,7 @@
 mod contiguous;
 mod hybrid;
 mod invariants;
+pub mod offload;
 mod prefix;
 mod release;
 mod reserve;
@@ -149,6 +150,8 @@ pub struct ReserveResponse {
     pub swap_out: Vec<(u32, u32)>,
     /// Blocks to copy CPU -> GPU before the step, as `(cpu block, gpu block)`.
     pub swap_in: Vec<(u32, u32)>,
+    /// Blocks loaded from the CPU offload tier into fresh GPU blocks (prefix hits there).
+    pub offload_loads: u32,
     /// Cached prefix tokens of each probed sequence, after the reservation.
     pub probe_hits: Vec<(SeqId, u32)>,
     /// Copy-on-write copies `(src, dst)`: a shared block a sequence writes into this step.
@@ -216,6 +219,10 @@ pub struct BlockManager {
     evictions: u64,
     /// CPU swap pool; `None`: preemption always recomputes.
     cpu: Option<CpuPool>,
+    /// A CPU tier under the prefix cache (`None`: none).
+    offload: Option<Box<offload::OffloadTier>>,
+    /// Blocks loaded from the tier in the reservation under way.
+    offload_loads: u32,
     /// Sources of this reservation's copy-on-write copies, and those of them freed during
     /// it: held out of the free pool until the reservation ends, so that nothing planned in
     /// the same step overwrites a block a copy still reads.
@@ -253,6 +260,8 @@ impl BlockManager {
             free_order: 0,
             evictions: 0,
             cpu: None,
+            offload: None,
+            offload_loads: 0,
             copy_sources: Vec::new(),
             deferred: Vec::new(),
             window: None,
@@ -262,6 +271,28 @@ impl BlockManager {
             side: Vec::new(),
             side_tables: FxHashMap::default(),
         }
+    }
+
+    /// A CPU tier of `blocks` blocks under the prefix cache (needs prefix caching):
+    /// blocks written to it as they fill or as the GPU evicts them (`store`), dropped by
+    /// `policy` when it is full; a prompt's leading blocks past the GPU's hits that the
+    /// tier holds are loaded back (fresh GPU blocks, listed as the step's
+    /// `offload_loads`) instead of recomputed.
+    pub fn with_offload(
+        mut self,
+        blocks: u32,
+        store: offload::OffloadStore,
+        policy: offload::OffloadPolicy,
+    ) -> Self {
+        if self.policy.is_some() && blocks > 0 {
+            self.offload = Some(Box::new(offload::OffloadTier::new(blocks, store, policy)));
+        }
+        self
+    }
+
+    /// The offload tier's counters (`None`: no tier).
+    pub fn offload_stats(&self) -> Option<offload::OffloadStats> {
+        self.offload.as_ref().map(|t| t.stats())
     }
 
     /// Adds a CPU swap pool of `cpu_blocks` blocks: preempted sequences are swapped out
@@ -511,6 +542,41 @@ mod prefix_tests {
             first: 0,
             hashes,
         }]);
+    }
+
+    /// A prefix evicted from the GPU cache comes back from the CPU tier: its blocks are
+    /// hits (fresh GPU blocks, counted as loads), not recomputed; without the tier it is
+    /// recomputed.
+    #[test]
+    fn an_evicted_prefix_is_loaded_from_the_offload_tier() {
+        use offload::{OffloadPolicy, OffloadStore};
+        for store in [OffloadStore::WriteThrough, OffloadStore::OnEvict] {
+            for (tier, expect_hit) in [(0, 0), (64, 8)] {
+                let mut bm = BlockManager::with_prefix_caching(4, 4, Box::<Lru>::default())
+                    .with_offload(tier, store, OffloadPolicy::Lru);
+                let a: Vec<u32> = (0..12).collect();
+                admit(&mut bm, waiting(1, &a, 12));
+                compute(&mut bm, 1, &a);
+                bm.release(&[], &[], &[], &[1]);
+                // Another prompt takes every block: a's cached blocks are evicted.
+                let b: Vec<u32> = (100..116).collect();
+                admit(&mut bm, waiting(2, &b, 16));
+                compute(&mut bm, 2, &b);
+                bm.release(&[], &[], &[], &[2]);
+                bm.check_invariants().unwrap();
+                let r = admit(&mut bm, waiting(3, &a, 12));
+                assert_eq!(r.hits, vec![expect_hit], "{store:?}, tier {tier}");
+                assert_eq!(r.offload_loads, expect_hit / 4);
+                assert_eq!(bm.table(3).len(), 3);
+                bm.check_invariants().unwrap();
+                let st = bm.offload_stats();
+                assert_eq!(st.is_some(), tier > 0);
+                if let Some(st) = st {
+                    assert_eq!(st.loads, 2);
+                    assert!(st.blocks <= st.capacity);
+                }
+            }
+        }
     }
 
     #[test]

@@ -22,6 +22,11 @@ impl BlockManager {
                 let b = self.policy.as_mut()?.pop_victim()?;
                 if let Some(h) = self.hashes[b as usize].take() {
                     self.cached.remove(&h);
+                    if let Some(t) = self.offload.as_mut() {
+                        if t.store_mode() == super::offload::OffloadStore::OnEvict {
+                            t.put(h);
+                        }
+                    }
                 }
                 self.evictions += 1;
                 b
@@ -90,6 +95,11 @@ impl BlockManager {
                     self.hashes[b as usize] = Some(h);
                     self.cached.insert(h, b);
                     policy.on_cached(b, h, self.tick);
+                    if let Some(t) = self.offload.as_mut() {
+                        if t.store_mode() == super::offload::OffloadStore::WriteThrough {
+                            t.put(h);
+                        }
+                    }
                 }
             }
         }
@@ -105,9 +115,10 @@ impl BlockManager {
         slots: impl Fn(u32) -> u32,
     ) -> Option<u32> {
         let (hits, hits_free) = self.prefix_hits(hashes);
-        let hit = hits * self.block_size;
+        let loads = self.offload_hits(hashes, hits);
+        let hit = (hits + loads) * self.block_size;
         let slots = slots(hit);
-        let want = self.blocks_for(slots).max(hits);
+        let want = self.blocks_for(slots).max(hits + loads);
         let (side_hits, side, side_free) = self.side_admission(seq, hashes, hits, slots);
         if want - hits + side > self.num_free().saturating_sub(hits_free + side_free) {
             return None;
@@ -120,12 +131,32 @@ impl BlockManager {
         }
         // The side groups' hits are taken back before any fresh block can evict them.
         self.take_side_hits(seq, side_hits);
+        // The tier's hits are read (and refreshed there) before a fresh block's eviction
+        // can store into the tier; they fill fresh blocks over PCIe (the step's
+        // `offload_loads`).
+        if loads > 0 {
+            if let Some(t) = self.offload.as_mut() {
+                for &h in &hashes[hits as usize..(hits + loads) as usize] {
+                    t.load(h);
+                }
+            }
+            self.offload_loads += loads;
+        }
         for _ in hits..want {
             table.push(self.take_block()?);
         }
         self.tables.insert(seq, table);
         self.grow_side(seq, slots, hit, &mut Vec::new());
         Some(hit)
+    }
+
+    /// The leading blocks of `hashes` past the GPU's `hits` that the offload tier holds
+    /// (none with side groups: their per-layer-group pages are not offloaded).
+    pub(super) fn offload_hits(&self, hashes: &[u64], hits: u32) -> u32 {
+        match &self.offload {
+            Some(t) if self.side.is_empty() => t.leading(&hashes[hits as usize..]),
+            _ => 0,
+        }
     }
 
     /// Takes a reference to cached block `b` for a prefix hit (out of the evictable set if

@@ -145,10 +145,11 @@ impl BlockManager {
         }
         if let Some(hashes) = self.usable_hashes(e) {
             let (hits, hits_free) = self.prefix_hits(hashes);
+            let loads = self.offload_hits(hashes, hits);
             let (tokens, total) = (e.tokens, e.total);
-            let hit = hits * self.block_size;
+            let hit = (hits + loads) * self.block_size;
             let slots = e.slots.max(hit + tokens.min(total - hit));
-            let want = self.blocks_for(slots).max(hits);
+            let want = self.blocks_for(slots).max(hits + loads);
             let (_, side, side_free) = self.side_admission(e.seq, hashes, hits, slots);
             return want - hits + hits_free + side + side_free;
         }
@@ -311,6 +312,7 @@ impl BlockManager {
         }
         resp.preempted = preempted;
         resp.blocks_used = self.used;
+        resp.offload_loads = std::mem::take(&mut self.offload_loads);
         if let Some(cpu) = self.cpu.as_mut() {
             let released = std::mem::take(&mut cpu.released);
             cpu.free.extend(released);

@@ -176,6 +176,7 @@ impl Scheduler {
             swap_in: resp.swap_in,
             swap_out: resp.swap_out,
             block_copies: resp.block_copies,
+            offload_loads: resp.offload_loads,
         };
         self.steps += 1;
         plan

@@ -343,6 +343,12 @@ for variants, expect in [([{"engine.scheduler": '"static"'}], "name"), ([{"name"
                          ([{"name": '"v"', "engine.colour": '"red"'}], "colour"), ([{"name": '"v"', "seed": "3"}], "seed")]:
     s = mutate("engine.scheduler", '"chunked"'); s["variant"] = variants
     case("variant-" + expect.replace("/", "slash").replace(".", "dot").replace(" ", "-"), expect, scenario=s)
+m("offload-negative", "engine.kv_offload_gib", "-1.0", "engine.kv_offload_gib")
+m("offload-store", "engine.kv_offload_store", '"sometimes"', "sometimes")
+m("offload-policy", "engine.kv_offload_policy", '"mru"', "mru")
+s = mutate("engine.kv_offload_gib", "8.0"); s["engine"]["enable_prefix_caching"] = "false"
+case("offload-without-prefix-cache", "enable_prefix_caching", scenario=s)
+m("offload-huge", "engine.kv_offload_gib", "1e12", "engine.kv_offload_gib")
 # --- fleets ([cluster])
 for name, cluster, expect in [
         ("no-pools", '[cluster]\nrouting = "round-robin"\n', "pools"),
