@@ -204,6 +204,7 @@ proptest! {
         pools in prop::collection::vec((1u32..4, 32u32..80), 1..3),
         disaggregate in any::<bool>(),
         min_prompt in prop::sample::select(vec![0u32, 150]),
+        min_uncached in prop::sample::select(vec![0u32, 120]),
         routing in prop::sample::select(vec!["round-robin", "least-outstanding", "shortest-queue",
             "power-of-two", "session-affinity", "prefix-aware"]),
         refresh in prop::sample::select(vec![0.0, 1.0, 50.0]),
@@ -227,7 +228,9 @@ proptest! {
         let dir = temp.path();
         let path = dir.join("fleet.toml");
         let mut text = fleet_text(&pools, routing, refresh, n, rate);
-        text.push_str(&format!("[cluster.disaggregation]\nmin_prompt = {min_prompt}\n"));
+        text.push_str(&format!(
+            "[cluster.disaggregation]\nmin_prompt = {min_prompt}\nmin_uncached = {min_uncached}\n"
+        ));
         std::fs::write(&path, &text).expect("write");
         let scn = Scenario::load(&path, None).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let out = dir.join("out");
@@ -268,7 +271,7 @@ proptest! {
             rows.iter().map(|r| r.routed).sum::<u64>(),
             u64::from(n) + moved.len() as u64
         );
-        if disaggregate && min_prompt == 0 {
+        if disaggregate && min_prompt == 0 && min_uncached == 0 {
             // Every prompt was prefilled on a prefill replica (unless rejected there).
             let rejected: u64 = rows.iter().filter(|r| r.pool == "p0").map(|r| r.rejected).sum();
             prop_assert_eq!(moved.len() as u64 + rejected, u64::from(n));
@@ -370,4 +373,29 @@ fn disaggregation_pays_under_load_and_not_before() {
         "{}",
         f.mean_kv_transfer_ms
     );
+}
+
+/// Multi-turn chat over four replicas (`scenarios/sessions.toml`, its first 1,500
+/// requests): round-robin sends a conversation's turns to caches that do not hold its
+/// history; a sticky session keeps them where it is, so far more prompt tokens hit and
+/// TTFT falls.
+#[test]
+fn session_affinity_keeps_histories_cached() {
+    let scn = Scenario::load(Path::new("scenarios/sessions.toml"), None).expect("loads");
+    let opts = RunOptions {
+        driver: DriverKind::Inline,
+        requests: Some(1500),
+        only: vec!["round-robin".into(), "session-affinity".into()],
+        ..RunOptions::default()
+    };
+    let results = run_scenario(&scn, &opts).expect("runs");
+    let rr = &by_name(&results, "round-robin").summary;
+    let sticky = &by_name(&results, "session-affinity").summary;
+    assert!(
+        sticky.prefix_cache_hit_rate > rr.prefix_cache_hit_rate + 0.2,
+        "{} vs {}",
+        sticky.prefix_cache_hit_rate,
+        rr.prefix_cache_hit_rate
+    );
+    assert!(sticky.mean_ttft_ms < rr.mean_ttft_ms);
 }

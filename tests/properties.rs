@@ -17,6 +17,7 @@ use std::rc::Rc;
 
 use analysis::{RunCollector, RunInfo};
 use engine::backend::{Backend, BackendError};
+use engine::block_manager::offload::{OffloadPolicy, OffloadStore};
 use engine::block_manager::{BlockManager, SideGroup, NULL_BLOCK};
 use engine::eviction::EvictionKind;
 use engine::plan::{StepOutcome, StepPlan, WorkKind};
@@ -101,6 +102,8 @@ struct Knobs {
     side_pages: u32,
     /// The prefix cache's eviction policy.
     eviction: EvictionKind,
+    /// A CPU offload tier under the prefix cache: `(blocks, store, policy)`.
+    offload: Option<(u32, OffloadStore, OffloadPolicy)>,
 }
 
 impl Knobs {
@@ -130,6 +133,7 @@ impl Knobs {
             side: Vec::new(),
             side_pages: 0,
             eviction: EvictionKind::Lru,
+            offload: None,
         }
     }
 }
@@ -149,6 +153,10 @@ fn block_manager(k: &Knobs) -> BlockManager {
     let bm = bm.with_side_groups(k.side.clone());
     let bm = match k.window {
         Some(w) => bm.with_sliding_window(w),
+        None => bm,
+    };
+    let bm = match k.offload {
+        Some((n, store, policy)) => bm.with_offload(n, store, policy),
         None => bm,
     };
     match k.swap_blocks {
@@ -347,6 +355,23 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                     side: if contiguous { Vec::new() } else { side },
                     side_pages: if contiguous { 0 } else { side_pages },
                     eviction,
+                    // A CPU tier under the prefix cache for every other draw (no new
+                    // dimension: the strategy's tuples are full), 1 to 12 blocks a
+                    // max-length sequence, the store and policy by the draw's parity.
+                    offload: (prefix && !contiguous && r % 2 == 1).then(|| {
+                        let blocks = (1 + r % 12) * max_model_len.div_ceil(block_size);
+                        let store = if r % 4 == 1 {
+                            OffloadStore::WriteThrough
+                        } else {
+                            OffloadStore::OnEvict
+                        };
+                        let policy = if (r / 4) % 2 == 0 {
+                            OffloadPolicy::Lru
+                        } else {
+                            OffloadPolicy::Arc
+                        };
+                        (blocks, store, policy)
+                    }),
                 }
             },
         )

@@ -214,6 +214,12 @@ pub struct Router {
     decode: Option<Stage>,
     /// Disaggregated: prompts shorter than this go to a decode replica whole.
     min_prompt: u32,
+    /// Disaggregated: prompts with fewer uncached tokens on their decode replica than
+    /// this, by `decider`'s estimate, go to it whole.
+    min_uncached: u32,
+    /// The decider's index of what each decode replica caches (with `min_uncached`).
+    decider: Option<PrefixIndex>,
+    decider_matched: Vec<u32>,
     scratch: Vec<ReplicaView>,
     views: Vec<ReplicaView>,
     rng: ChaCha8Rng,
@@ -257,6 +263,10 @@ impl Router {
             first,
             decode,
             min_prompt: cfg.disaggregation.min_prompt,
+            min_uncached: cfg.disaggregation.min_uncached,
+            decider: (cfg.disaggregation.min_uncached > 0)
+                .then(|| PrefixIndex::new(cfg.prefix_index, replicas)),
+            decider_matched: Vec::new(),
             scratch: Vec::new(),
             views: vec![ReplicaView::default(); replicas],
             rng: crate::workload::stream(seed, 0x5_0000),
@@ -289,14 +299,32 @@ impl Router {
     /// [`Router::ended`].
     pub fn route(&mut self, req: &Request, now: Nanos) -> Result<Decision, RouterError> {
         let (views, scratch, rng) = (&self.views, &mut self.scratch, &mut self.rng);
-        let (choice, decode) = match self.decode.as_mut() {
-            None => (self.first.pick(req, views, scratch, rng), None),
-            Some(d) if req.prompt_len >= self.min_prompt => {
+        let (choice, decode) = match (self.decode.as_mut(), self.decider.as_mut()) {
+            (None, _) => (self.first.pick(req, views, scratch, rng), None),
+            // A short prompt runs whole on a decode replica.
+            (Some(d), _) if req.prompt_len < self.min_prompt => {
+                (d.pick(req, views, scratch, rng), None)
+            }
+            (Some(d), None) => {
                 let p = self.first.pick(req, views, scratch, rng);
                 (p, Some(d.pick(req, views, scratch, rng).replica))
             }
-            // A short prompt runs whole on a decode replica.
-            Some(d) => (d.pick(req, views, scratch, rng), None),
+            // The decode replica first: if its cache is believed to hold all but a short
+            // suffix of the prompt, it prefills the rest itself.
+            (Some(d), Some(index)) => {
+                let dc = d.pick(req, views, scratch, rng);
+                let hashes = index.hashes(req);
+                self.decider_matched.resize(views.len(), 0);
+                index.matches(&hashes, &mut self.decider_matched);
+                let cached = self.decider_matched[dc.replica] * index.block_size();
+                index.insert(dc.replica, &hashes);
+                if req.prompt_len.saturating_sub(cached) < self.min_uncached {
+                    (dc, None)
+                } else {
+                    let p = self.first.pick(req, views, scratch, rng);
+                    (p, Some(dc.replica))
+                }
+            }
         };
         let replica = choice.replica.min(self.views.len() - 1);
         let tokens =
@@ -497,6 +525,41 @@ mod tests {
         assert!(r.handoff(0, 1, 0).is_err(), "already handed off");
         r.ended(0, 0).unwrap();
         assert_eq!(r.in_flight(), 2);
+    }
+
+    #[test]
+    fn the_decider_keeps_mostly_cached_prompts_on_their_decode_replica() {
+        let mut c = cfg(RoutingKind::RoundRobin);
+        c.disaggregation.min_uncached = 100;
+        c.prefix_index.block_size = 16;
+        let roles = [Role::Prefill, Role::Decode];
+        let mut r = Router::new(&c, &roles, 1);
+        let first: Vec<u32> = (0..512).collect();
+        let d = r
+            .route(&Request::new(0, 0, 1, 5).with_tokens(first.clone()), 0)
+            .unwrap();
+        assert_eq!(
+            (d.replica, d.decode),
+            (0, Some(1)),
+            "nothing cached: disaggregated"
+        );
+        // The next turn adds 40 tokens: 512 are cached on the decode replica.
+        let mut next = first.clone();
+        next.extend(1000..1040);
+        let d = r
+            .route(&Request::new(1, 0, 1, 5).with_tokens(next), 0)
+            .unwrap();
+        assert_eq!(
+            (d.replica, d.decode),
+            (1, None),
+            "40 uncached < 100: run whole"
+        );
+        // A new prompt is disaggregated again.
+        let other: Vec<u32> = (5000..5600).collect();
+        let d = r
+            .route(&Request::new(2, 0, 1, 5).with_tokens(other), 0)
+            .unwrap();
+        assert_eq!(d.decode, Some(1));
     }
 
     #[test]

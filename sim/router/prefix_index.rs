@@ -92,6 +92,11 @@ impl PrefixIndex {
         }
     }
 
+    /// Tokens per hashed block.
+    pub fn block_size(&self) -> u32 {
+        self.cfg.block_size
+    }
+
     /// Blocks remembered for `replica`.
     pub fn len(&self, replica: usize) -> usize {
         self.lrus.get(replica).map_or(0, LruCache::len)

@@ -181,7 +181,9 @@ pub enum Link {
 /// prefill replica (as vLLM's disaggregated proxy does it: `max_tokens = 1`, its KV held
 /// until sent); its KV then moves over the link, each GPU's shard over its own link, in
 /// `bytes / bandwidth + latency`, and a decode replica admits it with that KV computed.
-/// Shorter prompts run whole on a decode replica (llm-d's P/D threshold).
+/// Shorter prompts run whole on a decode replica, and so do prompts of which fewer than
+/// `min_uncached` tokens are estimated missing from the chosen decode replica's cache
+/// (llm-d's P/D threshold on the non-cached suffix).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DisaggregationConfig {
@@ -189,6 +191,11 @@ pub struct DisaggregationConfig {
     /// disaggregated).
     #[serde(default)]
     pub min_prompt: u32,
+    /// Prompts whose uncached part on the decode replica is shorter than this run whole
+    /// there (0: not asked). The estimate is the router's own index of the prompts it sent
+    /// to each decode replica (`[cluster.prefix_index]`'s block size and capacity).
+    #[serde(default)]
+    pub min_uncached: u32,
     /// The link KV moves over.
     #[serde(default)]
     pub link: Link,
@@ -209,6 +216,7 @@ impl Default for DisaggregationConfig {
     fn default() -> Self {
         DisaggregationConfig {
             min_prompt: 0,
+            min_uncached: 0,
             link: Link::Rdma,
             bandwidth_gbs: None,
             latency_us: default_latency_us(),

@@ -153,20 +153,28 @@ pub struct EngineConfig {
     /// Host memory per GPU for a KV offload tier under the prefix cache, GiB (vLLM's
     /// `kv_offloading_size`, LMCache's `max_local_cpu_size`; 0: none): blocks evicted from
     /// the GPU cache stay reusable there, loaded back over PCIe instead of recomputed.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub kv_offload_gib: f64,
     /// When blocks are written to the tier: `write-through` (as they fill; vLLM, LMCache)
     /// or `on-evict` (when the GPU evicts them).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub kv_offload_store: engine::block_manager::offload::OffloadStore,
     /// Which block a full tier drops: `lru` or `arc`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub kv_offload_policy: engine::block_manager::offload::OffloadPolicy,
     /// Static batching as Hugging Face `generate` serves a batch (the "naive" baseline):
     /// prompts padded to the batch's longest, finished members computing pad tokens
     /// until the last ends. Only with `scheduler = "static"`.
     #[serde(default)]
     pub static_padding: bool,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
+fn is_default<T: Default + PartialEq>(x: &T) -> bool {
+    *x == T::default()
 }
 
 fn default_swap_space() -> f64 {

@@ -227,12 +227,18 @@ pub(super) fn resolve(
         ));
     }
     if e.preemption_mode == PreemptionMode::Swap {
-        (memory.swap_bytes, memory.num_cpu_blocks) =
-            host_blocks("engine.swap_space_gib", e.swap_space_gib, memory.block_bytes)?;
+        (memory.swap_bytes, memory.num_cpu_blocks) = host_blocks(
+            "engine.swap_space_gib",
+            e.swap_space_gib,
+            memory.block_bytes,
+        )?;
     }
     if e.kv_offload_gib > 0.0 {
-        (memory.offload_bytes, memory.offload_blocks) =
-            host_blocks("engine.kv_offload_gib", e.kv_offload_gib, memory.block_bytes)?;
+        (memory.offload_bytes, memory.offload_blocks) = host_blocks(
+            "engine.kv_offload_gib",
+            e.kv_offload_gib,
+            memory.block_bytes,
+        )?;
     }
     check_prompt_parts(&config.workload, max_model_len)?;
     let scheduler = scheduler_config(

@@ -2,7 +2,6 @@
 //! requests routed and load per replica over time, KV transfer times, and the prefix-cache
 //! hit rate by tier (GPU, CPU offload) where a tier exists.
 
-use std::fmt::Write as _;
 use std::path::Path;
 
 use super::{read_steps, table, VariantData, SIZE};
@@ -214,6 +213,5 @@ pub fn fleet_section(variants: &[VariantData]) -> String {
             .collect();
         b.push_str(&table(&header, &rows));
     }
-    let _ = writeln!(b);
     b
 }
