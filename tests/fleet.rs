@@ -399,3 +399,76 @@ fn session_affinity_keeps_histories_cached() {
     );
     assert!(sticky.mean_ttft_ms < rr.mean_ttft_ms);
 }
+
+/// Attention data parallelism in a pool: each rank of each replica is an engine of the
+/// fleet. One replica of DP 2 behind round-robin is what a one-engine run simulates (one
+/// rank taking every other request, its MoE layers priced with both ranks' tokens): the two
+/// agree on latency and on the deployment's throughput.
+#[test]
+fn attention_dp_ranks_are_engines_of_the_fleet() {
+    let base = r#"name = "dp"
+seed = 5
+[model]
+name = "qwen3-30b-a3b"
+[hardware]
+gpu = "h100-sxm"
+dp = 2
+ep = 2
+[engine]
+scheduler = "chunked"
+max_model_len = 4096
+[workload]
+num_requests = 600
+arrival = { process = "poisson", rate = 12.0 }
+[[workload.class]]
+name = "chat"
+prompt = { dist = "fixed", value = 512 }
+output = { dist = "fixed", value = 128 }
+"#;
+    let temp = tmp();
+    let one_path = temp.path().join("one.toml");
+    std::fs::write(&one_path, base).expect("write");
+    let fleet_path = temp.path().join("fleet.toml");
+    std::fs::write(
+        &fleet_path,
+        format!("{base}[cluster]\nrouting = \"round-robin\"\n[cluster.pools.moe]\nreplicas = 1\n"),
+    )
+    .expect("write");
+    let opts = RunOptions {
+        driver: DriverKind::Inline,
+        out_dir: Some(temp.path().join("out")),
+        ..RunOptions::default()
+    };
+    let one =
+        &run_scenario(&Scenario::load(&one_path, None).expect("loads"), &opts).expect("runs")[0];
+    let fleet =
+        &run_scenario(&Scenario::load(&fleet_path, None).expect("loads"), &opts).expect("runs")[0];
+    let f = fleet.fleet.as_ref().expect("fleet");
+    assert_eq!((f.replicas, f.gpus), (2, 2), "two ranks of one GPU each");
+    assert_eq!(fleet.summary.completed, 600);
+    let near = |a: f64, b: f64, tol: f64| (a / b - 1.0).abs() < tol;
+    let (s1, sf) = (&one.summary, &fleet.summary);
+    assert!(
+        near(sf.mean_tpot_ms, s1.mean_tpot_ms, 0.05),
+        "{} vs {}",
+        sf.mean_tpot_ms,
+        s1.mean_tpot_ms
+    );
+    assert!(
+        near(sf.mean_ttft_ms, s1.mean_ttft_ms, 0.15),
+        "{} vs {}",
+        sf.mean_ttft_ms,
+        s1.mean_ttft_ms
+    );
+    assert!(
+        near(sf.request_throughput, s1.request_throughput, 0.05),
+        "{} vs {}",
+        sf.request_throughput,
+        s1.request_throughput
+    );
+    let names = std::fs::read_to_string(temp.path().join("out/base/replicas.csv")).expect("csv");
+    assert!(
+        names.contains("moe-0.0") && names.contains("moe-0.1"),
+        "{names}"
+    );
+}

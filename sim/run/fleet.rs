@@ -326,7 +326,7 @@ pub(super) fn run_fleet_variant(
             name,
             &pool.name,
             1,
-            pool.gpus_per_replica(),
+            pool.gpus_per_engine(),
             sink.routed[r],
             stats.replicas[r].evictions,
             &s,
@@ -344,8 +344,8 @@ pub(super) fn run_fleet_variant(
         pool_rows.push(MemberRow::of(
             &pool.name,
             &pool.name,
-            pool.replicas,
-            pool.replicas * pool.gpus_per_replica(),
+            pool.engines(),
+            pool.gpus(),
             routed,
             pool_stats[i].evictions,
             &s,
@@ -355,7 +355,7 @@ pub(super) fn run_fleet_variant(
     let usd_per_hour: f64 = fleet
         .pools
         .iter()
-        .map(|p| p.usd_per_gpu_hour * f64::from(p.replicas * p.gpus_per_replica()))
+        .map(|p| p.usd_per_gpu_hour * f64::from(p.gpus()))
         .sum();
     let mut fleet_summary = FleetSummary::of(
         fleet.config.routing.as_str(),

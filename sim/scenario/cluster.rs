@@ -409,6 +409,9 @@ pub struct Pool {
     pub name: String,
     /// Replicas.
     pub replicas: u32,
+    /// Attention data-parallel ranks per replica (`hardware.dp`; 1: none): each rank is an
+    /// engine of the fleet.
+    pub ranks: u32,
     /// Price of one GPU-hour: the pool's, the cluster's, or the GPU catalog's rough
     /// on-demand figure.
     pub usd_per_gpu_hour: f64,
@@ -419,10 +422,29 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// GPUs one replica uses.
-    pub fn gpus_per_replica(&self) -> u32 {
+    /// GPUs one engine (a replica, or one of its attention-DP ranks) uses.
+    pub fn gpus_per_engine(&self) -> u32 {
         let d = &self.engine.deployment;
-        d.tp.max(1) * d.pp.max(1) * d.parallel.dp.max(1)
+        d.tp.max(1) * d.pp.max(1)
+    }
+
+    /// Engines of the pool: replicas x ranks.
+    pub fn engines(&self) -> u32 {
+        self.replicas * self.ranks.max(1)
+    }
+
+    /// GPUs of the pool.
+    pub fn gpus(&self) -> u32 {
+        self.engines() * self.gpus_per_engine()
+    }
+
+    /// The name of engine `i`: `<pool>-<replica>`, or `<pool>-<replica>.<rank>` under
+    /// attention data parallelism.
+    pub fn engine_name(&self, i: u32) -> String {
+        match self.ranks {
+            0 | 1 => format!("{}-{i}", self.name),
+            r => format!("{}-{}.{}", self.name, i / r, i % r),
+        }
     }
 }
 
@@ -436,9 +458,9 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Replicas in all pools.
-    pub fn num_replicas(&self) -> usize {
-        self.pools.iter().map(|p| p.replicas as usize).sum()
+    /// Engines in all pools (replicas, and their attention-DP ranks).
+    pub fn num_engines(&self) -> usize {
+        self.pools.iter().map(|p| p.engines() as usize).sum()
     }
 
     /// Whether requests are disaggregated (prefill and decode pools).
@@ -450,7 +472,7 @@ impl Fleet {
     pub fn replica_roles(&self) -> Vec<Role> {
         self.pools
             .iter()
-            .flat_map(|p| std::iter::repeat_n(p.role, p.replicas as usize))
+            .flat_map(|p| std::iter::repeat_n(p.role, p.engines() as usize))
             .collect()
     }
 
@@ -467,12 +489,12 @@ impl Fleet {
         (bw, (d.latency_us * 1e3).round() as u64)
     }
 
-    /// `(pool index, replica name)` of every replica, pool by pool.
+    /// `(pool index, engine name)` of every engine, pool by pool.
     pub fn replica_names(&self) -> Vec<(usize, String)> {
         self.pools
             .iter()
             .enumerate()
-            .flat_map(|(i, p)| (0..p.replicas).map(move |r| (i, format!("{}-{r}", p.name))))
+            .flat_map(|(i, p)| (0..p.engines()).map(move |e| (i, p.engine_name(e))))
             .collect()
     }
 }

@@ -408,6 +408,7 @@ fn resolve_fleet(
     };
     cl.validate()?;
     let mut pools = Vec::new();
+    let mut engines = 0u64;
     for (name, pool) in &cl.pools {
         let key = format!("cluster.pools.{name}");
         let mut t = table.clone();
@@ -431,16 +432,22 @@ fn resolve_fleet(
                 )
             })?;
         let mut engine = resolve(name, cfg, base_dir).map_err(|m| format!("{key}: {m}"))?;
-        if engine.deployment.parallel.dp > 1 {
+        engine.fit = fit;
+        // Attention data parallelism: each rank of each replica is an engine of the fleet
+        // (its own scheduler and KV cache), its MoE layers priced with every rank's tokens
+        // as in a one-engine run; the router spreads requests over the ranks.
+        let ranks = engine.deployment.parallel.dp.max(1);
+        engines += u64::from(pool.replicas) * u64::from(ranks);
+        if engines > u64::from(cluster::MAX_REPLICAS) {
             return Err(format!(
-                "{key}: attention data parallelism (hardware.dp = {}) inside a fleet: give the ranks as replicas instead",
-                engine.deployment.parallel.dp
+                "{key}: {engines} engines in all (replicas x hardware.dp ranks), more than the {} a fleet may have",
+                cluster::MAX_REPLICAS
             ));
         }
-        engine.fit = fit;
         pools.push(cluster::Pool {
             name: name.clone(),
             replicas: pool.replicas,
+            ranks,
             usd_per_gpu_hour: pool
                 .usd_per_gpu_hour
                 .or(cl.usd_per_gpu_hour)
