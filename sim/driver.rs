@@ -680,7 +680,8 @@ pub struct Transfer {
     pub to: usize,
     /// Prompt tokens whose KV moved.
     pub tokens: u32,
-    /// Bytes moved (per GPU of the prefill replica, as each sends its own shard).
+    /// Bytes moved over one GPU's link (each GPU sends its own shard; the larger shard of
+    /// the two pools' layouts).
     pub bytes: f64,
     /// When the prefill finished and the transfer began.
     pub start: Nanos,
@@ -782,7 +783,11 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
 
     while let Some(ev) = clock.pop() {
         let now = ev.time;
-        stats.end_time = now;
+        // A refresh outlives the last real event by up to `refresh_ns`: it is not the run's
+        // end.
+        if !matches!(ev.event, Event::Refresh) {
+            stats.end_time = now;
+        }
         // A request handed to a replica: a client's arrival, or a disaggregated request's
         // KV reaching its decode replica.
         let mut delivery: Option<(Request, usize)> = None;

@@ -33,8 +33,8 @@ pub struct RunInfo {
     pub wall_time_s: f64,
     /// Speculative decoding's acceptance counters, by request class (empty: none).
     pub spec: Vec<engine::spec::SpecStats>,
-    /// The CPU offload tier's counters and the tokens per block (`None`: no tier).
-    pub offload: Option<(engine::block_manager::offload::OffloadStats, u32)>,
+    /// The CPU offload tier's counters and the prompt tokens it loaded (`None`: no tier).
+    pub offload: Option<(engine::block_manager::offload::OffloadStats, u64)>,
 }
 
 /// The running statistics of one request class.
@@ -361,16 +361,16 @@ impl RunCollector {
         }
         let steps = self.num_steps as f64;
         let total_requests = completed + self.num_rejected;
-        let offload = info.offload.map(|(t, block_size)| {
+        let offload = info.offload.map(|(t, loaded_tokens)| {
             let input = self.total_input_tokens as f64;
-            let cpu = (t.loads * u64::from(block_size)) as f64;
+            let cpu = loaded_tokens as f64;
             crate::summary::OffloadSummary {
                 capacity_blocks: t.capacity,
                 blocks_at_end: t.blocks,
                 stores: t.stores,
                 loads: t.loads,
                 evictions: t.evictions,
-                gpu_hit_rate: ratio(self.total_cached_tokens as f64 - cpu, input),
+                gpu_hit_rate: ratio((self.total_cached_tokens as f64 - cpu).max(0.0), input),
                 cpu_hit_rate: ratio(cpu, input),
             }
         });

@@ -119,7 +119,9 @@ pub struct FleetSummary {
     pub usd_per_million_output_tokens: Option<f64>,
     /// Dollars per million prompt + output tokens.
     pub usd_per_million_tokens: Option<f64>,
-    /// Most requests sent to one replica over the mean per replica (1: perfectly even).
+    /// Most requests sent to one replica over the mean of its pool, the largest over the
+    /// pools (1: perfectly even; pools are compared within, as prefill and decode replicas
+    /// see different counts).
     pub routing_imbalance: f64,
     /// Prefix-cache hit rate over the fleet.
     pub prefix_cache_hit_rate: f64,
@@ -147,9 +149,19 @@ impl FleetSummary {
     ) -> Self {
         let gpus: u32 = pools.iter().map(|p| p.gpus).sum();
         let g = f64::from(gpus.max(1));
-        let n = replicas.len().max(1) as f64;
-        let routed: u64 = replicas.iter().map(|r| r.routed).sum();
-        let most = replicas.iter().map(|r| r.routed).max().unwrap_or(0);
+        let imbalance = pools
+            .iter()
+            .filter_map(|p| {
+                let of: Vec<u64> = replicas
+                    .iter()
+                    .filter(|r| r.pool == p.name)
+                    .map(|r| r.routed)
+                    .collect();
+                let sum: u64 = of.iter().sum();
+                let most = of.iter().copied().max()?;
+                (sum > 0).then(|| most as f64 / (sum as f64 / of.len() as f64))
+            })
+            .fold(1.0f64, f64::max);
         let per_million = |tokens_per_s: f64| {
             usd_per_hour
                 .filter(|_| tokens_per_s > 0.0)
@@ -169,11 +181,7 @@ impl FleetSummary {
             usd_per_hour,
             usd_per_million_output_tokens: per_million(s.output_throughput),
             usd_per_million_tokens: per_million(s.total_token_throughput),
-            routing_imbalance: if routed > 0 {
-                most as f64 / (routed as f64 / n)
-            } else {
-                1.0
-            },
+            routing_imbalance: imbalance,
             prefix_cache_hit_rate: s.prefix_cache_hit_rate,
             kv_transfers: 0,
             mean_kv_transfer_ms: 0.0,

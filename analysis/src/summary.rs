@@ -294,9 +294,12 @@ pub struct OffloadSummary {
     pub loads: u64,
     /// Blocks dropped because it was full.
     pub evictions: u64,
-    /// Prompt tokens found in the GPU prefix cache / prompt tokens.
+    /// Prompt tokens found in the GPU prefix cache / prompt tokens: the hit rate less the
+    /// tier's part (at least 0).
     pub gpu_hit_rate: f64,
-    /// Prompt tokens loaded from the tier / prompt tokens.
+    /// Prompt tokens loaded from the tier / prompt tokens. Every load counts, a request
+    /// readmitted after a preemption included, so under preemption this overstates the
+    /// tier's share of first admissions' hits.
     pub cpu_hit_rate: f64,
 }
 

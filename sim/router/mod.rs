@@ -301,9 +301,13 @@ impl Router {
         let (views, scratch, rng) = (&self.views, &mut self.scratch, &mut self.rng);
         let (choice, decode) = match (self.decode.as_mut(), self.decider.as_mut()) {
             (None, _) => (self.first.pick(req, views, scratch, rng), None),
-            // A short prompt runs whole on a decode replica.
-            (Some(d), _) if req.prompt_len < self.min_prompt => {
-                (d.pick(req, views, scratch, rng), None)
+            // A short prompt runs whole on a decode replica (which then caches it).
+            (Some(d), decider) if req.prompt_len < self.min_prompt => {
+                let dc = d.pick(req, views, scratch, rng);
+                if let Some(index) = decider {
+                    index.insert(dc.replica, &index.hashes(req));
+                }
+                (dc, None)
             }
             (Some(d), None) => {
                 let p = self.first.pick(req, views, scratch, rng);

@@ -67,15 +67,16 @@ impl PrefixIndex {
         }
     }
 
-    /// `replica` was sent a prompt with `hashes`: it now holds them (most recent first to
-    /// go last); blocks pushed out of its LRU leave it.
+    /// `replica` was sent a prompt with `hashes`: it now holds them, the leading blocks the
+    /// most recent (a prefix is only useful whole, so its tail goes first); blocks pushed
+    /// out of its LRU leave it.
     pub fn insert(&mut self, replica: usize, hashes: &[u64]) {
         let cap = self.cfg.blocks_per_replica as usize;
         let Some(lru) = self.lrus.get_mut(replica) else {
             return;
         };
         let r = replica as u32;
-        for &h in hashes {
+        for &h in hashes.iter().rev() {
             if lru.push(h, ()).is_none() {
                 self.holders.entry(h).or_default().push(r);
             }
@@ -144,9 +145,9 @@ mod tests {
         ix.insert(2, &h);
         assert_eq!(ix.len(2), 2);
         let mut out = [0; 3];
-        // The first blocks were pushed out: no leading match remains.
+        // The tail was pushed out: the two leading blocks still match.
         ix.matches(&h, &mut out);
-        assert_eq!(out, [0, 0, 0]);
+        assert_eq!(out, [0, 0, 2]);
         assert_eq!(ix.holders.len(), 2);
     }
 }

@@ -286,7 +286,7 @@ pub(super) fn run_fleet_variant(
             .map_err(|e| AnalysisError::io(path.as_path(), e))?;
     }
     let wall = started.elapsed().as_secs_f64();
-    let info = |name: &str, s: &RunStats| RunInfo {
+    let info = |name: &str, s: &RunStats, loaded_tokens: u64| RunInfo {
         scenario: scenario.name.clone(),
         variant: name.to_string(),
         backend: "model".into(),
@@ -295,7 +295,7 @@ pub(super) fn run_fleet_variant(
         evictions: s.evictions,
         wall_time_s: wall,
         spec: s.spec.clone(),
-        offload: s.offload.map(|t| (t, variant.memory.block_size)),
+        offload: s.offload.map(|t| (t, loaded_tokens)),
     };
     // Each pool's and the fleet's counters: their replicas' summed.
     let mut pool_stats = vec![RunStats::default(); fleet.pools.len()];
@@ -310,12 +310,22 @@ pub(super) fn run_fleet_variant(
             add(into, s);
         }
     }
+    // Prompt tokens each replica loaded from its offload tier (its pool's block size).
+    let loaded: Vec<u64> = stats
+        .replicas
+        .iter()
+        .enumerate()
+        .map(|(r, s)| {
+            let bs = fleet.pools[sink.pool_of[r]].engine.memory.block_size;
+            s.offload.map_or(0, |t| t.loads * u64::from(bs))
+        })
+        .collect();
     let mut replica_rows = Vec::new();
     let replica_collectors = std::mem::take(&mut sink.replicas);
     for (r, c) in replica_collectors.into_iter().enumerate() {
         let name = &sink.names[r];
         let pool = &fleet.pools[sink.pool_of[r]];
-        let s = c.finish(info(name, &stats.replicas[r]))?;
+        let s = c.finish(info(name, &stats.replicas[r], loaded[r]))?;
         if let Some(dir) = out_dir {
             analysis::write_summary_json(
                 &dir.join("replicas").join(name).join("summary.json"),
@@ -336,7 +346,11 @@ pub(super) fn run_fleet_variant(
     let pool_collectors = std::mem::take(&mut sink.pools);
     for (i, c) in pool_collectors.into_iter().enumerate() {
         let pool = &fleet.pools[i];
-        let s = c.finish(info(&pool.name, &pool_stats[i]))?;
+        let pool_loaded = (0..sink.names.len())
+            .filter(|&r| sink.pool_of[r] == i)
+            .map(|r| loaded[r])
+            .sum();
+        let s = c.finish(info(&pool.name, &pool_stats[i], pool_loaded))?;
         let routed = (0..sink.names.len())
             .filter(|&r| sink.pool_of[r] == i)
             .map(|r| sink.routed[r])
@@ -351,7 +365,9 @@ pub(super) fn run_fleet_variant(
             &s,
         ));
     }
-    let summary = sink.fleet.finish(info(&variant.name, &total))?;
+    let summary = sink
+        .fleet
+        .finish(info(&variant.name, &total, loaded.iter().sum()))?;
     let usd_per_hour: f64 = fleet
         .pools
         .iter()
@@ -394,8 +410,10 @@ pub(super) fn run_fleet_variant(
 /// Adds a replica's counters to a pool's or the fleet's.
 fn add(into: &mut RunStats, s: &RunStats) {
     into.steps += s.steps;
-    into.blocks_in_use_at_end += s.blocks_in_use_at_end;
-    into.pool_blocks += s.pool_blocks;
+    into.blocks_in_use_at_end = into
+        .blocks_in_use_at_end
+        .saturating_add(s.blocks_in_use_at_end);
+    into.pool_blocks = into.pool_blocks.saturating_add(s.pool_blocks);
     into.evictions += s.evictions;
     into.end_time = into.end_time.max(s.end_time);
     if into.spec.len() < s.spec.len() {
@@ -406,8 +424,8 @@ fn add(into: &mut RunStats, s: &RunStats) {
     }
     if let Some(t) = s.offload {
         let o = into.offload.get_or_insert_with(Default::default);
-        o.capacity += t.capacity;
-        o.blocks += t.blocks;
+        o.capacity = o.capacity.saturating_add(t.capacity);
+        o.blocks = o.blocks.saturating_add(t.blocks);
         o.stores += t.stores;
         o.loads += t.loads;
         o.evictions += t.evictions;

@@ -222,7 +222,9 @@ fn run_variant_into(
         evictions: stats.evictions,
         wall_time_s: wall,
         spec: stats.spec.clone(),
-        offload: stats.offload.map(|t| (t, variant.memory.block_size)),
+        offload: stats
+            .offload
+            .map(|t| (t, t.loads * u64::from(variant.memory.block_size))),
     })?;
     let mut summary = summary;
     if dp > 1 {

@@ -575,6 +575,15 @@ mod prefix_tests {
                     assert_eq!(st.loads, 2);
                     assert!(st.blocks <= st.capacity);
                 }
+                // Loaded blocks rejoined the GPU cache: the next request hits them there.
+                compute(&mut bm, 3, &a);
+                bm.release(&[], &[], &[], &[3]);
+                let r = admit(&mut bm, waiting(4, &a, 12));
+                assert_eq!(
+                    (r.hits[0], r.offload_loads),
+                    (8, 0),
+                    "{store:?}, tier {tier}"
+                );
             }
         }
     }

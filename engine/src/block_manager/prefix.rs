@@ -145,6 +145,21 @@ impl BlockManager {
         for _ in hits..want {
             table.push(self.take_block()?);
         }
+        // Loaded blocks hold their prefix's KV: they join the GPU cache (the scheduler
+        // counts them computed and registers only the blocks after them).
+        for (i, &h) in hashes[hits as usize..(hits + loads) as usize]
+            .iter()
+            .enumerate()
+        {
+            let b = table[hits as usize + i];
+            if self.hashes[b as usize].is_none() && !self.cached.contains_key(&h) {
+                self.hashes[b as usize] = Some(h);
+                self.cached.insert(h, b);
+                if let Some(p) = self.policy.as_mut() {
+                    p.on_cached(b, h, self.tick);
+                }
+            }
+        }
         self.tables.insert(seq, table);
         self.grow_side(seq, slots, hit, &mut Vec::new());
         Some(hit)
