@@ -227,7 +227,6 @@ pub struct Router {
     refreshed_at: Nanos,
     /// In flight: request -> (replica, tokens).
     inflight: FxHashMap<SeqId, (usize, u64)>,
-    routed: u64,
 }
 
 impl Router {
@@ -273,18 +272,12 @@ impl Router {
             refresh_ns: (cfg.refresh_ms * 1e6).round() as Nanos,
             refreshed_at: 0,
             inflight: FxHashMap::default(),
-            routed: 0,
         }
     }
 
     /// How often the exported loads are read (0: before every decision).
     pub fn refresh_ns(&self) -> Nanos {
         self.refresh_ns
-    }
-
-    /// Replicas routed to.
-    pub fn num_replicas(&self) -> usize {
-        self.views.len()
     }
 
     /// The exported loads as of `now`, one per replica.
@@ -340,7 +333,6 @@ impl Router {
         let outstanding = v.outstanding;
         v.outstanding += 1;
         v.outstanding_tokens += tokens;
-        self.routed += 1;
         Ok(Decision {
             request: req.id,
             time: now,
@@ -397,11 +389,6 @@ impl Router {
     /// Requests routed and not yet ended.
     pub fn in_flight(&self) -> usize {
         self.inflight.len()
-    }
-
-    /// Requests routed so far.
-    pub fn routed(&self) -> u64 {
-        self.routed
     }
 
     /// The current views (for tests).

@@ -99,7 +99,8 @@ impl PrefixIndex {
     }
 
     /// Blocks remembered for `replica`.
-    pub fn len(&self, replica: usize) -> usize {
+    #[cfg(test)]
+    fn len(&self, replica: usize) -> usize {
         self.lrus.get(replica).map_or(0, LruCache::len)
     }
 }

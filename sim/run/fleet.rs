@@ -251,7 +251,11 @@ pub(super) fn run_fleet_variant(
             .max(b.engine.memory.kv_bytes_per_token);
         let bytes = f64::from(tokens) * per_token;
         let (bw, latency) = fleet.link(a, b);
-        (bytes, latency + (bytes / bw * 1e9).round() as Nanos)
+        // A bandwidth a user set absurdly low saturates rather than overflows the clock.
+        (
+            bytes,
+            latency.saturating_add((bytes / bw * 1e9).round() as Nanos),
+        )
     };
     let client = crate::driver::Client {
         frontend_ns: variant.config.cost.request_overhead_ns(),
@@ -388,7 +392,7 @@ pub(super) fn run_fleet_variant(
         fleet_summary.max_kv_transfer_ms = t.max_ms;
         fleet_summary.kv_transfer_gb = t.bytes / 1e9;
     }
-    let warnings = warnings(variant, &summary, &replica_rows, &workload);
+    let warnings = warnings(variant, &summary, &total, &replica_rows, &workload);
     if let Some(dir) = out_dir {
         analysis::write_summary_json(&dir.join("summary.json"), &summary)?;
         analysis::fleet::write_members_csv(&dir.join("replicas.csv"), &replica_rows)?;
@@ -454,44 +458,26 @@ fn write_fleet_plan(dir: &Path, fleet: &Fleet) -> Result<(), SimError> {
     super::write_json(&dir.join("plan.json"), &plan)
 }
 
-/// What the user should know of a fleet run: leaks and rejections by replica, storms,
+/// What the user should know of a fleet run: leaks, rejections (by replica), storms,
 /// adjusted trace rows.
 fn warnings(
     variant: &Variant,
     summary: &Summary,
+    stats: &RunStats,
     replicas: &[MemberRow],
     workload: &Workload,
 ) -> Vec<String> {
-    let mut out = Vec::new();
-    let v = &variant.name;
-    let rejected: Vec<String> = replicas
+    let by_replica: Vec<String> = replicas
         .iter()
         .filter(|r| r.rejected > 0)
         .map(|r| format!("{} {}", r.name, r.rejected))
         .collect();
-    if !rejected.is_empty() {
-        out.push(format!(
-            "{v}: requests rejected (prompt + output longer than max_model_len or the KV pool): {}",
-            rejected.join(", ")
-        ));
-    }
-    if summary.num_preemption_storms > 0 {
-        out.push(format!(
-            "{v}: preemption storm: {} requests were preempted more than {} times; the replicas' KV pools are too small for this load",
-            summary.num_preemption_storms, summary.preemption_storm_threshold
-        ));
-    }
-    if workload.clamped_prompts() > 0 {
-        out.push(format!(
-            "{v}: {} trace rows had an empty prompt and were given 1 token",
-            workload.clamped_prompts()
-        ));
-    }
-    if workload.clamped_outputs() > 0 {
-        out.push(format!(
-            "{v}: {} trace rows asked for 0 output tokens and were raised to 1",
-            workload.clamped_outputs()
-        ));
-    }
-    out
+    let detail = format!(": {}", by_replica.join(", "));
+    super::outcome_warnings(
+        &variant.name,
+        summary,
+        stats,
+        workload,
+        ("a replica's max_model_len", &detail),
+    )
 }

@@ -394,22 +394,43 @@ fn warnings(
             variant.name, variant.deployment.model.name
         ));
     }
+    let limit = format!("max_model_len {}", variant.scheduler.max_model_len);
+    warnings.extend(outcome_warnings(
+        &variant.name,
+        summary,
+        stats,
+        workload,
+        (&limit, ""),
+    ));
+    warnings
+}
+
+/// What a finished run's records and counters say, one engine's or a fleet's: leaks,
+/// rejections (longer than `rejected.0`, with `rejected.1`'s detail after), preemption
+/// storms, adjusted trace rows.
+fn outcome_warnings(
+    name: &str,
+    summary: &Summary,
+    stats: &RunStats,
+    workload: &Workload,
+    rejected: (&str, &str),
+) -> Vec<String> {
+    let mut warnings = Vec::new();
     if stats.blocks_in_use_at_end > 0 {
         warnings.push(format!(
-            "{}: {} KV blocks still in use after every request ended (leak)",
-            variant.name, stats.blocks_in_use_at_end
+            "{name}: {} KV blocks still in use after every request ended (leak)",
+            stats.blocks_in_use_at_end
         ));
     }
     if summary.num_rejected > 0 {
         warnings.push(format!(
-            "{}: {} requests rejected (prompt + output longer than max_model_len {} or the KV pool)",
-            variant.name, summary.num_rejected, variant.scheduler.max_model_len
+            "{name}: {} requests rejected (prompt + output longer than {} or the KV pool){}",
+            summary.num_rejected, rejected.0, rejected.1
         ));
     }
     if summary.num_preemption_storms > 0 {
         warnings.push(format!(
-            "{}: preemption storm: {} requests were preempted more than {} times (at most {}; {} preemptions in all); the KV pool is too small for this load (raise gpu_memory_utilization, lower max_num_seqs, use worst-case admission, or add GPUs)",
-            variant.name,
+            "{name}: preemption storm: {} requests were preempted more than {} times (at most {}; {} preemptions in all); the KV pool is too small for this load (raise gpu_memory_utilization, lower max_num_seqs, use worst-case admission, or add GPUs)",
             summary.num_preemption_storms,
             summary.preemption_storm_threshold,
             summary.max_request_preemptions,
@@ -418,15 +439,13 @@ fn warnings(
     }
     if workload.clamped_prompts() > 0 {
         warnings.push(format!(
-            "{}: {} trace rows had an empty prompt and were given 1 token",
-            variant.name,
+            "{name}: {} trace rows had an empty prompt and were given 1 token",
             workload.clamped_prompts()
         ));
     }
     if workload.clamped_outputs() > 0 {
         warnings.push(format!(
-            "{}: {} trace rows asked for 0 output tokens and were raised to 1",
-            variant.name,
+            "{name}: {} trace rows asked for 0 output tokens and were raised to 1",
             workload.clamped_outputs()
         ));
     }

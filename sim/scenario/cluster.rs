@@ -458,11 +458,6 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Engines in all pools (replicas, and their attention-DP ranks).
-    pub fn num_engines(&self) -> usize {
-        self.pools.iter().map(|p| p.engines() as usize).sum()
-    }
-
     /// Whether requests are disaggregated (prefill and decode pools).
     pub fn disaggregated(&self) -> bool {
         self.pools.iter().any(|p| p.role == Role::Prefill)
