@@ -135,6 +135,9 @@ fn plan_with(
                 cfg.model.dtype = dtype;
                 cfg.workload.num_requests = Some(inp.requests);
                 cfg.workload.duration_s = None;
+                // One replica is planned (the replicas the rate needs are counted from it),
+                // not the scenario's fleet.
+                cfg.cluster = None;
                 let mut row = PlanRow {
                     gpu: gpu.clone(),
                     tp,

@@ -98,6 +98,79 @@ fn silicon_rows_read_with_their_concurrency() {
         .all(|r| r.concurrency.is_some()));
     let d = rows.iter().find(|r| r.mode == "disagg").expect("disagg");
     assert!(d.concurrency.is_some() && d.tp.is_none());
+    // A disaggregated row's pools: 1 prefill worker of 4 attention-DP ranks, experts over 4
+    // GPUs; 5 decode workers of 8 GPUs, attention TP 8 and experts EP 8, 2 clients each.
+    let d = rows
+        .iter()
+        .find(|r| r.id == "dsr1_b200_trtllm_fp4_disagg_1024x1024_c10_cfg320")
+        .expect("row");
+    let pools = d.disagg.expect("pools");
+    assert_eq!(
+        (pools.prefill.workers, pools.prefill.parallel.attention_dp),
+        (Some(1), Some(4))
+    );
+    assert_eq!(pools.prefill.parallel.moe_ep, Some(4));
+    assert_eq!(
+        (
+            pools.decode.workers,
+            pools.decode.parallel.tp,
+            pools.decode.parallel.moe_ep,
+            pools.decode.batch_size
+        ),
+        (Some(5), Some(8), Some(8), Some(2))
+    );
+    assert!(rows
+        .iter()
+        .all(|r| r.disagg.is_some() == (r.mode == "disagg")));
+    // The gap-analysis rows without silicon_concurrency name their clients in the id, or
+    // do not say.
+    let named = rows
+        .iter()
+        .find(|r| r.id.contains("trtllm_disagg_15000x500_c480_"))
+        .expect("row");
+    assert_eq!(named.concurrency, Some(480));
+    assert!(rows
+        .iter()
+        .any(|r| r.mode == "disagg" && r.id.contains("_c_tp") && r.concurrency.is_none()));
+}
+
+/// A disaggregated deployment replayed as the fleet it ran as (DeepSeek-R1 in NVFP4 on
+/// B200: one prefill worker of 4 attention-DP ranks, five decode workers of 8 GPUs), at 10 and
+/// 90 clients. Nothing was fitted to these rows: at 10 clients the replay is within 25% of
+/// the measured TTFT and TPOT (it comes out within 5% and 11%); more clients queue longer
+/// for the one prefill worker and batch more per decode step, so both grow, as measured.
+/// A row without worker counts is skipped with the reason; an aggregated row is not the
+/// fleet check's.
+#[test]
+fn disaggregated_rows_replay_as_fleets() {
+    use sim::cost_model::validation::disagg::disagg_checks;
+    let rows = observed::silicon::read(Path::new("tests/data/observed/silicon-disagg.csv"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(rows.len(), 4);
+    let (checks, skipped) = disagg_checks(&rows, &|_| Default::default()).expect("replayed");
+    assert_eq!(checks.len(), 2, "{skipped:?}");
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert!(skipped[0].0.contains("worker counts"), "{skipped:?}");
+    assert_eq!(skipped[0].1, 1);
+    let (few, many) = (&checks[0], &checks[1]);
+    assert_eq!(few.row.concurrency, Some(10));
+    assert!(
+        few.ttft_error().abs() < 0.25 && few.tpot_error().abs() < 0.25,
+        "TTFT {:.0} vs {:.0} ms, TPOT {:.2} vs {:.2} ms",
+        few.ttft_ms,
+        few.row.ttft_ms,
+        few.tpot_ms,
+        few.row.tpot_ms
+    );
+    assert!(many.row.ttft_ms > few.row.ttft_ms && many.row.tpot_ms > few.row.tpot_ms);
+    assert!(
+        many.ttft_ms > few.ttft_ms && many.tpot_ms > few.tpot_ms,
+        "{:.0} -> {:.0} ms, {:.2} -> {:.2} ms",
+        few.ttft_ms,
+        many.ttft_ms,
+        few.tpot_ms,
+        many.tpot_ms
+    );
 }
 
 #[test]

@@ -54,10 +54,14 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     if silicon.is_file() {
         let rows = sim::observed::silicon::read(&silicon)?;
         let (checks, skipped) = sim::cost_model::validation::silicon::silicon_checks(&rows, None)?;
+        let (disagg, disagg_skipped) =
+            sim::cost_model::validation::disagg::disagg_checks(&rows, &|_| Default::default())?;
         if let Some(csv_path) = &silicon_csv {
-            write_silicon_csv(csv_path, &checks)?;
+            write_silicon_csv(csv_path, checks.iter().chain(&disagg))?;
         }
         report.silicon = checks;
+        report.disagg = disagg;
+        report.disagg_skipped = disagg_skipped;
         report.observed_fits = observed_fits(&data)?;
         report.silicon_skipped = skipped;
     }
@@ -124,14 +128,15 @@ fn replays(
 }
 
 /// One line per simulated aiconfigurator row.
-fn write_silicon_csv(
+fn write_silicon_csv<'a>(
     path: &std::path::Path,
-    checks: &[sim::cost_model::validation::silicon::SiliconCheck],
+    checks: impl Iterator<Item = &'a sim::cost_model::validation::silicon::SiliconCheck>,
 ) -> anyhow::Result<()> {
     let err = |e: csv::Error| anyhow::anyhow!("{}: {e}", path.display());
     let mut w = csv::Writer::from_path(path).map_err(err)?;
     w.write_record([
         "id",
+        "mode",
         "backend",
         "gpu",
         "model",
@@ -150,6 +155,7 @@ fn write_silicon_csv(
         let r = &c.row;
         w.write_record([
             r.id.clone(),
+            r.mode.clone(),
             r.backend.clone(),
             c.gpu.to_string(),
             c.model.to_string(),

@@ -3,8 +3,9 @@
 //! loop (`silicon_concurrency` in `silicon_data_source` when it says), every request of
 //! `isl` prompt and `osl` output tokens, on `tp_size` GPUs of `system`, and the measured mean
 //! TTFT and TPOT (`silicon_ttft_ms`, `silicon_tpot_ms`). Aggregated (`agg`) rows run prefill
-//! and decode on the same GPUs; `disagg` rows split them (their `prefill_*`/`decode_*`
-//! columns), which is read but left to the fleet issue.
+//! and decode on the same GPUs; `disagg` rows split them over a prefill and a decode pool
+//! (their `prefill_*`/`decode_*` columns: workers, batch and parallelism of each phase),
+//! which `sim validate-model` replays as fleets.
 
 use std::path::Path;
 
@@ -33,7 +34,8 @@ pub struct AggregateRow {
     pub isl: u32,
     /// Output tokens of every request.
     pub osl: u32,
-    /// Clients in the closed loop (`None`: a disaggregated row that does not say).
+    /// Clients in the closed loop (`silicon_concurrency`, else a disaggregated row's id
+    /// `_c<N>_`; `None`: a disaggregated row that says neither).
     pub concurrency: Option<u32>,
     /// `batch_size`: the clients one replica (one attention-DP rank) serves, when the
     /// deployment spreads `concurrency` over several (aggregated rows).
@@ -50,10 +52,47 @@ pub struct AggregateRow {
     pub moe_ep: Option<u32>,
     /// Tensor parallelism of the experts (aggregated rows).
     pub moe_tp: Option<u32>,
+    /// The prefill and decode pools of a disaggregated row (`None`: aggregated).
+    pub disagg: Option<Disaggregated>,
     /// Measured mean TTFT (ms).
     pub ttft_ms: f64,
     /// Measured mean TPOT (ms).
     pub tpot_ms: f64,
+}
+
+/// One engine's parallelism as a row records it (empty or 0: not given).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Parallelism {
+    /// Tensor parallelism (of attention, and of everything in a dense model).
+    pub tp: Option<u32>,
+    /// Pipeline parallelism.
+    pub pp: Option<u32>,
+    /// Attention data parallelism.
+    pub attention_dp: Option<u32>,
+    /// Tensor parallelism of the experts.
+    pub moe_tp: Option<u32>,
+    /// Expert parallelism.
+    pub moe_ep: Option<u32>,
+}
+
+/// One phase's pool of a disaggregated row (`prefill_*` or `decode_*` columns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stage {
+    /// Workers (engines) in the pool (`None`: the row does not say).
+    pub workers: Option<u32>,
+    /// Requests one worker's rank batches (`None`: the row does not say).
+    pub batch_size: Option<u32>,
+    /// Each worker's parallelism.
+    pub parallel: Parallelism,
+}
+
+/// The two pools of a disaggregated row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Disaggregated {
+    /// Prompts run here, their KV sent on.
+    pub prefill: Stage,
+    /// Output tokens are generated here.
+    pub decode: Stage,
 }
 
 /// The client that measured a row, which sets the request stream to simulate.
@@ -70,6 +109,17 @@ pub enum BenchClient {
 }
 
 impl AggregateRow {
+    /// The parallelism of an aggregated row's engine.
+    pub fn parallel(&self) -> Parallelism {
+        Parallelism {
+            tp: self.tp,
+            pp: self.pp,
+            attention_dp: self.attention_dp,
+            moe_tp: self.moe_tp,
+            moe_ep: self.moe_ep,
+        }
+    }
+
     /// Whether the row's model is a catalog mixture of experts.
     pub fn is_moe(&self) -> bool {
         crate::catalog::find_model_by_id(&self.model).is_some_and(|m| m.num_experts > 1)
@@ -152,6 +202,36 @@ pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
                 })
         };
         let mode_text = text(mode);
+        let stage = |phase: &str| -> Result<Stage, ObservedError> {
+            let c = |k: &str| cols.col(&format!("{phase}_{k}"));
+            let n = |k: &str| opt_int(c(k), &format!("{phase}_{k}"));
+            Ok(Stage {
+                workers: n("num_workers")?,
+                batch_size: n("batch_size")?,
+                parallel: Parallelism {
+                    tp: n("tp_size")?,
+                    pp: n("pp_size")?,
+                    attention_dp: n("attention_dp_size")?,
+                    moe_tp: n("moe_tp_size")?,
+                    moe_ep: n("moe_ep_size")?,
+                },
+            })
+        };
+        let disagg = if mode_text == "disagg" {
+            Some(Disaggregated {
+                prefill: stage("prefill")?,
+                decode: stage("decode")?,
+            })
+        } else {
+            None
+        };
+        // A disaggregated row without `silicon_concurrency` (aiconfigurator's gap
+        // analysis) may name its clients in its id (`..._15000x500_c480_...`); some do not
+        // (`_c_`).
+        let id_clients = text(id)
+            .split('_')
+            .find_map(|t| t.strip_prefix('c')?.parse::<u32>().ok())
+            .filter(|&c| c > 0);
         // Disaggregated rows leave batch_size empty (their decode_batch_size counts).
         let concurrency = source
             .and_then(|c| {
@@ -164,7 +244,7 @@ pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
             .map(|c| Ok(Some(c)))
             .unwrap_or_else(|| {
                 if mode_text == "disagg" && text(batch).is_empty() {
-                    Ok(None)
+                    Ok(id_clients)
                 } else {
                     int(batch, "batch_size").map(Some)
                 }
@@ -192,6 +272,7 @@ pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
             attention_dp: opt_int(adp, "attention_dp_size")?,
             moe_ep: opt_int(ep, "moe_ep_size")?,
             moe_tp: opt_int(mtp, "moe_tp_size")?,
+            disagg,
             ttft_ms: ms(ttft, "silicon_ttft_ms")?,
             tpot_ms: ms(tpot, "silicon_tpot_ms")?,
             mode: mode_text,

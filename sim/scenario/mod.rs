@@ -106,20 +106,36 @@ pub struct Scenario {
 
 impl Scenario {
     /// Checks a modified configuration (e.g. another GPU or rate for capacity planning)
-    /// and computes its deployment, memory plan and limits, as for a variant of the file.
+    /// and computes its deployment, memory plan and limits, as for a variant of the file;
+    /// a configuration with a `[cluster]` gets its fleet resolved too.
     pub fn resolve_config(
         &self,
         name: &str,
         config: ScenarioConfig,
     ) -> Result<Variant, ScenarioError> {
-        config.workload.validate().map_err(|e| ScenarioError {
+        let err = |msg: String| ScenarioError {
             file: self.path.display().to_string(),
-            msg: e.to_string(),
-        })?;
-        resolve(name, config, &self.base_dir).map_err(|msg| ScenarioError {
-            file: self.path.display().to_string(),
-            msg: format!("{name}: {msg}"),
-        })
+            msg,
+        };
+        config.workload.validate().map_err(|e| err(e.to_string()))?;
+        let fleet = match &config.cluster {
+            Some(_) => {
+                // The pools merge their tables over the configuration as a table, as they
+                // do over a file's.
+                let table = match toml::Value::try_from(&config) {
+                    Ok(toml::Value::Table(t)) => t,
+                    Ok(_) => return Err(err(format!("{name}: not a table"))),
+                    Err(e) => return Err(err(format!("{name}: {e}"))),
+                };
+                resolve_fleet(&table, &config, &self.base_dir)
+                    .map_err(|m| err(format!("{name}: {m}")))?
+            }
+            None => None,
+        };
+        let mut v =
+            resolve(name, config, &self.base_dir).map_err(|m| err(format!("{name}: {m}")))?;
+        v.fleet = fleet;
+        Ok(v)
     }
 }
 

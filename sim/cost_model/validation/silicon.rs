@@ -19,7 +19,7 @@ use std::path::Path;
 use rayon::prelude::*;
 
 use crate::catalog::Dtype;
-use crate::observed::silicon::{AggregateRow, BenchClient};
+use crate::observed::silicon::{AggregateRow, BenchClient, Parallelism};
 use crate::run::{run_variant, BackendKind};
 use crate::scenario::Scenario;
 use crate::workload::{ArrivalConfig, LengthDist};
@@ -123,11 +123,28 @@ pub struct Planned {
 /// What a row resolves to, or why it is not simulated.
 fn plan(row: &AggregateRow) -> Result<Planned, String> {
     if row.mode != "agg" {
-        return Err("disaggregated (fleets: issue 20)".into());
+        return Err("disaggregated (`sim validate-model` replays them as fleets)".into());
     }
     if row.pp.unwrap_or(1) > 1 {
         return Err("pipeline parallelism".into());
     }
+    let (model, gpu, dtype) = catalog_of(row)?;
+    let moe = crate::catalog::find_model(model).is_some_and(|m| m.is_moe());
+    let (tp, dp, ep) = layout(&row.parallel(), moe)?;
+    Ok(Planned {
+        model,
+        gpu,
+        dtype,
+        tp,
+        dp,
+        ep,
+    })
+}
+
+/// A row's catalog model, catalog GPU and weight format, or why it has none.
+pub(crate) fn catalog_of(
+    row: &AggregateRow,
+) -> Result<(&'static str, &'static str, Dtype), String> {
     let spec = crate::catalog::find_model_by_id(&row.model)
         .ok_or_else(|| format!("model `{}` not in the catalog", row.model))?;
     let dtype = match row.gemm_quant.as_str() {
@@ -139,19 +156,10 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
         "nvfp4" => Dtype::Nvfp4,
         q => return Err(format!("quantization `{q}`")),
     };
-    let (tp, dp, ep) = layout(row, spec.is_moe())?;
-    let model = spec.name;
     let gpu = crate::catalog::find_gpu(&row.system)
         .map(|g| g.name)
         .ok_or_else(|| format!("GPU `{}` not in the catalog", row.system))?;
-    Ok(Planned {
-        model,
-        gpu,
-        dtype,
-        tp,
-        dp,
-        ep,
-    })
+    Ok((spec.name, gpu, dtype))
 }
 
 /// A row's (attention TP, attention DP, EP). The stage's GPUs are `tp x attention_dp` for
@@ -160,7 +168,7 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
 /// `moe_tp_size = moe_ep_size = n` ran on n GPUs (ids `..._tp8_ep8_...`: 8 GPUs, attention
 /// TP 8, experts EP 8); vLLM rows whose experts span more GPUs than `tp_size` ran data
 /// parallel (`--data-parallel-size`, attention DP).
-fn layout(row: &AggregateRow, moe: bool) -> Result<(u32, u32, u32), String> {
+pub(crate) fn layout(row: &Parallelism, moe: bool) -> Result<(u32, u32, u32), String> {
     let tp = row.tp.unwrap_or(1).max(1);
     let adp = row.attention_dp.unwrap_or(1).max(1);
     if !moe {
@@ -209,7 +217,12 @@ fn layout(row: &AggregateRow, moe: bool) -> Result<(u32, u32, u32), String> {
 ///   `max_num_tokens` 8,192; `GUARANTEED_NO_EVICT` reserves prompt + output at admission;
 ///   the KV cache takes 0.9 of the memory weights and activations leave (set in
 ///   [`simulate`] once the plan knows them).
-fn engine_defaults(engine: &mut crate::scenario::EngineConfig, backend: &str, gpu: &str, tp: u32) {
+pub(crate) fn engine_defaults(
+    engine: &mut crate::scenario::EngineConfig,
+    backend: &str,
+    gpu: &str,
+    tp: u32,
+) {
     use engine::scheduler::{AdmissionPolicy, SchedulerKind};
     engine.max_num_batched_tokens = Some(8192);
     engine.max_num_seqs = 1024;
@@ -261,14 +274,17 @@ pub fn engine_keys(backend: &str) -> String {
     keys.join(", ")
 }
 
-/// One closed-loop run of `row`; `None` when the deployment does not fit.
-fn simulate(
+/// The configuration every run of `row` shares, one engine's or a fleet's: the model in
+/// the row's format on its GPU, the engine's framework costs (with `engine`'s terms over
+/// them), `clients` in a closed loop sending `WAVES x clients` requests of the client's
+/// lengths. The engine's serving defaults and layout are left to the caller.
+pub(crate) fn base_config(
     scn: &Scenario,
     row: &AggregateRow,
-    p: &Planned,
+    (model, gpu, dtype): (&str, &str, Dtype),
     engine: EngineCost,
-) -> Result<Option<analysis::Summary>, crate::SimError> {
-    let (model, gpu, dtype) = (p.model, p.gpu, p.dtype);
+    clients: u32,
+) -> crate::scenario::ScenarioConfig {
     let mut cfg = scn.base.clone();
     cfg.cost.framework = engine_framework(&row.backend);
     if engine.request_overhead_ms.is_some() {
@@ -306,29 +322,10 @@ fn simulate(
         cfg.model.kv_dtype = Some(Dtype::Fp8);
     }
     cfg.hardware.gpu = Some(gpu.to_string());
-    cfg.hardware.tp = p.tp;
-    cfg.hardware.dp = p.dp;
-    cfg.hardware.ep = p.ep;
-    engine_defaults(&mut cfg.engine, &row.backend, gpu, p.tp * p.dp);
-    // One replica and the clients it serves: a deployment of several replicas behind a
-    // router records its per-replica share as `batch_size`, and under attention data
-    // parallelism its per-rank share (the run simulates one rank with its share).
-    let c = if p.dp > 1 {
-        row.concurrency
-            .unwrap_or_else(|| row.batch_size.unwrap_or(1) * p.dp)
-    } else {
-        row.batch_size.or(row.concurrency).unwrap_or(1)
-    };
-    cfg.engine.max_num_seqs = cfg.engine.max_num_seqs.max(c);
     cfg.engine.max_model_len = Some(row.isl + row.osl);
-    // The simulator's prefill-first scheduler prefills whole prompts (SGLang chunks the
-    // rare prompt beyond its 8,192 tokens): its budget must hold the longest.
-    if cfg.engine.scheduler == engine::scheduler::SchedulerKind::Continuous {
-        cfg.engine.max_num_batched_tokens = Some(8192.max(row.isl + row.osl));
-    }
-    cfg.workload.num_requests = Some(WAVES * u64::from(c));
+    cfg.workload.num_requests = Some(WAVES * u64::from(clients));
     cfg.workload.arrival = Some(ArrivalConfig::ClosedLoop {
-        concurrency: c,
+        concurrency: clients,
         think_time_s: 0.0,
         ramp_up_s: 0.0,
     });
@@ -343,6 +340,37 @@ fn simulate(
     };
     cfg.workload.classes[0].prompt = Some(lengths(row.isl));
     cfg.workload.classes[0].output = Some(lengths(row.osl));
+    cfg
+}
+
+/// One closed-loop run of `row`; `None` when the deployment does not fit.
+fn simulate(
+    scn: &Scenario,
+    row: &AggregateRow,
+    p: &Planned,
+    engine: EngineCost,
+) -> Result<Option<analysis::Summary>, crate::SimError> {
+    let gpu = p.gpu;
+    // One replica and the clients it serves: a deployment of several replicas behind a
+    // router records its per-replica share as `batch_size`, and under attention data
+    // parallelism its per-rank share (the run simulates one rank with its share).
+    let c = if p.dp > 1 {
+        row.concurrency
+            .unwrap_or_else(|| row.batch_size.unwrap_or(1) * p.dp)
+    } else {
+        row.batch_size.or(row.concurrency).unwrap_or(1)
+    };
+    let mut cfg = base_config(scn, row, (p.model, p.gpu, p.dtype), engine, c);
+    cfg.hardware.tp = p.tp;
+    cfg.hardware.dp = p.dp;
+    cfg.hardware.ep = p.ep;
+    engine_defaults(&mut cfg.engine, &row.backend, gpu, p.tp * p.dp);
+    cfg.engine.max_num_seqs = cfg.engine.max_num_seqs.max(c);
+    // The simulator's prefill-first scheduler prefills whole prompts (SGLang chunks the
+    // rare prompt beyond its 8,192 tokens): its budget must hold the longest.
+    if cfg.engine.scheduler == engine::scheduler::SchedulerKind::Continuous {
+        cfg.engine.max_num_batched_tokens = Some(8192.max(row.isl + row.osl));
+    }
     // A deployment that does not fit (weights or KV) is skipped, not an error.
     let Ok(mut v) = scn.resolve_config(&row.id, cfg.clone()) else {
         return Ok(None);
@@ -350,24 +378,55 @@ fn simulate(
     if row.backend == "trtllm" {
         // TensorRT-LLM gives the KV cache 0.9 of what weights and activations leave:
         // the same plan with `0.9 + 0.1 x (weights + activations) / memory` of the GPU.
-        let m = &v.memory;
-        cfg.engine.gpu_memory_utilization =
-            0.9 + 0.1 * (m.weight_bytes + m.activation_bytes) / m.gpu_mem_bytes;
+        cfg.engine.gpu_memory_utilization = trtllm_memory_share(&v.memory);
         let Ok(w) = scn.resolve_config(&row.id, cfg) else {
             return Ok(None);
         };
         v = w;
     }
+    run_quietly(scn, &v).map(Some)
+}
+
+/// TensorRT-LLM's KV cache takes 0.9 of the memory that weights and activations leave:
+/// the `gpu_memory_utilization` that gives `plan`'s deployment that cache.
+pub(crate) fn trtllm_memory_share(plan: &crate::cost_model::MemoryPlan) -> f64 {
+    0.9 + 0.1 * (plan.weight_bytes + plan.activation_bytes) / plan.gpu_mem_bytes
+}
+
+/// Runs `v` on the cost model with the inline driver, writing nothing.
+pub(crate) fn run_quietly(
+    scn: &Scenario,
+    v: &crate::scenario::Variant,
+) -> Result<analysis::Summary, crate::SimError> {
     let r = run_variant(
         scn,
-        &v,
+        v,
         BackendKind::Model,
         crate::driver::DriverKind::Inline,
         None,
         &indicatif::ProgressBar::hidden(),
         &|| {},
     )?;
-    Ok(Some(r.summary))
+    Ok(r.summary)
+}
+
+/// The scenario every row's run starts from (its model, GPU, engine and workload are
+/// replaced per row).
+pub(crate) fn template() -> Result<Scenario, crate::SimError> {
+    template_with(None)
+}
+
+/// [`template`] with `calibration`'s `[cost]`.
+fn template_with(calibration: Option<&Path>) -> Result<Scenario, crate::SimError> {
+    let mut text = TEMPLATE.to_string();
+    if let Some(c) = calibration {
+        let abs = std::path::absolute(c).unwrap_or_else(|_| c.to_path_buf());
+        text.push_str(&format!(
+            "\n[cost]\ncalibration = {:?}\n",
+            abs.display().to_string()
+        ));
+    }
+    Ok(Scenario::from_text(Path::new("silicon.toml"), &text)?)
 }
 
 /// Simulates every row it can (in parallel) with the default cost model, or with
@@ -386,16 +445,27 @@ pub fn silicon_checks_with(
     calibration: Option<&Path>,
     cost: &(dyn Fn(&str) -> EngineCost + Sync),
 ) -> Result<(Vec<SiliconCheck>, Skipped), crate::SimError> {
-    let mut text = TEMPLATE.to_string();
-    if let Some(c) = calibration {
-        let abs = std::path::absolute(c).unwrap_or_else(|_| c.to_path_buf());
-        text.push_str(&format!(
-            "\n[cost]\ncalibration = {:?}\n",
-            abs.display().to_string()
-        ));
-    }
-    let scn = Scenario::from_text(Path::new("silicon.toml"), &text)?;
-    let mut skipped: Vec<(String, usize)> = Vec::new();
+    let scn = template_with(calibration)?;
+    check_rows(
+        rows.iter(),
+        plan,
+        |p| (p.model, p.gpu),
+        |row, p| simulate(&scn, row, p, cost(&row.backend)),
+        "does not fit the simulator's memory plan",
+    )
+}
+
+/// Plans each row (what it resolves to, or why it is skipped), simulates the planned ones
+/// in parallel (`None`: it does not fit, counted as `unfit`), and returns the checks with
+/// the skipped rows counted by reason.
+pub(crate) fn check_rows<'a, P: Sync>(
+    rows: impl Iterator<Item = &'a AggregateRow>,
+    plan: impl Fn(&AggregateRow) -> Result<P, String>,
+    names: impl Fn(&P) -> (&'static str, &'static str) + Sync,
+    simulate: impl Fn(&AggregateRow, &P) -> Result<Option<analysis::Summary>, crate::SimError> + Sync,
+    unfit: &str,
+) -> Result<(Vec<SiliconCheck>, Skipped), crate::SimError> {
+    let mut skipped: Skipped = Vec::new();
     let mut todo = Vec::new();
     for row in rows {
         match plan(row) {
@@ -409,29 +479,29 @@ pub fn silicon_checks_with(
     let results: Vec<Result<Option<SiliconCheck>, crate::SimError>> = todo
         .par_iter()
         .map(|(row, p)| {
-            let overhead = cost(&row.backend);
-            let Some(r) = simulate(&scn, row, p, overhead)? else {
+            let Some(r) = simulate(row, p)? else {
                 return Ok(None);
             };
+            let (model, gpu) = names(p);
             Ok(Some(SiliconCheck {
                 row: (*row).clone(),
-                model: p.model,
-                gpu: p.gpu,
+                model,
+                gpu,
                 ttft_ms: r.mean_ttft_ms,
                 tpot_ms: r.mean_tpot_ms,
             }))
         })
         .collect();
     let mut checks = Vec::new();
-    let mut unfit = 0;
+    let mut count = 0;
     for r in results {
         match r? {
             Some(c) => checks.push(c),
-            None => unfit += 1,
+            None => count += 1,
         }
     }
-    if unfit > 0 {
-        skipped.push(("does not fit the simulator's memory plan".into(), unfit));
+    if count > 0 {
+        skipped.push((unfit.to_string(), count));
     }
     Ok((checks, skipped))
 }

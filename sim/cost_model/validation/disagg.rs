@@ -1,0 +1,217 @@
+//! The fleet against aiconfigurator's disaggregated rows (`mode = disagg` in
+//! `silicon.csv`): each row that records its pools (workers, and each worker's tensor,
+//! attention-data and expert parallelism, in the `prefill_*` and `decode_*` columns) is
+//! replayed as the fleet it ran as — a prefill pool and a decode pool of the row's workers,
+//! every attention-DP rank an engine of the fleet, round-robin routing (Dynamo's default),
+//! each prompt's KV sent to its decode rank over NVLink when both pools fit in one NVLink
+//! domain (a GB200 NVL72 rack) and over RDMA otherwise — and its mean TTFT and TPOT set
+//! against the measured ones. The clients, the request stream and each engine's serving
+//! defaults are the aggregated rows' ([`super::silicon`]): the row's `silicon_concurrency`
+//! clients in a closed loop (or the `_c<N>_` its id names), InferenceX's lengths uniform in
+//! `[0.8 L, L]` or aiperf's fixed ones. Nothing in the cost model
+//! or the fleet was fitted to these rows, so every error is held out.
+//!
+//! In: the CSV's rows. Out: one [`SiliconCheck`] per replayed row, and the skipped counts.
+
+use super::silicon::{
+    base_config, catalog_of, check_rows, engine_defaults, layout, run_quietly, trtllm_memory_share,
+    EngineCost, SiliconCheck, Skipped,
+};
+use crate::observed::silicon::{AggregateRow, Stage};
+use crate::scenario::cluster::{
+    ClusterConfig, DisaggregationConfig, Link, PoolConfig, PrefixIndexConfig, Role, RoutingKind,
+    ScorerWeights,
+};
+use crate::scenario::{Scenario, Variant};
+
+/// Requests each closed loop runs, in multiples of its clients: InferenceX's `10 x
+/// concurrency`, all clients starting at once (the first wave's prompts queue together at
+/// the prefill pool, as they did in the measured runs).
+pub const WAVES: u64 = 10;
+
+/// A row's two pools: `(workers, attention TP, attention-DP ranks, EP)` each, the link,
+/// and the clients.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Planned {
+    model: &'static str,
+    gpu: &'static str,
+    dtype: crate::catalog::Dtype,
+    prefill: (u32, u32, u32, u32),
+    decode: (u32, u32, u32, u32),
+    link: Link,
+    clients: u32,
+}
+
+/// What a disaggregated row resolves to, or why it is not replayed.
+fn plan(row: &AggregateRow) -> Result<Planned, String> {
+    let d = row
+        .disagg
+        .ok_or_else(|| "aggregated (one engine, not a fleet)".to_string())?;
+    let (model, gpu, dtype) = catalog_of(row)?;
+    let moe = crate::catalog::find_model(model).is_some_and(|m| m.is_moe());
+    let pool = |s: &Stage| -> Result<(u32, u32, u32, u32), String> {
+        if s.parallel.pp.unwrap_or(1) > 1 {
+            return Err("pipeline parallelism".into());
+        }
+        let workers = s
+            .workers
+            .ok_or_else(|| "worker counts not recorded (InferenceX's dumps)".to_string())?;
+        let (tp, dp, ep) = layout(&s.parallel, moe)?;
+        Ok((workers, tp, dp, ep))
+    };
+    let (prefill, decode) = (pool(&d.prefill)?, pool(&d.decode)?);
+    let clients = row
+        .concurrency
+        .ok_or_else(|| "clients not recorded".to_string())?;
+    let gpus = |(w, tp, dp, _): (u32, u32, u32, u32)| u64::from(w * tp * dp);
+    let domain = crate::catalog::find_gpu(gpu).map_or(8, |g| g.nvlink_domain);
+    let link = if gpus(prefill) + gpus(decode) <= u64::from(domain) {
+        Link::Nvlink
+    } else {
+        Link::Rdma
+    };
+    Ok(Planned {
+        model,
+        gpu,
+        dtype,
+        prefill,
+        decode,
+        link,
+        clients,
+    })
+}
+
+/// One pool's `[cluster.pools.<name>]`: its workers, the layout, and the engine's keys
+/// that depend on it.
+fn pool(
+    role: Role,
+    (workers, tp, dp, ep): (u32, u32, u32, u32),
+    (row, p): (&AggregateRow, &Planned),
+    memory_utilization: Option<f64>,
+) -> PoolConfig {
+    let gpu = p.gpu;
+    let mut hardware = toml::Table::new();
+    for (k, v) in [("tp", tp), ("dp", dp), ("ep", ep)] {
+        hardware.insert(k.into(), toml::Value::Integer(i64::from(v)));
+    }
+    let mut e = crate::scenario::EngineConfig::default();
+    engine_defaults(&mut e, &row.backend, gpu, tp * dp);
+    let mut engine = toml::Table::new();
+    let util = memory_utilization.unwrap_or(e.gpu_memory_utilization);
+    engine.insert("gpu_memory_utilization".into(), toml::Value::Float(util));
+    // The simulator's prefill-first scheduler prefills whole prompts (SGLang chunks the
+    // rare prompt beyond its 8,192 tokens): its budget must hold the longest, as for the
+    // aggregated rows.
+    let mut budget = e.max_num_batched_tokens.unwrap_or(8192);
+    if e.scheduler == engine::scheduler::SchedulerKind::Continuous {
+        budget = budget.max(row.isl + row.osl);
+    }
+    // Room for every rank's share of the clients (a rank may hold them all at once), and
+    // a budget that can decode them all in one step.
+    let ranks = workers.saturating_mul(dp).max(1);
+    let seqs = e.max_num_seqs.max(p.clients.div_ceil(ranks));
+    engine.insert("max_num_seqs".into(), toml::Value::Integer(i64::from(seqs)));
+    engine.insert(
+        "max_num_batched_tokens".into(),
+        toml::Value::Integer(i64::from(budget.max(seqs))),
+    );
+    PoolConfig {
+        replicas: workers,
+        role,
+        usd_per_gpu_hour: None,
+        model: None,
+        hardware: Some(hardware),
+        engine: Some(engine),
+        cost: None,
+        speculative: None,
+    }
+}
+
+/// The fleet of `row` resolved; `None` when a pool does not fit its GPUs.
+fn resolve(
+    scn: &Scenario,
+    row: &AggregateRow,
+    p: &Planned,
+    cost: EngineCost,
+    memory: [Option<f64>; 2],
+) -> Option<Variant> {
+    let mut cfg = base_config(scn, row, (p.model, p.gpu, p.dtype), cost, p.clients);
+    cfg.workload.num_requests = Some(WAVES * u64::from(p.clients));
+    engine_defaults(&mut cfg.engine, &row.backend, p.gpu, 1);
+    if cfg.engine.scheduler == engine::scheduler::SchedulerKind::Continuous {
+        cfg.engine.max_num_batched_tokens = Some(8192.max(row.isl + row.osl));
+    }
+    // The configuration itself must resolve too (its engine is not run): on the decode
+    // pool's layout.
+    (_, cfg.hardware.tp, cfg.hardware.dp, cfg.hardware.ep) = p.decode;
+    let mut pools = std::collections::BTreeMap::new();
+    pools.insert(
+        "prefill".to_string(),
+        pool(Role::Prefill, p.prefill, (row, p), memory[0]),
+    );
+    pools.insert(
+        "decode".to_string(),
+        pool(Role::Decode, p.decode, (row, p), memory[1]),
+    );
+    cfg.cluster = Some(ClusterConfig {
+        routing: RoutingKind::RoundRobin,
+        refresh_ms: 50.0,
+        scorers: ScorerWeights::default(),
+        prefix_index: PrefixIndexConfig::default(),
+        usd_per_gpu_hour: None,
+        disaggregation: DisaggregationConfig {
+            link: p.link,
+            ..DisaggregationConfig::default()
+        },
+        pools,
+    });
+    scn.resolve_config(&row.id, cfg).ok()
+}
+
+/// One closed-loop run of `row`'s fleet; `None` when it does not fit.
+fn simulate(
+    scn: &Scenario,
+    row: &AggregateRow,
+    p: &Planned,
+    cost: EngineCost,
+) -> Result<Option<analysis::Summary>, crate::SimError> {
+    let Some(mut v) = resolve(scn, row, p, cost, [None, None]) else {
+        return Ok(None);
+    };
+    if row.backend == "trtllm" {
+        // TensorRT-LLM's KV cache takes 0.9 of what weights and activations leave, in
+        // each pool (as for the aggregated rows).
+        let Some(fleet) = &v.fleet else {
+            return Ok(None);
+        };
+        let share = |name: &str| {
+            fleet
+                .pools
+                .iter()
+                .find(|p| p.name == name)
+                .map(|p| trtllm_memory_share(&p.engine.memory))
+        };
+        let memory = [share("prefill"), share("decode")];
+        let Some(w) = resolve(scn, row, p, cost, memory) else {
+            return Ok(None);
+        };
+        v = w;
+    }
+    run_quietly(scn, &v).map(Some)
+}
+
+/// Replays every disaggregated row it can as a fleet (in parallel), with the default cost
+/// model and `cost(backend)`'s terms over it. Aggregated rows are ignored.
+pub fn disagg_checks(
+    rows: &[AggregateRow],
+    cost: &(dyn Fn(&str) -> EngineCost + Sync),
+) -> Result<(Vec<SiliconCheck>, Skipped), crate::SimError> {
+    let scn = super::silicon::template()?;
+    check_rows(
+        rows.iter().filter(|r| r.disagg.is_some()),
+        plan,
+        |p| (p.model, p.gpu),
+        |row, p| simulate(&scn, row, p, cost(&row.backend)),
+        "a pool does not fit the simulator's memory plan",
+    )
+}
