@@ -102,8 +102,9 @@ struct Knobs {
     side_pages: u32,
     /// The prefix cache's eviction policy.
     eviction: EvictionKind,
-    /// A CPU offload tier under the prefix cache: `(blocks, store, policy)`.
-    offload: Option<(u32, OffloadStore, OffloadPolicy)>,
+    /// A CPU offload tier under the prefix cache: `(blocks, store, policy, disk blocks)`
+    /// (a disk tier under it when the last is not 0).
+    offload: Option<(u32, OffloadStore, OffloadPolicy, u32)>,
 }
 
 impl Knobs {
@@ -156,7 +157,9 @@ fn block_manager(k: &Knobs) -> BlockManager {
         None => bm,
     };
     let bm = match k.offload {
-        Some((n, store, policy)) => bm.with_offload(n, store, policy),
+        Some((n, store, policy, disk)) => bm
+            .with_offload(n, store, policy)
+            .with_disk_tier(disk, policy),
         None => bm,
     };
     match k.swap_blocks {
@@ -357,7 +360,8 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                     eviction,
                     // A CPU tier under the prefix cache for every other draw (no new
                     // dimension: the strategy's tuples are full), 1 to 12 blocks a
-                    // max-length sequence, the store and policy by the draw's parity.
+                    // max-length sequence, the store and policy by the draw's parity,
+                    // and a disk tier of twice its size under every third.
                     offload: (prefix && !contiguous && r % 2 == 1).then(|| {
                         let blocks = (1 + r % 12) * max_model_len.div_ceil(block_size);
                         let store = if r % 4 == 1 {
@@ -370,7 +374,8 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                         } else {
                             OffloadPolicy::Arc
                         };
-                        (blocks, store, policy)
+                        let disk = if r % 3 == 0 { 2 * blocks } else { 0 };
+                        (blocks, store, policy, disk)
                     }),
                 }
             },

@@ -33,8 +33,9 @@ pub struct RunInfo {
     pub wall_time_s: f64,
     /// Speculative decoding's acceptance counters, by request class (empty: none).
     pub spec: Vec<engine::spec::SpecStats>,
-    /// The CPU offload tier's counters and the prompt tokens it loaded (`None`: no tier).
-    pub offload: Option<(engine::block_manager::offload::OffloadStats, u64)>,
+    /// The offload tiers' counters and the prompt tokens loaded from the CPU tier and from
+    /// the disk tier (`None`: no tier).
+    pub offload: Option<(engine::block_manager::offload::OffloadStats, u64, u64)>,
 }
 
 /// The running statistics of one request class.
@@ -361,17 +362,28 @@ impl RunCollector {
         }
         let steps = self.num_steps as f64;
         let total_requests = completed + self.num_rejected;
-        let offload = info.offload.map(|(t, loaded_tokens)| {
+        let offload = info.offload.map(|(t, cpu, disk)| {
             let input = self.total_input_tokens as f64;
-            let cpu = loaded_tokens as f64;
+            let (cpu, disk) = (cpu as f64, disk as f64);
             crate::summary::OffloadSummary {
                 capacity_blocks: t.capacity,
                 blocks_at_end: t.blocks,
                 stores: t.stores,
                 loads: t.loads,
                 evictions: t.evictions,
-                gpu_hit_rate: ratio((self.total_cached_tokens as f64 - cpu).max(0.0), input),
+                gpu_hit_rate: ratio(
+                    (self.total_cached_tokens as f64 - cpu - disk).max(0.0),
+                    input,
+                ),
                 cpu_hit_rate: ratio(cpu, input),
+                disk: (t.disk_capacity > 0).then(|| crate::summary::DiskTierSummary {
+                    capacity_blocks: t.disk_capacity,
+                    blocks_at_end: t.disk_blocks,
+                    stores: t.disk_stores,
+                    loads: t.disk_loads,
+                    evictions: t.disk_evictions,
+                    hit_rate: ratio(disk, input),
+                }),
             }
         });
 

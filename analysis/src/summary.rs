@@ -301,6 +301,26 @@ pub struct OffloadSummary {
     /// readmitted after a preemption included, so under preemption this overstates the
     /// tier's share of first admissions' hits.
     pub cpu_hit_rate: f64,
+    /// The disk tier under it (absent without one); its hit rate is not in the two above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskTierSummary>,
+}
+
+/// The disk tier's figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct DiskTierSummary {
+    /// Capacity, blocks.
+    pub capacity_blocks: u32,
+    /// Blocks held when the run ended.
+    pub blocks_at_end: u32,
+    /// Blocks written to it (the CPU tier's victims).
+    pub stores: u64,
+    /// Blocks loaded back from it (hits there).
+    pub loads: u64,
+    /// Blocks dropped because it was full.
+    pub evictions: u64,
+    /// Prompt tokens loaded from disk / prompt tokens.
+    pub hit_rate: f64,
 }
 
 impl Summary {

@@ -70,6 +70,8 @@ pub struct StepPlan {
     /// Blocks loaded from the CPU offload tier into fresh GPU blocks before the step (the
     /// sequences' prefix hits there), over PCIe like swap-ins.
     pub offload_loads: u32,
+    /// Of those, the blocks read from the disk tier first (then over PCIe).
+    pub disk_loads: u32,
     /// Blocks to copy to the CPU pool first, before anything of the step reuses the GPU
     /// blocks they free, as `(gpu block, cpu block)`. A block shared by two preempted
     /// sequences is copied once for each.

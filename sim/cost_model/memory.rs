@@ -60,6 +60,12 @@ pub struct MemoryPlan {
     /// Blocks of the offload tier (`floor(offload_bytes / block_bytes)`).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub offload_blocks: u32,
+    /// Local disk per GPU of the tier under the CPU tier, bytes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub disk_bytes: f64,
+    /// Blocks of the disk tier (`floor(disk_bytes / block_bytes)`).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub disk_blocks: u32,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -305,5 +311,7 @@ pub fn memory_plan(d: &Deployment, inp: &MemoryInputs) -> Result<MemoryPlan, Fit
         num_cpu_blocks: 0,
         offload_bytes: 0.0,
         offload_blocks: 0,
+        disk_bytes: 0.0,
+        disk_blocks: 0,
     })
 }

@@ -85,6 +85,8 @@ pub struct CostModel {
     profile: Option<Arc<ProfiledCosts>>,
     /// Which experts a step's tokens touch.
     routing: Routing,
+    /// Read bandwidth of the KV disk tier per GPU, bytes/s.
+    disk_bw: f64,
 }
 
 impl CostModel {
@@ -102,7 +104,23 @@ impl CostModel {
             window: None,
             profile: None,
             routing,
+            // One NVMe PCIe 4.0 drive per GPU (`engine.kv_disk_gbs`' default).
+            disk_bw: 6e9,
         }
+    }
+
+    /// The KV disk tier's read bandwidth per GPU, bytes/s.
+    pub fn with_disk_bw(mut self, bytes_per_s: f64) -> Self {
+        self.disk_bw = bytes_per_s;
+        self
+    }
+
+    /// Seconds to read `blocks` of the KV disk tier (before they cross PCIe).
+    fn disk_read_s(&self, blocks: u32) -> f64 {
+        if blocks == 0 {
+            return 0.0;
+        }
+        f64::from(blocks) * self.block_bytes_per_gpu() / self.disk_bw
     }
 
     /// Sliding-window attention: each token attends to at most `window` tokens (`None`:
@@ -813,7 +831,7 @@ impl CostModel {
             let t = self.kv_transfer_s(
                 plan.swap_in.len() + plan.swap_out.len() + plan.offload_loads as usize,
                 plan.block_copies.len(),
-            );
+            ) + self.disk_read_s(plan.disk_loads);
             return StepCost {
                 seconds: t,
                 kv_transfer_s: t,
@@ -841,7 +859,7 @@ impl CostModel {
         c.kv_transfer_s = self.kv_transfer_s(
             plan.swap_in.len() + plan.swap_out.len() + plan.offload_loads as usize,
             plan.block_copies.len(),
-        );
+        ) + self.disk_read_s(plan.disk_loads);
         c.seconds += c.kv_transfer_s;
         c
     }

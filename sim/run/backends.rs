@@ -51,7 +51,8 @@ fn cost_model(variant: &Variant) -> CostModelBackend {
         CostModel::new(variant.deployment.clone(), variant.config.cost.clone())
             .with_block_size(variant.memory.block_size)
             .with_sliding_window(variant.scheduler.sliding_window)
-            .with_profile(variant.profile.clone()),
+            .with_profile(variant.profile.clone())
+            .with_disk_bw(variant.config.engine.kv_disk_gbs * 1e9),
     );
     match &variant.draft {
         Some(d) => {

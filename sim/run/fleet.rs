@@ -290,7 +290,7 @@ pub(super) fn run_fleet_variant(
             .map_err(|e| AnalysisError::io(path.as_path(), e))?;
     }
     let wall = started.elapsed().as_secs_f64();
-    let info = |name: &str, s: &RunStats, loaded_tokens: u64| RunInfo {
+    let info = |name: &str, s: &RunStats, (cpu, disk): (u64, u64)| RunInfo {
         scenario: scenario.name.clone(),
         variant: name.to_string(),
         backend: "model".into(),
@@ -299,7 +299,7 @@ pub(super) fn run_fleet_variant(
         evictions: s.evictions,
         wall_time_s: wall,
         spec: s.spec.clone(),
-        offload: s.offload.map(|t| (t, loaded_tokens)),
+        offload: s.offload.map(|t| (t, cpu, disk)),
     };
     // Each pool's and the fleet's counters: their replicas' summed.
     let mut pool_stats = vec![RunStats::default(); fleet.pools.len()];
@@ -314,14 +314,17 @@ pub(super) fn run_fleet_variant(
             add(into, s);
         }
     }
-    // Prompt tokens each replica loaded from its offload tier (its pool's block size).
-    let loaded: Vec<u64> = stats
+    // Prompt tokens each replica loaded from its CPU and disk tiers (its pool's block
+    // size).
+    let loaded: Vec<(u64, u64)> = stats
         .replicas
         .iter()
         .enumerate()
         .map(|(r, s)| {
             let bs = fleet.pools[sink.pool_of[r]].engine.memory.block_size;
-            s.offload.map_or(0, |t| t.loads * u64::from(bs))
+            s.offload.map_or((0, 0), |t| {
+                (t.loads * u64::from(bs), t.disk_loads * u64::from(bs))
+            })
         })
         .collect();
     let mut replica_rows = Vec::new();
@@ -353,7 +356,7 @@ pub(super) fn run_fleet_variant(
         let pool_loaded = (0..sink.names.len())
             .filter(|&r| sink.pool_of[r] == i)
             .map(|r| loaded[r])
-            .sum();
+            .fold((0, 0), add_pair);
         let s = c.finish(info(&pool.name, &pool_stats[i], pool_loaded))?;
         let routed = (0..sink.names.len())
             .filter(|&r| sink.pool_of[r] == i)
@@ -369,9 +372,11 @@ pub(super) fn run_fleet_variant(
             &s,
         ));
     }
-    let summary = sink
-        .fleet
-        .finish(info(&variant.name, &total, loaded.iter().sum()))?;
+    let summary = sink.fleet.finish(info(
+        &variant.name,
+        &total,
+        loaded.iter().copied().fold((0, 0), add_pair),
+    ))?;
     let usd_per_hour: f64 = fleet
         .pools
         .iter()
@@ -433,7 +438,17 @@ fn add(into: &mut RunStats, s: &RunStats) {
         o.stores += t.stores;
         o.loads += t.loads;
         o.evictions += t.evictions;
+        o.disk_capacity = o.disk_capacity.saturating_add(t.disk_capacity);
+        o.disk_blocks = o.disk_blocks.saturating_add(t.disk_blocks);
+        o.disk_stores += t.disk_stores;
+        o.disk_loads += t.disk_loads;
+        o.disk_evictions += t.disk_evictions;
     }
+}
+
+/// Two counts added element-wise.
+fn add_pair((a, b): (u64, u64), (c, d): (u64, u64)) -> (u64, u64) {
+    (a + c, b + d)
 }
 
 /// `plan.json` of a fleet: the router's settings and each pool's deployment, memory plan,

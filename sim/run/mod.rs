@@ -222,9 +222,10 @@ fn run_variant_into(
         evictions: stats.evictions,
         wall_time_s: wall,
         spec: stats.spec.clone(),
-        offload: stats
-            .offload
-            .map(|t| (t, t.loads * u64::from(variant.memory.block_size))),
+        offload: stats.offload.map(|t| {
+            let bs = u64::from(variant.memory.block_size);
+            (t, t.loads * bs, t.disk_loads * bs)
+        }),
     })?;
     let mut summary = summary;
     if dp > 1 {
@@ -344,11 +345,13 @@ fn block_manager(
                 ),
             }));
         }
-        block_manager = block_manager.with_offload(
-            variant.memory.offload_blocks,
-            e.kv_offload_store,
-            e.kv_offload_policy,
-        );
+        block_manager = block_manager
+            .with_offload(
+                variant.memory.offload_blocks,
+                e.kv_offload_store,
+                e.kv_offload_policy,
+            )
+            .with_disk_tier(variant.memory.disk_blocks, e.kv_offload_policy);
     }
     if let Some(w) = variant.scheduler.sliding_window {
         block_manager = block_manager.with_sliding_window(w);

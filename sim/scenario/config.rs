@@ -159,9 +159,21 @@ pub struct EngineConfig {
     /// or `on-evict` (when the GPU evicts them).
     #[serde(default, skip_serializing_if = "is_default")]
     pub kv_offload_store: engine::block_manager::offload::OffloadStore,
-    /// Which block a full tier drops: `lru` or `arc`.
+    /// Which block a full tier drops: `lru` or `arc` (the disk tier's too).
     #[serde(default, skip_serializing_if = "is_default")]
     pub kv_offload_policy: engine::block_manager::offload::OffloadPolicy,
+    /// Local disk per GPU for a tier under the CPU tier, GiB (LMCache's
+    /// `max_local_disk_size`; 0: none): it keeps the blocks the CPU tier drops; a hit there
+    /// is read from disk, loaded over PCIe, and promoted to the CPU tier.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub kv_disk_gib: f64,
+    /// The disk's read bandwidth per GPU, GB/s (default 6: one NVMe PCIe 4.0 drive per
+    /// GPU, as a DGX H100's eight cache drives give; a datasheet figure, not measured).
+    #[serde(
+        default = "default_kv_disk_gbs",
+        skip_serializing_if = "is_default_kv_disk_gbs"
+    )]
+    pub kv_disk_gbs: f64,
     /// Static batching as Hugging Face `generate` serves a batch (the "naive" baseline):
     /// prompts padded to the batch's longest, finished members computing pad tokens
     /// until the last ends. Only with `scheduler = "static"`.
@@ -171,6 +183,14 @@ pub struct EngineConfig {
 
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
+}
+
+fn default_kv_disk_gbs() -> f64 {
+    6.0
+}
+
+fn is_default_kv_disk_gbs(x: &f64) -> bool {
+    *x == default_kv_disk_gbs()
 }
 
 fn is_default<T: Default + PartialEq>(x: &T) -> bool {
@@ -242,6 +262,8 @@ impl Default for EngineConfig {
             kv_offload_gib: 0.0,
             kv_offload_store: Default::default(),
             kv_offload_policy: Default::default(),
+            kv_disk_gib: 0.0,
+            kv_disk_gbs: default_kv_disk_gbs(),
         }
     }
 }

@@ -240,6 +240,10 @@ pub(super) fn resolve(
             memory.block_bytes,
         )?;
     }
+    if e.kv_disk_gib > 0.0 {
+        (memory.disk_bytes, memory.disk_blocks) =
+            host_blocks("engine.kv_disk_gib", e.kv_disk_gib, memory.block_bytes)?;
+    }
     check_prompt_parts(&config.workload, max_model_len)?;
     let scheduler = scheduler_config(
         e,
@@ -263,7 +267,7 @@ pub(super) fn resolve(
     })
 }
 
-/// Host memory of `gib` GiB (the swap pool, the offload tier) in bytes and in KV blocks of
+/// Host memory of `gib` GiB (the swap pool, the offload tiers) in bytes and in KV blocks of
 /// `block_bytes`, at most [`MAX_POOL_BLOCKS`] (`key` names the setting in errors).
 fn host_blocks(key: &str, gib: f64, block_bytes: f64) -> Result<(f64, u32), String> {
     let bytes = gib * 1024.0 * 1024.0 * 1024.0;
@@ -532,6 +536,24 @@ fn check_engine(e: &EngineConfig) -> Result<(), String> {
             "engine.kv_offload_gib: the offload tier lies under the prefix cache; set enable_prefix_caching = true"
                 .into(),
         );
+    }
+    if !(e.kv_disk_gib >= 0.0 && e.kv_disk_gib.is_finite()) {
+        return Err(format!(
+            "engine.kv_disk_gib: must be a non-negative number of GiB, got {}",
+            e.kv_disk_gib
+        ));
+    }
+    if e.kv_disk_gib > 0.0 && e.kv_offload_gib <= 0.0 {
+        return Err(
+            "engine.kv_disk_gib: the disk tier lies under the CPU tier; set engine.kv_offload_gib too"
+                .into(),
+        );
+    }
+    if !(e.kv_disk_gbs > 0.0 && e.kv_disk_gbs.is_finite()) {
+        return Err(format!(
+            "engine.kv_disk_gbs: must be a positive bandwidth in GB/s, got {}",
+            e.kv_disk_gbs
+        ));
     }
     if !(e.swap_space_gib >= 0.0 && e.swap_space_gib.is_finite()) {
         return Err(format!(

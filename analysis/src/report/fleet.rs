@@ -1,6 +1,6 @@
 //! The fleet section of a run's report (variants with a `fleet.json`): the fleet's figures,
 //! requests routed and load per replica over time, KV transfer times, and the prefix-cache
-//! hit rate by tier (GPU, CPU offload) where a tier exists.
+//! hit rate by tier (GPU, CPU offload, disk) where a tier exists.
 
 use std::path::Path;
 
@@ -184,7 +184,10 @@ pub fn fleet_section(variants: &[VariantData]) -> String {
         .collect();
     if !tiered.is_empty() {
         b.push_str("<h2>Prefix-cache hits by tier</h2>\n");
-        let header: Vec<String> = [
+        let disk = tiered
+            .iter()
+            .any(|v| v.summary.offload.is_some_and(|o| o.disk.is_some()));
+        let mut header: Vec<String> = [
             "variant",
             "GPU hit rate",
             "CPU tier hit rate",
@@ -196,11 +199,21 @@ pub fn fleet_section(variants: &[VariantData]) -> String {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if disk {
+            header.extend(
+                [
+                    "disk tier hit rate",
+                    "disk blocks (held / capacity)",
+                    "disk loads",
+                ]
+                .map(String::from),
+            );
+        }
         let rows: Vec<Vec<String>> = tiered
             .iter()
             .filter_map(|v| {
                 let o = v.summary.offload?;
-                Some(vec![
+                let mut row = vec![
                     v.name.clone(),
                     format!("{:.1}%", 100.0 * o.gpu_hit_rate),
                     format!("{:.1}%", 100.0 * o.cpu_hit_rate),
@@ -208,7 +221,16 @@ pub fn fleet_section(variants: &[VariantData]) -> String {
                     o.stores.to_string(),
                     o.loads.to_string(),
                     o.evictions.to_string(),
-                ])
+                ];
+                if disk {
+                    let d = o.disk.unwrap_or_default();
+                    row.extend([
+                        format!("{:.1}%", 100.0 * d.hit_rate),
+                        format!("{} / {}", d.blocks_at_end, d.capacity_blocks),
+                        d.loads.to_string(),
+                    ]);
+                }
+                Some(row)
             })
             .collect();
         b.push_str(&table(&header, &rows));

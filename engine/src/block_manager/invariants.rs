@@ -23,6 +23,12 @@ impl BlockManager {
                     st.blocks, st.capacity
                 ));
             }
+            if st.disk_blocks > st.disk_capacity {
+                return Err(format!(
+                    "disk tier holds {} blocks, more than its {}",
+                    st.disk_blocks, st.disk_capacity
+                ));
+            }
         }
         let c = self.counts();
         if c.free_uncached + c.free_cached + c.in_use != self.num_blocks() {

@@ -150,8 +150,10 @@ pub struct ReserveResponse {
     pub swap_out: Vec<(u32, u32)>,
     /// Blocks to copy CPU -> GPU before the step, as `(cpu block, gpu block)`.
     pub swap_in: Vec<(u32, u32)>,
-    /// Blocks loaded from the CPU offload tier into fresh GPU blocks (prefix hits there).
+    /// Blocks loaded from the offload tiers into fresh GPU blocks (prefix hits there).
     pub offload_loads: u32,
+    /// Of those, the blocks read from the disk tier first.
+    pub disk_loads: u32,
     /// Cached prefix tokens of each probed sequence, after the reservation.
     pub probe_hits: Vec<(SeqId, u32)>,
     /// Copy-on-write copies `(src, dst)`: a shared block a sequence writes into this step.
@@ -221,8 +223,9 @@ pub struct BlockManager {
     cpu: Option<CpuPool>,
     /// A CPU tier under the prefix cache (`None`: none).
     offload: Option<Box<offload::OffloadTier>>,
-    /// Blocks loaded from the tier in the reservation under way.
+    /// Blocks loaded from the tiers in the reservation under way, and of those from disk.
     offload_loads: u32,
+    disk_loads: u32,
     /// Sources of this reservation's copy-on-write copies, and those of them freed during
     /// it: held out of the free pool until the reservation ends, so that nothing planned in
     /// the same step overwrites a block a copy still reads.
@@ -262,6 +265,7 @@ impl BlockManager {
             cpu: None,
             offload: None,
             offload_loads: 0,
+            disk_loads: 0,
             copy_sources: Vec::new(),
             deferred: Vec::new(),
             window: None,
@@ -290,7 +294,18 @@ impl BlockManager {
         self
     }
 
-    /// The offload tier's counters (`None`: no tier).
+    /// A disk tier of `blocks` blocks under the CPU tier (needs one): it keeps the blocks
+    /// the CPU tier drops, by `policy`; a prompt's leading blocks found there are read from
+    /// disk and loaded like the CPU tier's (the step's `disk_loads`), and promoted to the
+    /// CPU tier.
+    pub fn with_disk_tier(mut self, blocks: u32, policy: offload::OffloadPolicy) -> Self {
+        if let Some(t) = self.offload.take() {
+            self.offload = Some(Box::new(t.with_lower(blocks, policy)));
+        }
+        self
+    }
+
+    /// The offload tiers' counters (`None`: no tier).
     pub fn offload_stats(&self) -> Option<offload::OffloadStats> {
         self.offload.as_ref().map(|t| t.stats())
     }

@@ -1,14 +1,17 @@
 //! A CPU tier under the GPU prefix cache (vLLM's OffloadingConnector, LMCache's CPU
-//! backend): block hashes whose KV also sits in host memory, so that a prefix evicted from
-//! the GPU can be loaded back over PCIe instead of recomputed.
+//! backend), and optionally a local-disk tier under it (LMCache's local disk backend):
+//! block hashes whose KV also sits in host memory or on disk, so that a prefix evicted
+//! from the GPU can be loaded back instead of recomputed.
 //!
 //! In: the hashes of blocks as they fill (`write-through`) or as the GPU evicts them
 //! (`on-evict`), and prefix lookups past the GPU's hits. Out: how many further leading
-//! blocks the tier holds (each becomes a load: a fresh GPU block filled over PCIe, priced
-//! by the cost model like a swap-in), and the tier's counters. The tier holds hashes only:
-//! in simulation the content of a block is its hash. Its capacity is in blocks; which
-//! block leaves when it is full is LRU, or ARC (Megiddo and Modha), which keeps blocks hit
-//! twice apart from blocks seen once and adapts the split to the trace.
+//! blocks the tiers hold (each becomes a load: a fresh GPU block filled over PCIe, priced
+//! by the cost model like a swap-in, after a read from disk for the disk tier's), and the
+//! tiers' counters. The disk tier takes the blocks the CPU tier drops, and a block loaded
+//! from disk is promoted to the CPU tier. A tier holds hashes only: in simulation the
+//! content of a block is its hash. Its capacity is in blocks; which block leaves when it
+//! is full is LRU, or ARC (Megiddo and Modha), which keeps blocks hit twice apart from
+//! blocks seen once and adapts the split to the trace.
 
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -36,19 +39,39 @@ pub enum OffloadPolicy {
     Arc,
 }
 
-/// The tier's counters.
+/// The tiers' counters: the CPU tier's, and the disk tier's (all 0 without one).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OffloadStats {
     /// Capacity, blocks.
     pub capacity: u32,
     /// Blocks held at the end.
     pub blocks: u32,
-    /// Blocks written to the tier (not counting ones it held already).
+    /// Blocks written to the tier (not counting ones it held already; blocks promoted from
+    /// disk included).
     pub stores: u64,
-    /// Blocks loaded back to the GPU (prefix hits in this tier).
+    /// Blocks loaded back to the GPU from this tier (prefix hits in it).
     pub loads: u64,
-    /// Blocks dropped because the tier was full.
+    /// Blocks dropped because the tier was full (to the disk tier, when there is one).
     pub evictions: u64,
+    /// The disk tier's capacity, blocks.
+    pub disk_capacity: u32,
+    /// Blocks it held at the end.
+    pub disk_blocks: u32,
+    /// Blocks written to it (the CPU tier's victims).
+    pub disk_stores: u64,
+    /// Blocks loaded back to the GPU from disk (prefix hits there).
+    pub disk_loads: u64,
+    /// Blocks it dropped because it was full.
+    pub disk_evictions: u64,
+}
+
+/// The tier a loaded block came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// Host memory.
+    Cpu,
+    /// Local disk (then host memory, where it is promoted).
+    Disk,
 }
 
 /// A recency list of hashes with O(1) insert, remove and pop of the oldest (a linked list
@@ -107,6 +130,8 @@ pub struct OffloadTier {
     /// ARC's target size of T1.
     p: usize,
     stats: OffloadStats,
+    /// The tier below, which takes the blocks this one drops (the disk under the CPU).
+    lower: Option<Box<OffloadTier>>,
 }
 
 impl OffloadTier {
@@ -125,7 +150,28 @@ impl OffloadTier {
                 capacity,
                 ..OffloadStats::default()
             },
+            lower: None,
         }
+    }
+
+    /// Puts a tier of `capacity` blocks under this one (the disk under the CPU): it keeps
+    /// the blocks this one drops, by its own `policy`.
+    pub fn with_lower(mut self, capacity: u32, policy: OffloadPolicy) -> Self {
+        if capacity > 0 {
+            self.lower = Some(Box::new(OffloadTier::new(
+                capacity,
+                OffloadStore::OnEvict,
+                policy,
+            )));
+        }
+        self
+    }
+
+    /// Blocks the tier below holds, and its capacity (`(0, 0)` without one).
+    pub fn lower_len(&self) -> (usize, usize) {
+        self.lower
+            .as_ref()
+            .map_or((0, 0), |l| (l.len(), l.capacity))
     }
 
     /// When blocks are written.
@@ -148,25 +194,50 @@ impl OffloadTier {
         self.len() == 0
     }
 
-    /// The counters.
+    /// The counters, the tier below's as `disk_*`.
     pub fn stats(&self) -> OffloadStats {
-        OffloadStats {
+        let mut s = OffloadStats {
             blocks: self.len() as u32,
             ..self.stats
+        };
+        if let Some(l) = &self.lower {
+            let d = l.stats();
+            (
+                s.disk_capacity,
+                s.disk_blocks,
+                s.disk_stores,
+                s.disk_loads,
+                s.disk_evictions,
+            ) = (d.capacity, d.blocks, d.stores, d.loads, d.evictions);
         }
+        s
     }
 
-    /// How many of `hashes`, from the first, the tier holds.
+    /// Whether this tier or the one below holds `h`.
+    fn holds(&self, h: u64) -> bool {
+        self.contains(h) || self.lower.as_ref().is_some_and(|l| l.contains(h))
+    }
+
+    /// How many of `hashes`, from the first, this tier or the one below holds.
     pub fn leading(&self, hashes: &[u64]) -> u32 {
-        hashes.iter().take_while(|&&h| self.contains(h)).count() as u32
+        hashes.iter().take_while(|&&h| self.holds(h)).count() as u32
     }
 
-    /// Block `h` was loaded back to the GPU: a hit (a hash the tier does not hold is not
-    /// loaded, and not added).
-    pub fn load(&mut self, h: u64) {
+    /// Block `h` was loaded back to the GPU: a hit here, or in the tier below (then
+    /// promoted here); `None` when neither holds it (nothing is loaded or added).
+    pub fn load(&mut self, h: u64) -> Option<Served> {
         if !self.contains(h) {
-            return;
+            let lower = self.lower.as_mut().filter(|l| l.contains(h))?;
+            lower.load_here(h);
+            self.put(h);
+            return Some(Served::Disk);
         }
+        self.load_here(h);
+        Some(Served::Cpu)
+    }
+
+    /// A hit on `h`, which this tier holds.
+    fn load_here(&mut self, h: u64) {
         self.stats.loads += 1;
         match self.policy {
             OffloadPolicy::Lru => self.t1.touch(h),
@@ -178,10 +249,20 @@ impl OffloadTier {
         }
     }
 
-    /// Writes block `h` to the tier (a store of a block it holds refreshes it).
+    /// Writes block `h` to the tier (a store of a block it holds refreshes it); the block
+    /// it drops, if any, goes to the tier below.
     pub fn put(&mut self, h: u64) {
+        if let Some(dropped) = self.put_here(h) {
+            if let Some(l) = self.lower.as_mut() {
+                l.put(dropped);
+            }
+        }
+    }
+
+    /// Writes `h` here; returns the block dropped to make room.
+    fn put_here(&mut self, h: u64) -> Option<u64> {
         if self.capacity == 0 {
-            return;
+            return None;
         }
         if self.contains(h) {
             match self.policy {
@@ -190,61 +271,74 @@ impl OffloadTier {
                 OffloadPolicy::Arc if self.t1.contains(h) => self.t1.touch(h),
                 OffloadPolicy::Arc => self.t2.touch(h),
             }
-            return;
+            return None;
         }
         self.stats.stores += 1;
         match self.policy {
             OffloadPolicy::Lru => {
-                if self.t1.len() >= self.capacity && self.t1.pop_oldest().is_some() {
+                let dropped = if self.t1.len() >= self.capacity {
+                    self.t1.pop_oldest()
+                } else {
+                    None
+                };
+                if dropped.is_some() {
                     self.stats.evictions += 1;
                 }
                 self.t1.touch(h);
+                dropped
             }
             OffloadPolicy::Arc => self.arc_insert(h),
         }
     }
 
-    /// ARC's miss path for `h` (Megiddo and Modha, Fig. 4, cases II-IV).
-    fn arc_insert(&mut self, h: u64) {
+    /// ARC's miss path for `h` (Megiddo and Modha, Fig. 4, cases II-IV); returns the block
+    /// dropped from the cache (to a ghost list, or out).
+    fn arc_insert(&mut self, h: u64) -> Option<u64> {
         let c = self.capacity;
         if self.b1.contains(h) {
             let delta = (self.b2.len() / self.b1.len().max(1)).max(1);
             self.p = (self.p + delta).min(c);
-            self.replace(false);
+            let dropped = self.replace(false);
             self.b1.remove(h);
             self.t2.touch(h);
-            return;
+            return dropped;
         }
         if self.b2.contains(h) {
             let delta = (self.b1.len() / self.b2.len().max(1)).max(1);
             self.p = self.p.saturating_sub(delta);
-            self.replace(true);
+            let dropped = self.replace(true);
             self.b2.remove(h);
             self.t2.touch(h);
-            return;
+            return dropped;
         }
         let l1 = self.t1.len() + self.b1.len();
         let total = l1 + self.t2.len() + self.b2.len();
+        let mut dropped = None;
         if l1 >= c {
             if self.t1.len() < c {
                 self.b1.pop_oldest();
-                self.replace(false);
-            } else if self.t1.pop_oldest().is_some() {
-                self.stats.evictions += 1;
+                dropped = self.replace(false);
+            } else {
+                dropped = self.t1.pop_oldest();
+                if dropped.is_some() {
+                    self.stats.evictions += 1;
+                }
             }
         } else if total >= c {
             if total >= 2 * c {
                 self.b2.pop_oldest();
             }
-            self.replace(false);
+            dropped = self.replace(false);
         }
         self.t1.touch(h);
+        dropped
     }
 
-    /// ARC's REPLACE: frees a place by moving T1's or T2's oldest to its ghost list.
-    fn replace(&mut self, in_b2: bool) {
+    /// ARC's REPLACE: frees a place by moving T1's or T2's oldest to its ghost list;
+    /// returns the block moved.
+    fn replace(&mut self, in_b2: bool) -> Option<u64> {
         if self.len() < self.capacity {
-            return;
+            return None;
         }
         let t1 = self.t1.len();
         let from_t1 = t1 > 0 && (t1 > self.p || (in_b2 && t1 == self.p));
@@ -256,6 +350,7 @@ impl OffloadTier {
         if moved.is_some() {
             self.stats.evictions += 1;
         }
+        moved
     }
 }
 
@@ -300,6 +395,31 @@ mod tests {
             !lru.contains(1) && !lru.contains(2),
             "LRU lets the scan flush them"
         );
+    }
+
+    #[test]
+    fn the_disk_keeps_what_the_cpu_drops_and_promotes_what_it_serves() {
+        for policy in [OffloadPolicy::Lru, OffloadPolicy::Arc] {
+            let mut t =
+                OffloadTier::new(2, OffloadStore::WriteThrough, policy).with_lower(3, policy);
+            for h in 1..=4 {
+                t.put(h);
+            }
+            // 1 and 2 left the CPU for the disk.
+            assert!(!t.contains(1) && !t.contains(2) && t.contains(3) && t.contains(4));
+            assert_eq!(t.lower_len(), (2, 3));
+            assert_eq!(t.leading(&[1, 2, 3, 4, 9]), 4);
+            assert_eq!(t.load(1), Some(Served::Disk), "{policy:?}");
+            assert_eq!(t.load(4), Some(Served::Cpu));
+            assert_eq!(t.load(9), None);
+            assert!(t.contains(1), "promoted");
+            let s = t.stats();
+            assert_eq!((s.loads, s.disk_loads, s.disk_capacity), (1, 1, 3));
+            assert_eq!(s.stores, 5, "four puts and the promotion");
+            assert!(t.len() <= 2 && t.lower_len().0 <= 3);
+            // Every block still held somewhere.
+            assert_eq!(t.leading(&[1, 2, 3, 4]), 4);
+        }
     }
 
     #[test]

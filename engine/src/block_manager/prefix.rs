@@ -137,7 +137,9 @@ impl BlockManager {
         if loads > 0 {
             if let Some(t) = self.offload.as_mut() {
                 for &h in &hashes[hits as usize..(hits + loads) as usize] {
-                    t.load(h);
+                    if t.load(h) == Some(super::offload::Served::Disk) {
+                        self.disk_loads += 1;
+                    }
                 }
             }
             self.offload_loads += loads;
@@ -165,7 +167,7 @@ impl BlockManager {
         Some(hit)
     }
 
-    /// The leading blocks of `hashes` past the GPU's `hits` that the offload tier holds
+    /// The leading blocks of `hashes` past the GPU's `hits` that the offload tiers hold
     /// (none with side groups: their per-layer-group pages are not offloaded).
     pub(super) fn offload_hits(&self, hashes: &[u64], hits: u32) -> u32 {
         match &self.offload {

@@ -313,6 +313,7 @@ impl BlockManager {
         resp.preempted = preempted;
         resp.blocks_used = self.used;
         resp.offload_loads = std::mem::take(&mut self.offload_loads);
+        resp.disk_loads = std::mem::take(&mut self.disk_loads);
         if let Some(cpu) = self.cpu.as_mut() {
             let released = std::mem::take(&mut cpu.released);
             cpu.free.extend(released);

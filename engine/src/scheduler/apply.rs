@@ -177,6 +177,7 @@ impl Scheduler {
             swap_out: resp.swap_out,
             block_copies: resp.block_copies,
             offload_loads: resp.offload_loads,
+            disk_loads: resp.disk_loads,
         };
         self.steps += 1;
         plan

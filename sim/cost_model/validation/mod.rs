@@ -289,7 +289,7 @@ fn replay_rows(s: &mut String, done: &[crate::replay::Replay]) {
 /// The fleet models' defaults, and aiconfigurator's disaggregated rows replayed as fleets
 /// ([`disagg`]): errors by engine, GPU, model and dtype, and by clients.
 fn fleets_section(s: &mut String, r: &Replays) {
-    s.push_str("\n## Fleets (routing, disaggregation, offload tiers)\n\nNothing in the fleet models is fitted. The router's defaults are llm-d's (scorer weights prefix 3, queue 2, KV 2; a 50 ms metrics refresh; a 64-token hash block, 31,250 blocks per replica and 256 blocks looked up in its approximate prefix index). A disaggregated prompt's KV moves at the catalog's per-GPU scale-out bandwidth over RDMA (`network_bw`, 50 GB/s on an H100: one 400 Gb/s NIC) or its NVLink bandwidth, plus a 10 us fixed cost (a guess), each GPU's shard in parallel. An offload tier's loads cross PCIe at the catalog's `pcie_bw`, priced like swap-ins.\n");
+    s.push_str("\n## Fleets (routing, disaggregation, offload tiers)\n\nNothing in the fleet models is fitted. The router's defaults are llm-d's (scorer weights prefix 3, queue 2, KV 2; a 50 ms metrics refresh; a 64-token hash block, 31,250 blocks per replica and 256 blocks looked up in its approximate prefix index). A disaggregated prompt's KV moves at the catalog's per-GPU scale-out bandwidth over RDMA (`network_bw`, 50 GB/s on an H100: one 400 Gb/s NIC) or its NVLink bandwidth, plus a 10 us fixed cost (a guess), each GPU's shard in parallel. An offload tier's loads cross PCIe at the catalog's `pcie_bw`, priced like swap-ins; a disk tier's are read first at `engine.kv_disk_gbs` (6 GB/s per GPU by default: one NVMe PCIe 4.0 drive's datasheet read rate, not measured).\n");
     if r.disagg.is_empty() {
         return;
     }
