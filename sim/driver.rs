@@ -11,7 +11,9 @@
 //! A fleet (`[cluster]`) is the same loop over many engines on the one clock: each
 //! arrival first goes to the router ([`RouterHandle`]), which names the replica; steps,
 //! wakes and records carry the replica's index; the router's view of the replicas is
-//! refreshed by a `Refresh` event every `refresh_ms`. One engine is a fleet of one without a
+//! refreshed by a `Refresh` event every `refresh_ms`. The engines of one replica's
+//! attention-DP ranks form a lockstep group: a step starts on all of them together, once the
+//! last has ended, and ends when the longest does. One engine is a fleet of one without a
 //! router, and runs exactly as before.
 //!
 //! The loop is written once, against [`EngineHandle`]; two handles implement it:
@@ -667,6 +669,9 @@ pub struct Front<'a, R> {
     pub router: &'a mut R,
     /// KV transfer time.
     pub transfer: TransferTime<'a>,
+    /// Each engine's lockstep group (the ranks of one attention-DP replica share one, in
+    /// consecutive engines; ids below the engine count): its engines step together.
+    pub groups: &'a [usize],
 }
 
 /// A prompt's KV moved from a prefill replica to a decode replica.
@@ -756,6 +761,20 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
     };
     let mut arrived = 0u64;
     let mut busy = vec![false; n];
+    // Lockstep groups (a replica's attention-DP ranks; every other engine alone), and when
+    // each group's step under way ends.
+    let group_of: Vec<usize> = match &front {
+        Some(f) if f.groups.len() == n => f.groups.to_vec(),
+        _ => (0..n).collect(),
+    };
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (r, &g) in group_of.iter().enumerate() {
+        if groups.len() <= g {
+            groups.resize_with(g + 1, Vec::new);
+        }
+        groups[g].push(r);
+    }
+    let mut group_end: Vec<Nanos> = vec![0; groups.len()];
     // Replicas whose state changed at this instant: planned once every event of the
     // instant is handled, in index order.
     let mut dirty = Dirty::new(n);
@@ -938,59 +957,86 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
         }
         dirty.take_into(&mut planning);
         for &r in &planning {
-            if busy[r] {
+            // The engines of a replica's attention-DP ranks step in lockstep (their MoE
+            // layers exchange tokens every layer): a step starts on all of them at once,
+            // when the last one's ended, and lasts as long as the longest.
+            let g = group_of[r];
+            if group_end[g] > now {
                 continue;
             }
-            let Some(planned) = engines[r].plan(now).await? else {
-                idle_with_work[r] = None;
+            let members = &groups[g];
+            let mut stepping = Vec::new();
+            let mut longest: Nanos = 0;
+            for &m in members {
+                let Some(planned) = engines[m].plan(now).await? else {
+                    idle_with_work[m] = None;
+                    continue;
+                };
+                let p = &planned.plan;
+                let transfers = p.has_transfers();
+                if p.is_empty() && !transfers && !p.preempted.is_empty() {
+                    // Nothing runs, but the preemptions changed the pool (a contiguous
+                    // allocator that could not grow a sequence in place): record them and
+                    // plan again now.
+                    let outcome = StepOutcome::default();
+                    let rec = step_record(&planned, &outcome, pool_blocks[m], block_sizes[m]);
+                    sink.step(m, &rec)?;
+                    clock.push(now, Event::Wake(m));
+                    continue;
+                }
+                if planned.plan.is_empty() && !transfers {
+                    idle_with_work[m] = Some((now, planned.num_waiting, planned.num_running));
+                    continue;
+                }
+                idle_with_work[m] = None;
+                let record = step_record(
+                    &planned,
+                    &StepOutcome::default(),
+                    pool_blocks[m],
+                    block_sizes[m],
+                );
+                let (plan, outcome) = engines[m].execute(planned.plan).await?;
+                longest = longest.max(outcome.duration.max(1));
+                stepping.push((m, record, plan, outcome));
+            }
+            let Some(step) = stepping.first().map(|s| s.2.step) else {
                 continue;
             };
-            let p = &planned.plan;
-            let transfers = p.has_transfers();
-            if p.is_empty() && !transfers && !p.preempted.is_empty() {
-                // Nothing runs, but the preemptions changed the pool (a contiguous
-                // allocator that could not grow a sequence in place): record them and
-                // plan again now.
-                let outcome = StepOutcome::default();
-                let rec = step_record(&planned, &outcome, pool_blocks[r], block_sizes[r]);
-                sink.step(r, &rec)?;
-                clock.push(now, Event::Wake(r));
-                continue;
-            }
-            if planned.plan.is_empty() && !transfers {
-                idle_with_work[r] = Some((now, planned.num_waiting, planned.num_running));
-                continue;
-            }
-            idle_with_work[r] = None;
-            let record = step_record(
-                &planned,
-                &StepOutcome::default(),
-                pool_blocks[r],
-                block_sizes[r],
-            );
-            let (plan, outcome) = engines[r].execute(planned.plan).await?;
-            sink.step(
-                r,
-                &StepRecord {
-                    duration_ns: outcome.duration,
-                    mbu: outcome.mbu,
-                    mfu: outcome.mfu,
-                    ..record
-                },
-            )?;
-            stats.replicas[r].steps += 1;
-            busy[r] = true;
-            let done = now.checked_add(outcome.duration.max(1)).ok_or_else(|| {
+            let done = now.checked_add(longest).ok_or_else(|| {
                 DriverError::Backend(engine::backend::BackendError {
                     backend: "clock".into(),
                     message: format!(
-                        "step {} of {} ns at t = {now} ns overflows the simulated clock",
-                        plan.step, outcome.duration
+                        "step {step} of {longest} ns at t = {now} ns overflows the simulated clock"
                     ),
                 })
             })?;
-            stats.replicas[r].end_time = done;
-            clock.push(done, Event::StepDone(r, plan, outcome));
+            group_end[g] = done;
+            for (m, record, plan, outcome) in stepping {
+                sink.step(
+                    m,
+                    &StepRecord {
+                        // A rank's step lasts as long as its group's.
+                        duration_ns: if members.len() > 1 {
+                            longest
+                        } else {
+                            outcome.duration
+                        },
+                        mbu: outcome.mbu,
+                        mfu: outcome.mfu,
+                        ..record
+                    },
+                )?;
+                stats.replicas[m].steps += 1;
+                busy[m] = true;
+                stats.replicas[m].end_time = done;
+                clock.push(done, Event::StepDone(m, plan, outcome));
+            }
+            // The ranks without work this step plan again when it ends.
+            for &m in members {
+                if !busy[m] {
+                    clock.push(done, Event::Wake(m));
+                }
+            }
         }
     }
     stats.arrived = arrived;
@@ -1176,7 +1222,7 @@ pub fn run_to_end(
 pub fn run_fleet_to_end(
     kind: DriverKind,
     parts: Vec<EngineParts>,
-    (router, transfer): (Router, TransferTime<'_>),
+    (router, transfer, groups): (Router, TransferTime<'_>, &[usize]),
     workload: &mut dyn Iterator<Item = Result<Request, WorkloadError>>,
     client: Client,
     sink: &mut dyn Records,
@@ -1194,6 +1240,7 @@ pub fn run_fleet_to_end(
                 Some(Front {
                     router: &mut router,
                     transfer,
+                    groups,
                 }),
                 workload,
                 client,
@@ -1214,6 +1261,7 @@ pub fn run_fleet_to_end(
                     Some(Front {
                         router: &mut router,
                         transfer,
+                        groups,
                     }),
                     workload,
                     client,

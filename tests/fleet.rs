@@ -401,9 +401,14 @@ fn session_affinity_keeps_histories_cached() {
 }
 
 /// Attention data parallelism in a pool: each rank of each replica is an engine of the
-/// fleet. One replica of DP 2 behind round-robin is what a one-engine run simulates (one
-/// rank taking every other request, its MoE layers priced with both ranks' tokens): the two
-/// agree on latency and on the deployment's throughput.
+/// fleet, and a replica's ranks step in lockstep (their MoE layers exchange tokens every
+/// layer): their steps start together and last as long as the longest, so two steps of the
+/// replica never overlap. One replica of DP 2 behind round-robin is what a one-engine run
+/// simulates (one rank taking every other request, its MoE layers priced with both ranks'
+/// tokens, but stepping on its own): the two agree on the deployment's throughput (within
+/// 5%), while lockstep lengthens the fleet's TPOT (a rank's decodes wait on the other
+/// rank's prefills too: +30% here, under 50% asserted) and its TTFT (a request reaching an
+/// idle rank waits for the other rank's step to end: by less than a step).
 #[test]
 fn attention_dp_ranks_are_engines_of_the_fleet() {
     let base = r#"name = "dp"
@@ -449,16 +454,17 @@ output = { dist = "fixed", value = 128 }
     let near = |a: f64, b: f64, tol: f64| (a / b - 1.0).abs() < tol;
     let (s1, sf) = (&one.summary, &fleet.summary);
     assert!(
-        near(sf.mean_tpot_ms, s1.mean_tpot_ms, 0.05),
+        sf.mean_tpot_ms > s1.mean_tpot_ms && sf.mean_tpot_ms < 1.5 * s1.mean_tpot_ms,
         "{} vs {}",
         sf.mean_tpot_ms,
         s1.mean_tpot_ms
     );
     assert!(
-        near(sf.mean_ttft_ms, s1.mean_ttft_ms, 0.15),
-        "{} vs {}",
+        sf.mean_ttft_ms > s1.mean_ttft_ms && sf.mean_ttft_ms < s1.mean_ttft_ms + sf.mean_tpot_ms,
+        "{} vs {} (a step: about {} ms)",
         sf.mean_ttft_ms,
-        s1.mean_ttft_ms
+        s1.mean_ttft_ms,
+        sf.mean_tpot_ms
     );
     assert!(
         near(sf.request_throughput, s1.request_throughput, 0.05),
@@ -471,4 +477,31 @@ output = { dist = "fixed", value = 128 }
         names.contains("moe-0.0") && names.contains("moe-0.1"),
         "{names}"
     );
+    // Lockstep: the two ranks' steps, by start time, never overlap unless they are one.
+    let mut steps: Vec<(f64, f64)> = Vec::new();
+    for rank in ["moe-0.0", "moe-0.1"] {
+        let text = std::fs::read_to_string(
+            temp.path()
+                .join(format!("out/base/replicas/{rank}/steps.csv")),
+        )
+        .expect("steps");
+        let mut rows = text.lines();
+        let header: Vec<&str> = rows.next().expect("header").split(',').collect();
+        let col = |n: &str| header.iter().position(|h| *h == n).expect(n);
+        let (start, dur) = (col("start_s"), col("duration_ms"));
+        for row in rows {
+            let f: Vec<&str> = row.split(',').collect();
+            let t0: f64 = f[start].parse().expect("start");
+            let ms: f64 = f[dur].parse().expect("duration");
+            steps.push((t0, t0 + ms / 1e3));
+        }
+    }
+    steps.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for w in steps.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        assert!(
+            b.0 == a.0 || b.0 >= a.1 - 1e-9,
+            "steps {a:?} and {b:?} of one replica's ranks overlap"
+        );
+    }
 }

@@ -265,7 +265,7 @@ pub(super) fn run_fleet_variant(
     let stats = run_fleet_to_end(
         driver,
         parts,
-        (router, &transfer),
+        (router, &transfer, &fleet.lockstep_groups()),
         &mut workload,
         client,
         &mut sink,

@@ -484,6 +484,21 @@ impl Fleet {
         (bw, (d.latency_us * 1e3).round() as u64)
     }
 
+    /// Every engine's lockstep group, pool by pool: the attention-DP ranks of one replica
+    /// share one (they step together); each other engine has its own.
+    pub fn lockstep_groups(&self) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut next = 0;
+        for p in &self.pools {
+            let ranks = p.ranks.max(1);
+            for e in 0..p.engines() {
+                out.push(next + (e / ranks) as usize);
+            }
+            next += p.replicas as usize;
+        }
+        out
+    }
+
     /// `(pool index, engine name)` of every engine, pool by pool.
     pub fn replica_names(&self) -> Vec<(usize, String)> {
         self.pools

@@ -2,7 +2,8 @@
 //! `silicon.csv`): each row that records its pools (workers, and each worker's tensor,
 //! attention-data and expert parallelism, in the `prefill_*` and `decode_*` columns) is
 //! replayed as the fleet it ran as — a prefill pool and a decode pool of the row's workers,
-//! every attention-DP rank an engine of the fleet, round-robin routing (Dynamo's default),
+//! every attention-DP rank an engine of the fleet (a worker's ranks stepping in lockstep),
+//! round-robin routing (Dynamo's default),
 //! each prompt's KV sent to its decode rank over NVLink when both pools fit in one NVLink
 //! domain (a GB200 NVL72 rack) and over RDMA otherwise — and its mean TTFT and TPOT set
 //! against the measured ones. The clients, the request stream and each engine's serving
@@ -104,7 +105,21 @@ fn pool(
     // aggregated rows.
     let mut budget = e.max_num_batched_tokens.unwrap_or(8192);
     if e.scheduler == engine::scheduler::SchedulerKind::Continuous {
-        budget = budget.max(row.isl + row.osl);
+        if role == Role::Decode {
+            // SGLang's decode servers add a request whose KV has arrived to the running
+            // batch (no prefill batch of its own, which would pause every decode): the
+            // mixed steps of the chunked scheduler.
+            engine.insert(
+                "scheduler".into(),
+                toml::Value::String(
+                    engine::scheduler::SchedulerKind::Chunked
+                        .as_str()
+                        .to_string(),
+                ),
+            );
+        } else {
+            budget = budget.max(row.isl + row.osl);
+        }
     }
     // Room for every rank's share of the clients (a rank may hold them all at once), and
     // a budget that can decode them all in one step.
