@@ -764,7 +764,18 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
     // Lockstep groups (a replica's attention-DP ranks; every other engine alone), and when
     // each group's step under way ends.
     let group_of: Vec<usize> = match &front {
-        Some(f) if f.groups.len() == n => f.groups.to_vec(),
+        Some(f) if !f.groups.is_empty() => {
+            if f.groups.len() != n || f.groups.iter().any(|&g| g >= n) {
+                return Err(DriverError::Backend(engine::backend::BackendError {
+                    backend: "fleet".into(),
+                    message: format!(
+                        "{} lockstep groups given for {n} engines (one per engine, ids below {n})",
+                        f.groups.len()
+                    ),
+                }));
+            }
+            f.groups.to_vec()
+        }
         _ => (0..n).collect(),
     };
     let mut groups: Vec<Vec<usize>> = Vec::new();
@@ -775,6 +786,7 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
         groups[g].push(r);
     }
     let mut group_end: Vec<Nanos> = vec![0; groups.len()];
+    let mut planned_groups: Vec<usize> = Vec::new();
     // Replicas whose state changed at this instant: planned once every event of the
     // instant is handled, in index order.
     let mut dirty = Dirty::new(n);
@@ -956,34 +968,50 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
             continue;
         }
         dirty.take_into(&mut planning);
+        planned_groups.clear();
         for &r in &planning {
             // The engines of a replica's attention-DP ranks step in lockstep (their MoE
             // layers exchange tokens every layer): a step starts on all of them at once,
             // when the last one's ended, and lasts as long as the longest.
             let g = group_of[r];
-            if group_end[g] > now {
+            // A group is planned once a pass (its other dirty ranks were planned with it).
+            let members = &groups[g];
+            if group_end[g] > now || (members.len() > 1 && planned_groups.contains(&g)) {
                 continue;
             }
-            let members = &groups[g];
+            if members.len() > 1 {
+                planned_groups.push(g);
+            }
             let mut stepping = Vec::new();
             let mut longest: Nanos = 0;
             for &m in members {
-                let Some(planned) = engines[m].plan(now).await? else {
+                let mut planned = engines[m].plan(now).await?;
+                // Nothing runs, but the preemptions changed the pool (a contiguous
+                // allocator that could not grow a sequence in place): record them and plan
+                // again now (an engine alone at the next pass; a rank of a group at once,
+                // so as not to miss its group's step).
+                let mut later = false;
+                while let Some(p) = planned.as_ref().filter(|p| {
+                    p.plan.is_empty() && !p.plan.has_transfers() && !p.plan.preempted.is_empty()
+                }) {
+                    let outcome = StepOutcome::default();
+                    let rec = step_record(p, &outcome, pool_blocks[m], block_sizes[m]);
+                    sink.step(m, &rec)?;
+                    if members.len() == 1 {
+                        clock.push(now, Event::Wake(m));
+                        later = true;
+                        break;
+                    }
+                    planned = engines[m].plan(now).await?;
+                }
+                if later {
+                    continue;
+                }
+                let Some(planned) = planned else {
                     idle_with_work[m] = None;
                     continue;
                 };
-                let p = &planned.plan;
-                let transfers = p.has_transfers();
-                if p.is_empty() && !transfers && !p.preempted.is_empty() {
-                    // Nothing runs, but the preemptions changed the pool (a contiguous
-                    // allocator that could not grow a sequence in place): record them and
-                    // plan again now.
-                    let outcome = StepOutcome::default();
-                    let rec = step_record(&planned, &outcome, pool_blocks[m], block_sizes[m]);
-                    sink.step(m, &rec)?;
-                    clock.push(now, Event::Wake(m));
-                    continue;
-                }
+                let transfers = planned.plan.has_transfers();
                 if planned.plan.is_empty() && !transfers {
                     idle_with_work[m] = Some((now, planned.num_waiting, planned.num_running));
                     continue;

@@ -57,7 +57,7 @@ pub struct OffloadStats {
     pub disk_capacity: u32,
     /// Blocks it held at the end.
     pub disk_blocks: u32,
-    /// Blocks written to it (the CPU tier's victims).
+    /// Blocks written to it (the CPU tier's victims it did not hold already).
     pub disk_stores: u64,
     /// Blocks loaded back to the GPU from disk (prefix hits there).
     pub disk_loads: u64,
@@ -223,17 +223,24 @@ impl OffloadTier {
         hashes.iter().take_while(|&&h| self.holds(h)).count() as u32
     }
 
-    /// Block `h` was loaded back to the GPU: a hit here, or in the tier below (then
-    /// promoted here); `None` when neither holds it (nothing is loaded or added).
+    /// Block `h` was loaded back to the GPU: a hit here, or in the tier below; `None` when
+    /// neither holds it (nothing is loaded). A disk hit is promoted here by [`Self::promote`]
+    /// once the whole prefix is loaded: promoting it now could push a later block of the
+    /// same prefix out of the tier below before its turn.
     pub fn load(&mut self, h: u64) -> Option<Served> {
         if !self.contains(h) {
             let lower = self.lower.as_mut().filter(|l| l.contains(h))?;
             lower.load_here(h);
-            self.put(h);
             return Some(Served::Disk);
         }
         self.load_here(h);
         Some(Served::Cpu)
+    }
+
+    /// Writes a block served from the tier below into this one (the block this one drops
+    /// goes down).
+    pub fn promote(&mut self, h: u64) {
+        self.put(h);
     }
 
     /// A hit on `h`, which this tier holds.
@@ -412,6 +419,8 @@ mod tests {
             assert_eq!(t.load(1), Some(Served::Disk), "{policy:?}");
             assert_eq!(t.load(4), Some(Served::Cpu));
             assert_eq!(t.load(9), None);
+            assert!(!t.contains(1));
+            t.promote(1);
             assert!(t.contains(1), "promoted");
             let s = t.stats();
             assert_eq!((s.loads, s.disk_loads, s.disk_capacity), (1, 1, 3));

@@ -136,11 +136,24 @@ impl BlockManager {
         // `offload_loads`).
         if loads > 0 {
             if let Some(t) = self.offload.as_mut() {
-                for &h in &hashes[hits as usize..(hits + loads) as usize] {
-                    if t.load(h) == Some(super::offload::Served::Disk) {
-                        self.disk_loads += 1;
+                let prefix = &hashes[hits as usize..(hits + loads) as usize];
+                let mut from_disk = 0;
+                for &h in prefix {
+                    let served = t.load(h);
+                    debug_assert!(served.is_some(), "a counted offload hit is held");
+                    if served == Some(super::offload::Served::Disk) {
+                        from_disk += 1;
                     }
                 }
+                // Disk hits move up to the CPU tier once the whole prefix is read.
+                if from_disk > 0 {
+                    for &h in prefix {
+                        if !t.contains(h) {
+                            t.promote(h);
+                        }
+                    }
+                }
+                self.disk_loads += from_disk;
             }
             self.offload_loads += loads;
         }
