@@ -215,6 +215,15 @@ pub(super) fn resolve(
                 model.name
             ));
         }
+        // The tiers hold the main table's blocks; a prefix found there would still miss
+        // the side groups' pages, so it would never be loaded: say so rather than run a
+        // tier that does nothing.
+        if e.kv_offload_gib > 0.0 {
+            return Err(format!(
+                "engine.kv_offload_gib: {} keeps sliding-window or linear-attention layers in their own block tables, which the offload tiers do not hold; set it to 0 (or engine.disable_sliding_window = true where the model allows)",
+                model.name
+            ));
+        }
     }
     if u64::from(memory.num_blocks) > MAX_POOL_BLOCKS {
         return Err(format!(

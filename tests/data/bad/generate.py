@@ -349,6 +349,8 @@ m("offload-policy", "engine.kv_offload_policy", '"mru"', "mru")
 s = mutate("engine.kv_offload_gib", "8.0"); s["engine"]["enable_prefix_caching"] = "false"
 case("offload-without-prefix-cache", "enable_prefix_caching", scenario=s)
 m("offload-huge", "engine.kv_offload_gib", "1e12", "engine.kv_offload_gib")
+s = mutate("engine.kv_offload_gib", "8.0"); s["model"]["name"] = '"gpt-oss-120b"'; s["model"]["dtype"] = '"mxfp4"'; s["hardware"]["gpu"] = '"h200"'
+case("offload-hybrid-model", "engine.kv_offload_gib", scenario=s)
 m("disk-negative", "engine.kv_disk_gib", "-1.0", "engine.kv_disk_gib")
 m("disk-without-cpu-tier", "engine.kv_disk_gib", "64.0", "engine.kv_offload_gib")
 s = mutate("engine.kv_offload_gib", "8.0"); s["engine"]["kv_disk_gbs"] = "0.0"
