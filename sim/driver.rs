@@ -787,6 +787,9 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
     }
     let mut group_end: Vec<Nanos> = vec![0; groups.len()];
     let mut planned_groups: Vec<usize> = Vec::new();
+    // The ranks of the group being planned that step, reused so that a step allocates
+    // nothing here.
+    let mut stepping = Vec::new();
     // Replicas whose state changed at this instant: planned once every event of the
     // instant is handled, in index order.
     let mut dirty = Dirty::new(n);
@@ -982,7 +985,7 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
             if members.len() > 1 {
                 planned_groups.push(g);
             }
-            let mut stepping = Vec::new();
+            stepping.clear();
             let mut longest: Nanos = 0;
             for &m in members {
                 let mut planned = engines[m].plan(now).await?;
@@ -1039,7 +1042,7 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
                 })
             })?;
             group_end[g] = done;
-            for (m, record, plan, outcome) in stepping {
+            for (m, record, plan, outcome) in stepping.drain(..) {
                 sink.step(
                     m,
                     &StepRecord {

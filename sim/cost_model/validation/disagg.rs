@@ -64,7 +64,7 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
     let clients = row
         .concurrency
         .ok_or_else(|| "clients not recorded".to_string())?;
-    let gpus = |(w, tp, dp, _): (u32, u32, u32, u32)| u64::from(w * tp * dp);
+    let gpus = |(w, tp, dp, _): (u32, u32, u32, u32)| u64::from(w) * u64::from(tp) * u64::from(dp);
     let domain = crate::catalog::find_gpu(gpu).map_or(8, |g| g.nvlink_domain);
     let link = if gpus(prefill) + gpus(decode) <= u64::from(domain) {
         Link::Nvlink
@@ -96,7 +96,7 @@ fn pool(
         hardware.insert(k.into(), toml::Value::Integer(i64::from(v)));
     }
     let mut e = crate::scenario::EngineConfig::default();
-    engine_defaults(&mut e, &row.backend, gpu, tp * dp);
+    engine_defaults(&mut e, &row.backend, gpu, tp.saturating_mul(dp));
     let mut engine = toml::Table::new();
     let util = memory_utilization.unwrap_or(e.gpu_memory_utilization);
     engine.insert("gpu_memory_utilization".into(), toml::Value::Float(util));
