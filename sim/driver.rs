@@ -100,6 +100,13 @@ pub trait EngineHandle {
     async fn offload_stats(
         &mut self,
     ) -> Result<Option<engine::block_manager::offload::OffloadStats>, DriverError>;
+    /// Ends a live request at its next step for `reason` (`sim serve`: a client hung up, or
+    /// a stop string matched).
+    async fn abort(
+        &mut self,
+        id: SeqId,
+        reason: engine::request::FinishReason,
+    ) -> Result<(), DriverError>;
 }
 
 /// Calls the cores directly.
@@ -176,6 +183,15 @@ impl EngineHandle for InlineEngine {
         &mut self,
     ) -> Result<Option<engine::block_manager::offload::OffloadStats>, DriverError> {
         Ok(self.cores.block_manager.offload_stats())
+    }
+
+    async fn abort(
+        &mut self,
+        id: SeqId,
+        reason: engine::request::FinishReason,
+    ) -> Result<(), DriverError> {
+        self.cores.scheduler.abort(id, reason);
+        Ok(())
     }
 
     async fn load(&mut self) -> Result<Load, DriverError> {
@@ -288,6 +304,17 @@ impl EngineHandle for ActorEngine {
     ) -> Result<Option<engine::block_manager::offload::OffloadStats>, DriverError> {
         self.block_manager
             .send(engine::actors::OffloadCounters)
+            .await
+            .map_err(mailbox)
+    }
+
+    async fn abort(
+        &mut self,
+        id: SeqId,
+        reason: engine::request::FinishReason,
+    ) -> Result<(), DriverError> {
+        self.scheduler
+            .send(engine::actors::Abort(id, reason))
             .await
             .map_err(mailbox)
     }

@@ -34,6 +34,7 @@ pub mod replay;
 pub mod router;
 pub mod run;
 pub mod scenario;
+pub mod serve;
 pub mod speculate;
 pub mod sweep;
 pub mod workload;
@@ -58,6 +59,9 @@ pub enum SimError {
     /// Writing results failed.
     #[error(transparent)]
     Analysis(#[from] analysis::AnalysisError),
+    /// `sim serve` could not start or stopped badly.
+    #[error("{0}")]
+    Serve(String),
     /// A file could not be written.
     #[error("{path}: {source}")]
     Io {

@@ -61,6 +61,9 @@ pub struct ReplayOptions {
     pub model: Option<String>,
     /// Catalog GPU to use instead of the one the run names.
     pub gpu: Option<String>,
+    /// A hardware file (a GPU's TOML, or a CPU profile `sim calibrate --observed` fitted
+    /// to a served run) to use instead.
+    pub gpu_file: Option<PathBuf>,
     /// Driver.
     pub driver: DriverKind,
     /// Where measured operator times come from.
@@ -240,7 +243,24 @@ fn resolve_gpu(run: &ObservedRun, over: Option<&str>) -> Result<&'static str, Re
 pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayError> {
     let e = &run.engine;
     let model = resolve_model(run, opts.model.as_deref())?;
-    let gpu = resolve_gpu(run, opts.gpu.as_deref())?;
+    let (gpu, gpu_line) = match &opts.gpu_file {
+        Some(f) => {
+            let abs = std::fs::canonicalize(f).map_err(|e| ReplayError::Io {
+                path: f.clone(),
+                message: format!("--gpu-file: {e}"),
+            })?;
+            let name = abs
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (name, format!("gpu_file = {:?}", abs.display().to_string()))
+        }
+        None => {
+            let g = resolve_gpu(run, opts.gpu.as_deref())?;
+            (g.to_string(), format!("gpu = \"{g}\""))
+        }
+    };
+    let gpu = gpu.as_str();
     let moe = crate::catalog::find_model(model).is_some_and(|m| m.is_moe());
     let dp = e.dp.unwrap_or(1);
     if dp > 1 && !moe {
@@ -275,9 +295,19 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
             message: "no request succeeded".into(),
         });
     }
-    let (sends, note) = send_times(run, &ok)?;
+    let (sends, mut note) = send_times(run, &ok)?;
     let mut trace = String::from("arrived_at,num_prefill_tokens,num_decode_tokens\n");
+    // A saturated closed loop replays as one: every request ready at once, sent as a slot of
+    // the `max_concurrency` clients frees (latencies count from the send, as measured).
+    let closed = e.closed_loop && e.max_concurrency.is_some();
+    if closed && note.is_none() {
+        note = Some(format!(
+            "a closed loop of {} clients (each request sent as another ended): replayed as one",
+            e.max_concurrency.unwrap_or(1)
+        ));
+    }
     for (r, t) in ok.iter().zip(&sends) {
+        let t = if closed { 0.0 } else { *t };
         let _ = writeln!(trace, "{t:.9},{},{}", r.prompt_len, r.output_len);
     }
     let trace_path = opts.out_dir.join("trace.csv");
@@ -288,7 +318,7 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
     let path = opts.out_dir.join("replay.toml");
     std::fs::write(
         &path,
-        scenario_text(run, model, gpu, opts, None, profile.as_deref()),
+        scenario_text(run, model, &gpu_line, opts, None, profile.as_deref()),
     )
     .map_err(|e| io(&path, e))?;
     let predicted = Scenario::load(&path, None)?.variants[0].memory.clone();
@@ -299,7 +329,7 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
         let text = scenario_text(
             run,
             model,
-            gpu,
+            &gpu_line,
             opts,
             Some((blocks, gib)),
             profile.as_deref(),
@@ -410,13 +440,13 @@ pub fn run_name(path: &Path) -> String {
 fn scenario_text(
     run: &ObservedRun,
     model: &str,
-    gpu: &str,
+    gpu_line: &str,
     opts: &ReplayOptions,
     blocks: Option<(u32, f64)>,
     profile: Option<&Path>,
 ) -> String {
     let e = &run.engine;
-    let mut s = deployment_text(run, model, gpu, blocks);
+    let mut s = deployment_text(run, model, gpu_line, blocks);
     let _ = writeln!(
         s,
         "\n[workload]\ntrace = {{ format = \"vidur\", path = \"trace.csv\" }}"
@@ -434,7 +464,7 @@ fn scenario_text(
     if let Some(cal) = &opts.calibration {
         let abs = std::fs::canonicalize(cal).unwrap_or_else(|_| cal.clone());
         let _ = writeln!(s, "calibration = {:?}", abs.display().to_string());
-        if run.format == "llmservingsim" {
+        if run.format == "llmservingsim" || run.format == "sim" {
             // Its timestamps are the engine's own: no front end between send and queue.
             let _ = writeln!(s, "request_overhead_ms = 0.0");
         }
@@ -443,11 +473,12 @@ fn scenario_text(
 }
 
 /// The run's deployment as scenario tables (name, model, hardware, engine), with the KV
-/// blocks the engine allocated and the reserve they imply when given.
+/// blocks the engine allocated and the reserve they imply when given. `gpu_line` names the
+/// hardware (`gpu = "..."` or `gpu_file = "..."`).
 fn deployment_text(
     run: &ObservedRun,
     model: &str,
-    gpu: &str,
+    gpu_line: &str,
     blocks: Option<(u32, f64)>,
 ) -> String {
     let e = &run.engine;
@@ -461,12 +492,13 @@ fn deployment_text(
     // tensor-parallel over them.
     let (tp, dp) = (e.tp.unwrap_or(1), e.dp.unwrap_or(1));
     let ep = if e.expert_parallel { tp * dp } else { 1 };
-    let _ = writeln!(s, "[hardware]\ngpu = \"{gpu}\"\ntp = {tp}");
+    let _ = writeln!(s, "[hardware]\n{gpu_line}\ntp = {tp}");
     if dp > 1 || ep > 1 {
         let _ = writeln!(s, "dp = {dp}\nep = {ep}");
     }
     let _ = writeln!(s);
-    let _ = writeln!(s, "[engine]\nscheduler = \"chunked\"");
+    let scheduler = e.scheduler.as_deref().unwrap_or("chunked");
+    let _ = writeln!(s, "[engine]\nscheduler = \"{scheduler}\"");
     if let Some(v) = e.max_num_seqs {
         let _ = writeln!(s, "max_num_seqs = {v}");
     }
@@ -557,7 +589,7 @@ pub fn memory_check(run: &ObservedRun) -> Result<Option<MemoryCheck>, ReplayErro
     }
     let model = resolve_model(run, None)?;
     let gpu = resolve_gpu(run, None)?;
-    let mut text = deployment_text(run, model, gpu, None);
+    let mut text = deployment_text(run, model, &format!("gpu = \"{gpu}\""), None);
     // Any workload: the plan depends on the deployment and the engine's limits only.
     text.push_str("\n[workload]\nnum_requests = 1\narrival = { process = \"poisson\", rate = 1.0 }\n[[workload.class]]\nname = \"c\"\nprompt = { dist = \"fixed\", value = 16 }\noutput = { dist = \"fixed\", value = 16 }\n");
     let scn = Scenario::from_text(Path::new("memory-check.toml"), &text)?;

@@ -14,6 +14,7 @@ mod properties;
 mod real_runtime;
 mod replay;
 mod scenarios;
+mod serve;
 mod spec;
 
 /// The real SmolLM2-135M-Instruct Q4_1 GGUF (`SIM_SMOLLM2_GGUF`, or the cache `.ci/run`

@@ -19,6 +19,7 @@ fn run_with(dir: &str, out: &Path, profiles: ProfileChoice) -> Replay {
         calibration: None,
         model: None,
         gpu: None,
+        gpu_file: None,
         driver: DriverKind::Inline,
         profiles,
     };
@@ -141,6 +142,7 @@ fn vllm_bench_runs_without_send_times_replay_from_their_settings() {
             calibration: None,
             model: Some("llama-3.1-8b".into()),
             gpu: Some("h100-sxm".into()),
+            gpu_file: None,
             driver: DriverKind::Inline,
             profiles: ProfileChoice::Auto,
         };

@@ -9,17 +9,17 @@ use std::fmt::Write as _;
 use crate::report::VariantData;
 
 /// vLLM's bucket bounds (seconds) for time to first token.
-const TTFT_BUCKETS: [f64; 22] = [
+pub const TTFT_BUCKETS: [f64; 22] = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 ];
 /// For time per output token.
-const TPOT_BUCKETS: [f64; 19] = [
+pub const TPOT_BUCKETS: [f64; 19] = [
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0,
 ];
 /// For end-to-end latency.
-const E2E_BUCKETS: [f64; 21] = [
+pub const E2E_BUCKETS: [f64; 21] = [
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
 ];

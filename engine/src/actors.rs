@@ -13,7 +13,7 @@ use crate::block_manager::{BlockManager, ReserveRequest, ReserveResponse};
 use crate::error::EngineError;
 use crate::plan::{StepOutcome, StepPlan};
 use crate::record::RequestRecord;
-use crate::request::{Nanos, Request};
+use crate::request::{Nanos, Request, SeqId};
 use crate::scheduler::{CommitResult, Scheduler, StepStats};
 
 /// Owns the KV block pool.
@@ -146,6 +146,18 @@ impl Handler<QueueState> for SchedulerActor {
             self.core.num_waiting() as u32,
             self.core.num_running() as u32,
         ))
+    }
+}
+
+/// End this live request early, for this reason ([`Scheduler::abort`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Abort(pub SeqId, pub crate::request::FinishReason);
+
+impl Handler<Abort> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: Abort, _: &mut Context<Self>) {
+        self.core.abort(msg.0, msg.1);
     }
 }
 

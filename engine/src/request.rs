@@ -94,6 +94,9 @@ pub struct Request {
     pub max_tokens: u32,
     /// Stop at the end-of-sequence token (real backends); simulation ignores EOS.
     pub ignore_eos: bool,
+    /// End-of-sequence does not end the request before this many tokens (vLLM's
+    /// `min_tokens`; the EOS token is still emitted and counted, where vLLM masks it).
+    pub min_tokens: u32,
     /// What the model answers, when the workload knows it (a multi-turn conversation whose
     /// next turn resends this answer): simulation emits these token ids instead of
     /// placeholders, so the generated blocks hash like the next turn's history. Empty: no
@@ -138,6 +141,7 @@ impl Request {
             prompt_tokens: Vec::new(),
             max_tokens,
             ignore_eos: true,
+            min_tokens: 0,
             scripted_output: Vec::new(),
             n: 1,
             beam_search: false,
@@ -188,6 +192,9 @@ pub enum FinishReason {
     Stop,
     /// Prompt plus `max_tokens` exceed `max_model_len` (or the whole KV pool).
     RejectedTooLong,
+    /// Aborted by its client (a served request whose client hung up or matched a stop
+    /// string): it ends at its next step, its blocks freed.
+    Abort,
 }
 
 impl FinishReason {
@@ -197,6 +204,7 @@ impl FinishReason {
             FinishReason::Length => "length",
             FinishReason::Stop => "stop",
             FinishReason::RejectedTooLong => "rejected_too_long",
+            FinishReason::Abort => "abort",
         }
     }
 

@@ -95,7 +95,9 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
             );
         }
         for path in &args.observed {
-            if path.is_dir() {
+            if sim::observed::sim_run::is_sim_run(path) {
+                from_served(path, &args, out)?;
+            } else if path.is_dir() {
                 reserve_from_runs(path, &args, out)?;
             } else {
                 from_observed(path, &args, out)?;
@@ -108,6 +110,75 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     } else {
         from_profiles(args, out)
     }
+}
+
+/// Fits a hardware profile of this machine and its `[cost]` to a run `sim serve` served on a
+/// real runtime: writes `<out folder>/served-hardware.toml` (a `hardware.gpu_file`) and
+/// `served-cost.toml` (a calibration file) for `sim replay --gpu-file ... --calibration ...`.
+fn from_served(dir: &Path, args: &Args, out: &mut String) -> anyhow::Result<()> {
+    use sim::cost_model::calibration::served;
+    match sim::observed::sim_run::served_backend(dir).as_deref() {
+        Some("cpu") | Some("cuda") => {}
+        other => anyhow::bail!(
+            "{}: not a run served on a real runtime (served.json's backend: {}): a profile is fitted to measured steps",
+            dir.display(),
+            other.unwrap_or("none")
+        ),
+    }
+    let run = sim::observed::open(dir)?;
+    let id = run.engine.model.clone().unwrap_or_default();
+    let model = sim::catalog::find_model_by_id(&id)
+        .or_else(|| sim::catalog::find_model(&id))
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: model `{id}` is not in the catalog (sim models lists them)",
+                dir.display()
+            )
+        })?;
+    let block_size = run.engine.block_size.unwrap_or(16);
+    let steps = served::read_steps(&dir.join("steps.csv")).map_err(anyhow::Error::msg)?;
+    let fit = served::fit(model, Dtype::Bf16, block_size, &steps)
+        .ok_or_else(|| anyhow::anyhow!("{}: no step with work in steps.csv", dir.display()))?;
+    // Memory enough for the weights and the KV blocks the runtime held (16-bit, as the
+    // cost model counts them), so that a replay holds them too.
+    let blocks = f64::from(run.engine.num_gpu_blocks.unwrap_or(0));
+    let per_token =
+        2.0 * f64::from(model.layers) * f64::from(model.kv_heads * model.head_dim) * 2.0;
+    let need = model.params() * 2.0 + blocks * f64::from(block_size) * per_token;
+    let memory_gib = (need / 0.9 / f64::from(1u32 << 30)).ceil() + 2.0;
+    let folder = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("calibration"));
+    std::fs::create_dir_all(&folder).map_err(|e| anyhow::anyhow!("{}: {e}", folder.display()))?;
+    let source = dir.display().to_string();
+    let date = steps::today();
+    let hw = folder.join("served-hardware.toml");
+    std::fs::write(
+        &hw,
+        served::hardware_toml(&fit, "served-machine", &source, &date, memory_gib),
+    )
+    .map_err(|e| anyhow::anyhow!("{}: {e}", hw.display()))?;
+    let cost = folder.join("served-cost.toml");
+    std::fs::write(&cost, served::cost_toml(&fit, &source, &date))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", cost.display()))?;
+    outln!(
+        out,
+        "{}: {} steps of {}: {:.1} GFLOP/s, {:.1} GB/s (weights at {:.0}%, attention at {:.0}%), step overhead {:.0} us + {:.0} us per sequence; median error {:.1}%, 90th percentile {:.1}%",
+        dir.display(),
+        fit.steps,
+        model.name,
+        fit.flops / 1e9,
+        fit.bytes_per_s / 1e9,
+        100.0 * fit.params.gemm_memory_eff,
+        100.0 * fit.params.attn_memory_eff,
+        fit.params.step_overhead_us.unwrap_or(0.0),
+        fit.params.per_seq_overhead_us.unwrap_or(0.0),
+        100.0 * fit.median_error,
+        100.0 * fit.p90_error
+    );
+    outln!(out, "wrote {} and {}", hw.display(), cost.display());
+    Ok(())
 }
 
 /// Fits the memory plan's runtime reserve to the KV blocks the runs under `dir` record.

@@ -34,6 +34,7 @@ pub mod plan;
 pub mod replay;
 pub mod report;
 pub mod run;
+pub mod serve;
 pub mod speculate;
 pub mod validate;
 pub mod validate_model;

@@ -30,6 +30,10 @@ pub struct Args {
     /// Catalog GPU to replay on, instead of the one the run names.
     #[arg(long)]
     pub gpu: Option<String>,
+    /// A hardware file to replay on instead: a GPU's TOML (as `hardware.gpu_file`), or
+    /// the CPU profile `sim calibrate --observed` fitted to a served run.
+    #[arg(long, conflicts_with = "gpu")]
+    pub gpu_file: Option<PathBuf>,
     /// Driver.
     #[arg(long, value_enum, default_value = "inline")]
     pub driver: DriverKind,
@@ -52,6 +56,7 @@ pub(crate) fn runs_in(dir: &Path, depth: u32, runs: &mut Vec<PathBuf>) {
     };
     for p in entries.flatten().map(|e| e.path()) {
         if p.join("vllm").join("meta.json").is_file()
+            || sim::observed::sim_run::is_sim_run(&p)
             || p.extension().is_some_and(|x| x == "json" || x == "csv")
         {
             runs.push(p);
@@ -73,6 +78,7 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         calibration: args.calibration.clone(),
         model: args.model.clone(),
         gpu: args.gpu.clone(),
+        gpu_file: args.gpu_file.clone(),
         driver: args.driver,
         profiles: match (&args.profiles, args.no_profiles) {
             (_, true) => ProfileChoice::Off,
@@ -80,7 +86,9 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
             (None, false) => ProfileChoice::Auto,
         },
     };
-    let is_folder = args.run.is_dir() && !args.run.join("vllm").join("meta.json").is_file();
+    let is_folder = args.run.is_dir()
+        && !args.run.join("vllm").join("meta.json").is_file()
+        && !sim::observed::sim_run::is_sim_run(&args.run);
     if !is_folder {
         let observed = sim::observed::open(&args.run)?;
         let r = replay(&observed, &opts(out_dir.clone()))?;

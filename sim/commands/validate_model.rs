@@ -63,6 +63,13 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         report.disagg = disagg;
         report.disagg_skipped = disagg_skipped;
         report.observed_fits = observed_fits(&data)?;
+        let served = data.join("served-closed-loop.csv");
+        if served.is_file() {
+            report.served = Some(
+                sim::cost_model::validation::read_served_loop(&served)
+                    .map_err(anyhow::Error::msg)?,
+            );
+        }
         report.silicon_skipped = skipped;
     }
     let text = sim::cost_model::validation::report(
@@ -112,6 +119,7 @@ fn replays(
             calibration: calibration.map(std::path::Path::to_path_buf),
             model: None,
             gpu: None,
+            gpu_file: None,
             driver: sim::driver::DriverKind::Inline,
             profiles: profiles.clone(),
         };

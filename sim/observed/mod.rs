@@ -9,6 +9,8 @@
 //! - `vllm_bench.rs`: `vllm bench serve --save-result --save-detailed` JSON;
 //! - `blis.rs`: a BLIS / inference-sim TraceV2 CSV;
 //! - `plain_csv.rs`: a documented CSV for any other engine;
+//! - `sim_run.rs`: a folder `sim serve` (or `sim run`) wrote: its `requests.csv` and
+//!   `plan.json`;
 //! - `silicon.rs`: closed-loop aggregate rows (aiconfigurator's `silicon.csv`: mean TTFT and
 //!   TPOT of `batch_size` clients at fixed lengths), which are not per-request runs.
 //!
@@ -21,6 +23,7 @@ mod llmservingsim;
 pub mod operator_profile;
 mod plain_csv;
 pub mod silicon;
+pub mod sim_run;
 mod vllm_bench;
 
 use std::path::{Path, PathBuf};
@@ -137,10 +140,16 @@ pub struct ObservedEngine {
     pub request_rate: Option<f64>,
     /// The client sent every request at once (vLLM bench's request rate `inf`).
     pub all_at_once: bool,
+    /// The client was a saturated closed loop of `max_concurrency` clients (each sending
+    /// its next request as its last ended): replayed so, not at the recorded send times.
+    pub closed_loop: bool,
     /// The client's burstiness (the shape of its gamma inter-arrival times; 1: Poisson).
     pub burstiness: Option<f64>,
     /// The benchmark's measured duration (s), first send to last response.
     pub duration_s: Option<f64>,
+    /// The engine's scheduler (`sim` runs: `continuous`, `chunked`, ...; `None`: vLLM's
+    /// chunked prefill).
+    pub scheduler: Option<String>,
 }
 
 /// A real run: its requests in send order and its deployment.
@@ -167,9 +176,12 @@ pub fn open(path: &Path) -> Result<ObservedRun, ObservedError> {
         if path.join("vllm").join("meta.json").is_file() {
             return llmservingsim::read(path);
         }
+        if sim_run::is_sim_run(path) {
+            return sim_run::read(path);
+        }
         return Err(ObservedError::new(
             path,
-            "not a run: a directory must hold vllm/meta.json and vllm/requests.jsonl (LLMServingSim)",
+            "not a run: a directory must hold vllm/meta.json and vllm/requests.jsonl (LLMServingSim), or requests.csv and plan.json (a run sim serve or sim run wrote)",
         ));
     }
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");

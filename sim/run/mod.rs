@@ -78,7 +78,7 @@ pub struct VariantResult {
     pub fleet: Option<analysis::fleet::FleetSummary>,
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SimError + '_ {
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SimError + '_ {
     move |source| SimError::Io {
         path: path.display().to_string(),
         source,
@@ -253,7 +253,7 @@ fn run_variant_into(
 }
 
 /// One engine of `variant` on the chosen backend: its backend, scheduler and block manager.
-fn engine_parts(
+pub(crate) fn engine_parts(
     scenario: &Scenario,
     variant: &Variant,
     backend_kind: BackendKind,
@@ -280,7 +280,7 @@ fn engine_parts(
 }
 
 /// `plan.json`: the deployment, memory plan, engine and cost settings the variant runs with.
-fn write_plan(dir: &Path, variant: &Variant) -> Result<(), SimError> {
+pub(crate) fn write_plan(dir: &Path, variant: &Variant) -> Result<(), SimError> {
     let plan = serde_json::json!({
         "deployment": variant.deployment,
         "memory": variant.memory,

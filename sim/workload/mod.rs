@@ -297,6 +297,7 @@ impl Workload {
             prompt_tokens,
             max_tokens,
             ignore_eos: true,
+            min_tokens: 0,
             scripted_output,
             n: self.class_n.get(usize::from(class)).copied().unwrap_or(1),
             beam_search: self

@@ -50,6 +50,9 @@ impl Scheduler {
                     // One inter-token gap per step: the tokens arrive together.
                     reason = append_token(s, t, now, keep, eos, &mut self.itl_gaps, j == 0);
                     emitted += 1;
+                    if reason.is_none() {
+                        reason = self.aborting.get(&s.request.id).copied();
+                    }
                     if reason.is_some() {
                         break;
                     }
@@ -78,6 +81,14 @@ impl Scheduler {
             // and those holding generated tokens when their ids are known.
             register_full_blocks(s, bs, w.seq, &mut result.cache);
             if !w.sample {
+                if let Some(&reason) = self.aborting.get(&s.request.id) {
+                    // Ended mid-prompt: no token, the chunk's blocks freed.
+                    s.status = SeqStatus::Finished;
+                    result.to_free.push(w.seq);
+                    if let Some(rec) = self.finish(w.seq, reason, now) {
+                        result.finished.push(rec);
+                    }
+                }
                 continue;
             }
             let k = w.num_samples.max(1) as usize;
@@ -112,10 +123,28 @@ impl Scheduler {
             let keep = self.cfg.keep_tokens;
             let eos = self.cfg.eos_token;
             let mut outcomes = Vec::with_capacity(k);
-            let reason = append_token(s, tokens[0], now, keep, eos, &mut self.itl_gaps, true);
+            let aborted = self.aborting.get(&s.request.id).copied();
+            let abort = |r: Option<FinishReason>| r.or(aborted);
+            let reason = abort(append_token(
+                s,
+                tokens[0],
+                now,
+                keep,
+                eos,
+                &mut self.itl_gaps,
+                true,
+            ));
             outcomes.push((w.seq, reason));
             for (id, mut c, t) in children {
-                let reason = append_token(&mut c, t, now, keep, eos, &mut self.itl_gaps, true);
+                let reason = abort(append_token(
+                    &mut c,
+                    t,
+                    now,
+                    keep,
+                    eos,
+                    &mut self.itl_gaps,
+                    true,
+                ));
                 if reason.is_none() {
                     result.forks.push((w.seq, id));
                     self.running.push(id);
@@ -269,6 +298,7 @@ impl Scheduler {
             finish_reason: reason,
         };
         let Some(g) = self.groups.get_mut(&rec.request_id) else {
+            self.aborting.remove(&rec.request_id);
             return Some(rec);
         };
         g.members.retain(|&m| m != id);
@@ -280,6 +310,7 @@ impl Scheduler {
         if !g.members.is_empty() {
             return None;
         }
+        self.aborting.remove(&rec.request_id);
         let g = self.groups.remove(&rec.request_id)?;
         // The request's record: the first sequence's times and cache hit, the longest
         // output (for TPOT) and every sequence's tokens.

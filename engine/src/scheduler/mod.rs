@@ -362,6 +362,9 @@ pub struct Scheduler {
     /// The limits the policy plans with: `cfg` but for the token budget, from which the
     /// running decodes' drafts are set aside.
     policy_cfg: SchedulerConfig,
+    /// Requests their clients aborted: each ends at its sequences' next committed step
+    /// ([`Scheduler::abort`]).
+    aborting: FxHashMap<SeqId, FinishReason>,
     /// Drafts of each entry of the pending proposal (speculative decoding).
     pending_drafts: Vec<Option<crate::spec::Drafts>>,
     /// Acceptance counters per request class.
@@ -417,6 +420,7 @@ impl Scheduler {
             last: StepStats::default(),
             groups: FxHashMap::default(),
             pending_drafts: Vec::new(),
+            aborting: Default::default(),
             spec_stats: Vec::new(),
             pad: PadState::default(),
         })
@@ -587,6 +591,16 @@ impl Scheduler {
         id
     }
 
+    /// Ends a live request early: its client hung up (`reason` [`FinishReason::Abort`]) or
+    /// a stop string matched in its text ([`FinishReason::Stop`]). Every sequence of it
+    /// ends at its next committed step with that reason, its blocks freed with the step's.
+    /// A request still queued ends at its first step (the step its prompt's first chunk is
+    /// computed in). Ids of requests not live must not be passed: they would stay in the
+    /// map.
+    pub fn abort(&mut self, request: SeqId, reason: FinishReason) {
+        self.aborting.insert(request, reason);
+    }
+
     /// True when some sequence waits or runs.
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.backlog.is_empty() || !self.running.is_empty()
@@ -717,7 +731,7 @@ fn append_token(
     s.last_token = Some(now);
     if s.output_len >= s.request.max_tokens {
         Some(FinishReason::Length)
-    } else if !s.request.ignore_eos && Some(token) == eos {
+    } else if !s.request.ignore_eos && Some(token) == eos && s.output_len >= s.request.min_tokens {
         Some(FinishReason::Stop)
     } else {
         None

@@ -23,6 +23,7 @@ use crate::catalog::{find_gpu, Dtype};
 pub mod efficiency;
 pub mod memory;
 pub mod observed;
+pub mod served;
 pub mod splitwise;
 pub mod steps;
 pub mod uncertainty;

@@ -169,6 +169,7 @@ pub fn report(
     );
     defaults_section(&mut s, gemm_held_out);
     replays_section(&mut s, replays);
+    served_section(&mut s, replays);
     silicon_section(&mut s, replays);
     fleets_section(&mut s, replays);
     s.push_str(
@@ -207,6 +208,76 @@ pub struct Replays {
     pub calibrated_with: Option<String>,
     /// The shipped `sim calibrate --observed` fits: `(file, its header comment)`.
     pub observed_fits: Vec<(String, String)>,
+    /// The closed loop on served runs (`served-closed-loop.csv`, written by
+    /// `scripts/serve_check.py --record`): `(metric, measured, replayed, error %)`, and the
+    /// fit and the machine it ran on.
+    pub served: Option<ServedLoop>,
+}
+
+/// The closed loop without a GPU as last recorded: a served run's fit, another's replay.
+#[derive(Debug, Clone, Default)]
+pub struct ServedLoop {
+    /// When, on what machine, with which binary, and the fit's line.
+    pub about: Vec<(String, String)>,
+    /// `(metric, measured, replayed, error %)`.
+    pub figures: Vec<(String, f64, f64, f64)>,
+}
+
+/// Reads `served-closed-loop.csv` (`key,value` rows, then `metric,measured,replayed,error_pct`).
+pub fn read_served_loop(path: &std::path::Path) -> Result<ServedLoop, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = ServedLoop::default();
+    for (i, line) in text.lines().enumerate() {
+        let cols: Vec<&str> = line.splitn(4, ',').collect();
+        match cols.as_slice() {
+            [k, v] => out.about.push((k.to_string(), v.to_string())),
+            ["metric", ..] => {}
+            [m, a, b, e] => {
+                let num = |x: &str| {
+                    x.trim().parse::<f64>().map_err(|_| {
+                        format!(
+                            "{}: line {}: expected a number, got {x:?}",
+                            path.display(),
+                            i + 1
+                        )
+                    })
+                };
+                out.figures.push((m.to_string(), num(a)?, num(b)?, num(e)?));
+            }
+            _ => {
+                return Err(format!(
+                    "{}: line {}: expected 2 or 4 columns",
+                    path.display(),
+                    i + 1
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The closed loop on served runs: a hardware profile fitted to one run `sim serve` served on
+/// the CPU runtime, another served run replayed on it.
+fn served_section(s: &mut String, r: &Replays) {
+    let Some(l) = &r.served else { return };
+    s.push_str("
+## Served runs: the closed loop without a GPU
+
+`scripts/serve_check.py` (run by `.ci/run`) serves SmolLM2-135M on the CPU runtime with `sim serve` twice: a ramp of 1, 4, 8 and 16 clients (whole completions of 64-192-token prompts, 24-72 tokens out, `ignore_eos`), and then 6 clients. `sim calibrate --observed` fits this machine's hardware profile and overheads to the first run's steps; `sim replay --gpu-file --calibration` replays the second on them. The second run is held out: nothing was fitted to it. CI fails when the mean TTFT or TPOT is off by more than 15%. Wall-clock figures of one machine, last recorded:
+
+");
+    for (k, v) in &l.about {
+        let _ = writeln!(s, "- {k}: {v}");
+    }
+    s.push_str(
+        "
+| metric | measured | replayed | error |
+|---|---|---|---|
+",
+    );
+    for (m, a, b, e) in &l.figures {
+        let _ = writeln!(s, "| {m} | {a:.2} | {b:.2} | {e:+.1}% |");
+    }
 }
 
 /// The replays of real runs: measured against simulated, with the default cost model (so

@@ -446,6 +446,16 @@ CLI = [
     ("--gpu rtx-9090", "replay {bad}/data/run-ok.csv --model llama-3-8b --gpu rtx-9090 --out {tmp}"),
     ("run-bench-old.json: the run has no send times and no request_rate", "replay {bad}/data/run-bench-old.json --model llama-3-8b --gpu h100 --out {tmp}"),
     ("run-bench-burstiness.json: burstiness: must be a positive number", "replay {bad}/data/run-bench-burstiness.json --model llama-3-8b --gpu h100 --out {tmp}"),
+    ("plan.json: deployment.model: missing", "replay {bad}/data/served-broken --out {tmp}"),
+    ("not a run served on a real runtime", "calibrate --observed {bad}/data/served-model --out {tmp}"),
+    ("--gpu-file", "replay {bad}/data/run-ok.csv --model llama-3-8b --gpu-file {tmp}/missing.toml --out {tmp}"),
+    ("--time-scale: must be a positive number", "serve {bad}/ok.toml --time-scale 0 --port 0 --out {tmp}/s"),
+    ("--time-scale: only the cost model", "serve {bad}/ok.toml --time-scale 2 --backend cpu --port 0 --out {tmp}/s"),
+    ("--max-concurrency", "serve {bad}/ok.toml --max-concurrency 0 --out {tmp}/s"),
+    ("--variant: no variant named `nope`", "serve {bad}/ok.toml --variant nope --port 0 --out {tmp}/s"),
+    ("--gpu/--max-model-len", "serve {bad}/ok.toml --gpu a100-80gb --out {tmp}/s"),
+    ("missing.gguf: no such file", "serve {tmp}/missing.gguf --out {tmp}/s"),
+    ("not-gguf.gguf", "serve {bad}/data/not-gguf.gguf --port 0 --out {tmp}/s"),
 ]
 
 GPU_OK = {"name": '"g"', "memory_gib": "80", "bf16_tflops": "989", "fp32_tflops": "67",
@@ -558,6 +568,13 @@ DATA_FILES = {
     "run-bad.csv": "send_s,prompt_len,output_len,ttft_ms,e2el_ms\n1,100,10,20,120\n0.5,100,10,20,120\n",
     "run-bench-burstiness.json": '{"request_rate": 2.0, "burstiness": -1.0, "input_lens": [100], "output_lens": [10], "ttfts": [0.02], "itls": [[0.01]], "errors": [""]}',
     "run-bench-old.json": '{"input_lens": [100], "output_lens": [10], "ttfts": [0.02], "itls": [[0.01]], "errors": [""]}',
+    # Folders `sim serve` writes: one served by the cost model (nothing measured to fit),
+    # one whose plan.json lacks the deployment.
+    "served-model/requests.csv": "request_id,class,arrival_s,first_scheduled_s,first_token_s,finish_s,prompt_len,output_len,generated_tokens,max_tokens,cached_tokens,num_preemptions,ttft_ms,tpot_ms,e2el_ms,queue_ms,finish_reason\n",
+    "served-model/plan.json": "{}\n",
+    "served-model/served.json": '{"backend": "model"}\n',
+    "served-broken/requests.csv": "request_id,class,arrival_s,first_scheduled_s,first_token_s,finish_s,prompt_len,output_len,generated_tokens,max_tokens,cached_tokens,num_preemptions,ttft_ms,tpot_ms,e2el_ms,queue_ms,finish_reason\n",
+    "served-broken/plan.json": '{"engine": {}}\n',
 }
 GGUF_FILES = {
     "not-gguf.gguf": b"this is not a GGUF file at all\n",
@@ -583,6 +600,7 @@ if __name__ == "__main__":
         with open(os.path.join(SC, name + ".toml"), "w") as f:
             f.write(head + body)
     for f, text in DATA_FILES.items():
+        os.makedirs(os.path.dirname(os.path.join(DATA, f)), exist_ok=True)
         with open(os.path.join(DATA, f), "w") as fh:
             fh.write(text)
     for f, data in GGUF_FILES.items():

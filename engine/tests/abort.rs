@@ -1,0 +1,103 @@
+//! Ending requests early (`Scheduler::abort`, what `sim serve` does when a client hangs up
+//! or a stop string matches): a request decoding, one mid-prompt in chunked prefill, one
+//! still queued and a parallel-sampling one each end at their next step with the reason
+//! given, every block comes back, and the requests beside them run as before.
+
+use engine::block_manager::BlockManager;
+use engine::cores::Cores;
+use engine::plan::StepOutcome;
+use engine::record::RequestRecord;
+use engine::request::{FinishReason, Request};
+use engine::scheduler::{Scheduler, SchedulerConfig, SchedulerKind};
+
+/// Runs `requests` (all arriving at 0), calling `abort(step, cores)` before each step;
+/// returns the records by request id and the steps run.
+fn run(
+    requests: Vec<Request>,
+    max_num_seqs: u32,
+    abort: impl Fn(u64, &mut Cores),
+) -> (Vec<RequestRecord>, u64) {
+    let cfg = SchedulerConfig {
+        kind: SchedulerKind::Chunked,
+        max_num_seqs,
+        max_num_batched_tokens: 16,
+        max_model_len: 256,
+        block_size: 4,
+        pool_tokens: 1024,
+        ..SchedulerConfig::default()
+    };
+    let mut cores = Cores::new(
+        Scheduler::new(cfg).expect("config"),
+        BlockManager::new(256, 4),
+    );
+    for r in requests {
+        assert!(cores.scheduler.add_request(r, 0).is_none());
+    }
+    let (mut now, mut step, mut records) = (0, 0, Vec::new());
+    loop {
+        abort(step, &mut cores);
+        let Some(planned) = cores.plan(now) else {
+            break;
+        };
+        now += 1000;
+        let out = StepOutcome::simulated(&planned.plan, 1000);
+        let done = cores.commit(&planned.plan, &out, now).expect("commit");
+        cores.block_manager.check_invariants().expect("invariants");
+        records.extend(done.finished);
+        step += 1;
+        assert!(step < 1000, "runaway");
+    }
+    assert_eq!(cores.block_manager.num_used(), 0, "every block comes back");
+    records.sort_by_key(|r| r.request_id);
+    (records, step)
+}
+
+#[test]
+fn aborted_requests_end_at_their_next_step_and_free_their_blocks() {
+    let requests = vec![
+        Request::new(0, 0, 8, 50),  // decoding when aborted
+        Request::new(1, 0, 60, 10), // mid-prompt (16-token chunks) when aborted
+        Request::new(2, 0, 8, 10),  // runs beside them, untouched
+        Request {
+            n: 3,
+            ..Request::new(3, 0, 8, 40)
+        }, // forked into 3 when stopped
+        Request::new(4, 0, 8, 10),  // still queued (max_num_seqs) when aborted
+    ];
+    let (records, _) = run(requests, 6, |step, cores| {
+        if step == 2 {
+            cores.scheduler.abort(1, FinishReason::Abort);
+        }
+        if step == 6 {
+            cores.scheduler.abort(0, FinishReason::Abort);
+            cores.scheduler.abort(3, FinishReason::Stop);
+        }
+    });
+    assert_eq!(records.len(), 5, "one record per request");
+    let r = |id: usize| &records[id];
+    assert_eq!(r(0).finish_reason, FinishReason::Abort);
+    assert!(r(0).output_len > 0 && r(0).output_len < 50, "{:?}", r(0));
+    assert_eq!(r(1).finish_reason, FinishReason::Abort);
+    assert_eq!(r(1).output_len, 0, "ended before its prompt was computed");
+    assert_eq!(r(2).finish_reason, FinishReason::Length);
+    assert_eq!(r(2).output_len, 10);
+    assert_eq!(r(3).finish_reason, FinishReason::Stop);
+    assert!(r(3).output_len < 40);
+    assert_eq!(r(4).finish_reason, FinishReason::Length);
+}
+
+#[test]
+fn a_queued_request_aborted_ends_at_its_first_step() {
+    // One sequence at a time: request 1 waits behind request 0.
+    let requests = vec![Request::new(0, 0, 8, 20), Request::new(1, 0, 8, 20)];
+    let (records, steps) = run(requests, 1, |step, cores| {
+        if step == 1 {
+            cores.scheduler.abort(1, FinishReason::Abort);
+        }
+    });
+    assert_eq!(records[0].finish_reason, FinishReason::Length);
+    assert_eq!(records[1].finish_reason, FinishReason::Abort);
+    assert!(records[1].output_len <= 1);
+    // Request 0's 20 tokens, then one step for request 1.
+    assert_eq!(steps, 21);
+}

@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""`sim serve` driven by clients no one here wrote, and the closed loop without a GPU.
+
+Run by `.ci/run` with the Python of a venv holding `openai`, `aiperf`, `gguf` and
+`tokenizers` (pinned there); exits non-zero on the first failed check. Steps:
+
+1. The `openai` package against `sim serve GGUF` (the CPU runtime on SmolLM2): the model
+   list, streamed chat and completions with the usage chunk, a whole completion with n=2.
+2. AIPerf (NVIDIA's benchmark client) against the CPU runtime (streamed chat) and against
+   the cost model (`scenarios/serve.toml`, streamed completions): its report is parsed and
+   checked (every request succeeded, the output token counts, TTFT and ITL present), and
+   the server's `/metrics` shows no KV block in use afterwards.
+3. The closed loop: a served run at a ramp of loads (1, 4, 8, 16 clients) fits this
+   machine's hardware profile (`sim calibrate --observed`); `sim replay` of another served
+   run, at 6 clients, must predict its mean TTFT and TPOT within 15%.
+
+Usage: serve_check.py --sim target/debug/sim --gguf SmolLM2.gguf --work DIR
+"""
+
+import argparse
+import csv
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def fail(msg):
+    print(f"serve_check: FAILED: {msg}", flush=True)
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+class Server:
+    """`sim serve ARGS` on a free port; stopped with SIGINT (its records then written)."""
+
+    def __init__(self, sim, args, out, log):
+        self.out = out
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(
+            [sim, "serve", *args, "--port", "0", "--out", out],
+            stdout=self.log,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        # The first line on stderr names the address.
+        line = self.proc.stderr.readline()
+        if "http://" not in line:
+            self.proc.wait(timeout=30)
+            fail(f"sim serve {' '.join(args)} did not start: {line.strip()}")
+        self.url = line.split("http://")[1].split()[0]
+        self.url = "http://" + self.url
+        threading.Thread(target=lambda: [self.log.write(l) for l in self.proc.stderr], daemon=True).start()
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=5)
+                return
+            except OSError:
+                time.sleep(0.1)
+        fail(f"{self.url}/health never answered")
+
+    def metric(self, name):
+        text = urllib.request.urlopen(self.url + "/metrics", timeout=10).read().decode()
+        for line in text.splitlines():
+            if line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        fail(f"/metrics has no {name}")
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGINT)
+        rc = self.proc.wait(timeout=120)
+        check(rc == 0, f"sim serve exited with {rc} (log beside {self.out})")
+
+
+def wait_idle(server):
+    for _ in range(200):
+        if server.metric("sim:kv_cache_blocks_used") == 0 and server.metric("vllm:num_requests_running") == 0:
+            return
+        time.sleep(0.1)
+    fail("KV blocks still in use after every client finished")
+
+
+def openai_checks(url):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url + "/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    chunks, text, usage = 0, "", None
+    for c in client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
+        chunks += 1
+        if c.choices and c.choices[0].delta.content:
+            text += c.choices[0].delta.content
+        if c.usage:
+            usage = c.usage
+    check(text and usage and 1 <= usage.completion_tokens <= 12, f"streamed chat: {text!r} {usage}")
+    check(usage.prompt_tokens > 10, f"streamed chat: the chat template's tokens missing: {usage}")
+    text, usage = "", None
+    for c in client.completions.create(
+        model=model,
+        prompt="The capital of France is",
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    ):
+        if c.choices:
+            text += c.choices[0].text
+        if c.usage:
+            usage = c.usage
+    check("Paris" in text and usage.completion_tokens == 16, f"streamed completion: {text!r} {usage}")
+    r = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8, n=2, seed=7, temperature=0.8)
+    check(len(r.choices) == 2 and r.usage.completion_tokens <= 16, f"n=2: {r}")
+    print(f"openai {__import__('openai').__version__}: models, streamed chat ({chunks} chunks) and completions, n=2: ok")
+
+
+def hf_tokenizer(gguf_path, out):
+    """An HF tokenizer folder from the GGUF's own vocabulary, merges and chat template
+    (benchmark clients count tokens with one; the hub is not reachable from CI)."""
+    from gguf import GGUFReader
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    r = GGUFReader(gguf_path)
+
+    def field(k):
+        return r.fields[k].contents()
+
+    tokens = field("tokenizer.ggml.tokens")
+    types = field("tokenizer.ggml.token_type")
+    merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges")]
+    tk = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
+    # SmolLM2's pre-tokenizer: digits one by one, then GPT-2's byte-level split.
+    tk.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == 3])
+    name = lambda k: tokens[field(k)]
+    PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        bos_token=name("tokenizer.ggml.bos_token_id"),
+        eos_token=name("tokenizer.ggml.eos_token_id"),
+        unk_token=name("tokenizer.ggml.unknown_token_id"),
+        pad_token=name("tokenizer.ggml.padding_token_id"),
+        chat_template=field("tokenizer.chat_template"),
+        clean_up_tokenization_spaces=False,
+    ).save_pretrained(out)
+
+
+def aiperf(url, model, tokenizer, endpoint, requests, concurrency, isl, osl, out):
+    aiperf_bin = os.path.join(os.path.dirname(sys.executable), "aiperf")
+    cmd = [
+        aiperf_bin, "profile", "--model", model, "--url", url, "--endpoint-type", endpoint, "--streaming",
+        "--tokenizer", tokenizer, "--use-server-token-count",
+        "--prompt-input-tokens-mean", str(isl), "--prompt-input-tokens-stddev", "0",
+        "--prompt-output-tokens-mean", str(osl), "--prompt-output-tokens-stddev", "0",
+        "--extra-inputs", "ignore_eos:true", "--request-count", str(requests), "--concurrency", str(concurrency),
+        "--workers-max", "2", "--random-seed", "42", "--ui", "none", "--output-artifact-dir", out,
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    with open(out + ".log", "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=900).returncode
+    check(rc == 0, f"aiperf exited with {rc} (see {out}.log)")
+    rep = json.load(open(os.path.join(out, "profile_export_aiperf.json")))
+    ok = rep["request_count"]["avg"]
+    errors = rep.get("error_request_count", {}).get("avg", 0)
+    check(ok == requests and errors == 0, f"aiperf: {ok} of {requests} requests succeeded, {errors} failed")
+    tokens = rep["total_output_tokens"]["avg"]
+    check(tokens == requests * osl, f"aiperf: {tokens} output tokens, expected {requests * osl}")
+    ttft, itl = rep["time_to_first_token"], rep["inter_token_latency"]
+    check(ttft["avg"] > 0 and itl["avg"] > 0 and ttft["count"] == requests, f"aiperf: TTFT {ttft} ITL {itl}")
+    print(
+        f"aiperf {endpoint} x {requests} at concurrency {concurrency} on {model}: all succeeded, "
+        f"{int(tokens)} output tokens, TTFT mean {ttft['avg']:.1f} ms (p99 {ttft['p99']:.1f}), ITL mean {itl['avg']:.2f} ms"
+    )
+
+
+def load(url, phases, isl, osl, seed):
+    """Clients in phases [(clients, requests each)], one phase after the other, each a
+    closed loop of whole completions of token-id prompts (lengths spread +-50%)."""
+    errors = []
+
+    def client(c, n):
+        rng = random.Random(seed * 1000 + c)
+        for _ in range(n):
+            prompt = [rng.randrange(100, 40000) for _ in range(rng.randint(isl // 2, isl * 3 // 2))]
+            out = rng.randint(osl // 2, osl * 3 // 2)
+            body = json.dumps({"prompt": prompt, "max_tokens": out, "ignore_eos": True, "temperature": 0}).encode()
+            req = urllib.request.Request(url + "/v1/completions", body, {"content-type": "application/json"})
+            try:
+                v = json.load(urllib.request.urlopen(req, timeout=600))
+                if v["usage"]["completion_tokens"] != out:
+                    errors.append(f"{v['usage']} != {out}")
+            except Exception as e:  # noqa: BLE001 (any failure is a failed check)
+                errors.append(str(e))
+
+    base = 0
+    for clients, n in phases:
+        threads = [threading.Thread(target=client, args=(base + i, n)) for i in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        base += clients
+    check(not errors, f"load: {errors[:3]}")
+
+
+def closed_loop(sim, gguf, work, record=None):
+    fit_run, held_out = os.path.join(work, "served-ramp"), os.path.join(work, "served-6")
+    for out, phases, seed in [(fit_run, [(1, 8), (4, 6), (8, 4), (16, 3)], 1), (held_out, [(6, 10)], 2)]:
+        s = Server(sim, [gguf], out, out + ".log")
+        load(s.url, phases, 128, 48, seed)
+        wait_idle(s)
+        s.stop()
+    cal = os.path.join(work, "calibration")
+    fit = subprocess.run([sim, "calibrate", "--observed", fit_run, "--out", cal], capture_output=True, text=True)
+    check(fit.returncode == 0, f"sim calibrate: {fit.stderr.strip()}")
+    fit_line = fit.stdout.strip().splitlines()[0]
+    print(fit_line)
+    rep = os.path.join(work, "replay")
+    r = subprocess.run(
+        [sim, "replay", held_out, "--gpu-file", os.path.join(cal, "served-hardware.toml"),
+         "--calibration", os.path.join(cal, "served-cost.toml"), "--out", rep],
+        capture_output=True, text=True,
+    )
+    check(r.returncode == 0, f"sim replay: {r.stderr.strip()}")
+    figures = {row["metric"]: row for row in csv.DictReader(open(os.path.join(rep, "replay.csv")))}
+    for m in ["ttft_mean_ms", "tpot_mean_ms", "e2el_mean_ms", "throughput_rps"]:
+        f = figures[m]
+        print(f"  {m}: measured {float(f['measured']):.2f}, replayed {float(f['simulated']):.2f} ({float(f['error_pct']):+.1f}%)")
+    if record:
+        # VALIDATION.md's section (`sim validate-model` reads it from calibration/).
+        cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown CPU")
+        with open(record, "w") as f:
+            f.write(f"date,{time.strftime('%Y-%m-%d')}\n")
+            f.write(f"machine,{cpu.replace(',', ';')} ({os.cpu_count()} cores)\n")
+            f.write(f"binary,{os.path.relpath(sim, ROOT).replace(',', ';')}\n")
+            f.write(f"fit,{fit_line.split(': ', 1)[1].replace(',', ';')}\n")
+            f.write("metric,measured,replayed,error_pct\n")
+            for m in ["ttft_mean_ms", "ttft_p90_ms", "tpot_mean_ms", "tpot_p90_ms", "e2el_mean_ms", "throughput_rps"]:
+                f.write(f"{m},{figures[m]['measured']},{figures[m]['simulated']},{figures[m]['error_pct']}\n")
+    for m in ["ttft_mean_ms", "tpot_mean_ms"]:
+        err = abs(float(figures[m]["error_pct"]))
+        check(err <= 15.0, f"closed loop: {m} off by {err:.1f}% (> 15%)")
+    print("closed loop: the replay of the held-out served run predicts its mean TTFT and TPOT within 15%")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sim", required=True)
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--skip-closed-loop", action="store_true")
+    ap.add_argument("--only-closed-loop", action="store_true")
+    ap.add_argument("--record", help="write the closed loop's figures here (calibration/served-closed-loop.csv)")
+    a = ap.parse_args()
+    sim, gguf = os.path.abspath(a.sim), os.path.abspath(a.gguf)
+    os.makedirs(a.work, exist_ok=True)
+    if a.only_closed_loop:
+        closed_loop(sim, gguf, a.work, a.record)
+        return
+    tok = os.path.join(a.work, "tokenizer")
+    hf_tokenizer(gguf, tok)
+
+    cpu = Server(sim, [gguf], os.path.join(a.work, "served-cpu"), os.path.join(a.work, "served-cpu.log"))
+    openai_checks(cpu.url)
+    model = json.load(urllib.request.urlopen(cpu.url + "/v1/models"))["data"][0]["id"]
+    aiperf(cpu.url, model, tok, "chat", 16, 2, 96, 24, os.path.join(a.work, "aiperf-cpu"))
+    wait_idle(cpu)
+    cpu.stop()
+
+    scenario = os.path.join(ROOT, "scenarios", "serve.toml")
+    sim_srv = Server(sim, [scenario, "--time-scale", "10"], os.path.join(a.work, "served-model"),
+                     os.path.join(a.work, "served-model.log"))
+    model = json.load(urllib.request.urlopen(sim_srv.url + "/v1/models"))["data"][0]["id"]
+    aiperf(sim_srv.url, model, tok, "completions", 40, 4, 256, 64, os.path.join(a.work, "aiperf-model"))
+    wait_idle(sim_srv)
+    sim_srv.stop()
+
+    if not a.skip_closed_loop:
+        closed_loop(sim, gguf, a.work, a.record)
+    print("serve_check: all checks passed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,460 @@
+//! The serving loop: the engine's scheduler, block-manager and worker actors (the very
+//! [`ActorEngine`] `sim run` drives) stepped by a wall clock instead of the event heap.
+//!
+//! In: [`Cmd`]s from the HTTP handlers (a submitted request, an abort). Out: per request,
+//! [`Event`]s on its own channel (its id, its tokens as each step samples them, its
+//! record); per step, a row of `steps.csv`; per request, a row of `requests.csv`; the
+//! live [`Metrics`]. The loop steps while work exists and sleeps on its command channel
+//! when none does.
+//!
+//! Time: real backends (`cpu`, `cuda`) run each step and commit it at the wall-clock time
+//! it ended. The cost model (`model`) commits each step at its start plus the predicted
+//! duration and sleeps until then on the wall clock, divided by the time scale: so tokens
+//! reach clients when an engine on the simulated GPU would send them (`--time-scale 10`:
+//! ten times sooner). Request arrivals are the times the HTTP handler received them.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use analysis::RunCollector;
+use engine::plan::{StepOutcome, WorkKind};
+use engine::record::RequestRecord;
+use engine::request::{FinishReason, Nanos, Request, SamplingParams, SeqId};
+use rustc_hash::FxHashMap;
+use tokio::sync::mpsc::{error::TryRecvError, UnboundedReceiver, UnboundedSender};
+
+use super::metrics::Metrics;
+use crate::driver::{step_record, ActorEngine, DriverError, EngineHandle, EngineParts};
+
+/// A request as a handler hands it to the loop.
+#[derive(Debug)]
+pub struct Submission {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Most tokens per choice.
+    pub max_tokens: u32,
+    /// Generate to `max_tokens` whatever is sampled.
+    pub ignore_eos: bool,
+    /// End-of-sequence ends nothing before this many tokens.
+    pub min_tokens: u32,
+    /// Choices (parallel sampling).
+    pub n: u32,
+    /// How tokens are drawn.
+    pub sampling: SamplingParams,
+    /// When the handler received the request (its arrival).
+    pub received: Instant,
+    /// Where the request's events go.
+    pub events: UnboundedSender<Event>,
+}
+
+/// What a handler asks of the loop.
+#[derive(Debug)]
+pub enum Cmd {
+    /// A new request.
+    Submit(Box<Submission>),
+    /// End this request: its client went away (`Abort`) or a stop string matched
+    /// (`Stop`).
+    Abort(SeqId, FinishReason),
+    /// The server is stopping: abort every request, refuse new ones.
+    Shutdown,
+}
+
+/// What the loop tells a request's handler.
+#[derive(Debug)]
+pub enum Event {
+    /// The request's id (first event).
+    Started(SeqId),
+    /// Tokens of choice `index` from one step; `finished` when they end it.
+    Tokens {
+        /// Choice.
+        index: u32,
+        /// Token ids, in order.
+        ids: Vec<u32>,
+        /// Why the choice ended with these tokens, if it did.
+        finished: Option<FinishReason>,
+    },
+    /// The request ended (every choice): its record.
+    Done(RequestRecord),
+    /// The engine failed; the request will not finish.
+    Failed(String),
+}
+
+/// Engine time from the wall clock: nanoseconds since the server started, times the
+/// time scale (1 for real backends).
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    origin: Instant,
+    scale: f64,
+}
+
+impl Clock {
+    /// A clock starting now, running `scale` times faster than the wall clock.
+    pub fn new(scale: f64) -> Self {
+        Clock {
+            origin: Instant::now(),
+            scale,
+        }
+    }
+
+    /// Engine time of a wall-clock instant.
+    pub fn at(&self, t: Instant) -> Nanos {
+        (t.saturating_duration_since(self.origin).as_nanos() as f64 * self.scale) as Nanos
+    }
+
+    /// Engine time now.
+    pub fn now(&self) -> Nanos {
+        self.at(Instant::now())
+    }
+
+    /// The wall-clock instant of an engine time.
+    fn wall(&self, t: Nanos) -> Instant {
+        self.origin + Duration::from_nanos((t as f64 / self.scale) as u64)
+    }
+}
+
+/// A live request's delivery state: each choice's tokens so far and whether it ended.
+struct Live {
+    events: UnboundedSender<Event>,
+    max_tokens: u32,
+    ignore_eos: bool,
+    min_tokens: u32,
+    emitted: Vec<u32>,
+    ended: Vec<bool>,
+}
+
+impl Live {
+    /// Sends the tokens of choice `index`, cut where the scheduler ends the choice
+    /// (`max_tokens`, or end-of-sequence once `min_tokens` are out), as `append_token`
+    /// does.
+    fn deliver(&mut self, index: u32, tokens: &[u32], eos: Option<u32>) {
+        let i = index as usize;
+        if i >= self.ended.len() || self.ended[i] {
+            return;
+        }
+        let mut ids = Vec::with_capacity(tokens.len());
+        let mut finished = None;
+        for &t in tokens {
+            ids.push(t);
+            self.emitted[i] += 1;
+            if self.emitted[i] >= self.max_tokens {
+                finished = Some(FinishReason::Length);
+            } else if !self.ignore_eos && Some(t) == eos && self.emitted[i] >= self.min_tokens {
+                finished = Some(FinishReason::Stop);
+            }
+            if finished.is_some() {
+                self.ended[i] = true;
+                break;
+            }
+        }
+        // A handler that went away aborts its request; its tokens go nowhere meanwhile.
+        let _ = self.events.send(Event::Tokens {
+            index,
+            ids,
+            finished,
+        });
+    }
+}
+
+/// What the loop needs besides its engine.
+pub struct LoopParts {
+    /// The engine's cores (the loop starts their actors).
+    pub parts: EngineParts,
+    /// Commands from the handlers.
+    pub cmds: UnboundedReceiver<Cmd>,
+    /// Engine time.
+    pub clock: Clock,
+    /// Whether steps are predicted (the cost model: wait for their end) or measured.
+    pub simulated: bool,
+    /// End-of-sequence id of the model.
+    pub eos: Option<u32>,
+    /// Live metrics, read by `/metrics`.
+    pub metrics: Arc<Mutex<Metrics>>,
+    /// Records of every request and step.
+    pub collector: RunCollector,
+}
+
+/// What the loop leaves when its command channel closes and its last request ends.
+pub struct LoopEnd {
+    /// The records.
+    pub collector: RunCollector,
+    /// KV pool size.
+    pub pool_blocks: u32,
+    /// Blocks still in use at the end (a leak if not 0).
+    pub blocks_in_use: u32,
+    /// Prefix-cache evictions.
+    pub evictions: u64,
+    /// Engine time of the last event.
+    pub end: Nanos,
+}
+
+/// Runs the loop on the current actix system until the command channel closes and every
+/// live request has ended (the ones still running when it closes are aborted).
+pub async fn run(lp: LoopParts) -> Result<LoopEnd, DriverError> {
+    let LoopParts {
+        parts,
+        mut cmds,
+        clock,
+        simulated,
+        eos,
+        metrics,
+        mut collector,
+    } = lp;
+    let mut eng = ActorEngine::start(parts.scheduler, parts.block_manager, parts.backend);
+    let block_size = eng.block_size().await?;
+    let (_, pool_blocks, _) = eng.pool_usage().await?;
+    let mut live: FxHashMap<SeqId, Live> = FxHashMap::default();
+    let mut next_id: SeqId = 0;
+    let mut closed = false;
+    // Engine time never goes back (a step committed at its predicted end may run ahead of
+    // the wall clock when the server cannot keep up with the time scale).
+    let mut last: Nanos = 0;
+    // The latest arrival taken in, and whether the engine ran a step last time round: a
+    // simulated engine with work steps on from its last step's end, however late the wall
+    // clock (the timer's granularity, this process's own cost), so a high time scale slows
+    // delivery instead of inserting idle time the engine never had.
+    let mut latest: Nanos = 0;
+    let mut busy = false;
+    // The loop's state a command changes, borrowed for one command.
+    macro_rules! state {
+        () => {
+            State {
+                eng: &mut eng,
+                live: &mut live,
+                next_id: &mut next_id,
+                closed: &mut closed,
+                collector: &mut collector,
+                latest: &mut latest,
+            }
+        };
+    }
+    let result = async {
+        loop {
+            // Take every command waiting, without blocking.
+            loop {
+                match cmds.try_recv() {
+                    Ok(cmd) => state!().handle(cmd, &clock, &metrics).await?,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        state!().handle(Cmd::Shutdown, &clock, &metrics).await?;
+                        break;
+                    }
+                }
+            }
+            if closed && live.is_empty() {
+                break;
+            }
+            let now = if simulated && busy {
+                last.max(latest)
+            } else {
+                clock.now().max(last).max(latest)
+            };
+            let mut planned = eng.plan(now).await?;
+            // Preemptions without work changed the pool: record them and plan again.
+            while let Some(p) = planned.as_ref().filter(|p| {
+                p.plan.is_empty() && !p.plan.has_transfers() && !p.plan.preempted.is_empty()
+            }) {
+                collector.record_step(&step_record(
+                    p,
+                    &StepOutcome::default(),
+                    pool_blocks,
+                    block_size,
+                ))?;
+                planned = eng.plan(now).await?;
+            }
+            let idle = planned
+                .as_ref()
+                .is_none_or(|p| p.plan.is_empty() && !p.plan.has_transfers());
+            busy = !idle;
+            if idle {
+                let (used, _, _) = eng.pool_usage().await?;
+                let load = eng.load().await?;
+                if let Ok(mut m) = metrics.lock() {
+                    m.set_state(
+                        u64::from(load.running),
+                        u64::from(load.waiting),
+                        used,
+                        pool_blocks,
+                    );
+                }
+                if closed {
+                    // Nothing can run and nothing more comes: what is left never will.
+                    break;
+                }
+                let cmd = cmds.recv().await.unwrap_or(Cmd::Shutdown);
+                state!().handle(cmd, &clock, &metrics).await?;
+                continue;
+            }
+            let Some(planned) = planned else { continue };
+            let record = step_record(&planned, &StepOutcome::default(), pool_blocks, block_size);
+            let (plan, outcome) = eng.execute(planned.plan).await?;
+            let end = if simulated {
+                let end = now + outcome.duration.max(1);
+                tokio::time::sleep_until(clock.wall(end).into()).await;
+                end
+            } else {
+                clock.now().max(now + 1)
+            };
+            last = end;
+            let (mbu, mfu) = (outcome.mbu, outcome.mfu);
+            // The step's tokens, per request and choice, before the commit moves them.
+            let mut deliveries: Vec<(SeqId, u32, Vec<u32>)> = Vec::new();
+            let mut sampled = outcome.sampled.iter().copied();
+            let mut accepted = outcome.accepted.iter().copied();
+            for w in &plan.work {
+                let count = match w.kind {
+                    WorkKind::Verify => accepted.next().unwrap_or(0) as usize + 1,
+                    _ if w.sample => w.num_samples.max(1) as usize,
+                    _ => 0,
+                };
+                let tokens: Vec<u32> = sampled.by_ref().take(count).collect();
+                if tokens.is_empty() {
+                    continue;
+                }
+                let request = w.seq & ((1 << 40) - 1);
+                let index = (w.seq >> 40) as u32;
+                if w.kind != WorkKind::Verify && tokens.len() > 1 {
+                    // A parallel-sampling prompt's first tokens: one per choice.
+                    for (j, &t) in tokens.iter().enumerate() {
+                        deliveries.push((request, j as u32, vec![t]));
+                    }
+                } else {
+                    deliveries.push((request, index, tokens));
+                }
+            }
+            let (result, gaps) = eng.commit(plan, outcome, end).await?;
+            for (request, index, tokens) in deliveries {
+                if let Some(l) = live.get_mut(&request) {
+                    l.deliver(index, &tokens, eos);
+                }
+            }
+            collector.record_itl(&gaps);
+            let (used, _, _) = eng.pool_usage().await?;
+            if let Ok(mut m) = metrics.lock() {
+                m.observe_itl(&gaps);
+                m.set_state(
+                    u64::from(planned.num_running),
+                    u64::from(planned.num_waiting),
+                    used,
+                    pool_blocks,
+                );
+            }
+            for rec in result.finished {
+                finish(rec, &mut live, &mut collector, &metrics)?;
+            }
+            // A measured step lasts until the engine can plan the next: the commit and the
+            // delivery of its tokens count (a fit to these steps then prices them too).
+            let done = if simulated { end } else { clock.now().max(end) };
+            last = done;
+            collector.record_step(&engine::record::StepRecord {
+                duration_ns: done - now,
+                mbu,
+                mfu,
+                ..record
+            })?;
+        }
+        Ok::<(), DriverError>(())
+    }
+    .await;
+    if let Err(e) = result {
+        for l in live.values() {
+            let _ = l.events.send(Event::Failed(e.to_string()));
+        }
+        return Err(e);
+    }
+    let (blocks_in_use, _, evictions) = eng.pool_usage().await?;
+    Ok(LoopEnd {
+        collector,
+        pool_blocks,
+        blocks_in_use,
+        evictions,
+        end: last.max(clock.now()),
+    })
+}
+
+/// A request ended: its record kept, counted, and sent to its handler.
+fn finish(
+    rec: RequestRecord,
+    live: &mut FxHashMap<SeqId, Live>,
+    collector: &mut RunCollector,
+    metrics: &Arc<Mutex<Metrics>>,
+) -> Result<(), DriverError> {
+    collector.record_request(&rec)?;
+    if let Ok(mut m) = metrics.lock() {
+        m.observe(&rec);
+    }
+    if let Some(l) = live.remove(&rec.request_id) {
+        let _ = l.events.send(Event::Done(rec));
+    }
+    Ok(())
+}
+
+/// The loop's state a command changes.
+struct State<'a> {
+    eng: &'a mut ActorEngine,
+    live: &'a mut FxHashMap<SeqId, Live>,
+    next_id: &'a mut SeqId,
+    closed: &'a mut bool,
+    collector: &'a mut RunCollector,
+    latest: &'a mut Nanos,
+}
+
+impl State<'_> {
+    /// Applies one command.
+    async fn handle(
+        &mut self,
+        cmd: Cmd,
+        clock: &Clock,
+        metrics: &Arc<Mutex<Metrics>>,
+    ) -> Result<(), DriverError> {
+        match cmd {
+            Cmd::Abort(id, reason) => {
+                // A request that already ended is not live: nothing to do.
+                if self.live.contains_key(&id) {
+                    self.eng.abort(id, reason).await?;
+                }
+            }
+            Cmd::Shutdown => {
+                if !*self.closed {
+                    *self.closed = true;
+                    for &id in self.live.keys() {
+                        self.eng.abort(id, FinishReason::Abort).await?;
+                    }
+                }
+            }
+            Cmd::Submit(s) => {
+                if *self.closed {
+                    let _ = s
+                        .events
+                        .send(Event::Failed("the server is shutting down".into()));
+                    return Ok(());
+                }
+                let id = *self.next_id;
+                *self.next_id += 1;
+                let arrival = clock.at(s.received);
+                let mut req = Request::new(id, arrival, 0, s.max_tokens).with_tokens(s.prompt);
+                req.ignore_eos = s.ignore_eos;
+                req.min_tokens = s.min_tokens;
+                req.n = s.n;
+                req.sampling = s.sampling;
+                let _ = s.events.send(Event::Started(id));
+                let n = s.n as usize;
+                self.live.insert(
+                    id,
+                    Live {
+                        events: s.events,
+                        max_tokens: s.max_tokens,
+                        ignore_eos: s.ignore_eos,
+                        min_tokens: s.min_tokens,
+                        emitted: vec![0; n],
+                        ended: vec![false; n],
+                    },
+                );
+                *self.latest = (*self.latest).max(arrival);
+                if let Some(rejected) = self.eng.arrive(req, arrival).await? {
+                    finish(rejected, self.live, self.collector, metrics)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
