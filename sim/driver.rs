@@ -100,13 +100,15 @@ pub trait EngineHandle {
     async fn offload_stats(
         &mut self,
     ) -> Result<Option<engine::block_manager::offload::OffloadStats>, DriverError>;
-    /// Ends a live request at its next step for `reason` (`sim serve`: a client hung up, or
-    /// a stop string matched).
+    /// Ends a live request for `reason` at `now` (`sim serve`: a client hung up, or a stop
+    /// string matched): its record when it left the queue at once, else it ends at its
+    /// next step.
     async fn abort(
         &mut self,
         id: SeqId,
         reason: engine::request::FinishReason,
-    ) -> Result<(), DriverError>;
+        now: Nanos,
+    ) -> Result<Option<RequestRecord>, DriverError>;
 }
 
 /// Calls the cores directly.
@@ -189,9 +191,9 @@ impl EngineHandle for InlineEngine {
         &mut self,
         id: SeqId,
         reason: engine::request::FinishReason,
-    ) -> Result<(), DriverError> {
-        self.cores.scheduler.abort(id, reason);
-        Ok(())
+        now: Nanos,
+    ) -> Result<Option<RequestRecord>, DriverError> {
+        Ok(self.cores.scheduler.abort(id, reason, now))
     }
 
     async fn load(&mut self) -> Result<Load, DriverError> {
@@ -312,9 +314,10 @@ impl EngineHandle for ActorEngine {
         &mut self,
         id: SeqId,
         reason: engine::request::FinishReason,
-    ) -> Result<(), DriverError> {
+        now: Nanos,
+    ) -> Result<Option<RequestRecord>, DriverError> {
         self.scheduler
-            .send(engine::actors::Abort(id, reason))
+            .send(engine::actors::Abort(id, reason, now))
             .await
             .map_err(mailbox)
     }

@@ -498,7 +498,7 @@ fn deployment_text(
     }
     let _ = writeln!(s);
     let scheduler = e.scheduler.as_deref().unwrap_or("chunked");
-    let _ = writeln!(s, "[engine]\nscheduler = \"{scheduler}\"");
+    let _ = writeln!(s, "[engine]\nscheduler = {scheduler:?}");
     if let Some(v) = e.max_num_seqs {
         let _ = writeln!(s, "max_num_seqs = {v}");
     }

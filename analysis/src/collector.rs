@@ -87,6 +87,7 @@ pub struct RunCollector {
     classes: Vec<ClassAccumulators>,
     completed: u64,
     num_rejected: u64,
+    num_aborted: u64,
     total_input_tokens: u64,
     total_cached_tokens: u64,
     total_output_tokens: u64,
@@ -145,6 +146,7 @@ impl RunCollector {
             classes: Vec::new(),
             completed: 0,
             num_rejected: 0,
+            num_aborted: 0,
             total_input_tokens: 0,
             total_cached_tokens: 0,
             total_output_tokens: 0,
@@ -255,6 +257,11 @@ impl RunCollector {
         if r.finish_reason.is_rejection() {
             class.rejected += 1;
             self.num_rejected += 1;
+            return Ok(());
+        }
+        if r.finish_reason == engine::request::FinishReason::Abort {
+            // Cut short by its client: its latencies and tokens describe no full request.
+            self.num_aborted += 1;
             return Ok(());
         }
 
@@ -393,6 +400,7 @@ impl RunCollector {
             backend: info.backend,
             completed,
             num_rejected: self.num_rejected,
+            num_aborted: self.num_aborted,
             total_input_tokens: self.total_input_tokens,
             prefix_cache_hit_rate: ratio(
                 self.total_cached_tokens as f64,

@@ -12,6 +12,10 @@ use crate::stats::MetricStats;
 
 /// Metrics of one request class (completed requests only, latencies in ms).
 ///
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// As in [`Summary`], means are exact and medians and 99th percentiles come from HDR
 /// histograms (relative error below 0.1 %).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -136,6 +140,10 @@ pub struct Summary {
     pub completed: u64,
     /// Rejected requests.
     pub num_rejected: u64,
+    /// Requests their clients aborted (a served run's hang-ups, or its shutdown), left out
+    /// of every other figure.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub num_aborted: u64,
     /// Prompt tokens of completed requests.
     pub total_input_tokens: u64,
     /// Prefix-cache hit rate in tokens: prompt tokens served from the cache / prompt tokens

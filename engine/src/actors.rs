@@ -149,15 +149,16 @@ impl Handler<QueueState> for SchedulerActor {
     }
 }
 
-/// End this live request early, for this reason ([`Scheduler::abort`]).
+/// End this live request early, for this reason, at this time ([`Scheduler::abort`]): the
+/// record of a request that left the queue at once.
 #[derive(Message)]
-#[rtype(result = "()")]
-pub struct Abort(pub SeqId, pub crate::request::FinishReason);
+#[rtype(result = "Option<RequestRecord>")]
+pub struct Abort(pub SeqId, pub crate::request::FinishReason, pub Nanos);
 
 impl Handler<Abort> for SchedulerActor {
-    type Result = ();
-    fn handle(&mut self, msg: Abort, _: &mut Context<Self>) {
-        self.core.abort(msg.0, msg.1);
+    type Result = Option<RequestRecord>;
+    fn handle(&mut self, msg: Abort, _: &mut Context<Self>) -> Self::Result {
+        self.core.abort(msg.0, msg.1, msg.2)
     }
 }
 

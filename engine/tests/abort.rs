@@ -10,12 +10,13 @@ use engine::record::RequestRecord;
 use engine::request::{FinishReason, Request};
 use engine::scheduler::{Scheduler, SchedulerConfig, SchedulerKind};
 
-/// Runs `requests` (all arriving at 0), calling `abort(step, cores)` before each step;
-/// returns the records by request id and the steps run.
+/// Runs `requests` (all arriving at 0), calling `abort(step, now, cores)` before each step
+/// (the records it returns are those of requests that left the queue at once); returns
+/// the records by request id and the steps run.
 fn run(
     requests: Vec<Request>,
     max_num_seqs: u32,
-    abort: impl Fn(u64, &mut Cores),
+    abort: impl Fn(u64, u64, &mut Cores) -> Vec<RequestRecord>,
 ) -> (Vec<RequestRecord>, u64) {
     let cfg = SchedulerConfig {
         kind: SchedulerKind::Chunked,
@@ -35,7 +36,7 @@ fn run(
     }
     let (mut now, mut step, mut records) = (0, 0, Vec::new());
     loop {
-        abort(step, &mut cores);
+        records.extend(abort(step, now, &mut cores));
         let Some(planned) = cores.plan(now) else {
             break;
         };
@@ -64,14 +65,17 @@ fn aborted_requests_end_at_their_next_step_and_free_their_blocks() {
         }, // forked into 3 when stopped
         Request::new(4, 0, 8, 10),  // still queued (max_num_seqs) when aborted
     ];
-    let (records, _) = run(requests, 6, |step, cores| {
+    let (records, _) = run(requests, 6, |step, now, cores| {
+        let mut out = Vec::new();
         if step == 2 {
-            cores.scheduler.abort(1, FinishReason::Abort);
+            out.extend(cores.scheduler.abort(1, FinishReason::Abort, now));
         }
         if step == 6 {
-            cores.scheduler.abort(0, FinishReason::Abort);
-            cores.scheduler.abort(3, FinishReason::Stop);
+            out.extend(cores.scheduler.abort(0, FinishReason::Abort, now));
+            out.extend(cores.scheduler.abort(3, FinishReason::Stop, now));
         }
+        assert!(out.is_empty(), "running requests end at their next step");
+        out
     });
     assert_eq!(records.len(), 5, "one record per request");
     let r = |id: usize| &records[id];
@@ -87,17 +91,28 @@ fn aborted_requests_end_at_their_next_step_and_free_their_blocks() {
 }
 
 #[test]
-fn a_queued_request_aborted_ends_at_its_first_step() {
-    // One sequence at a time: request 1 waits behind request 0.
-    let requests = vec![Request::new(0, 0, 8, 20), Request::new(1, 0, 8, 20)];
-    let (records, steps) = run(requests, 1, |step, cores| {
+fn a_queued_request_aborted_leaves_the_queue_at_once() {
+    // One sequence at a time: requests 1 and 2 wait behind request 0 (1 in the queue's
+    // head, 2 still in the backlog behind it).
+    let requests = vec![
+        Request::new(0, 0, 8, 20),
+        Request::new(1, 0, 8, 20),
+        Request::new(2, 0, 8, 20),
+    ];
+    let (records, steps) = run(requests, 1, |step, now, cores| {
         if step == 1 {
-            cores.scheduler.abort(1, FinishReason::Abort);
+            let a = cores.scheduler.abort(2, FinishReason::Abort, now);
+            let b = cores.scheduler.abort(1, FinishReason::Abort, now);
+            assert!(a.is_some() && b.is_some(), "queued requests leave at once");
+            return a.into_iter().chain(b).collect();
         }
+        Vec::new()
     });
     assert_eq!(records[0].finish_reason, FinishReason::Length);
-    assert_eq!(records[1].finish_reason, FinishReason::Abort);
-    assert!(records[1].output_len <= 1);
-    // Request 0's 20 tokens, then one step for request 1.
-    assert_eq!(steps, 21);
+    for r in &records[1..] {
+        assert_eq!(r.finish_reason, FinishReason::Abort);
+        assert_eq!((r.output_len, r.first_scheduled_ns), (0, None));
+    }
+    // Request 0's 20 tokens only: nothing was computed for the others.
+    assert_eq!(steps, 20);
 }

@@ -115,10 +115,15 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
             variant.deployment.model.name.to_string()
         }
     });
+    let folder = if scn.name.starts_with("serve-") {
+        scn.name.clone()
+    } else {
+        format!("serve-{}", scn.name)
+    };
     let out_dir = args
         .out
         .clone()
-        .unwrap_or_else(|| PathBuf::from("results").join(&scn.name));
+        .unwrap_or_else(|| PathBuf::from("results").join(folder));
     let server = sim::serve::start(
         &scn,
         ServeOptions {
@@ -140,6 +145,13 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         out_dir.display()
     );
     let summary = server.wait()?;
+    if summary.num_aborted > 0 {
+        outln!(
+            out,
+            "{} requests were aborted (their clients hung up, or the server stopped): they are left out of the figures below",
+            summary.num_aborted
+        );
+    }
     outln!(out, "{}", analysis::comparison_table(&[summary]));
     outln!(out, "records in {}", out_dir.display());
     Ok(())

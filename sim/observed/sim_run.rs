@@ -17,6 +17,9 @@ use serde_json::Value;
 
 use super::{latency, ObservedEngine, ObservedError, ObservedRequest, ObservedRun};
 
+/// Longest gap between a request's end and its client's next send in a closed loop (s).
+const REFILL_S: f64 = 0.05;
+
 /// Whether `dir` holds a run `sim` wrote.
 pub fn is_sim_run(dir: &Path) -> bool {
     dir.join("requests.csv").is_file() && dir.join("plan.json").is_file()
@@ -203,22 +206,29 @@ pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
         in_flight += d;
         most = most.max(in_flight);
     }
-    engine.max_concurrency = u32::try_from(most).ok().filter(|&m| m > 0);
+    // (A `sim run` folder's client is its scenario's: only served runs infer theirs.)
+    let served = dir.join("served.json").is_file();
+    engine.max_concurrency = u32::try_from(most).ok().filter(|&m| m > 0 && served);
     // A saturated closed loop (every request after the first `most` sent as another ended,
     // as benchmark clients at a fixed concurrency send them): replayed as such, since send
     // times replayed open-loop would let a replay slower or faster than the engine drift
     // away from the load the engine saw.
-    let (mut in_flight, mut arrivals, mut refills) = (0i32, 0i32, 0usize);
-    for (_, d) in &spans {
-        if *d > 0 {
-            if arrivals < most || in_flight == most - 1 {
+    // A refill: one of the first `most` sends, or a send within 50 ms of a request's end
+    // (a client's round trip; several requests may end in one step, their clients
+    // sending again one by one).
+    let (mut arrivals, mut refills) = (0i32, 0usize);
+    let mut last_end = f64::NEG_INFINITY;
+    for &(t, d) in &spans {
+        if d > 0 {
+            if arrivals < most || t - last_end <= REFILL_S {
                 refills += 1;
             }
             arrivals += 1;
+        } else {
+            last_end = t;
         }
-        in_flight += d;
     }
-    engine.closed_loop = most > 1 && refills * 10 >= rows.len() * 9;
+    engine.closed_loop = served && most > 1 && refills * 10 >= rows.len() * 9;
     // Rows are written as requests finish: send order is arrival order.
     rows.sort_by(|a, b| a.0.total_cmp(&b.0));
     let t0 = rows[0].0;
@@ -240,4 +250,57 @@ pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
         engine,
         requests,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A served folder with these `(arrival_s, finish_s)` requests.
+    fn folder(spans: &[(f64, f64)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut csv = String::from(
+            "request_id,class,arrival_s,first_scheduled_s,first_token_s,finish_s,prompt_len,output_len,generated_tokens,max_tokens,cached_tokens,num_preemptions,ttft_ms,tpot_ms,e2el_ms,queue_ms,finish_reason\n",
+        );
+        for (i, &(a, f)) in spans.iter().enumerate() {
+            let ttft = (f - a) * 100.0;
+            csv.push_str(&format!(
+                "{i},served,{a},{a},{},{f},10,10,10,10,0,0,{ttft},1,{},0,length\n",
+                a + ttft / 1e3,
+                (f - a) * 1e3
+            ));
+        }
+        std::fs::write(dir.path().join("requests.csv"), csv).expect("write");
+        let plan = r#"{"deployment": {"model": {"name": "llama-3-8b", "hf_id": "meta-llama/Meta-Llama-3-8B"}, "gpu": {"name": "h100-sxm"}, "tp": 1},
+            "engine": {"max_num_seqs": 8, "scheduler": "chunked"}, "memory": {"max_model_len": 512, "block_size": 16, "num_blocks": 100}}"#;
+        std::fs::write(dir.path().join("plan.json"), plan).expect("write");
+        std::fs::write(dir.path().join("served.json"), r#"{"backend": "cpu"}"#).expect("write");
+        dir
+    }
+
+    #[test]
+    fn a_saturated_closed_loop_is_told_from_an_open_one() {
+        // Three clients, each sending its next request 2 ms after its last ended; two of
+        // them end in the same step.
+        let mut spans = Vec::new();
+        for c in 0..3 {
+            let mut t = 0.001 * f64::from(c);
+            for k in 0..6 {
+                let end = if c < 2 { 1.0 + f64::from(k) } else { t + 0.7 };
+                spans.push((t, end));
+                t = end + 0.002;
+            }
+        }
+        let run = read(folder(&spans).path()).expect("reads");
+        assert_eq!(run.engine.max_concurrency, Some(3));
+        assert!(run.engine.closed_loop);
+        assert!(run.requests.windows(2).all(|w| w[0].send_s <= w[1].send_s));
+        // Open loop: sends every 0.3 s whatever ends.
+        let spans: Vec<(f64, f64)> = (0..20)
+            .map(|i| (0.3 * f64::from(i), 0.3 * f64::from(i) + 0.45))
+            .collect();
+        let run = read(folder(&spans).path()).expect("reads");
+        assert_eq!(run.engine.max_concurrency, Some(2));
+        assert!(!run.engine.closed_loop);
+    }
 }

@@ -138,6 +138,15 @@ struct Body {
     request_id: Option<String>,
     #[allow(dead_code)]
     priority: Option<i32>,
+    // OpenAI's bookkeeping fields (vLLM ignores them too).
+    #[allow(dead_code)]
+    store: Option<Value>,
+    #[allow(dead_code)]
+    metadata: Option<Value>,
+    #[allow(dead_code)]
+    parallel_tool_calls: Option<Value>,
+    #[allow(dead_code)]
+    service_tier: Option<Value>,
 }
 
 /// The prompt of a generation.

@@ -45,6 +45,9 @@ pub struct Submission {
     pub received: Instant,
     /// Where the request's events go.
     pub events: UnboundedSender<Event>,
+    /// Held until the request ends in the engine (the server's slot for it, so that
+    /// requests aborted but not yet ended still count against its limit).
+    pub hold: Box<dyn std::any::Any + Send>,
 }
 
 /// What a handler asks of the loop.
@@ -115,6 +118,10 @@ impl Clock {
 /// A live request's delivery state: each choice's tokens so far and whether it ended.
 struct Live {
     events: UnboundedSender<Event>,
+    /// Dropped with the request (see [`Submission::hold`]).
+    _hold: Box<dyn std::any::Any + Send>,
+    /// Its handler went away and the engine was told to end it.
+    aborted: bool,
     max_tokens: u32,
     ignore_eos: bool,
     min_tokens: u32,
@@ -210,10 +217,12 @@ pub async fn run(lp: LoopParts) -> Result<LoopEnd, DriverError> {
     let mut last: Nanos = 0;
     // The latest arrival taken in, and whether the engine ran a step last time round: a
     // simulated engine with work steps on from its last step's end, however late the wall
-    // clock (the timer's granularity, this process's own cost), so a high time scale slows
-    // delivery instead of inserting idle time the engine never had.
+    // clock (the timer's granularity, this process's own cost), and requests that arrive
+    // meanwhile arrive at that engine time; so a high time scale slows delivery instead of
+    // inserting idle time the engine never had.
     let mut latest: Nanos = 0;
     let mut busy = false;
+    let mut engine_now: Nanos = Nanos::MAX;
     // The loop's state a command changes, borrowed for one command.
     macro_rules! state {
         () => {
@@ -224,6 +233,7 @@ pub async fn run(lp: LoopParts) -> Result<LoopEnd, DriverError> {
                 closed: &mut closed,
                 collector: &mut collector,
                 latest: &mut latest,
+                engine_now,
             }
         };
     }
@@ -243,11 +253,26 @@ pub async fn run(lp: LoopParts) -> Result<LoopEnd, DriverError> {
             if closed && live.is_empty() {
                 break;
             }
+            // Requests whose handler went away without aborting them (a client that hung up
+            // before its request started): ended now. After the commands, so that a
+            // handler's own last word (a stop string's end) comes first.
+            let gone: Vec<SeqId> = live
+                .iter()
+                .filter(|(_, l)| !l.aborted && l.events.is_closed())
+                .map(|(&id, _)| id)
+                .collect();
+            for id in gone {
+                let at = clock.now().max(last).min(engine_now);
+                state!()
+                    .abort(id, FinishReason::Abort, at, &metrics)
+                    .await?;
+            }
             let now = if simulated && busy {
                 last.max(latest)
             } else {
                 clock.now().max(last).max(latest)
             };
+            engine_now = if simulated && busy { now } else { Nanos::MAX };
             let mut planned = eng.plan(now).await?;
             // Preemptions without work changed the pool: record them and plan again.
             while let Some(p) = planned.as_ref().filter(|p| {
@@ -328,6 +353,10 @@ pub async fn run(lp: LoopParts) -> Result<LoopEnd, DriverError> {
                 }
             }
             collector.record_itl(&gaps);
+            // The records first: a client that sees the pool empty sees its slots free.
+            for rec in result.finished {
+                finish(rec, &mut live, &mut collector, &metrics)?;
+            }
             let (used, _, _) = eng.pool_usage().await?;
             if let Ok(mut m) = metrics.lock() {
                 m.observe_itl(&gaps);
@@ -337,9 +366,6 @@ pub async fn run(lp: LoopParts) -> Result<LoopEnd, DriverError> {
                     used,
                     pool_blocks,
                 );
-            }
-            for rec in result.finished {
-                finish(rec, &mut live, &mut collector, &metrics)?;
             }
             // A measured step lasts until the engine can plan the next: the commit and the
             // delivery of its tokens count (a fit to these steps then prices them too).
@@ -396,9 +422,33 @@ struct State<'a> {
     closed: &'a mut bool,
     collector: &'a mut RunCollector,
     latest: &'a mut Nanos,
+    /// A busy simulated engine's time: arrivals are taken at it, not after it.
+    engine_now: Nanos,
 }
 
 impl State<'_> {
+    /// Ends a live request (nothing when it already ended): at once if it was still
+    /// queued, else at its next step.
+    async fn abort(
+        &mut self,
+        id: SeqId,
+        reason: FinishReason,
+        now: Nanos,
+        metrics: &Arc<Mutex<Metrics>>,
+    ) -> Result<(), DriverError> {
+        let Some(l) = self.live.get_mut(&id) else {
+            return Ok(());
+        };
+        if l.aborted {
+            return Ok(());
+        }
+        l.aborted = true;
+        if let Some(rec) = self.eng.abort(id, reason, now).await? {
+            finish(rec, self.live, self.collector, metrics)?;
+        }
+        Ok(())
+    }
+
     /// Applies one command.
     async fn handle(
         &mut self,
@@ -408,16 +458,16 @@ impl State<'_> {
     ) -> Result<(), DriverError> {
         match cmd {
             Cmd::Abort(id, reason) => {
-                // A request that already ended is not live: nothing to do.
-                if self.live.contains_key(&id) {
-                    self.eng.abort(id, reason).await?;
-                }
+                let now = clock.now().min(self.engine_now);
+                self.abort(id, reason, now, metrics).await?;
             }
             Cmd::Shutdown => {
                 if !*self.closed {
                     *self.closed = true;
-                    for &id in self.live.keys() {
-                        self.eng.abort(id, FinishReason::Abort).await?;
+                    let now = clock.now().min(self.engine_now);
+                    let ids: Vec<SeqId> = self.live.keys().copied().collect();
+                    for id in ids {
+                        self.abort(id, FinishReason::Abort, now, metrics).await?;
                     }
                 }
             }
@@ -429,19 +479,24 @@ impl State<'_> {
                     return Ok(());
                 }
                 let id = *self.next_id;
+                // A handler that already went away gets nothing started.
+                if s.events.send(Event::Started(id)).is_err() {
+                    return Ok(());
+                }
                 *self.next_id += 1;
-                let arrival = clock.at(s.received);
+                let arrival = clock.at(s.received).min(self.engine_now).max(*self.latest);
                 let mut req = Request::new(id, arrival, 0, s.max_tokens).with_tokens(s.prompt);
                 req.ignore_eos = s.ignore_eos;
                 req.min_tokens = s.min_tokens;
                 req.n = s.n;
                 req.sampling = s.sampling;
-                let _ = s.events.send(Event::Started(id));
                 let n = s.n as usize;
                 self.live.insert(
                     id,
                     Live {
                         events: s.events,
+                        _hold: s.hold,
+                        aborted: false,
                         max_tokens: s.max_tokens,
                         ignore_eos: s.ignore_eos,
                         min_tokens: s.min_tokens,

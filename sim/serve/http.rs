@@ -109,7 +109,7 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let cmds = state.cmds.clone();
     let app = Router::new()
-        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/health", get(health))
         .route("/ping", get(|| async { StatusCode::OK }))
         .route("/version", get(version))
         .route("/v1/models", get(models))
@@ -152,6 +152,15 @@ pub async fn serve(
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// 200 while the engine runs; 503 once it has stopped (a failed backend, or shutting down).
+async fn health(State(st): State<Arc<AppState>>) -> StatusCode {
+    if st.cmds.is_closed() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    }
 }
 
 async fn version() -> Json<Value> {
@@ -316,7 +325,6 @@ struct Session {
     /// The engine has ended the request (or been told to).
     ended: bool,
     record: Option<RequestRecord>,
-    _permit: Permit,
 }
 
 impl Drop for Session {
@@ -557,6 +565,8 @@ async fn generate(
             param: None,
         });
     }
+    // The engine keeps the slot until the request has ended there (a request aborted by
+    // its client still counts until then).
     let permit = Permit(st.clone());
     let (tx, mut rx) = mpsc::unbounded_channel();
     // The request's arrival: when it reaches the engine's queue, parsed and tokenized (the
@@ -572,6 +582,7 @@ async fn generate(
             sampling: g.sampling,
             received,
             events: tx,
+            hold: Box::new(permit),
         })))
         .map_err(|_| engine_gone())?;
     let id = match rx.recv().await {
@@ -595,7 +606,6 @@ async fn generate(
         prompt_len: p as u32,
         ended: false,
         record: None,
-        _permit: permit,
     };
     let prefix = if chat { "chatcmpl" } else { "cmpl" };
     let rid = format!(

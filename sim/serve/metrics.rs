@@ -117,6 +117,10 @@ impl Metrics {
             _ => 2,
         };
         self.finished[i] += 1;
+        if i == 2 {
+            // Cut short by its client: no latency describes it.
+            return;
+        }
         let s = |ns: u64| ns as f64 / 1e9;
         if let Some(t) = r.ttft_s() {
             self.ttft.observe(t);

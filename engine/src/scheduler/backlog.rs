@@ -105,6 +105,18 @@ impl Backlog {
 
     /// Waiting sequence `id` (of request `req`) the head gives back (keyed policies only:
     /// it no longer ranks among the head's).
+    /// Takes out the first fresh request `which` picks (first-come queues only; `None`
+    /// under a keyed policy or when none matches).
+    pub(crate) fn remove_fresh(&mut self, which: impl Fn(&Request) -> bool) -> Option<Request> {
+        if self.keyed() {
+            return None;
+        }
+        let i = self.fifo.iter().position(which)?;
+        let req = self.fifo.remove(i)?;
+        self.len -= 1;
+        Some(req)
+    }
+
     pub(crate) fn push_seq(&mut self, id: SeqId, req: &Request, now: Nanos) {
         debug_assert!(self.keyed(), "only keyed backlogs take sequences back");
         self.len += 1;

@@ -280,7 +280,12 @@ impl Scheduler {
 
     /// Accounts a finished sequence; returns its request's record once every sequence of
     /// the request has finished.
-    fn finish(&mut self, id: SeqId, reason: FinishReason, now: Nanos) -> Option<RequestRecord> {
+    pub(super) fn finish(
+        &mut self,
+        id: SeqId,
+        reason: FinishReason,
+        now: Nanos,
+    ) -> Option<RequestRecord> {
         let s = self.seqs.get(&id)?;
         let mut rec = RequestRecord {
             request_id: s.request.id,

@@ -592,13 +592,55 @@ impl Scheduler {
     }
 
     /// Ends a live request early: its client hung up (`reason` [`FinishReason::Abort`]) or
-    /// a stop string matched in its text ([`FinishReason::Stop`]). Every sequence of it
-    /// ends at its next committed step with that reason, its blocks freed with the step's.
-    /// A request still queued ends at its first step (the step its prompt's first chunk is
-    /// computed in). Ids of requests not live must not be passed: they would stay in the
-    /// map.
-    pub fn abort(&mut self, request: SeqId, reason: FinishReason) {
+    /// a stop string matched in its text ([`FinishReason::Stop`]). A request still queued
+    /// and never scheduled (one sequence, under a first-come queue) leaves the queue now:
+    /// its record is returned, ended at `now`. Any other ends at its sequences' next
+    /// committed step with that reason, its blocks freed with the step's (a request queued
+    /// under a keyed policy at its first step). Ids of requests not live must not be
+    /// passed: they would stay in the map.
+    pub fn abort(
+        &mut self,
+        request: SeqId,
+        reason: FinishReason,
+        now: Nanos,
+    ) -> Option<RequestRecord> {
+        if !self.backlog.keyed() && !self.groups.contains_key(&request) {
+            let queued = |r: &Request| r.id == request;
+            if let Some(req) = self.backlog.remove_fresh(queued) {
+                return Some(RequestRecord {
+                    request_id: req.id,
+                    class: req.class,
+                    arrival_ns: req.arrival,
+                    first_scheduled_ns: None,
+                    first_token_ns: None,
+                    finish_ns: now.max(req.arrival),
+                    prompt_len: req.prompt_len,
+                    output_len: 0,
+                    generated_tokens: 0,
+                    max_tokens: req.max_tokens,
+                    cached_tokens: 0,
+                    num_preemptions: 0,
+                    finish_reason: reason,
+                });
+            }
+            let never_ran = self
+                .seqs
+                .get(&request)
+                .is_some_and(|s| s.status == SeqStatus::Waiting && s.num_computed == 0);
+            if never_ran {
+                if let Some(i) = self.waiting.iter().position(|&id| id == request) {
+                    self.waiting.remove(i);
+                    let rec = self.finish(request, reason, now);
+                    self.seqs.remove(&request);
+                    return rec.map(|r| RequestRecord {
+                        finish_ns: now.max(r.arrival_ns),
+                        ..r
+                    });
+                }
+            }
+        }
         self.aborting.insert(request, reason);
+        None
     }
 
     /// True when some sequence waits or runs.

@@ -32,6 +32,9 @@ pub struct ServedStep {
     pub ms: f64,
 }
 
+/// Most tokens or sequences a step of a served run may record.
+const MAX_STEP_TOKENS: u32 = 1 << 20;
+
 /// Reads a served run's `steps.csv` (steps without work or duration are skipped).
 pub fn read_steps(path: &Path) -> Result<Vec<ServedStep>, String> {
     let shown = path.display();
@@ -70,6 +73,20 @@ pub fn read_steps(path: &Path) -> Result<Vec<ServedStep>, String> {
         if ms <= 0.0 || p + d == 0.0 {
             continue;
         }
+        // Counts beyond any engine's step (a hostile file) would price for ever.
+        let seqs_n = num(seqs, "num_seqs")?;
+        for (v, name) in [
+            (p, "num_prefill_tokens"),
+            (d, "num_decode_tokens"),
+            (seqs_n, "num_seqs"),
+        ] {
+            if v > f64::from(MAX_STEP_TOKENS) {
+                return Err(format!(
+                    "{shown}: line {}: `{name}` {v} is more than a step holds ({MAX_STEP_TOKENS})",
+                    i + 2
+                ));
+            }
+        }
         let kv_tokens = num(kv, "kv_tokens")?;
         let held = (kv_tokens - p).max(d);
         out.push(ServedStep {
@@ -80,7 +97,7 @@ pub fn read_steps(path: &Path) -> Result<Vec<ServedStep>, String> {
             } else {
                 0
             },
-            seqs: num(seqs, "num_seqs")? as u32,
+            seqs: seqs_n as u32,
             ms,
         });
     }
@@ -354,7 +371,11 @@ pub fn hardware_toml(
         100.0 * fit.p90_error
     );
     let _ = writeln!(s, "name = {name:?}");
-    let _ = writeln!(s, "display = \"the machine that served {source}\"");
+    let _ = writeln!(
+        s,
+        "display = {:?}",
+        format!("the machine that served {source}")
+    );
     let _ = writeln!(s, "memory_gib = {memory_gib}");
     let _ = writeln!(s, "bf16_tflops = {tflops:.6}");
     let _ = writeln!(s, "fp32_tflops = {tflops:.6}");
