@@ -197,10 +197,12 @@ def aiperf(url, model, tokenizer, endpoint, requests, concurrency, isl, osl, out
 
 def load(url, phases, isl, osl, seed):
     """Clients in phases [(clients, requests each)], one phase after the other, each a
-    closed loop of whole completions of token-id prompts (lengths spread +-50%)."""
+    closed loop of whole completions of token-id prompts (lengths spread +-50%), the
+    clients of a phase starting 0.25 s apart."""
     errors = []
 
-    def client(c, n):
+    def client(c, n, start):
+        time.sleep(start)
         rng = random.Random(seed * 1000 + c)
         for _ in range(n):
             prompt = [rng.randrange(100, 40000) for _ in range(rng.randint(isl // 2, isl * 3 // 2))]
@@ -216,7 +218,9 @@ def load(url, phases, isl, osl, seed):
 
     base = 0
     for clients, n in phases:
-        threads = [threading.Thread(target=client, args=(base + i, n)) for i in range(clients)]
+        # The clients start 0.25 s apart (a ramp-up, as benchmark clients do), so the first
+        # prompts do not all arrive in one step.
+        threads = [threading.Thread(target=client, args=(base + i, n, 0.25 * i)) for i in range(clients)]
         for t in threads:
             t.start()
         for t in threads:

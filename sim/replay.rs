@@ -297,9 +297,15 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
     }
     let (sends, mut note) = send_times(run, &ok)?;
     let mut trace = String::from("arrived_at,num_prefill_tokens,num_decode_tokens\n");
-    // A saturated closed loop replays as one: every request ready at once, sent as a slot of
-    // the `max_concurrency` clients frees (latencies count from the send, as measured).
+    // A saturated closed loop replays as one: its clients start when they did, and every
+    // later request is ready from the last client's start, sent as a slot of the
+    // `max_concurrency` frees (latencies count from the send, as measured).
     let closed = e.closed_loop && e.max_concurrency.is_some();
+    let cap = e.max_concurrency.unwrap_or(1).max(1) as usize;
+    let last_start = sends
+        .get(cap.min(sends.len()).saturating_sub(1))
+        .copied()
+        .unwrap_or(0.0);
     if closed && note.is_none() {
         note = Some(format!(
             "a closed loop of {} clients (each request sent as another ended): replayed as one",
@@ -307,7 +313,7 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
         ));
     }
     for (r, t) in ok.iter().zip(&sends) {
-        let t = if closed { 0.0 } else { *t };
+        let t = if closed { t.min(last_start) } else { *t };
         let _ = writeln!(trace, "{t:.9},{},{}", r.prompt_len, r.output_len);
     }
     let trace_path = opts.out_dir.join("trace.csv");

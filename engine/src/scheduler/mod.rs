@@ -441,21 +441,7 @@ impl Scheduler {
             || total > self.cfg.pool_tokens
             || req.n > self.cfg.max_num_seqs
         {
-            return Some(RequestRecord {
-                request_id: req.id,
-                class: req.class,
-                arrival_ns: req.arrival,
-                first_scheduled_ns: None,
-                first_token_ns: None,
-                finish_ns: now,
-                prompt_len: req.prompt_len,
-                output_len: 0,
-                generated_tokens: 0,
-                max_tokens: req.max_tokens,
-                cached_tokens: 0,
-                num_preemptions: 0,
-                finish_reason: FinishReason::RejectedTooLong,
-            });
+            return Some(never_ran(&req, now, FinishReason::RejectedTooLong));
         }
         let id = req.id;
         if req.n > 1 {
@@ -607,27 +593,13 @@ impl Scheduler {
         if !self.backlog.keyed() && !self.groups.contains_key(&request) {
             let queued = |r: &Request| r.id == request;
             if let Some(req) = self.backlog.remove_fresh(queued) {
-                return Some(RequestRecord {
-                    request_id: req.id,
-                    class: req.class,
-                    arrival_ns: req.arrival,
-                    first_scheduled_ns: None,
-                    first_token_ns: None,
-                    finish_ns: now.max(req.arrival),
-                    prompt_len: req.prompt_len,
-                    output_len: 0,
-                    generated_tokens: 0,
-                    max_tokens: req.max_tokens,
-                    cached_tokens: 0,
-                    num_preemptions: 0,
-                    finish_reason: reason,
-                });
+                return Some(never_ran(&req, now.max(req.arrival), reason));
             }
-            let never_ran = self
+            let unscheduled = self
                 .seqs
                 .get(&request)
                 .is_some_and(|s| s.status == SeqStatus::Waiting && s.num_computed == 0);
-            if never_ran {
+            if unscheduled {
                 if let Some(i) = self.waiting.iter().position(|&id| id == request) {
                     self.waiting.remove(i);
                     let rec = self.finish(request, reason, now);
@@ -703,6 +675,26 @@ impl Scheduler {
     /// Inter-token gaps recorded by the last commits; the caller drains them.
     pub fn take_itl_gaps(&mut self) -> std::vec::Drain<'_, Nanos> {
         self.itl_gaps.drain(..)
+    }
+}
+
+/// The record of a request that ended at `now` without running (rejected, or aborted in
+/// the queue).
+fn never_ran(req: &Request, now: Nanos, reason: FinishReason) -> RequestRecord {
+    RequestRecord {
+        request_id: req.id,
+        class: req.class,
+        arrival_ns: req.arrival,
+        first_scheduled_ns: None,
+        first_token_ns: None,
+        finish_ns: now,
+        prompt_len: req.prompt_len,
+        output_len: 0,
+        generated_tokens: 0,
+        max_tokens: req.max_tokens,
+        cached_tokens: 0,
+        num_preemptions: 0,
+        finish_reason: reason,
     }
 }
 

@@ -286,7 +286,23 @@ pub fn fit(
                                             .filter(|(s, _)| (s.prefill > 0) == prefills)
                                             .map(|(s, &r)| err(s, r)),
                                     );
-                                    med += quantile(&mut errs, 0.5) / groups;
+                                    // The typical step's error, plus the bias of the
+                                    // group's total time (what latencies add up).
+                                    let (mut sum_p, mut sum_m) = (0.0, 0.0);
+                                    for (s, &r) in pts
+                                        .iter()
+                                        .zip(&raw)
+                                        .filter(|(s, _)| (s.prefill > 0) == prefills)
+                                    {
+                                        sum_p += r + (o + q * f64::from(s.seqs)) * 1e-3;
+                                        sum_m += s.ms;
+                                    }
+                                    let bias = if sum_m > 0.0 {
+                                        (sum_p - sum_m).abs() / sum_m
+                                    } else {
+                                        0.0
+                                    };
+                                    med += (quantile(&mut errs, 0.5) + bias) / groups;
                                 }
                                 errs.clear();
                                 errs.extend(pts.iter().zip(&raw).map(|(s, &r)| err(s, r)));

@@ -263,7 +263,7 @@ fn served_section(s: &mut String, r: &Replays) {
     s.push_str("
 ## Served runs: the closed loop without a GPU
 
-`scripts/serve_check.py` (run by `.ci/run`) serves SmolLM2-135M on the CPU runtime with `sim serve` twice: a ramp of 1, 4, 8 and 16 clients (whole completions of 64-192-token prompts, 24-72 tokens out, `ignore_eos`), and then 6 clients. `sim calibrate --observed` fits this machine's hardware profile and overheads to the first run's steps; `sim replay --gpu-file --calibration` replays the second on them. The second run is held out: nothing was fitted to it. CI fails when the mean TTFT or TPOT is off by more than 15%. Wall-clock figures of one machine, last recorded:
+`scripts/serve_check.py` (run by `.ci/run`) serves SmolLM2-135M on the CPU runtime with `sim serve` twice: a ramp of 1, 4, 8 and 16 clients (whole completions of 64-192-token prompts, 24-72 tokens out, `ignore_eos`; the clients of each phase starting 0.25 s apart), and then 6 clients. The second run is a saturated closed loop, and the replay runs it as one: its clients start when they did, and each later request is sent as a slot frees. `sim calibrate --observed` fits this machine's hardware profile and overheads to the first run's steps; `sim replay --gpu-file --calibration` replays the second on them. The second run is held out: nothing was fitted to it. CI fails when the mean TTFT or TPOT is off by more than 15%. Wall-clock figures of one machine, last recorded:
 
 ");
     for (k, v) in &l.about {
