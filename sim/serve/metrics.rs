@@ -298,13 +298,18 @@ mod tests {
             finish_reason: reason,
         };
         m.observe(&rec(30_000_000, 1_000_000_000, FinishReason::Length));
-        m.observe(&rec(700_000_000, 4_000_000_000, FinishReason::Abort));
+        m.observe(&rec(700_000_000, 4_000_000_000, FinishReason::Stop));
+        // An aborted request counts, but in no latency histogram.
+        m.observe(&rec(5_000_000_000, 6_000_000_000, FinishReason::Abort));
         m.observe_itl(&[20_000_000]);
         let text = m.exposition("smol");
-        assert!(text.contains("vllm:prompt_tokens_total{model_name=\"smol\"} 20"));
+        assert!(text.contains("vllm:prompt_tokens_total{model_name=\"smol\"} 30"));
         assert!(text.contains("# TYPE vllm:prompt_tokens_total counter"));
         assert!(text.contains("# TYPE vllm:request_success_total counter"));
-        assert!(text.contains("vllm:prefix_cache_hits_total{model_name=\"smol\"} 8"));
+        assert!(text.contains("vllm:prefix_cache_hits_total{model_name=\"smol\"} 12"));
+        assert!(text.contains(
+            "vllm:request_success_total{finished_reason=\"stop\",model_name=\"smol\"} 1"
+        ));
         assert!(text.contains(
             "vllm:request_success_total{finished_reason=\"abort\",model_name=\"smol\"} 1"
         ));
