@@ -432,7 +432,12 @@ impl Session {
         let hit = self
             .stop
             .iter()
-            .filter_map(|s| text[from..].find(s.as_str()).map(|p| from + p))
+            .filter_map(|s| {
+                text.get(from..)
+                    .unwrap_or_default()
+                    .find(s.as_str())
+                    .map(|p| from + p)
+            })
             .min();
         if let Some(p) = hit {
             let out = text.get(c.sent..p).unwrap_or_default().to_string();
@@ -472,7 +477,7 @@ impl Session {
                         .filter(|&k| s.is_char_boundary(k))
                         .map(move |k| &s[..k])
                 })
-                .filter(|p| text[..end].ends_with(p))
+                .filter(|p| text.get(..end).is_some_and(|t| t.ends_with(p)))
                 .map(|p| p.len())
                 .max()
                 .unwrap_or(0);
