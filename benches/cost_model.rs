@@ -41,6 +41,8 @@ fn plan(chunk: bool) -> StepPlan {
                 token_ids: Vec::new(),
                 sampling: Default::default(),
                 drafts: None,
+                suppress: Vec::new(),
+                suppress_rows: 0,
             }
         })
         .collect();

@@ -128,9 +128,19 @@ def openai_checks(url):
         if c.usage:
             usage = c.usage
     check("Paris" in text and usage.completion_tokens == 16, f"streamed completion: {text!r} {usage}")
+    # A stop string ends the text before it and is named as the stop reason (a vLLM field
+    # the package keeps as an extra); min_tokens masks end-of-sequence until it is out.
+    r = client.completions.create(model=model, prompt="The capital of France is", max_tokens=16, temperature=0, stop=["Paris"])
+    ch = r.choices[0]
+    check(ch.finish_reason == "stop" and "Paris" not in ch.text and getattr(ch, "stop_reason", None) == "Paris",
+          f"stop string: {r}")
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say yes."}], max_tokens=12, temperature=0,
+        extra_body={"min_tokens": 12})
+    check(r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length", f"min_tokens: {r}")
     r = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8, n=2, seed=7, temperature=0.8)
     check(len(r.choices) == 2 and r.usage.completion_tokens <= 16, f"n=2: {r}")
-    print(f"openai {__import__('openai').__version__}: models, streamed chat ({chunks} chunks) and completions, n=2: ok")
+    print(f"openai {__import__('openai').__version__}: models, streamed chat ({chunks} chunks) and completions, stop, min_tokens, n=2: ok")
 
 
 def hf_tokenizer(gguf_path, out):

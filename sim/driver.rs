@@ -109,6 +109,14 @@ pub trait EngineHandle {
         reason: engine::request::FinishReason,
         now: Nanos,
     ) -> Result<Option<RequestRecord>, DriverError>;
+    /// Ends choice `index` of live request `id` at its next step (`sim serve`: a stop
+    /// string matched in that choice alone).
+    async fn abort_choice(
+        &mut self,
+        id: SeqId,
+        index: u32,
+        reason: engine::request::FinishReason,
+    ) -> Result<(), DriverError>;
 }
 
 /// Calls the cores directly.
@@ -194,6 +202,16 @@ impl EngineHandle for InlineEngine {
         now: Nanos,
     ) -> Result<Option<RequestRecord>, DriverError> {
         Ok(self.cores.scheduler.abort(id, reason, now))
+    }
+
+    async fn abort_choice(
+        &mut self,
+        id: SeqId,
+        index: u32,
+        reason: engine::request::FinishReason,
+    ) -> Result<(), DriverError> {
+        self.cores.scheduler.abort_choice(id, index, reason);
+        Ok(())
     }
 
     async fn load(&mut self) -> Result<Load, DriverError> {
@@ -318,6 +336,18 @@ impl EngineHandle for ActorEngine {
     ) -> Result<Option<RequestRecord>, DriverError> {
         self.scheduler
             .send(engine::actors::Abort(id, reason, now))
+            .await
+            .map_err(mailbox)
+    }
+
+    async fn abort_choice(
+        &mut self,
+        id: SeqId,
+        index: u32,
+        reason: engine::request::FinishReason,
+    ) -> Result<(), DriverError> {
+        self.scheduler
+            .send(engine::actors::AbortChoice(id, index, reason))
             .await
             .map_err(mailbox)
     }

@@ -259,6 +259,8 @@ fn a_padded_batch_costs_its_pad_rows_as_real_ones() {
         token_ids: Vec::new(),
         sampling: Default::default(),
         drafts: None,
+        suppress: Vec::new(),
+        suppress_rows: 0,
     };
     let decodes = |n: usize| (0..n).map(|_| work(WorkKind::Decode, 999, 1)).collect();
     let padded = StepPlan {

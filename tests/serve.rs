@@ -337,7 +337,7 @@ fn greedy_completions_served_over_http_equal_generate() {
     let g = kernels::gguf::Gguf::open(&path).expect("gguf");
     let tok = kernels::tokenizer::Tokenizer::from_gguf(&g).expect("tokenizer");
     let max_tokens = 24u32;
-    let expected: Vec<String> = cases
+    let generated: Vec<Vec<u32>> = cases
         .iter()
         .map(|c| {
             use kernels::generate::StepRuntime as _;
@@ -351,9 +351,10 @@ fn greedy_completions_served_over_http_equal_generate() {
             let out = rt
                 .generate(&ids, max_tokens, Default::default(), tok.eos, |_| {})
                 .expect("generate");
-            tok.decode(&out.tokens, false)
+            out.tokens
         })
         .collect();
+    let expected: Vec<String> = generated.iter().map(|t| tok.decode(t, false)).collect();
     let dir = tempfile::tempdir().expect("tempdir");
     let scn = sim::serve::gguf_scenario(&path, "h100-sxm", Some(1024), None).expect("scenario");
     let server = start(&scn, BackendKind::Cpu, 1.0, 64, &dir.path().join("out"));
@@ -381,8 +382,31 @@ fn greedy_completions_served_over_http_equal_generate() {
             h.join().expect("client");
         }
     });
+    // A stop token id ends the completion at it (counted in the usage, left out of the
+    // text, named as the stop reason); with min_tokens past it, it cannot be drawn there.
+    let toks = &generated[0];
+    let k = (2..toks.len())
+        .find(|&k| !toks[..k].contains(&toks[k]) && Some(toks[k]) != tok.eos)
+        .expect("a token that does not come earlier");
+    let body = |min_tokens: usize| {
+        json!({"prompt": cases[0].prompt, "max_tokens": max_tokens, "temperature": 0,
+               "stop_token_ids": [toks[k]], "min_tokens": min_tokens})
+        .to_string()
+    };
+    let (s, v) = post(&base, "/v1/completions", &body(0));
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], tok.decode(&toks[..k], false));
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["choices"][0]["stop_reason"], toks[k]);
+    assert_eq!(v["usage"]["completion_tokens"], k + 1);
+    let (s, v) = post(&base, "/v1/completions", &body(k + 1));
+    assert_eq!(s, 200, "{v}");
+    let text = v["choices"][0]["text"].as_str().expect("text");
+    assert!(text.starts_with(&tok.decode(&toks[..k], false)), "{v}");
+    let n = v["usage"]["completion_tokens"].as_u64().expect("usage") as usize;
+    assert!(n >= k + 2, "the stop id was masked at draw {k}: {v}");
     wait_idle(&base);
     let summary = server.stop().expect("stops");
-    assert_eq!(summary.completed, 24);
+    assert_eq!(summary.completed, 26);
     assert!(summary.mean_ttft_ms > 0.0);
 }

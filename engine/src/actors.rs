@@ -155,6 +155,19 @@ impl Handler<QueueState> for SchedulerActor {
 #[rtype(result = "Option<RequestRecord>")]
 pub struct Abort(pub SeqId, pub crate::request::FinishReason, pub Nanos);
 
+/// End choice `.1` of live request `.0` early, for this reason
+/// ([`Scheduler::abort_choice`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AbortChoice(pub SeqId, pub u32, pub crate::request::FinishReason);
+
+impl Handler<AbortChoice> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: AbortChoice, _: &mut Context<Self>) {
+        self.core.abort_choice(msg.0, msg.1, msg.2)
+    }
+}
+
 impl Handler<Abort> for SchedulerActor {
     type Result = Option<RequestRecord>;
     fn handle(&mut self, msg: Abort, _: &mut Context<Self>) -> Self::Result {

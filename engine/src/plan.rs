@@ -41,6 +41,13 @@ pub struct SeqWork {
     pub sampling: crate::request::SamplingParams,
     /// The drafts of a [`WorkKind::Verify`] (`None` otherwise).
     pub drafts: Option<crate::spec::Drafts>,
+    /// Token ids the draws of this step's first [`SeqWork::suppress_rows`] sampled
+    /// positions must not pick (their logits are masked): end-of-sequence and the stop
+    /// token ids while the request is short of its `min_tokens`. Empty almost always.
+    pub suppress: Vec<u32>,
+    /// Sampled positions, in order, whose draws mask [`SeqWork::suppress`]: all `n` draws
+    /// of a decode or a prompt's end count as one position; a verify's rows one each.
+    pub suppress_rows: u32,
 }
 
 impl SeqWork {

@@ -94,9 +94,13 @@ pub struct Request {
     pub max_tokens: u32,
     /// Stop at the end-of-sequence token (real backends); simulation ignores EOS.
     pub ignore_eos: bool,
-    /// End-of-sequence does not end the request before this many tokens (vLLM's
-    /// `min_tokens`; the EOS token is still emitted and counted, where vLLM masks it).
+    /// Neither end-of-sequence nor a stop token id ends the request before this many
+    /// tokens (vLLM's `min_tokens`): until then real backends never draw them (their
+    /// logits are masked, [`crate::plan::SeqWork::suppress`]).
     pub min_tokens: u32,
+    /// Token ids that end the request like end-of-sequence (vLLM's `stop_token_ids`),
+    /// `ignore_eos` or not; the id is emitted and counted.
+    pub stop_token_ids: Vec<u32>,
     /// What the model answers, when the workload knows it (a multi-turn conversation whose
     /// next turn resends this answer): simulation emits these token ids instead of
     /// placeholders, so the generated blocks hash like the next turn's history. Empty: no
@@ -130,7 +134,53 @@ pub struct Request {
     pub sampling: SamplingParams,
 }
 
+/// Whether drawing `token` as output token number `output_len` (counted from 1) ends a
+/// sequence that stops as `ignore_eos`, `min_tokens` and `stop_token_ids` say (vLLM's
+/// `check_stop`, after the length cap): end-of-sequence unless ignored, or a stop token id,
+/// once `min_tokens` are out.
+pub fn stops_at(
+    token: u32,
+    output_len: u32,
+    eos: Option<u32>,
+    ignore_eos: bool,
+    min_tokens: u32,
+    stop_token_ids: &[u32],
+) -> bool {
+    output_len >= min_tokens
+        && ((!ignore_eos && Some(token) == eos) || stop_token_ids.contains(&token))
+}
+
 impl Request {
+    /// Whether drawing `token` as output token number `output_len` ends this request
+    /// ([`stops_at`]).
+    pub fn stops_at(&self, token: u32, output_len: u32, eos: Option<u32>) -> bool {
+        stops_at(
+            token,
+            output_len,
+            eos,
+            self.ignore_eos,
+            self.min_tokens,
+            &self.stop_token_ids,
+        )
+    }
+
+    /// The token ids a draw must not pick when `generated` output tokens precede it:
+    /// while `generated < min_tokens`, end-of-sequence (unless ignored) and the stop token
+    /// ids, as vLLM's min-tokens logits processor masks them (so a request gives at least
+    /// `min_tokens` tokens that are not stops). Empty otherwise.
+    pub fn suppressed(&self, generated: u32, eos: Option<u32>) -> Vec<u32> {
+        if generated >= self.min_tokens {
+            return Vec::new();
+        }
+        let mut ids: Vec<u32> = eos.filter(|_| !self.ignore_eos).into_iter().collect();
+        for &t in &self.stop_token_ids {
+            if !ids.contains(&t) {
+                ids.push(t);
+            }
+        }
+        ids
+    }
+
     /// A request as simulation workloads make them: `prompt_len` tokens without ids, exactly
     /// `max_tokens` generated (EOS ignored), one sequence, priority 0, class 0.
     pub fn new(id: SeqId, arrival: Nanos, prompt_len: u32, max_tokens: u32) -> Self {
@@ -142,6 +192,7 @@ impl Request {
             max_tokens,
             ignore_eos: true,
             min_tokens: 0,
+            stop_token_ids: Vec::new(),
             scripted_output: Vec::new(),
             n: 1,
             beam_search: false,

@@ -1,7 +1,8 @@
 //! Ending requests early (`Scheduler::abort`, what `sim serve` does when a client hangs up
 //! or a stop string matches): a request decoding, one mid-prompt in chunked prefill, one
 //! still queued and a parallel-sampling one each end at their next step with the reason
-//! given, every block comes back, and the requests beside them run as before.
+//! given, every block comes back, and the requests beside them run as before; one choice of
+//! a parallel-sampling request ends alone (`Scheduler::abort_choice`).
 
 use engine::block_manager::BlockManager;
 use engine::cores::Cores;
@@ -115,4 +116,37 @@ fn a_queued_request_aborted_leaves_the_queue_at_once() {
     }
     // Request 0's 20 tokens only: nothing was computed for the others.
     assert_eq!(steps, 20);
+}
+
+#[test]
+fn one_choice_of_a_parallel_request_ends_alone() {
+    // Three choices of 30 tokens; choice 1 stops (a stop string in its text) at step 5,
+    // choice 0 (the request's own sequence) at step 8; choice 2 runs to the end. A choice
+    // not live (9) is ignored.
+    let requests = vec![Request {
+        n: 3,
+        ..Request::new(0, 0, 8, 30)
+    }];
+    let (records, steps) = run(requests, 6, |step, _, cores| {
+        let running = cores.scheduler.num_running();
+        match step {
+            5 => {
+                assert_eq!(running, 3);
+                cores.scheduler.abort_choice(0, 1, FinishReason::Stop);
+                cores.scheduler.abort_choice(0, 9, FinishReason::Stop);
+            }
+            6 | 7 => assert_eq!(running, 2, "choice 1 ended at its next step"),
+            8 => cores.scheduler.abort_choice(0, 0, FinishReason::Stop),
+            9..=29 => assert_eq!(running, 1, "choice 2 alone"),
+            _ => {}
+        }
+        Vec::new()
+    });
+    assert_eq!(records.len(), 1);
+    let r = &records[0];
+    assert_eq!(r.output_len, 30, "the longest choice");
+    // Step 0 computes the prompt and samples the three first tokens; choice 1 ends with
+    // the token of step 5 (6 tokens), choice 0 with step 8's (9), choice 2 at 30.
+    assert_eq!(r.generated_tokens, 6 + 9 + 30);
+    assert_eq!(steps, 30);
 }

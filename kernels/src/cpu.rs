@@ -394,7 +394,9 @@ impl CpuRuntime {
             return Ok((started.elapsed().as_nanos() as u64, Vec::new()));
         }
         let layers = self.layers.len();
-        let logits = self.pass(plan, &toks, layers, &rows);
+        let mut logits = self.pass(plan, &toks, layers, &rows);
+        // min_tokens: stops are masked before anything is drawn or verified.
+        crate::sampling::suppress_plan(&mut logits, vocab, &plan.work);
         let mut drawn = Vec::new();
         self.accepted.clear();
         let mut row = 0usize;
@@ -760,6 +762,8 @@ mod tests {
             token_ids: ids.to_vec(),
             sampling: SamplingParams::default(),
             drafts: None,
+            suppress: Vec::new(),
+            suppress_rows: 0,
         }
     }
 
@@ -820,6 +824,34 @@ mod tests {
             ]))
             .expect("step");
         assert_eq!(drawn[1], whole[0]);
+    }
+
+    #[test]
+    fn suppressed_ids_are_masked_before_the_draw() {
+        let prompt = [5u32, 17, 3, 88, 41, 2];
+        let table: Vec<u32> = (0..8).collect();
+        let mut rt = CpuRuntime::synthetic(tiny(), 3, 4, 8).expect("runtime");
+        rt.keep_logits(true);
+        let (_, free) = rt
+            .forward(&step(vec![work(0, 0, &prompt, table.clone())]))
+            .expect("step");
+        let best = free[0];
+        // The same step with the greedy choice masked (min_tokens): the next best.
+        let logits = rt.last_logits().to_vec();
+        let mut masked = logits.clone();
+        masked[best as usize] = f32::NEG_INFINITY;
+        let mut w = work(0, 0, &prompt, table.clone());
+        w.suppress = vec![best];
+        w.suppress_rows = 1;
+        let (_, drawn) = rt.forward(&step(vec![w])).expect("step");
+        assert_ne!(drawn[0], best);
+        assert_eq!(drawn[0], crate::sampling::argmax(&masked));
+        assert_eq!(rt.last_logits()[best as usize], f32::NEG_INFINITY);
+        // A mask for no rows changes nothing.
+        let mut w = work(0, 0, &prompt, table);
+        w.suppress = vec![best];
+        let (_, drawn) = rt.forward(&step(vec![w])).expect("step");
+        assert_eq!(drawn[0], best);
     }
 
     #[test]

@@ -237,6 +237,8 @@ pub fn one_sequence_step(
             token_ids: token_ids.to_vec(),
             sampling,
             drafts: None,
+            suppress: Vec::new(),
+            suppress_rows: 0,
         }],
         ..StepPlan::default()
     }

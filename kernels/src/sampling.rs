@@ -41,9 +41,42 @@ impl Kept {
         ((f64::from(v) - self.max) * self.inv_t).exp()
     }
 
-    /// Whether a logit is kept.
+    /// Whether a logit is kept (never a masked one, at -infinity: its probability is 0).
     pub fn keeps(&self, v: f32) -> bool {
-        v >= self.cut
+        v >= self.cut && v > f32::NEG_INFINITY
+    }
+}
+
+/// Masks the token ids `ids` of a logits row (vLLM's min-tokens processor): they get
+/// -infinity, so no draw picks them while another token remains. Ids outside the row are
+/// left alone (the engine checks ids against the vocabulary).
+pub fn suppress(row: &mut [f32], ids: &[u32]) {
+    for &t in ids {
+        if let Some(v) = row.get_mut(t as usize) {
+            *v = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// Masks, in a step's logits (`vocab` wide, one row per sampled position in plan order:
+/// one for a decode or a prompt's end, `len` for a verify), the suppressed ids of each
+/// work's first `suppress_rows` positions ([`engine::plan::SeqWork::suppress`]).
+pub fn suppress_plan(logits: &mut [f32], vocab: usize, work: &[engine::plan::SeqWork]) {
+    let mut row = 0usize;
+    for w in work {
+        let rows = if w.kind == engine::plan::WorkKind::Verify {
+            w.len as usize
+        } else if w.sample {
+            1
+        } else {
+            0
+        };
+        for j in 0..rows.min(w.suppress_rows as usize) {
+            if let Some(r) = logits.get_mut((row + j) * vocab..(row + j + 1) * vocab) {
+                suppress(r, &w.suppress);
+            }
+        }
+        row += rows;
     }
 }
 
@@ -283,5 +316,71 @@ mod tests {
         let greedy = params(0.0, 0, 1.0);
         assert_eq!(verify_draft(&logits, &greedy, 3, 0.9, 0.9), Ok(()));
         assert_eq!(verify_draft(&logits, &greedy, 1, 0.0, 0.0), Err(3));
+    }
+
+    #[test]
+    fn suppressed_tokens_are_never_drawn() {
+        let mut logits = vec![0.5f32, 4.0, 3.9, 1.0, -2.0, 4.0];
+        suppress(&mut logits, &[1, 5, 99]);
+        assert_eq!(logits[1], f32::NEG_INFINITY);
+        assert_eq!(logits[5], f32::NEG_INFINITY);
+        // Greedy falls to the best of the rest; sampling, at any u and cut, never picks
+        // a masked id, even at u just below 1 (where the inverse CDF's fallback is the last
+        // kept token).
+        assert_eq!(draw(&logits, &params(0.0, 0, 1.0), 0.5), 2);
+        for p in [
+            params(1.0, 0, 1.0),
+            params(2.0, 3, 0.9),
+            params(0.7, 0, 0.3),
+        ] {
+            for k in 0..64 {
+                let u = k as f32 / 64.0 + 0.0156;
+                let t = draw(&logits, &p, u.min(0.999_999_9));
+                assert!(t != 1 && t != 5, "{t} at {u}");
+            }
+        }
+        // A masked draft is always rejected, and its replacement is not masked.
+        for u in [0.0f32, 0.5, 0.99] {
+            let r = verify_draft(&logits, &params(1.0, 0, 1.0), 5, 0.0, u);
+            assert!(matches!(r, Err(t) if t != 1 && t != 5), "{r:?}");
+        }
+    }
+
+    #[test]
+    fn suppress_plan_masks_the_first_rows_of_each_work() {
+        use engine::plan::{SeqWork, WorkKind};
+        let vocab = 4;
+        let work = |kind: WorkKind, len: u32, sample: bool, rows: u32| SeqWork {
+            seq: 0,
+            kind,
+            start: 0,
+            len,
+            sample,
+            num_samples: 1,
+            block_table: Vec::new(),
+            token_ids: Vec::new(),
+            sampling: SamplingParams::default(),
+            drafts: None,
+            suppress: vec![2],
+            suppress_rows: rows,
+        };
+        // A decode (1 row, masked), a chunk that samples nothing (no row), a verify of 3
+        // (rows 2..5, the first two masked), a decode not masked (row 5).
+        let plan = [
+            work(WorkKind::Decode, 1, true, 1),
+            work(WorkKind::Prefill, 8, false, 1),
+            work(WorkKind::Verify, 3, true, 2),
+            work(WorkKind::Decode, 1, true, 0),
+        ];
+        let mut logits = vec![1.0f32; 6 * vocab];
+        suppress_plan(&mut logits, vocab, &plan);
+        let masked: Vec<usize> = (0..6)
+            .filter(|r| logits[r * vocab + 2] == f32::NEG_INFINITY)
+            .collect();
+        assert_eq!(masked, [0, 1, 2]);
+        assert_eq!(
+            logits.iter().filter(|v| **v == f32::NEG_INFINITY).count(),
+            3
+        );
     }
 }

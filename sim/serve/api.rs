@@ -177,8 +177,12 @@ pub struct Generation {
     pub stop_token_ids: Vec<u32>,
     /// Generate to `max_tokens` whatever is sampled.
     pub ignore_eos: bool,
-    /// End-of-sequence ends nothing before this many tokens.
+    /// Neither end-of-sequence, a stop token id nor a stop string ends a choice before
+    /// this many tokens (the first two are not even drawn).
     pub min_tokens: u32,
+    /// Stop strings and stop token ids stay in the text (vLLM's
+    /// `include_stop_str_in_output`).
+    pub include_stop: bool,
     /// Choices (parallel sampling).
     pub n: u32,
     /// Stream server-sent events.
@@ -237,10 +241,6 @@ pub fn parse(bytes: &[u8], chat: bool) -> Result<Generation, ApiError> {
         },
     )?;
     default_only("suffix", body.suffix.is_none())?;
-    default_only(
-        "include_stop_str_in_output",
-        body.include_stop_str_in_output != Some(true),
-    )?;
     default_only(
         "skip_special_tokens",
         body.skip_special_tokens != Some(false),
@@ -413,6 +413,7 @@ pub fn parse(bytes: &[u8], chat: bool) -> Result<Generation, ApiError> {
         stop_token_ids: body.stop_token_ids.unwrap_or_default(),
         ignore_eos: body.ignore_eos.unwrap_or(false),
         min_tokens,
+        include_stop: body.include_stop_str_in_output.unwrap_or(false),
         n,
         stream,
         include_usage: opts.include_usage.unwrap_or(false),

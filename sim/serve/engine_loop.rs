@@ -35,8 +35,11 @@ pub struct Submission {
     pub max_tokens: u32,
     /// Generate to `max_tokens` whatever is sampled.
     pub ignore_eos: bool,
-    /// End-of-sequence ends nothing before this many tokens.
+    /// Neither end-of-sequence nor a stop token id ends a choice before this many tokens
+    /// (nor can be drawn before).
     pub min_tokens: u32,
+    /// Token ids that end a choice, as end-of-sequence does.
+    pub stop_token_ids: Vec<u32>,
     /// Choices (parallel sampling).
     pub n: u32,
     /// How tokens are drawn.
@@ -58,6 +61,9 @@ pub enum Cmd {
     /// End this request: its client went away (`Abort`) or a stop string matched
     /// (`Stop`).
     Abort(SeqId, FinishReason),
+    /// End one choice of a parallel-sampling request (a stop string matched in its text
+    /// while other choices go on): its sequence ends at its next step, its blocks freed.
+    StopChoice(SeqId, u32),
     /// The server is stopping: abort every request, refuse new ones.
     Shutdown,
 }
@@ -118,21 +124,24 @@ impl Clock {
 /// A live request's delivery state: each choice's tokens so far and whether it ended.
 struct Live {
     events: UnboundedSender<Event>,
-    /// Dropped with the request (see [`Submission::hold`]).
-    _hold: Box<dyn std::any::Any + Send>,
+    /// Dropped with the request (see [`Submission::hold`]), or as soon as the scheduler
+    /// has ended all its choices, before their last tokens go out: a client that sends
+    /// its next request on the answer must find the slot free.
+    hold: Option<Box<dyn std::any::Any + Send>>,
     /// Its handler went away and the engine was told to end it.
     aborted: bool,
     max_tokens: u32,
     ignore_eos: bool,
     min_tokens: u32,
+    stop_token_ids: Vec<u32>,
     emitted: Vec<u32>,
     ended: Vec<bool>,
 }
 
 impl Live {
     /// Sends the tokens of choice `index`, cut where the scheduler ends the choice
-    /// (`max_tokens`, or end-of-sequence once `min_tokens` are out), as `append_token`
-    /// does.
+    /// (`max_tokens`, or end-of-sequence or a stop token id once `min_tokens` are out), as
+    /// `append_token` does.
     fn deliver(&mut self, index: u32, tokens: &[u32], eos: Option<u32>) {
         let i = index as usize;
         if i >= self.ended.len() || self.ended[i] {
@@ -145,13 +154,24 @@ impl Live {
             self.emitted[i] += 1;
             if self.emitted[i] >= self.max_tokens {
                 finished = Some(FinishReason::Length);
-            } else if !self.ignore_eos && Some(t) == eos && self.emitted[i] >= self.min_tokens {
+            } else if engine::request::stops_at(
+                t,
+                self.emitted[i],
+                eos,
+                self.ignore_eos,
+                self.min_tokens,
+                &self.stop_token_ids,
+            ) {
                 finished = Some(FinishReason::Stop);
             }
             if finished.is_some() {
                 self.ended[i] = true;
                 break;
             }
+        }
+        if self.ended.iter().all(|&e| e) {
+            // The scheduler ended the request in this step, its blocks freed there.
+            self.hold = None;
         }
         // A handler that went away aborts its request; its tokens go nowhere meanwhile.
         let _ = self.events.send(Event::Tokens {
@@ -496,6 +516,11 @@ impl State<'_> {
                 let now = clock.now().min(self.engine_now);
                 self.abort(id, reason, now, metrics).await?;
             }
+            Cmd::StopChoice(id, index) => {
+                if self.live.get(&id).is_some_and(|l| !l.aborted) {
+                    self.eng.abort_choice(id, index, FinishReason::Stop).await?;
+                }
+            }
             Cmd::Shutdown => {
                 if !*self.closed {
                     *self.closed = true;
@@ -523,6 +548,7 @@ impl State<'_> {
                 let mut req = Request::new(id, arrival, 0, s.max_tokens).with_tokens(s.prompt);
                 req.ignore_eos = s.ignore_eos;
                 req.min_tokens = s.min_tokens;
+                req.stop_token_ids = s.stop_token_ids.clone();
                 req.n = s.n;
                 req.sampling = s.sampling;
                 let n = s.n as usize;
@@ -530,11 +556,12 @@ impl State<'_> {
                     id,
                     Live {
                         events: s.events,
-                        _hold: s.hold,
+                        hold: Some(s.hold),
                         aborted: false,
                         max_tokens: s.max_tokens,
                         ignore_eos: s.ignore_eos,
                         min_tokens: s.min_tokens,
+                        stop_token_ids: s.stop_token_ids,
                         emitted: vec![0; n],
                         ended: vec![false; n],
                     },

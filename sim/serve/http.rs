@@ -75,11 +75,12 @@ impl AppState {
         }
     }
 
-    fn decode_output(&self, ids: &[u32]) -> String {
+    /// The text of generated `ids`, `offset` the index of `ids[0]` in the completion.
+    fn decode_output(&self, ids: &[u32], offset: usize) -> String {
         if self.synthetic_output {
-            Text::Synthetic.decode(ids, 0)
+            Text::Synthetic.decode(ids, offset)
         } else {
-            self.text.decode(ids, 0)
+            self.text.decode(ids, offset)
         }
     }
 }
@@ -98,8 +99,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Serves until `stop` fires (or a signal, with `signals`); returns once every connection
-/// has ended.
+/// Serves until `stop` fires (or a signal, with `signals`, or the engine loop ends: a
+/// failed backend leaves nothing to serve with); returns once every connection has ended.
 pub async fn serve(
     listener: std::net::TcpListener,
     state: Arc<AppState>,
@@ -108,6 +109,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let cmds = state.cmds.clone();
+    let engine = state.cmds.clone();
     let app = Router::new()
         .route("/health", get(health))
         .route("/ping", get(|| async { StatusCode::OK }))
@@ -142,9 +144,13 @@ pub async fn serve(
                 _ = stop => {}
                 _ = tokio::signal::ctrl_c() => {}
                 _ = term => {}
+                _ = engine.closed() => {}
             }
         } else {
-            let _ = stop.await;
+            tokio::select! {
+                _ = stop => {}
+                _ = engine.closed() => {}
+            }
         }
         // Requests in flight are aborted, so that their streams end and the server drains.
         let _ = cmds.send(Cmd::Shutdown);
@@ -296,13 +302,26 @@ impl Drop for Permit {
     }
 }
 
-/// One choice's text so far.
+/// One choice's text so far, decoded incrementally as vLLM's detokenizer does: each step
+/// decodes only the tokens since the last one that ended a character, with the step before
+/// as context, so a long completion costs the same per token as a short one.
 #[derive(Debug, Default)]
 struct Choice {
+    /// Output token ids (all counted in the usage, a stop token id included).
     ids: Vec<u32>,
-    /// Bytes of the decoded text already sent.
+    /// The text of `ids[..read]`.
+    text: String,
+    /// `ids[prefix..read]` decode to the tail of `text`: the context of the next decode.
+    prefix: usize,
+    /// Tokens decoded into `text`.
+    read: usize,
+    /// Bytes of `text` already sent.
     sent: usize,
+    /// Bytes of `text` searched for stop strings: a match must end after them.
+    searched: usize,
     finished: Option<&'static str>,
+    /// What stopped the choice, when not end-of-sequence: the stop string or token id.
+    stop_reason: Option<Value>,
 }
 
 /// Text to send for one choice: new text and, on its last delta, why it ended.
@@ -311,6 +330,7 @@ struct Delta {
     index: u32,
     text: String,
     finish: Option<&'static str>,
+    stop_reason: Option<Value>,
 }
 
 /// One request in flight: its events turned into text deltas.
@@ -321,6 +341,11 @@ struct Session {
     choices: Vec<Choice>,
     stop: Vec<String>,
     stop_ids: Vec<u32>,
+    /// Stop strings are looked for only once a choice has more tokens than this (vLLM).
+    min_tokens: u32,
+    ignore_eos: bool,
+    /// Stop strings and stop token ids stay in the text.
+    include_stop: bool,
     prompt_len: u32,
     /// The engine has ended the request (or been told to).
     ended: bool,
@@ -391,9 +416,11 @@ impl Session {
                 let mut out = Vec::new();
                 for i in 0..self.choices.len() {
                     if self.choices[i].finished.is_none() {
+                        let end = self.choices[i].ids.len();
+                        self.advance(i, end, true);
+                        self.choices[i].finished = Some("abort");
                         let mut d = self.flush(i, true);
                         d.finish = Some("abort");
-                        self.choices[i].finished = Some("abort");
                         out.push(d);
                     }
                 }
@@ -402,53 +429,90 @@ impl Session {
         }
     }
 
+    /// Decodes choice `i`'s tokens up to `end` into its text (vLLM's prefix and read
+    /// offsets); the decode waits while the new tokens end inside a character, unless
+    /// `last`.
+    fn advance(&mut self, i: usize, end: usize, last: bool) {
+        let st = &self.st;
+        let c = &mut self.choices[i];
+        let end = end.min(c.ids.len());
+        if end <= c.read {
+            return;
+        }
+        let prev = st.decode_output(&c.ids[c.prefix..c.read], c.prefix);
+        let new = st.decode_output(&c.ids[c.prefix..end], c.prefix);
+        if new.ends_with('\u{FFFD}') && !last {
+            return;
+        }
+        match new.strip_prefix(prev.as_str()) {
+            Some(tail) => c.text.push_str(tail),
+            // A decode that rewrote its context (not seen with byte-level BPE): decode all.
+            None => c.text = st.decode_output(&c.ids[..end], 0),
+        }
+        c.prefix = c.read;
+        c.read = end;
+    }
+
     /// Appends a step's tokens to choice `index`; the text that is safe to send.
     fn push(&mut self, index: u32, ids: &[u32], finished: Option<FinishReason>) -> Option<Delta> {
         let i = index as usize;
         if self.choices.get(i)?.finished.is_some() {
             return None;
         }
-        let mut finish = finished.map(|r| match r {
+        let finish = finished.map(|r| match r {
             FinishReason::Length => "length",
             FinishReason::Stop => "stop",
             _ => "abort",
         });
-        for &t in ids {
-            if self.stop_ids.contains(&t) {
-                finish = Some("stop");
-                break;
+        self.choices[i].ids.extend_from_slice(ids);
+        // A stop token id (not end-of-sequence) is the stop reason, and is left out of
+        // the text unless asked for, as vLLM does.
+        let mut end = self.choices[i].ids.len();
+        if finished == Some(FinishReason::Stop) {
+            if let Some(&t) = ids.last() {
+                let eos = !self.ignore_eos && Some(t) == self.st.text.eos();
+                if !eos && self.stop_ids.contains(&t) {
+                    self.choices[i].stop_reason = Some(json!(t));
+                    if !self.include_stop {
+                        end -= 1;
+                    }
+                }
             }
-            self.choices[i].ids.push(t);
         }
-        let text = self.st.decode_output(&self.choices[i].ids);
+        self.advance(i, end, finish.is_some());
+        let longest = self.stop.iter().map(String::len).max().unwrap_or(0);
         let c = &mut self.choices[i];
-        // A stop string ends the choice before it.
-        let from = c
-            .sent
-            .saturating_sub(self.stop.iter().map(String::len).max().unwrap_or(0));
-        let from = (from..=c.sent)
-            .find(|&k| text.is_char_boundary(k))
-            .unwrap_or(c.sent);
-        let hit = self
-            .stop
-            .iter()
-            .filter_map(|s| {
-                text.get(from..)
-                    .unwrap_or_default()
-                    .find(s.as_str())
-                    .map(|p| from + p)
-            })
-            .min();
-        if let Some(p) = hit {
-            let out = text.get(c.sent..p).unwrap_or_default().to_string();
-            c.sent = p.max(c.sent);
-            c.finished = Some("stop");
-            return Some(Delta {
-                index,
-                text: out,
-                finish: Some("stop"),
-            });
+        // A stop string ends the choice at it (after it, with include_stop_str_in_output);
+        // only a match that ends in the new text counts, and none before min_tokens.
+        if longest > 0 && c.ids.len() > self.min_tokens as usize {
+            let from = c.searched.saturating_sub(longest - 1);
+            let from = (0..=from)
+                .rev()
+                .find(|&k| c.text.is_char_boundary(k))
+                .unwrap_or(0);
+            let hit = self
+                .stop
+                .iter()
+                .filter_map(|s| {
+                    let tail = c.text.get(from..)?;
+                    tail.find(s.as_str()).map(|p| (from + p, s))
+                })
+                .min_by_key(|&(p, _)| p);
+            if let Some((p, s)) = hit {
+                let cut = if self.include_stop { p + s.len() } else { p };
+                c.text.truncate(cut);
+                c.stop_reason = Some(json!(s));
+                c.finished = Some("stop");
+                if !self.all_finished() {
+                    // The other choices go on; this one's sequence ends in the engine.
+                    let _ = self.st.cmds.send(Cmd::StopChoice(self.id, index));
+                }
+                let mut d = self.flush(i, true);
+                d.finish = Some("stop");
+                return Some(d);
+            }
         }
+        c.searched = c.text.len();
         if finish.is_some() {
             c.finished = finish;
             let mut d = self.flush(i, true);
@@ -459,16 +523,13 @@ impl Session {
     }
 
     /// The text of choice `i` not sent yet: all of it when `last`, else what cannot
-    /// still turn into a stop string or a longer character.
+    /// still turn into a stop string.
     fn flush(&mut self, i: usize, last: bool) -> Delta {
-        let text = self.st.decode_output(&self.choices[i].ids);
         let c = &mut self.choices[i];
-        let mut end = text.len();
-        if !last {
-            if text.ends_with('\u{FFFD}') {
-                end -= '\u{FFFD}'.len_utf8();
-            }
+        let mut end = c.text.len();
+        if !last && !self.include_stop {
             // Hold back a tail that a stop string could start with.
+            let text = &c.text;
             let hold = self
                 .stop
                 .iter()
@@ -477,19 +538,20 @@ impl Session {
                         .filter(|&k| s.is_char_boundary(k))
                         .map(move |k| &s[..k])
                 })
-                .filter(|p| text.get(..end).is_some_and(|t| t.ends_with(p)))
+                .filter(|p| text.ends_with(p))
                 .map(|p| p.len())
                 .max()
                 .unwrap_or(0);
             end -= hold;
         }
         let end = end.max(c.sent);
-        let out = text.get(c.sent..end).unwrap_or_default().to_string();
+        let out = c.text.get(c.sent..end).unwrap_or_default().to_string();
         c.sent = end;
         Delta {
             index: i as u32,
             text: out,
             finish: None,
+            stop_reason: if last { c.stop_reason.clone() } else { None },
         }
     }
 }
@@ -570,6 +632,12 @@ async fn generate(
             param: None,
         });
     }
+    // Simulated tokens are placeholders that no stop token id names.
+    let stop_ids = if st.synthetic_output {
+        Vec::new()
+    } else {
+        g.stop_token_ids.clone()
+    };
     // The engine keeps the slot until the request has ended there (a request aborted by
     // its client still counts until then).
     let permit = Permit(st.clone());
@@ -583,6 +651,7 @@ async fn generate(
             max_tokens,
             ignore_eos: g.ignore_eos,
             min_tokens: g.min_tokens,
+            stop_token_ids: stop_ids.clone(),
             n: g.n,
             sampling: g.sampling,
             received,
@@ -607,7 +676,10 @@ async fn generate(
         events: rx,
         choices: (0..g.n).map(|_| Choice::default()).collect(),
         stop: g.stop.clone(),
-        stop_ids: g.stop_token_ids.clone(),
+        stop_ids,
+        min_tokens: g.min_tokens,
+        ignore_eos: g.ignore_eos,
+        include_stop: g.include_stop,
         prompt_len: p as u32,
         ended: false,
         record: None,
@@ -633,12 +705,12 @@ async fn whole(
     rid: String,
 ) -> Result<Response, ApiError> {
     let mut texts = vec![String::new(); s.choices.len()];
-    let mut reasons = vec![None; s.choices.len()];
+    let mut reasons = vec![(None, None); s.choices.len()];
     while let Some(deltas) = s.next().await? {
         for d in deltas {
             texts[d.index as usize].push_str(&d.text);
             if d.finish.is_some() {
-                reasons[d.index as usize] = d.finish;
+                reasons[d.index as usize] = (d.finish, d.stop_reason);
             }
         }
     }
@@ -646,14 +718,14 @@ async fn whole(
         .into_iter()
         .zip(reasons)
         .enumerate()
-        .map(|(i, (text, reason))| {
+        .map(|(i, (text, (reason, stop_reason)))| {
             if chat {
                 json!({
                     "index": i,
                     "message": {"role": "assistant", "content": text, "tool_calls": []},
                     "logprobs": null,
                     "finish_reason": reason,
-                    "stop_reason": null,
+                    "stop_reason": stop_reason,
                 })
             } else {
                 json!({
@@ -661,7 +733,7 @@ async fn whole(
                     "text": text,
                     "logprobs": null,
                     "finish_reason": reason,
-                    "stop_reason": null,
+                    "stop_reason": stop_reason,
                 })
             }
         })
@@ -716,9 +788,9 @@ fn stream(
                 } else {
                     json!({"content": d.text})
                 };
-                json!({"index": d.index, "delta": delta, "logprobs": null, "finish_reason": d.finish})
+                json!({"index": d.index, "delta": delta, "logprobs": null, "finish_reason": d.finish, "stop_reason": d.stop_reason})
             } else {
-                json!({"index": d.index, "text": d.text, "logprobs": null, "finish_reason": d.finish, "stop_reason": null})
+                json!({"index": d.index, "text": d.text, "logprobs": null, "finish_reason": d.finish, "stop_reason": d.stop_reason})
             }
         };
         if chat {
@@ -728,6 +800,7 @@ fn stream(
                     index: i as u32,
                     text: String::new(),
                     finish: None,
+                    stop_reason: None,
                 };
                 if tx.send(chunk(vec![choice(&d, true)], None)).await.is_err() {
                     return;
@@ -777,4 +850,141 @@ fn stream(
         Some((Ok(SseEvent::default().data(data)), rx))
     });
     Sse::new(events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session over the synthetic text (token `k` of a choice decodes to the word at
+    /// position `k`, whatever its id), fed by hand.
+    fn session(stop: &[&str], stop_ids: &[u32], min_tokens: u32, include_stop: bool) -> Session {
+        let (cmds, _) = mpsc::unbounded_channel();
+        let (_, events) = mpsc::unbounded_channel();
+        let st = AppState::new(
+            cmds,
+            Text::Synthetic,
+            "m".into(),
+            4096,
+            1 << 16,
+            Arc::new(Mutex::new(Metrics::default())),
+            8,
+            true,
+        );
+        Session {
+            st: Arc::new(st),
+            id: 0,
+            events,
+            choices: vec![Choice::default()],
+            stop: stop.iter().map(|s| s.to_string()).collect(),
+            stop_ids: stop_ids.to_vec(),
+            min_tokens,
+            ignore_eos: false,
+            include_stop,
+            prompt_len: 3,
+            // Nothing to abort when dropped.
+            ended: true,
+            record: None,
+        }
+    }
+
+    /// Feeds `steps` (token counts) of placeholder ids, the last step ending with
+    /// `last`; returns the text sent and the last delta's finish and stop reason.
+    fn feed(
+        s: &mut Session,
+        steps: &[usize],
+        last: Option<FinishReason>,
+    ) -> (String, Option<&'static str>, Option<Value>) {
+        let mut text = String::new();
+        let mut end = (None, None);
+        for (k, &n) in steps.iter().enumerate() {
+            let fin = if k + 1 == steps.len() { last } else { None };
+            if let Some(d) = s.push(0, &vec![3; n], fin) {
+                text.push_str(&d.text);
+                if d.finish.is_some() {
+                    end = (d.finish, d.stop_reason);
+                    break;
+                }
+            }
+        }
+        (text, end.0, end.1)
+    }
+
+    fn words(n: usize) -> String {
+        Text::Synthetic.decode(&vec![0; n], 0)
+    }
+
+    #[test]
+    fn incremental_text_equals_the_whole_decode() {
+        let mut s = session(&[], &[], 0, false);
+        let steps = [1, 3, 2, 1, 5, 4, 1];
+        let (text, fin, why) = feed(&mut s, &steps, Some(FinishReason::Length));
+        assert_eq!(text, words(17));
+        assert_eq!((fin, why), (Some("length"), None));
+        assert_eq!(s.completion_tokens(), 17);
+        // Each decode sees at most the last two steps' tokens.
+        assert_eq!((s.choices[0].prefix, s.choices[0].read), (16, 17));
+    }
+
+    #[test]
+    fn stop_strings_across_steps_are_held_back_and_cut() {
+        // " to in" spans tokens 4 and 5: " to" is held back, then cut with " in".
+        let mut s = session(&[" to in", "zzz"], &[], 0, false);
+        let mut sent = Vec::new();
+        for _ in 0..6 {
+            let d = s.push(0, &[3], None).expect("delta");
+            sent.push(d.text.clone());
+            if d.finish.is_some() {
+                assert_eq!(d.finish, Some("stop"));
+                assert_eq!(d.stop_reason, Some(json!(" to in")));
+                break;
+            }
+        }
+        assert_eq!(sent, [" the", " of", " and", "", ""]);
+        assert_eq!(s.completion_tokens(), 5);
+        // Kept in the output when asked, and nothing held back then.
+        let mut s = session(&[" to in"], &[], 0, true);
+        let (text, fin, why) = feed(&mut s, &[1, 1, 1, 1, 1, 1], None);
+        assert_eq!(text, words(5));
+        assert_eq!((fin, why), (Some("stop"), Some(json!(" to in"))));
+    }
+
+    #[test]
+    fn stop_strings_wait_for_min_tokens() {
+        // " of" is word 2 (and 18); with min_tokens 2 the first is not looked at (vLLM
+        // looks once a choice has more tokens than min_tokens, in the new text only).
+        let mut s = session(&[" of"], &[], 0, false);
+        let (text, fin, _) = feed(&mut s, &[1; 20], Some(FinishReason::Length));
+        assert_eq!((text.as_str(), fin), (" the", Some("stop")));
+        let mut s = session(&[" of"], &[], 2, false);
+        let (text, fin, why) = feed(&mut s, &[1; 20], Some(FinishReason::Length));
+        assert_eq!(text, words(17));
+        assert_eq!((fin, why), (Some("stop"), Some(json!(" of"))));
+        // Within one step past min_tokens, a match in that step counts.
+        let mut s = session(&[" of"], &[], 1, false);
+        let (text, _, _) = feed(&mut s, &[3], None);
+        assert_eq!(text, " the");
+    }
+
+    #[test]
+    fn stop_token_ids_are_counted_not_shown_and_named() {
+        let mut s = session(&[], &[3], 0, false);
+        let (text, fin, why) = feed(&mut s, &[2, 1], Some(FinishReason::Stop));
+        assert_eq!(text, words(2));
+        assert_eq!((fin, why), (Some("stop"), Some(json!(3))));
+        assert_eq!(s.completion_tokens(), 3);
+        // End-of-sequence (here: a Stop on an id that is no stop id) has no stop reason.
+        let mut s = session(&[], &[9], 0, false);
+        let mut d = None;
+        for ids in [vec![3, 3], vec![4]] {
+            let fin = (ids == [4]).then_some(FinishReason::Stop);
+            d = s.push(0, &ids, fin);
+        }
+        let d = d.expect("delta");
+        assert_eq!((d.finish, d.stop_reason), (Some("stop"), None));
+        // The stop token's text is kept when asked.
+        let mut s = session(&[], &[3], 0, true);
+        let (text, _, why) = feed(&mut s, &[2, 1], Some(FinishReason::Stop));
+        assert_eq!((text, why), (words(3), Some(json!(3))));
+    }
 }

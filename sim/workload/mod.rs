@@ -298,6 +298,7 @@ impl Workload {
             max_tokens,
             ignore_eos: true,
             min_tokens: 0,
+            stop_token_ids: Vec::new(),
             scripted_output,
             n: self.class_n.get(usize::from(class)).copied().unwrap_or(1),
             beam_search: self

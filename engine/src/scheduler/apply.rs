@@ -133,6 +133,7 @@ impl Scheduler {
             drafts,
             self.cfg.keep_tokens,
             table,
+            self.cfg.eos_token,
         ))
     }
 
@@ -195,6 +196,7 @@ fn seq_work(
     drafts: Option<crate::spec::Drafts>,
     keep_tokens: bool,
     block_table: Vec<u32>,
+    eos: Option<u32>,
 ) -> SeqWork {
     let kind = if drafts.is_some() {
         WorkKind::Verify
@@ -214,12 +216,27 @@ fn seq_work(
         // The last token, then the engine's drafts (none: the backend drafts).
         token_ids.extend_from_slice(&d.tokens);
     }
+    let sample = drafts.is_some() || s.num_computed + tokens == s.num_tokens;
+    // min_tokens: the draws that would leave the request short of them mask its stops
+    // (real backends only: simulated draws are placeholders).
+    let (suppress, suppress_rows) = if sample && keep_tokens {
+        let ids = s.request.suppressed(s.output_len, eos);
+        let rows = s.request.min_tokens.saturating_sub(s.output_len);
+        (ids, rows)
+    } else {
+        (Vec::new(), 0)
+    };
+    let suppress_rows = if suppress.is_empty() {
+        0
+    } else {
+        suppress_rows
+    };
     SeqWork {
         seq,
         kind,
         start: s.num_computed,
         len: tokens,
-        sample: drafts.is_some() || s.num_computed + tokens == s.num_tokens,
+        sample,
         // The prompt's last position samples all `n` first tokens (the fork).
         num_samples: if s.output_len == 0 {
             s.request.n.max(1)
@@ -230,6 +247,8 @@ fn seq_work(
         token_ids,
         sampling: s.request.sampling,
         drafts,
+        suppress,
+        suppress_rows,
     }
 }
 

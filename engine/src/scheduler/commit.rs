@@ -51,7 +51,7 @@ impl Scheduler {
                     reason = append_token(s, t, now, keep, eos, &mut self.itl_gaps, j == 0);
                     emitted += 1;
                     if reason.is_none() {
-                        reason = self.aborting.get(&s.request.id).copied();
+                        reason = aborted(&self.aborting, &self.aborting_seqs, s.request.id, w.seq);
                     }
                     if reason.is_some() {
                         break;
@@ -81,7 +81,9 @@ impl Scheduler {
             // and those holding generated tokens when their ids are known.
             register_full_blocks(s, bs, w.seq, &mut result.cache);
             if !w.sample {
-                if let Some(&reason) = self.aborting.get(&s.request.id) {
+                if let Some(reason) =
+                    aborted(&self.aborting, &self.aborting_seqs, s.request.id, w.seq)
+                {
                     // Ended mid-prompt: no token, the chunk's blocks freed.
                     s.status = SeqStatus::Finished;
                     result.to_free.push(w.seq);
@@ -125,6 +127,7 @@ impl Scheduler {
             let mut outcomes = Vec::with_capacity(k);
             let aborted = self.aborting.get(&s.request.id).copied();
             let abort = |r: Option<FinishReason>| r.or(aborted);
+            let own = self.aborting_seqs.get(&w.seq).copied();
             let reason = abort(append_token(
                 s,
                 tokens[0],
@@ -133,7 +136,8 @@ impl Scheduler {
                 eos,
                 &mut self.itl_gaps,
                 true,
-            ));
+            ))
+            .or(own);
             outcomes.push((w.seq, reason));
             for (id, mut c, t) in children {
                 let reason = abort(append_token(
@@ -286,6 +290,7 @@ impl Scheduler {
         reason: FinishReason,
         now: Nanos,
     ) -> Option<RequestRecord> {
+        self.aborting_seqs.remove(&id);
         let s = self.seqs.get(&id)?;
         let mut rec = RequestRecord {
             request_id: s.request.id,

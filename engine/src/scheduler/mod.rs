@@ -365,6 +365,9 @@ pub struct Scheduler {
     /// Requests their clients aborted: each ends at its sequences' next committed step
     /// ([`Scheduler::abort`]).
     aborting: FxHashMap<SeqId, FinishReason>,
+    /// Single sequences of parallel-sampling requests ended early (one choice's stop
+    /// string): each ends at its next committed step ([`Scheduler::abort_choice`]).
+    aborting_seqs: FxHashMap<SeqId, FinishReason>,
     /// Drafts of each entry of the pending proposal (speculative decoding).
     pending_drafts: Vec<Option<crate::spec::Drafts>>,
     /// Acceptance counters per request class.
@@ -421,6 +424,7 @@ impl Scheduler {
             groups: FxHashMap::default(),
             pending_drafts: Vec::new(),
             aborting: Default::default(),
+            aborting_seqs: Default::default(),
             spec_stats: Vec::new(),
             pad: PadState::default(),
         })
@@ -615,6 +619,27 @@ impl Scheduler {
         None
     }
 
+    /// Ends choice `index` of a live request early (`sim serve`: a stop string matched in
+    /// that choice's text while the others go on): its sequence ends at its next committed
+    /// step with `reason`, its blocks freed then; the request's record comes when its last
+    /// sequence ends. Choice 0 is the request's own sequence, choice `k` its fork
+    /// [`child_id`]`(request, k)`. A choice that is not live (never forked, or already
+    /// ended) is left alone.
+    pub fn abort_choice(&mut self, request: SeqId, index: u32, reason: FinishReason) {
+        let seq = if index == 0 {
+            request
+        } else {
+            child_id(request, index)
+        };
+        let live = self
+            .seqs
+            .get(&seq)
+            .is_some_and(|s| s.status != SeqStatus::Finished && s.request.id == request);
+        if live {
+            self.aborting_seqs.insert(seq, reason);
+        }
+    }
+
     /// True when some sequence waits or runs.
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.backlog.is_empty() || !self.running.is_empty()
@@ -765,11 +790,22 @@ fn append_token(
     s.last_token = Some(now);
     if s.output_len >= s.request.max_tokens {
         Some(FinishReason::Length)
-    } else if !s.request.ignore_eos && Some(token) == eos && s.output_len >= s.request.min_tokens {
+    } else if s.request.stops_at(token, s.output_len, eos) {
         Some(FinishReason::Stop)
     } else {
         None
     }
+}
+
+/// Why sequence `seq` of `request` must end now, if it was aborted (the whole request in
+/// `requests`, or this one sequence in `seqs`).
+fn aborted(
+    requests: &FxHashMap<SeqId, FinishReason>,
+    seqs: &FxHashMap<SeqId, FinishReason>,
+    request: SeqId,
+    seq: SeqId,
+) -> Option<FinishReason> {
+    requests.get(&request).or_else(|| seqs.get(&seq)).copied()
 }
 
 /// The sequences of a parallel-sampling or beam-search request, until all have finished.

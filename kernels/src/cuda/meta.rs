@@ -294,6 +294,8 @@ mod tests {
             token_ids: Vec::new(),
             sampling: Default::default(),
             drafts: None,
+            suppress: Vec::new(),
+            suppress_rows: 0,
         }
     }
 

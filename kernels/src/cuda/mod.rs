@@ -729,14 +729,20 @@ impl CudaRuntime {
         self.stream.memcpy_dtoh(&a.ids, &mut host)?;
         let vocab = self.shape.vocab as usize;
         let verifies = plan.num_verify() > 0;
+        // Draws that must mask stops (min_tokens) are redrawn on the host from masked rows,
+        // as verify works are verified there: the kernel's draw ignores masks.
+        let suppresses = plan.work.iter().any(|w| w.suppress_rows > 0);
         // Host verification is part of the step (vLLM verifies inside its step).
         let host_started = std::time::Instant::now();
-        let logits = if self.keep_logits || verifies {
+        let mut logits = if self.keep_logits || verifies || suppresses {
             self.stream
                 .clone_dtoh(&a.logits.slice(0..l.samples * vocab))?
         } else {
             Vec::new()
         };
+        if suppresses {
+            crate::sampling::suppress_plan(&mut logits, vocab, &plan.work);
+        }
         let draws: Vec<u32> = host[..l.draws]
             .iter()
             .map(|&x| {
@@ -748,9 +754,10 @@ impl CudaRuntime {
                     })
             })
             .collect::<Result<_, _>>()?;
-        if verifies {
+        if verifies || suppresses {
             // Verify works are verified on the host from their logits rows, as the
-            // CPU runtime does; the other works keep the kernel's draws.
+            // CPU runtime does; masked draws are drawn there too; the other works keep the
+            // kernel's draws.
             let (mut row, mut d) = (0usize, 0usize);
             for w in &plan.work {
                 if w.kind == engine::plan::WorkKind::Verify {
@@ -763,7 +770,16 @@ impl CudaRuntime {
                     d += w.len as usize;
                 } else if w.sample {
                     let n = w.num_samples.max(1) as usize;
-                    sampled.extend_from_slice(&draws[d..d + n]);
+                    if w.suppress_rows > 0 {
+                        let at = &logits[row * vocab..(row + 1) * vocab];
+                        let pos = w.start + w.len;
+                        for j in 0..n as u32 {
+                            let u = w.sampling.uniform(w.seq, pos, j);
+                            sampled.push(crate::sampling::draw(at, &w.sampling, u));
+                        }
+                    } else {
+                        sampled.extend_from_slice(&draws[d..d + n]);
+                    }
                     row += 1;
                     d += n;
                 }

@@ -89,6 +89,8 @@ pub(super) fn random_problem(
                 token_ids: Vec::new(),
                 sampling: Default::default(),
                 drafts: None,
+                suppress: Vec::new(),
+                suppress_rows: 0,
             }
         })
         .collect();

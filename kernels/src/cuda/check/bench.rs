@@ -293,6 +293,8 @@ pub(super) fn batch_decode_plan(batch: u32, ctx: u32, block_size: u32) -> StepPl
                 token_ids: Vec::new(),
                 sampling: Default::default(),
                 drafts: None,
+                suppress: Vec::new(),
+                suppress_rows: 0,
             })
             .collect(),
         ..StepPlan::default()

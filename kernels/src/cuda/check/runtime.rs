@@ -253,6 +253,8 @@ fn one_work_plan(
                 acceptance: engine::spec::Acceptance::iid(0.5, len - 1)
                     .unwrap_or_else(|_| unreachable!("a rate in [0, 1]")),
             }),
+            suppress: Vec::new(),
+            suppress_rows: 0,
         }],
         ..StepPlan::default()
     }
@@ -378,6 +380,8 @@ pub fn graph_check(seed: u64) -> Result<Vec<RuntimeCase>, CudaError> {
                         .collect(),
                     sampling: Default::default(),
                     drafts: None,
+                    suppress: Vec::new(),
+                    suppress_rows: 0,
                 })
                 .collect();
             let plan = StepPlan {
