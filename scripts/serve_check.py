@@ -138,9 +138,20 @@ def openai_checks(url):
         model=model, messages=[{"role": "user", "content": "Say yes."}], max_tokens=12, temperature=0,
         extra_body={"min_tokens": 12})
     check(r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length", f"min_tokens: {r}")
+    # Log-probabilities, parsed into the package's own types.
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say yes."}], max_tokens=6, temperature=0,
+        logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    check(content and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+          and abs(content[0].logprob - content[0].top_logprobs[0].logprob) < 1e-6, f"chat logprobs: {r}")
+    r = client.completions.create(model=model, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    check(len(lp.tokens) == 4 and "".join(lp.tokens) == r.choices[0].text and len(lp.top_logprobs) == 4,
+          f"completion logprobs: {r}")
     r = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8, n=2, seed=7, temperature=0.8)
     check(len(r.choices) == 2 and r.usage.completion_tokens <= 16, f"n=2: {r}")
-    print(f"openai {__import__('openai').__version__}: models, streamed chat ({chunks} chunks) and completions, stop, min_tokens, n=2: ok")
+    print(f"openai {__import__('openai').__version__}: models, streamed chat ({chunks} chunks) and completions, stop, min_tokens, logprobs, n=2: ok")
 
 
 def hf_tokenizer(gguf_path, out):
@@ -241,7 +252,7 @@ def load(url, phases, isl, osl, seed):
 
 def closed_loop(sim, gguf, work, record=None):
     fit_run, held_out = os.path.join(work, "served-ramp"), os.path.join(work, "served-6")
-    for out, phases, seed in [(fit_run, [(1, 8), (4, 6), (8, 4), (16, 3)], 1), (held_out, [(6, 10)], 2)]:
+    for out, phases, seed in [(fit_run, [(1, 8), (4, 6), (8, 4), (16, 3)], 1), (held_out, [(6, 30)], 2)]:
         s = Server(sim, [gguf], out, out + ".log")
         load(s.url, phases, 128, 48, seed)
         wait_idle(s)

@@ -235,6 +235,12 @@ fn the_cost_model_serves_the_openai_api() {
         ),
         ("/v1/chat/completions", r#"{"messages":"hi"}"#.into(), 400),
         ("/detokenize", r#"{"tokens":[99999999]}"#.into(), 400),
+        // The cost model draws no real tokens: no log-probabilities.
+        (
+            "/v1/completions",
+            r#"{"prompt":"x","logprobs":2}"#.into(),
+            400,
+        ),
     ];
     for (path, body, status) in bad {
         let (s, v) = post(&base, path, &body);
@@ -405,8 +411,82 @@ fn greedy_completions_served_over_http_equal_generate() {
     assert!(text.starts_with(&tok.decode(&toks[..k], false)), "{v}");
     let n = v["usage"]["completion_tokens"].as_u64().expect("usage") as usize;
     assert!(n >= k + 2, "the stop id was masked at draw {k}: {v}");
+
+    // Log-probabilities: the raw log-softmax of the runtime's logits (the first token's
+    // equal the runtime's own, run alone), the greedy token the most likely.
+    let first_row = {
+        use kernels::generate::StepRuntime as _;
+        let mut ids = Vec::new();
+        if tok.add_bos {
+            ids.extend(tok.bos);
+        }
+        ids.extend(tok.encode(&cases[0].prompt, true));
+        let blocks = (ids.len() as u32 + 2).div_ceil(16) + 1;
+        let mut rt = kernels::cpu::CpuRuntime::from_gguf(&g, 16, blocks).expect("runtime");
+        rt.keep_logits(true);
+        rt.generate(&ids, 1, Default::default(), tok.eos, |_| {})
+            .expect("generate");
+        rt.last_logits().to_vec()
+    };
+    let want = kernels::sampling::logprobs(&first_row, toks[0], 3);
+    let body = json!({"prompt": cases[0].prompt, "max_tokens": 8, "temperature": 0, "logprobs": 3});
+    let (s, v) = post(&base, "/v1/completions", &body.to_string());
+    assert_eq!(s, 200, "{v}");
+    let lp = &v["choices"][0]["logprobs"];
+    let tokens = lp["tokens"].as_array().expect("tokens");
+    assert_eq!(tokens.len(), 8, "{lp}");
+    let values: Vec<f64> = lp["token_logprobs"]
+        .as_array()
+        .expect("token_logprobs")
+        .iter()
+        .map(|x| x.as_f64().expect("a number"))
+        .collect();
+    assert!(
+        (values[0] - f64::from(want.logprob)).abs() < 2e-3,
+        "{values:?} {want:?}"
+    );
+    for (k, top) in lp["top_logprobs"]
+        .as_array()
+        .expect("tops")
+        .iter()
+        .enumerate()
+    {
+        let top = top.as_object().expect("a map");
+        assert!(top.len() <= 4 && top.len() >= 3, "{top:?}");
+        let best = top
+            .values()
+            .filter_map(Value::as_f64)
+            .fold(f64::MIN, f64::max);
+        assert!(
+            (best - values[k]).abs() < 1e-6,
+            "greedy draws the most likely: {top:?}"
+        );
+        assert!(values[k] <= 0.0);
+    }
+    let joined: String = tokens.iter().filter_map(Value::as_str).collect();
+    assert_eq!(joined, v["choices"][0]["text"].as_str().expect("text"));
+    let offsets = lp["text_offset"].as_array().expect("offsets");
+    assert_eq!(offsets[0], 0);
+    // Chat: content entries with bytes and the top alternatives.
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5,
+                      "temperature": 0, "logprobs": true, "top_logprobs": 2});
+    let (s, v) = post(&base, "/v1/chat/completions", &body.to_string());
+    assert_eq!(s, 200, "{v}");
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .expect("content");
+    let n = v["usage"]["completion_tokens"].as_u64().expect("usage") as usize;
+    let shown = content.len();
+    assert!(
+        shown == n || shown + 1 == n,
+        "one entry a token (EOS left out): {v}"
+    );
+    for e in content {
+        assert!(e["bytes"].is_array() && e["logprob"].as_f64().is_some_and(|x| x <= 0.0));
+        assert_eq!(e["top_logprobs"].as_array().map(Vec::len), Some(2), "{e}");
+    }
     wait_idle(&base);
     let summary = server.stop().expect("stops");
-    assert_eq!(summary.completed, 26);
+    assert_eq!(summary.completed, 28);
     assert!(summary.mean_ttft_ms > 0.0);
 }

@@ -187,6 +187,20 @@ pub struct StepOutcome {
     pub mbu: f64,
     /// Model FLOPs utilisation (0 when unknown).
     pub mfu: f64,
+    /// The log-probabilities of the `sampled` tokens, one per token (`None` for works that
+    /// did not ask, [`crate::request::SamplingParams::logprobs`]); empty when no work of
+    /// the step asked, or the backend draws no real tokens.
+    pub logprobs: Vec<Option<TokenLogprobs>>,
+}
+
+/// One drawn token's log-probabilities (vLLM's `logprobs`): the log-softmax of the model's
+/// raw logits (before temperature, top-k/top-p and masks, vLLM's `raw_logprobs`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TokenLogprobs {
+    /// The drawn token's.
+    pub logprob: f32,
+    /// The most likely tokens' `(id, logprob)`, most likely first (lower id first on ties).
+    pub top: Vec<(u32, f32)>,
 }
 
 impl StepOutcome {
@@ -200,6 +214,7 @@ impl StepOutcome {
             accepted,
             mbu: 0.0,
             mfu: 0.0,
+            logprobs: Vec::new(),
         }
     }
 

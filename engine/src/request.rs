@@ -25,6 +25,9 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// Seed of the request's draws.
     pub seed: u64,
+    /// Return each drawn token's log-probability and those of the `k` most likely tokens
+    /// (vLLM's `logprobs`, at most [`SamplingParams::MAX_LOGPROBS`]); `None`: not computed.
+    pub logprobs: Option<u32>,
 }
 
 impl Default for SamplingParams {
@@ -34,6 +37,7 @@ impl Default for SamplingParams {
             top_k: 0,
             top_p: 1.0,
             seed: 0,
+            logprobs: None,
         }
     }
 }
@@ -42,6 +46,9 @@ impl SamplingParams {
     /// Temperatures below this are greedy (vLLM's `_SAMPLING_EPS`): dividing logits by
     /// them would overflow.
     pub const GREEDY_BELOW: f32 = 1e-5;
+
+    /// Most top log-probabilities a draw returns (vLLM's default `max_logprobs`).
+    pub const MAX_LOGPROBS: u32 = 20;
 
     /// Whether the draw is the argmax.
     pub fn is_greedy(&self) -> bool {

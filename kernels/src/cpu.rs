@@ -74,6 +74,8 @@ pub struct CpuRuntime {
     precision: Precision,
     /// Accepted drafts of the last step's verify works.
     accepted: Vec<u32>,
+    /// Log-probabilities of the last step's drawn tokens (when a work asked).
+    logprobs: Vec<Option<engine::plan::TokenLogprobs>>,
     /// Self-speculation: layers of the draft (`None`: none).
     draft_layers: Option<usize>,
 }
@@ -217,6 +219,7 @@ impl CpuRuntime {
             logits: Vec::new(),
             precision: Precision::default(),
             accepted: Vec::new(),
+            logprobs: Vec::new(),
             draft_layers: None,
         })
     }
@@ -389,12 +392,17 @@ impl CpuRuntime {
                 toks.push((wi, p, id));
             }
         }
+        self.logprobs.clear();
         if toks.is_empty() {
             self.accepted.clear();
             return Ok((started.elapsed().as_nanos() as u64, Vec::new()));
         }
         let layers = self.layers.len();
         let mut logits = self.pass(plan, &toks, layers, &rows);
+        // Log-probabilities are the raw logits': kept aside when masks change them.
+        let wants_logprobs = plan.work.iter().any(|w| w.sampling.logprobs.is_some());
+        let raw = (wants_logprobs && plan.work.iter().any(|w| w.suppress_rows > 0))
+            .then(|| logits.clone());
         // min_tokens: stops are masked before anything is drawn or verified.
         crate::sampling::suppress_plan(&mut logits, vocab, &plan.work);
         let mut drawn = Vec::new();
@@ -415,6 +423,15 @@ impl CpuRuntime {
                 }
                 row += 1;
             }
+        }
+        if wants_logprobs {
+            self.logprobs = crate::sampling::step_logprobs(
+                raw.as_deref().unwrap_or(&logits),
+                vocab,
+                &plan.work,
+                &drawn,
+                &self.accepted,
+            );
         }
         if self.keep_logits {
             self.logits = logits;
@@ -666,6 +683,9 @@ impl crate::generate::StepRuntime for CpuRuntime {
     }
     fn take_accepted(&mut self) -> Vec<u32> {
         CpuRuntime::take_accepted(self)
+    }
+    fn take_logprobs(&mut self) -> Vec<Option<engine::plan::TokenLogprobs>> {
+        std::mem::take(&mut self.logprobs)
     }
     fn kv_geometry(&self) -> (u32, u32) {
         (self.num_blocks, self.block_size)

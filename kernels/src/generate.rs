@@ -19,6 +19,11 @@ pub trait StepRuntime {
     fn take_accepted(&mut self) -> Vec<u32> {
         Vec::new()
     }
+    /// The log-probabilities of the last step's drawn tokens
+    /// ([`engine::plan::StepOutcome::logprobs`]; runtimes that compute them).
+    fn take_logprobs(&mut self) -> Vec<Option<engine::plan::TokenLogprobs>> {
+        Vec::new()
+    }
     /// KV blocks and block size.
     fn kv_geometry(&self) -> (u32, u32);
 
@@ -87,6 +92,7 @@ impl<R: StepRuntime> Backend for RuntimeBackend<R> {
             accepted: self.rt.take_accepted(),
             mbu: 0.0,
             mfu: 0.0,
+            logprobs: self.rt.take_logprobs(),
         })
     }
 }

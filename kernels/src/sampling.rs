@@ -47,6 +47,87 @@ impl Kept {
     }
 }
 
+/// The log-probabilities of `token` and of the `top` most likely tokens under the raw
+/// logits `row` (log-softmax in f64; most likely first, lower id first on ties; NaN logits
+/// count as -infinity).
+pub fn logprobs(row: &[f32], token: u32, top: u32) -> engine::plan::TokenLogprobs {
+    let clean = |v: f32| if v.is_nan() { f32::NEG_INFINITY } else { v };
+    let max = row
+        .iter()
+        .map(|&v| clean(v))
+        .fold(f32::NEG_INFINITY, f32::max);
+    let max = if max.is_finite() { f64::from(max) } else { 0.0 };
+    let sum: f64 = row.iter().map(|&v| (f64::from(clean(v)) - max).exp()).sum();
+    let lse = max + sum.ln();
+    let lp = |v: f32| (f64::from(clean(v)) - lse) as f32;
+    // The top `k` by one pass over the row, kept sorted (k is at most a few tens).
+    let k = (top as usize).min(row.len());
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    if k > 0 {
+        for (i, &v) in row.iter().enumerate() {
+            let v = clean(v);
+            if best.len() == k && best.last().is_some_and(|&(_, w)| v <= w) {
+                continue;
+            }
+            let at = best.partition_point(|&(_, w)| w >= v);
+            best.insert(at, (i as u32, v));
+            best.truncate(k);
+        }
+    }
+    engine::plan::TokenLogprobs {
+        logprob: row
+            .get(token as usize)
+            .map_or(f32::NEG_INFINITY, |&v| lp(v)),
+        top: best.into_iter().map(|(i, v)| (i, lp(v))).collect(),
+    }
+}
+
+/// The log-probabilities of a step's drawn tokens ([`engine::plan::StepOutcome::logprobs`]):
+/// `drawn` in plan order (`num_samples` per sampling work, `accepted + 1` per verify work,
+/// `accepted` in plan order), read from `logits` (`vocab` wide, one row per sampled
+/// position as [`suppress_plan`] lays them out) for the works that ask. Empty when none
+/// asks.
+pub fn step_logprobs(
+    logits: &[f32],
+    vocab: usize,
+    work: &[engine::plan::SeqWork],
+    drawn: &[u32],
+    accepted: &[u32],
+) -> Vec<Option<engine::plan::TokenLogprobs>> {
+    if work.iter().all(|w| w.sampling.logprobs.is_none()) {
+        return Vec::new();
+    }
+    let (mut out, mut row, mut d) = (Vec::with_capacity(drawn.len()), 0usize, 0usize);
+    let mut acc = accepted.iter();
+    for w in work {
+        // (rows of the work, tokens drawn and whether each reads its own row)
+        let (rows, count, own_row) = if w.kind == engine::plan::WorkKind::Verify {
+            let a = acc.next().copied().unwrap_or(0) as usize;
+            (w.len as usize, a + 1, true)
+        } else if w.sample {
+            (1, w.num_samples.max(1) as usize, false)
+        } else {
+            (0, 0, false)
+        };
+        for j in 0..count {
+            let lp = w.sampling.logprobs.and_then(|top| {
+                let r = row + if own_row { j } else { 0 };
+                let at = logits.get(r * vocab..(r + 1) * vocab)?;
+                let t = *drawn.get(d + j)?;
+                Some(logprobs(
+                    at,
+                    t,
+                    top.min(engine::request::SamplingParams::MAX_LOGPROBS),
+                ))
+            });
+            out.push(lp);
+        }
+        row += rows;
+        d += count;
+    }
+    out
+}
+
 /// Masks the token ids `ids` of a logits row (vLLM's min-tokens processor): they get
 /// -infinity, so no draw picks them while another token remains. Ids outside the row are
 /// left alone (the engine checks ids against the vocabulary).
@@ -222,6 +303,7 @@ mod tests {
             top_k,
             top_p,
             seed: 0,
+            logprobs: None,
         }
     }
 
@@ -382,5 +464,68 @@ mod tests {
             logits.iter().filter(|v| **v == f32::NEG_INFINITY).count(),
             3
         );
+    }
+
+    #[test]
+    fn logprobs_are_the_raw_log_softmax_with_the_top_first() {
+        let row = [1.0f32, 3.0, 3.0, 0.5, f32::NEG_INFINITY, 2.0];
+        let lp = logprobs(&row, 3, 3);
+        let lse = row.iter().map(|&v| f64::from(v).exp()).sum::<f64>().ln();
+        assert!((f64::from(lp.logprob) - (0.5 - lse)).abs() < 1e-6);
+        // Ties: lower id first; the masked token has no probability.
+        let ids: Vec<u32> = lp.top.iter().map(|&(i, _)| i).collect();
+        assert_eq!(ids, [1, 2, 5]);
+        assert!((f64::from(lp.top[2].1) - (2.0 - lse)).abs() < 1e-6);
+        assert_eq!(logprobs(&row, 4, 0).logprob, f32::NEG_INFINITY);
+        assert!(logprobs(&row, 0, 0).top.is_empty());
+        // More asked than the row holds.
+        assert_eq!(logprobs(&row, 0, 50).top.len(), row.len());
+    }
+
+    #[test]
+    fn step_logprobs_follow_the_rows_of_each_draw() {
+        use engine::plan::{SeqWork, WorkKind};
+        let vocab = 3;
+        let work = |kind: WorkKind, len: u32, n: u32, lp: Option<u32>| SeqWork {
+            seq: 0,
+            kind,
+            start: 0,
+            len,
+            sample: true,
+            num_samples: n,
+            block_table: Vec::new(),
+            token_ids: Vec::new(),
+            sampling: SamplingParams {
+                logprobs: lp,
+                ..SamplingParams::default()
+            },
+            drafts: None,
+            suppress: Vec::new(),
+            suppress_rows: 0,
+        };
+        // A fork of 2 from row 0 (asked), a verify of 3 rows 1..4 with 1 accepted (2
+        // tokens from rows 1 and 2, asked), a decode at row 4 (not asked).
+        let plan = [
+            work(WorkKind::Prefill, 5, 2, Some(1)),
+            work(WorkKind::Verify, 3, 1, Some(0)),
+            work(WorkKind::Decode, 1, 1, None),
+        ];
+        let mut logits = vec![0.0f32; 5 * vocab];
+        for r in 0..5 {
+            logits[r * vocab + r % vocab] = 5.0;
+        }
+        let drawn = [0, 1, 1, 2, 0];
+        let out = step_logprobs(&logits, vocab, &plan, &drawn, &[1]);
+        assert_eq!(out.len(), 5);
+        let best = |r: usize| out[r].as_ref().map(|l| l.logprob > -0.1);
+        // Row 0's best is token 0 (drawn first), token 1 is not.
+        assert_eq!((best(0), best(1)), (Some(true), Some(false)));
+        assert_eq!(out[0].as_ref().map(|l| l.top.len()), Some(1));
+        // The verify's tokens read rows 1 and 2, whose best are 1 and 2.
+        assert_eq!((best(2), best(3)), (Some(true), Some(true)));
+        assert_eq!(out[4], None);
+        // Nobody asks: nothing computed.
+        let plain = [work(WorkKind::Decode, 1, 1, None)];
+        assert!(step_logprobs(&logits, vocab, &plain, &[0], &[]).is_empty());
     }
 }

@@ -379,6 +379,12 @@ impl Tokenizer {
     /// The text of `ids` (invalid UTF-8 replaced). Control tokens are left out unless
     /// `special`.
     pub fn decode(&self, ids: &[u32], special: bool) -> String {
+        String::from_utf8_lossy(&self.decode_bytes(ids, special)).into_owned()
+    }
+
+    /// The bytes of `ids` (a token may hold part of a character). Control tokens are left
+    /// out unless `special`.
+    pub fn decode_bytes(&self, ids: &[u32], special: bool) -> Vec<u8> {
         let mut bytes = Vec::new();
         for &id in ids {
             let Some(tok) = self.tokens.get(id as usize) else {
@@ -404,7 +410,7 @@ impl Tokenizer {
                 }
             }
         }
-        String::from_utf8_lossy(&bytes).into_owned()
+        bytes
     }
 
     /// Renders the file's chat template (`tokenizer.chat_template`) for `messages`, with

@@ -112,6 +112,7 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         top_k,
         top_p,
         seed,
+        logprobs: None,
     };
     // Stream the text: decode everything drawn so far and print what is new, holding
     // back a trailing partial UTF-8 character.

@@ -58,6 +58,8 @@ impl Backend for CostModelBackend {
             // The stages of a pipeline share the step's traffic and FLOPs.
             mbu: c.bytes / f64::from(d.pp.max(1)) / (c.seconds * d.gpu.mem_bw),
             mfu: c.flops / f64::from(d.pp.max(1)) / (c.seconds * d.gpu.peak_flops(d.dtype)),
+            // Placeholder tokens have no probabilities.
+            logprobs: Vec::new(),
         })
     }
 }

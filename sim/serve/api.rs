@@ -211,14 +211,7 @@ pub fn parse(bytes: &[u8], chat: bool) -> Result<Generation, ApiError> {
         }
     };
     default_only("echo", body.echo != Some(true))?;
-    default_only(
-        "logprobs",
-        matches!(
-            body.logprobs,
-            None | Some(Value::Null) | Some(Value::Bool(false))
-        ),
-    )?;
-    default_only("top_logprobs", body.top_logprobs.unwrap_or(0) == 0)?;
+    let logprobs = parse_logprobs(&body.logprobs, body.top_logprobs, chat)?;
     default_only(
         "frequency_penalty",
         body.frequency_penalty.unwrap_or(0.0) == 0.0,
@@ -408,6 +401,7 @@ pub fn parse(bytes: &[u8], chat: bool) -> Result<Generation, ApiError> {
             top_k,
             top_p,
             seed: body.seed.unwrap_or(0),
+            logprobs,
         },
         stop,
         stop_token_ids: body.stop_token_ids.unwrap_or_default(),
@@ -419,6 +413,67 @@ pub fn parse(bytes: &[u8], chat: bool) -> Result<Generation, ApiError> {
         include_usage: opts.include_usage.unwrap_or(false),
         continuous_usage: opts.continuous_usage_stats.unwrap_or(false),
     })
+}
+
+/// The top log-probabilities asked for, as each endpoint spells it: completions'
+/// `logprobs` (an integer), chat's `logprobs` (true) with `top_logprobs` (an integer,
+/// default 0); at most [`SamplingParams::MAX_LOGPROBS`]. `None`: not asked.
+fn parse_logprobs(
+    logprobs: &Option<Value>,
+    top_logprobs: Option<u32>,
+    chat: bool,
+) -> Result<Option<u32>, ApiError> {
+    let most = SamplingParams::MAX_LOGPROBS;
+    let within = |name: &str, k: u64| {
+        if k <= u64::from(most) {
+            Ok(k as u32)
+        } else {
+            Err(ApiError::bad(
+                name,
+                format!("`{name}` must be 0 to {most} (the server's max_logprobs), got {k}"),
+            ))
+        }
+    };
+    if chat {
+        let on = match logprobs {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+            Some(Value::Bool(true)) => true,
+            Some(v) => {
+                return Err(ApiError::bad(
+                    "logprobs",
+                    format!("chat completions take `logprobs` true or false, got {v}"),
+                ))
+            }
+        };
+        return match (on, top_logprobs) {
+            (false, Some(k)) if k > 0 => Err(ApiError::bad(
+                "top_logprobs",
+                "`top_logprobs` needs `logprobs: true`",
+            )),
+            (false, _) => Ok(None),
+            (true, k) => within("top_logprobs", u64::from(k.unwrap_or(0))).map(Some),
+        };
+    }
+    if top_logprobs.is_some() {
+        return Err(ApiError::bad(
+            "top_logprobs",
+            "completions take `logprobs` (an integer), not `top_logprobs`",
+        ));
+    }
+    match logprobs {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(k) => within("logprobs", k).map(Some),
+            None => Err(ApiError::bad(
+                "logprobs",
+                format!("`logprobs` must be 0 to {most}, got {n}"),
+            )),
+        },
+        Some(v) => Err(ApiError::bad(
+            "logprobs",
+            format!("completions take `logprobs` as an integer (0 to {most}), got {v}"),
+        )),
+    }
 }
 
 /// A body that is not JSON, or not the expected shape, naming the field when one is at
@@ -553,6 +608,18 @@ mod tests {
         assert_eq!(g.prompt, Prompt::Chat(vec![("user".into(), "a".into())]));
         assert_eq!(g.max_tokens, Some(3));
         assert_eq!(g.sampling.temperature, 1.0);
+        assert_eq!(g.sampling.logprobs, None);
+        // Log-probabilities as each endpoint spells them.
+        let g = parse(br#"{"prompt":"x","logprobs":5}"#, false).unwrap();
+        assert_eq!(g.sampling.logprobs, Some(5));
+        let chat = |b: &str| parse(b.as_bytes(), true).unwrap().sampling.logprobs;
+        let m = r#""messages":[{"role":"user","content":"x"}]"#;
+        assert_eq!(chat(&format!(r#"{{{m},"logprobs":true}}"#)), Some(0));
+        assert_eq!(
+            chat(&format!(r#"{{{m},"logprobs":true,"top_logprobs":3}}"#)),
+            Some(3)
+        );
+        assert_eq!(chat(&format!(r#"{{{m},"logprobs":false}}"#)), None);
     }
 
     #[test]
@@ -565,6 +632,19 @@ mod tests {
             (br#"{"prompt":"x","top_p":0}"#, false, "top_p"),
             (br#"{"prompt":"x","n":0}"#, false, "n"),
             (br#"{"prompt":"x","echo":true}"#, false, "echo"),
+            (br#"{"prompt":"x","logprobs":21}"#, false, "logprobs"),
+            (br#"{"prompt":"x","logprobs":true}"#, false, "logprobs"),
+            (br#"{"prompt":"x","top_logprobs":2}"#, false, "top_logprobs"),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#,
+                true,
+                "top_logprobs",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"logprobs":3}"#,
+                true,
+                "logprobs",
+            ),
             (
                 br#"{"prompt":"x","stream_options":{"include_usage":true}}"#,
                 false,

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use analysis::RunCollector;
-use engine::plan::{StepOutcome, WorkKind};
+use engine::plan::{StepOutcome, TokenLogprobs, WorkKind};
 use engine::record::RequestRecord;
 use engine::request::{FinishReason, Nanos, Request, SamplingParams, SeqId};
 use rustc_hash::FxHashMap;
@@ -79,6 +79,8 @@ pub enum Event {
         index: u32,
         /// Token ids, in order.
         ids: Vec<u32>,
+        /// Their log-probabilities, one each, when the request asked (else empty).
+        logprobs: Vec<TokenLogprobs>,
         /// Why the choice ended with these tokens, if it did.
         finished: Option<FinishReason>,
     },
@@ -142,7 +144,13 @@ impl Live {
     /// Sends the tokens of choice `index`, cut where the scheduler ends the choice
     /// (`max_tokens`, or end-of-sequence or a stop token id once `min_tokens` are out), as
     /// `append_token` does.
-    fn deliver(&mut self, index: u32, tokens: &[u32], eos: Option<u32>) {
+    fn deliver(
+        &mut self,
+        index: u32,
+        tokens: &[u32],
+        mut logprobs: Vec<TokenLogprobs>,
+        eos: Option<u32>,
+    ) {
         let i = index as usize;
         if i >= self.ended.len() || self.ended[i] {
             return;
@@ -173,10 +181,12 @@ impl Live {
             // The scheduler ended the request in this step, its blocks freed there.
             self.hold = None;
         }
+        logprobs.truncate(ids.len());
         // A handler that went away aborts its request; its tokens go nowhere meanwhile.
         let _ = self.events.send(Event::Tokens {
             index,
             ids,
+            logprobs,
             finished,
         });
     }
@@ -345,9 +355,10 @@ pub async fn run(lp: LoopParts) -> Result<LoopEnd, DriverError> {
             last = end;
             let (mbu, mfu) = (outcome.mbu, outcome.mfu);
             // The step's tokens, per request and choice, before the commit moves them.
-            let mut deliveries: Vec<(SeqId, u32, Vec<u32>)> = Vec::new();
+            let mut deliveries: Vec<(SeqId, u32, Vec<u32>, Vec<TokenLogprobs>)> = Vec::new();
             let mut sampled = outcome.sampled.iter().copied();
             let mut accepted = outcome.accepted.iter().copied();
+            let mut logprobs = outcome.logprobs.iter();
             for w in &plan.work {
                 let count = match w.kind {
                     WorkKind::Verify => accepted.next().unwrap_or(0) as usize + 1,
@@ -355,6 +366,12 @@ pub async fn run(lp: LoopParts) -> Result<LoopEnd, DriverError> {
                     _ => 0,
                 };
                 let tokens: Vec<u32> = sampled.by_ref().take(count).collect();
+                // (None: the work did not ask; an outcome without any: no work did.)
+                let lps: Vec<TokenLogprobs> = logprobs
+                    .by_ref()
+                    .take(count)
+                    .filter_map(Clone::clone)
+                    .collect();
                 if tokens.is_empty() {
                     continue;
                 }
@@ -363,16 +380,17 @@ pub async fn run(lp: LoopParts) -> Result<LoopEnd, DriverError> {
                 if w.kind != WorkKind::Verify && tokens.len() > 1 {
                     // A parallel-sampling prompt's first tokens: one per choice.
                     for (j, &t) in tokens.iter().enumerate() {
-                        deliveries.push((request, j as u32, vec![t]));
+                        let lp = lps.get(j).cloned().into_iter().collect();
+                        deliveries.push((request, j as u32, vec![t], lp));
                     }
                 } else {
-                    deliveries.push((request, index, tokens));
+                    deliveries.push((request, index, tokens, lps));
                 }
             }
             let (result, gaps) = eng.commit(plan, outcome, end).await?;
-            for (request, index, tokens) in deliveries {
+            for (request, index, tokens, lps) in deliveries {
                 if let Some(l) = live.get_mut(&request) {
-                    l.deliver(index, &tokens, eos);
+                    l.deliver(index, &tokens, lps, eos);
                 }
             }
             collector.record_itl(&gaps);

@@ -21,6 +21,7 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use engine::plan::TokenLogprobs;
 use engine::record::RequestRecord;
 use engine::request::{FinishReason, SeqId};
 use serde_json::{json, Value};
@@ -322,6 +323,8 @@ struct Choice {
     finished: Option<&'static str>,
     /// What stopped the choice, when not end-of-sequence: the stop string or token id.
     stop_reason: Option<Value>,
+    /// Log-probabilities of tokens not sent yet (when asked), with their ids.
+    logprobs: Vec<(u32, TokenLogprobs)>,
 }
 
 /// Text to send for one choice: new text and, on its last delta, why it ended.
@@ -331,6 +334,8 @@ struct Delta {
     text: String,
     finish: Option<&'static str>,
     stop_reason: Option<Value>,
+    /// The log-probabilities of the tokens this delta sends (when asked).
+    logprobs: Vec<(u32, TokenLogprobs)>,
 }
 
 /// One request in flight: its events turned into text deltas.
@@ -397,8 +402,13 @@ impl Session {
             Event::Tokens {
                 index,
                 ids,
+                logprobs,
                 finished,
-            } => Ok(Some(self.push(index, &ids, finished).into_iter().collect())),
+            } => Ok(Some(
+                self.push(index, &ids, logprobs, finished)
+                    .into_iter()
+                    .collect(),
+            )),
             Event::Done(rec) => {
                 self.ended = true;
                 let reason = rec.finish_reason;
@@ -454,7 +464,13 @@ impl Session {
     }
 
     /// Appends a step's tokens to choice `index`; the text that is safe to send.
-    fn push(&mut self, index: u32, ids: &[u32], finished: Option<FinishReason>) -> Option<Delta> {
+    fn push(
+        &mut self,
+        index: u32,
+        ids: &[u32],
+        logprobs: Vec<TokenLogprobs>,
+        finished: Option<FinishReason>,
+    ) -> Option<Delta> {
         let i = index as usize;
         if self.choices.get(i)?.finished.is_some() {
             return None;
@@ -477,6 +493,14 @@ impl Session {
                         end -= 1;
                     }
                 }
+            }
+        }
+        // Log-probabilities go with the tokens that reach the text.
+        let from = self.choices[i].ids.len() - ids.len();
+        let c = &mut self.choices[i];
+        for (k, lp) in logprobs.into_iter().enumerate() {
+            if from + k < end {
+                c.logprobs.push((ids[k], lp));
             }
         }
         self.advance(i, end, finish.is_some());
@@ -552,8 +576,59 @@ impl Session {
             text: out,
             finish: None,
             stop_reason: if last { c.stop_reason.clone() } else { None },
+            logprobs: std::mem::take(&mut c.logprobs),
         }
     }
+}
+
+/// A log-probability as JSON: vLLM writes -infinity (a masked token) as -9999.
+fn lp_value(v: f32) -> f64 {
+    if v.is_finite() {
+        f64::from(v)
+    } else {
+        -9999.0
+    }
+}
+
+/// A completion choice's `logprobs` (OpenAI's legacy shape): each token's text, its
+/// log-probability, the top tokens' (the drawn one included, as vLLM does) and its offset
+/// in characters; `offset` is the text offset of the first, moved past the last.
+fn completion_logprobs(text: &Text, lps: &[(u32, TokenLogprobs)], offset: &mut usize) -> Value {
+    let mut tokens = Vec::with_capacity(lps.len());
+    let mut values = Vec::with_capacity(lps.len());
+    let mut tops = Vec::with_capacity(lps.len());
+    let mut offsets = Vec::with_capacity(lps.len());
+    for (id, lp) in lps {
+        let (s, _) = text.token(*id);
+        offsets.push(*offset);
+        *offset += s.chars().count();
+        let mut top = serde_json::Map::new();
+        for &(t, v) in &lp.top {
+            top.insert(text.token(t).0, json!(lp_value(v)));
+        }
+        top.insert(s.clone(), json!(lp_value(lp.logprob)));
+        tokens.push(s);
+        values.push(lp_value(lp.logprob));
+        tops.push(Value::Object(top));
+    }
+    json!({"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": tops})
+}
+
+/// A chat choice's `logprobs`: `{"content": [{token, logprob, bytes, top_logprobs}]}`.
+fn chat_logprobs(text: &Text, lps: &[(u32, TokenLogprobs)]) -> Value {
+    let entry = |id: u32, v: f32| {
+        let (s, b) = text.token(id);
+        json!({"token": s, "logprob": lp_value(v), "bytes": b})
+    };
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|(id, lp)| {
+            let mut e = entry(*id, lp.logprob);
+            e["top_logprobs"] = lp.top.iter().map(|&(t, v)| entry(t, v)).collect();
+            e
+        })
+        .collect();
+    json!({ "content": content })
 }
 
 fn engine_gone() -> ApiError {
@@ -595,6 +670,12 @@ async fn generate(
     };
     if prompt.is_empty() {
         return Err(ApiError::bad("prompt", "the prompt has no tokens"));
+    }
+    if st.synthetic_output && g.sampling.logprobs.is_some() {
+        return Err(ApiError::bad(
+            "logprobs",
+            "`logprobs` needs a real runtime (--backend cpu or cuda): the cost model draws no tokens",
+        ));
     }
     let p = prompt.len() as u64;
     let limit = u64::from(st.max_model_len);
@@ -706,9 +787,11 @@ async fn whole(
 ) -> Result<Response, ApiError> {
     let mut texts = vec![String::new(); s.choices.len()];
     let mut reasons = vec![(None, None); s.choices.len()];
+    let mut lps: Vec<Vec<(u32, TokenLogprobs)>> = vec![Vec::new(); s.choices.len()];
     while let Some(deltas) = s.next().await? {
         for d in deltas {
             texts[d.index as usize].push_str(&d.text);
+            lps[d.index as usize].extend(d.logprobs);
             if d.finish.is_some() {
                 reasons[d.index as usize] = (d.finish, d.stop_reason);
             }
@@ -717,13 +800,19 @@ async fn whole(
     let choices: Vec<Value> = texts
         .into_iter()
         .zip(reasons)
+        .zip(lps)
         .enumerate()
-        .map(|(i, (text, (reason, stop_reason)))| {
+        .map(|(i, ((text, (reason, stop_reason)), lps))| {
+            let logprobs = match (g.sampling.logprobs, chat) {
+                (None, _) => Value::Null,
+                (Some(_), true) => chat_logprobs(&s.st.text, &lps),
+                (Some(_), false) => completion_logprobs(&s.st.text, &lps, &mut 0),
+            };
             if chat {
                 json!({
                     "index": i,
                     "message": {"role": "assistant", "content": text, "tool_calls": []},
-                    "logprobs": null,
+                    "logprobs": logprobs,
                     "finish_reason": reason,
                     "stop_reason": stop_reason,
                 })
@@ -731,14 +820,13 @@ async fn whole(
                 json!({
                     "index": i,
                     "text": text,
-                    "logprobs": null,
+                    "logprobs": logprobs,
                     "finish_reason": reason,
                     "stop_reason": stop_reason,
                 })
             }
         })
         .collect();
-    let _ = g;
     Ok(Json(json!({
         "id": rid,
         "object": if chat { "chat.completion" } else { "text_completion" },
@@ -779,7 +867,19 @@ fn stream(
             }
             v.to_string()
         };
-        let choice = |d: &Delta, first: bool| {
+        let asked = g.sampling.logprobs.is_some();
+        let st = s.st.clone();
+        let text = &st.text;
+        let mut offsets = vec![0usize; s.choices.len()];
+        let mut choice = |d: &Delta, first: bool| {
+            let logprobs = match (asked, chat) {
+                (false, _) => Value::Null,
+                (true, true) => chat_logprobs(text, &d.logprobs),
+                (true, false) => {
+                    let at = &mut offsets[d.index as usize];
+                    completion_logprobs(text, &d.logprobs, at)
+                }
+            };
             if chat {
                 let delta = if first {
                     json!({"role": "assistant", "content": d.text})
@@ -788,9 +888,9 @@ fn stream(
                 } else {
                     json!({"content": d.text})
                 };
-                json!({"index": d.index, "delta": delta, "logprobs": null, "finish_reason": d.finish, "stop_reason": d.stop_reason})
+                json!({"index": d.index, "delta": delta, "logprobs": logprobs, "finish_reason": d.finish, "stop_reason": d.stop_reason})
             } else {
-                json!({"index": d.index, "text": d.text, "logprobs": null, "finish_reason": d.finish, "stop_reason": d.stop_reason})
+                json!({"index": d.index, "text": d.text, "logprobs": logprobs, "finish_reason": d.finish, "stop_reason": d.stop_reason})
             }
         };
         if chat {
@@ -801,6 +901,7 @@ fn stream(
                     text: String::new(),
                     finish: None,
                     stop_reason: None,
+                    logprobs: Vec::new(),
                 };
                 if tx.send(chunk(vec![choice(&d, true)], None)).await.is_err() {
                     return;
@@ -816,7 +917,7 @@ fn stream(
             match next {
                 Ok(Some(deltas)) => {
                     for d in deltas {
-                        if d.text.is_empty() && d.finish.is_none() {
+                        if d.text.is_empty() && d.finish.is_none() && d.logprobs.is_empty() {
                             continue;
                         }
                         let usage = g
@@ -899,7 +1000,7 @@ mod tests {
         let mut end = (None, None);
         for (k, &n) in steps.iter().enumerate() {
             let fin = if k + 1 == steps.len() { last } else { None };
-            if let Some(d) = s.push(0, &vec![3; n], fin) {
+            if let Some(d) = s.push(0, &vec![3; n], Vec::new(), fin) {
                 text.push_str(&d.text);
                 if d.finish.is_some() {
                     end = (d.finish, d.stop_reason);
@@ -932,7 +1033,7 @@ mod tests {
         let mut s = session(&[" to in", "zzz"], &[], 0, false);
         let mut sent = Vec::new();
         for _ in 0..6 {
-            let d = s.push(0, &[3], None).expect("delta");
+            let d = s.push(0, &[3], Vec::new(), None).expect("delta");
             sent.push(d.text.clone());
             if d.finish.is_some() {
                 assert_eq!(d.finish, Some("stop"));
@@ -978,7 +1079,7 @@ mod tests {
         let mut d = None;
         for ids in [vec![3, 3], vec![4]] {
             let fin = (ids == [4]).then_some(FinishReason::Stop);
-            d = s.push(0, &ids, fin);
+            d = s.push(0, &ids, Vec::new(), fin);
         }
         let d = d.expect("delta");
         assert_eq!((d.finish, d.stop_reason), (Some("stop"), None));

@@ -69,6 +69,23 @@ impl Text {
         }
     }
 
+    /// One token as log-probabilities name it: its text (vLLM's `bytes:\xNN...` form when
+    /// it holds part of a character) and its bytes. Control tokens are named by their text.
+    pub fn token(&self, id: u32) -> (String, Vec<u8>) {
+        let bytes = match self {
+            Text::Gguf(t) => t.decode_bytes(&[id], true),
+            Text::Synthetic => WORDS[id as usize % WORDS.len()].as_bytes().to_vec(),
+        };
+        let text = match std::str::from_utf8(&bytes) {
+            Ok(s) => s.to_string(),
+            Err(_) => {
+                let hex: String = bytes.iter().map(|b| format!("\\x{b:02x}")).collect();
+                format!("bytes:{hex}")
+            }
+        };
+        (text, bytes)
+    }
+
     /// The text of token ids a client sent to `/detokenize` (synthetic ids by id).
     pub fn detokenize(&self, ids: &[u32]) -> String {
         match self {

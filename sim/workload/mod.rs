@@ -189,6 +189,7 @@ impl Workload {
                     top_k: c.top_k,
                     top_p: c.top_p,
                     seed: 0,
+                    logprobs: None,
                 })
                 .collect(),
             seed,

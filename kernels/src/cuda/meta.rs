@@ -391,6 +391,7 @@ mod tests {
             top_k: 40,
             top_p: 0.9,
             seed: 11,
+            logprobs: None,
         };
         let plan = StepPlan {
             work: vec![work(1, 9, 1, true, vec![0, 1]), w.clone()],

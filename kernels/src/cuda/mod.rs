@@ -92,6 +92,8 @@ pub struct CudaRuntime {
     logits: Vec<f32>,
     /// Accepted drafts of the last step's verify works.
     accepted: Vec<u32>,
+    /// Log-probabilities of the last step's drawn tokens (when a work asked).
+    logprobs: Vec<Option<engine::plan::TokenLogprobs>>,
     /// Every GEMM's reduction size is a multiple of 8 (`skinny_gemm` applies).
     skinny_ok: bool,
     /// Steps of at most this many tokens use `skinny_gemm` (0: never).
@@ -353,6 +355,7 @@ impl CudaRuntime {
             keep_logits: false,
             logits: Vec::new(),
             accepted: Vec::new(),
+            logprobs: Vec::new(),
         })
     }
 
@@ -591,6 +594,7 @@ impl CudaRuntime {
     /// sequence, in plan order (argmax, or as its sampling parameters say).
     pub fn forward(&mut self, plan: &StepPlan) -> Result<(u64, Vec<u32>), CudaError> {
         self.accepted.clear();
+        self.logprobs.clear();
         let window = (self.window > 0).then_some(self.window as u32);
         crate::generate::check_plan(
             plan,
@@ -732,14 +736,18 @@ impl CudaRuntime {
         // Draws that must mask stops (min_tokens) are redrawn on the host from masked rows,
         // as verify works are verified there: the kernel's draw ignores masks.
         let suppresses = plan.work.iter().any(|w| w.suppress_rows > 0);
-        // Host verification is part of the step (vLLM verifies inside its step).
+        let wants_logprobs = plan.work.iter().any(|w| w.sampling.logprobs.is_some());
+        // Host verification is part of the step (vLLM verifies inside its step), as are
+        // the log-probabilities computed there.
         let host_started = std::time::Instant::now();
-        let mut logits = if self.keep_logits || verifies || suppresses {
+        let mut logits = if self.keep_logits || verifies || suppresses || wants_logprobs {
             self.stream
                 .clone_dtoh(&a.logits.slice(0..l.samples * vocab))?
         } else {
             Vec::new()
         };
+        // Log-probabilities are the raw logits': kept aside when masks change them.
+        let raw = (wants_logprobs && suppresses).then(|| logits.clone());
         if suppresses {
             crate::sampling::suppress_plan(&mut logits, vocab, &plan.work);
         }
@@ -784,9 +792,22 @@ impl CudaRuntime {
                     d += n;
                 }
             }
-            host_ns = host_started.elapsed().as_nanos() as u64;
         } else {
             sampled = draws;
+        }
+        self.logprobs = if wants_logprobs {
+            crate::sampling::step_logprobs(
+                raw.as_deref().unwrap_or(&logits),
+                vocab,
+                &plan.work,
+                &sampled,
+                &self.accepted,
+            )
+        } else {
+            Vec::new()
+        };
+        if verifies || suppresses || wants_logprobs {
+            host_ns = host_started.elapsed().as_nanos() as u64;
         }
         if self.keep_logits {
             self.logits = logits;
@@ -915,6 +936,9 @@ impl crate::generate::StepRuntime for CudaRuntime {
     }
     fn take_accepted(&mut self) -> Vec<u32> {
         std::mem::take(&mut self.accepted)
+    }
+    fn take_logprobs(&mut self) -> Vec<Option<engine::plan::TokenLogprobs>> {
+        std::mem::take(&mut self.logprobs)
     }
     fn kv_geometry(&self) -> (u32, u32) {
         (self.num_blocks, self.block_size)

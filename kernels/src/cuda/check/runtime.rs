@@ -458,6 +458,7 @@ pub(super) fn reference_accepts(
         top_k,
         top_p,
         seed: 0,
+        logprobs: None,
     };
     let Some(kept) = crate::sampling::kept(row, &params, tol) else {
         return Some(g == crate::sampling::argmax(row) as usize);
