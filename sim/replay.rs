@@ -459,6 +459,9 @@ fn scenario_text(
     );
     if let Some(c) = e.max_concurrency {
         let _ = writeln!(s, "max_in_flight = {c}");
+        if let Some(g) = e.refill_gap_s.filter(|_| e.closed_loop) {
+            let _ = writeln!(s, "think_time_s = {g:.6}");
+        }
     }
     if opts.calibration.is_some() || profile.is_some() {
         let _ = writeln!(s, "\n[cost]");

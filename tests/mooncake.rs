@@ -67,6 +67,7 @@ fn unbounded_cache_hits_what_the_trace_repeats() {
         multi_turn: None,
         generated_shared_prefix: None,
         max_in_flight: None,
+        think_time_s: None,
     };
     let workload = Workload::open(&cfg, Path::new("."), 0).expect("workload");
     let sched_cfg = SchedulerConfig {

@@ -143,6 +143,11 @@ pub struct ObservedEngine {
     /// The client was a saturated closed loop of `max_concurrency` clients (each sending
     /// its next request as its last ended): replayed so, not at the recorded send times.
     pub closed_loop: bool,
+    /// A served closed loop's turnaround: the median time from the end of the step that
+    /// ended a request to the refill it let through reaching the engine (s, at least 0;
+    /// from `steps.csv`). Replayed as the client's think time: a refill that came after the
+    /// next step had started waits for that step in the replay too.
+    pub refill_gap_s: Option<f64>,
     /// The client's burstiness (the shape of its gamma inter-arrival times; 1: Poisson).
     pub burstiness: Option<f64>,
     /// The benchmark's measured duration (s), first send to last response.

@@ -20,6 +20,35 @@ use super::{latency, ObservedEngine, ObservedError, ObservedRequest, ObservedRun
 /// Longest gap between a request's end and its client's next send in a closed loop (s).
 const REFILL_S: f64 = 0.05;
 
+/// The end times (s) of the steps in `dir/steps.csv`, sorted (empty without the file).
+fn read_step_ends(dir: &Path) -> Result<Vec<f64>, ObservedError> {
+    let path = dir.join("steps.csv");
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    let (mut rdr, cols) = super::open_csv(&path)?;
+    let (start, duration) = (cols.need("start_s")?, cols.need("duration_ms")?);
+    let mut ends = Vec::new();
+    for (i, rec) in rdr.records().enumerate() {
+        let line = i as u64 + 2;
+        let rec = rec.map_err(|e| super::malformed(&path, line, &e))?;
+        let num = |c: usize, name: &str| {
+            rec.get(c)
+                .and_then(|t| t.trim().parse::<f64>().ok())
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| {
+                    ObservedError::at(&path, Some(line), name, "expected a non-negative number")
+                })
+        };
+        ends.push(num(start, "start_s")? + num(duration, "duration_ms")? / 1e3);
+        if ends.len() > super::MAX_REQUESTS {
+            return Err(ObservedError::new(&path, "too many steps"));
+        }
+    }
+    ends.sort_by(f64::total_cmp);
+    Ok(ends)
+}
+
 /// Whether `dir` holds a run `sim` wrote.
 pub fn is_sim_run(dir: &Path) -> bool {
     dir.join("requests.csv").is_file() && dir.join("plan.json").is_file()
@@ -218,10 +247,20 @@ pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
     // sending again one by one).
     let (mut arrivals, mut refills) = (0i32, 0usize);
     let mut last_end = f64::NEG_INFINITY;
+    let step_ends = read_step_ends(dir)?;
+    let mut gaps = Vec::new();
     for &(t, d) in &spans {
         if d > 0 {
-            if arrivals < most || t - last_end <= REFILL_S {
+            if arrivals < most {
                 refills += 1;
+            } else if t - last_end <= REFILL_S {
+                refills += 1;
+                // The end of the step that ended the request (its record is stamped
+                // when the runtime finished; the step runs on through the commit).
+                let k = step_ends.partition_point(|&e| e < last_end - 1e-9);
+                if let Some(&e) = step_ends.get(k) {
+                    gaps.push(t - e);
+                }
             }
             arrivals += 1;
         } else {
@@ -229,6 +268,10 @@ pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
         }
     }
     engine.closed_loop = served && most > 1 && refills * 10 >= rows.len() * 9;
+    if engine.closed_loop && !gaps.is_empty() {
+        gaps.sort_by(f64::total_cmp);
+        engine.refill_gap_s = Some(gaps[gaps.len() / 2].max(0.0));
+    }
     // Rows are written as requests finish: send order is arrival order.
     rows.sort_by(|a, b| a.0.total_cmp(&b.0));
     let t0 = rows[0].0;
@@ -291,9 +334,24 @@ mod tests {
                 t = end + 0.002;
             }
         }
-        let run = read(folder(&spans).path()).expect("reads");
+        let dir = folder(&spans);
+        let run = read(dir.path()).expect("reads");
         assert_eq!(run.engine.max_concurrency, Some(3));
         assert!(run.engine.closed_loop);
+        // Without steps.csv no turnaround is known; with it, the refills came 1.5 ms after
+        // the end of the step (which ran 0.5 ms past its requests' records).
+        assert_eq!(run.engine.refill_gap_s, None);
+        let mut ends: Vec<f64> = spans.iter().map(|s| s.1).collect();
+        ends.sort_by(f64::total_cmp);
+        ends.dedup();
+        let mut steps = String::from("step,start_s,duration_ms\n");
+        for (k, e) in ends.iter().enumerate() {
+            steps.push_str(&format!("{k},{:.6},10.5\n", e - 0.01));
+        }
+        std::fs::write(dir.path().join("steps.csv"), steps).expect("write");
+        let run = read(dir.path()).expect("reads");
+        let gap = run.engine.refill_gap_s.expect("a turnaround");
+        assert!((gap - 0.0015).abs() < 1e-6, "{gap}");
         assert!(run.requests.windows(2).all(|w| w[0].send_s <= w[1].send_s));
         // Open loop: sends every 0.3 s whatever ends.
         let spans: Vec<(f64, f64)> = (0..20)

@@ -331,12 +331,16 @@ impl Scenario {
             check_folder_name(&format!("variant `{vname}`: name"), &vname).map_err(err)?;
             let mut over = over.clone();
             over.remove("name");
-            // The client's cap on requests in flight is the one workload key a variant may
-            // set: the request stream stays the same, only when each is sent changes.
+            // The client's cap on requests in flight (and its think time) are the workload
+            // keys a variant may set: the request stream stays the same, only when each is
+            // sent changes.
             let client_only = over
                 .get("workload")
                 .and_then(|w| w.as_table())
-                .is_some_and(|w| w.keys().all(|k| k == "max_in_flight"));
+                .is_some_and(|w| {
+                    w.keys()
+                        .all(|k| k == "max_in_flight" || k == "think_time_s")
+                });
             for forbidden in ["workload", "seed", "variant", "name", "sweep"] {
                 if over.contains_key(forbidden) && !(forbidden == "workload" && client_only) {
                     return Err(err(format!(

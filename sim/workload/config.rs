@@ -47,6 +47,12 @@ pub struct WorkloadConfig {
     /// one frees, and its latencies count from then (the engine sees the send time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_in_flight: Option<u32>,
+    /// With `max_in_flight`: a request that waited for a slot is sent this long after the
+    /// slot frees (the client's turnaround: reading the answer, sending the next request,
+    /// the server parsing it). 0 by default; `sim replay` of a served closed loop sets the
+    /// one it measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub think_time_s: Option<f64>,
 }
 
 /// One request class of a synthetic workload (`[[workload.class]]`).
@@ -150,7 +156,7 @@ impl WorkloadConfig {
             },
             _ => crate::driver::Client {
                 max_in_flight: self.max_in_flight,
-                think_ns: 0,
+                think_ns: (self.think_time_s.unwrap_or(0.0) * 1e9).round() as u64,
                 ramp_ns: 0,
                 frontend_ns: 0,
             },
@@ -181,6 +187,20 @@ impl WorkloadConfig {
                 return Err(WorkloadError::config(
                     "workload.max_in_flight",
                     "not with arrival process \"closed-loop\", whose concurrency caps the requests in flight",
+                ));
+            }
+        }
+        if let Some(t) = self.think_time_s {
+            if !(t.is_finite() && (0.0..=1e6).contains(&t)) {
+                return Err(WorkloadError::config(
+                    "workload.think_time_s",
+                    format!("must be 0 to 1e6 seconds, got {t}"),
+                ));
+            }
+            if self.max_in_flight.is_none() {
+                return Err(WorkloadError::config(
+                    "workload.think_time_s",
+                    "only with workload.max_in_flight (a closed loop's think time is workload.arrival.think_time_s)",
                 ));
             }
         }

@@ -55,6 +55,7 @@ fn synthetic(arrival: ArrivalConfig, n: u64, classes: Vec<ClassConfig>) -> Workl
         multi_turn: None,
         generated_shared_prefix: None,
         max_in_flight: None,
+        think_time_s: None,
     }
 }
 
@@ -545,6 +546,7 @@ fn azure_inline_trace() {
         multi_turn: None,
         generated_shared_prefix: None,
         max_in_flight: None,
+        think_time_s: None,
     };
     let mut w = Workload::open(&cfg, dir.path(), 0).expect("open");
     assert_eq!(w.class_names(), vec!["trace"]);
@@ -643,6 +645,7 @@ fn trace_errors_name_file_line_and_column() {
             multi_turn: None,
             generated_shared_prefix: None,
             max_in_flight: None,
+            think_time_s: None,
         };
         let mut w = Workload::open(&cfg, dir.path(), 0).expect("open");
         let err = w
@@ -670,6 +673,7 @@ fn trace_errors_name_file_line_and_column() {
         multi_turn: None,
         generated_shared_prefix: None,
         max_in_flight: None,
+        think_time_s: None,
     };
     let err = Workload::open(&cfg, dir.path(), 0)
         .expect_err("missing column")
@@ -711,6 +715,7 @@ fn vidur_trace() {
         multi_turn: None,
         generated_shared_prefix: None,
         max_in_flight: None,
+        think_time_s: None,
     };
     let mut w = Workload::open(&cfg, dir.path(), 0).expect("open");
     let reqs: Vec<Request> = w.by_ref().collect::<Result<_, _>>().expect("rows");
@@ -767,6 +772,7 @@ fn real_azure_conv_trace() {
         multi_turn: None,
         generated_shared_prefix: None,
         max_in_flight: None,
+        think_time_s: None,
     };
     let mut w = Workload::open(&cfg, Path::new("/nonexistent-base"), 0).expect("open");
     assert_eq!(w.expected_len(), Some(19_366));

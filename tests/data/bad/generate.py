@@ -194,6 +194,9 @@ for v in ["0", "-1", "2000000"]:
     m("workload-max-in-flight-" + v, "workload.max_in_flight", v, "max_in_flight")
 s = mutate("workload.arrival", '{ process = "closed-loop", concurrency = 4 }'); s["workload"]["max_in_flight"] = "2"
 case("workload-max-in-flight-closed-loop", "max_in_flight", scenario=s)
+m("workload-think-time-without-cap", "workload.think_time_s", "0.5", "workload.think_time_s")
+s = mutate("workload.max_in_flight", "4"); s["workload"]["think_time_s"] = "-1.0"
+case("workload-think-time-negative", "workload.think_time_s", scenario=s)
 s = mutate("workload.num_requests", None)
 case("workload-no-count", "workload.num_requests", scenario=s)
 s = dict(mutate("workload.num_requests", "5")); s["class"] = []
