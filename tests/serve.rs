@@ -201,6 +201,20 @@ fn the_cost_model_serves_the_openai_api() {
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["choices"][0]["text"], " the of");
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["choices"][0]["stop_reason"], " and");
+    // echo: the prompt first, whole or streamed.
+    let (s, v) = post(
+        &base,
+        "/v1/completions",
+        r#"{"prompt":"a b","max_tokens":3,"echo":true}"#,
+    );
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], "a b the of and");
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    let body = json!({"prompt": "a b", "max_tokens": 2, "echo": true, "stream": true});
+    let got = stream(&base, "/v1/completions", &body, 100);
+    let first: Value = serde_json::from_str(&got[0]).expect("json");
+    assert_eq!(first["choices"][0]["text"], "a b", "{got:?}");
 
     // Tokenize and detokenize.
     let (s, v) = post(&base, "/tokenize", r#"{"prompt":"hello world"}"#);
@@ -283,23 +297,23 @@ fn the_cost_model_serves_the_openai_api() {
         c.join().expect("client");
     }
     wait_idle(&base);
-    // 256 and the completion, the chat, the parallel sampling ran to max_tokens; the stop
-    // string ended one, the hang-up another.
-    assert_eq!(metric(&base, "vllm:request_success_total", "length"), 259.0);
+    // 256 and the completion, the chat, the parallel sampling and the two echoes ran to
+    // max_tokens; the stop string ended one, the hang-up another.
+    assert_eq!(metric(&base, "vllm:request_success_total", "length"), 261.0);
     assert_eq!(metric(&base, "vllm:request_success_total", "\"stop"), 1.0);
     assert_eq!(metric(&base, "vllm:request_success_total", "abort"), 1.0);
 
     let summary = server.stop().expect("stops");
     // The hang-up is counted apart, out of the latencies.
-    assert_eq!((summary.completed, summary.num_aborted), (260, 1));
+    assert_eq!((summary.completed, summary.num_aborted), (262, 1));
     let csv = std::fs::read_to_string(dir.path().join("out/requests.csv")).expect("requests.csv");
-    assert_eq!(csv.lines().count(), 262);
+    assert_eq!(csv.lines().count(), 264);
     assert!(dir.path().join("out/summary.json").exists());
     assert!(dir.path().join("out/steps.csv").exists());
     // `sim replay` reads the served run like any other: by arrival, the aborted one failed.
     let run = sim::observed::open(&dir.path().join("out")).expect("a served run reads");
     assert_eq!(run.format, "sim");
-    assert_eq!(run.requests.len(), 261);
+    assert_eq!(run.requests.len(), 263);
     assert_eq!(run.requests.iter().filter(|r| !r.ok).count(), 1);
     assert!(run.requests.windows(2).all(|w| w[0].send_s <= w[1].send_s));
     assert_eq!(

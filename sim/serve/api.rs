@@ -4,7 +4,7 @@
 //!
 //! In: a request body's bytes. Out: a checked [`Generation`] or an [`ApiError`] naming the
 //! field (HTTP 400), in OpenAI's error shape. Fields that only change results away from
-//! their defaults (penalties, log-probabilities, `echo`, ...) are accepted at their defaults
+//! their defaults (penalties, `logit_bias`, tools, ...) are accepted at their defaults
 //! and refused otherwise; unknown fields are refused, as every input of this tool.
 
 use engine::request::SamplingParams;
@@ -183,6 +183,8 @@ pub struct Generation {
     /// Stop strings and stop token ids stay in the text (vLLM's
     /// `include_stop_str_in_output`).
     pub include_stop: bool,
+    /// The prompt's text comes first in the completion (completions only).
+    pub echo: bool,
     /// Choices (parallel sampling).
     pub n: u32,
     /// Stream server-sent events.
@@ -210,8 +212,20 @@ pub fn parse(bytes: &[u8], chat: bool) -> Result<Generation, ApiError> {
             ))
         }
     };
-    default_only("echo", body.echo != Some(true))?;
+    let echo = body.echo.unwrap_or(false);
+    if echo && chat {
+        return Err(ApiError::bad(
+            "echo",
+            "`echo` is supported by sim serve for completions only",
+        ));
+    }
     let logprobs = parse_logprobs(&body.logprobs, body.top_logprobs, chat)?;
+    if echo && logprobs.is_some() {
+        return Err(ApiError::bad(
+            "echo",
+            "`echo` with `logprobs` asks for the prompt's log-probabilities, which sim serve does not compute",
+        ));
+    }
     default_only(
         "frequency_penalty",
         body.frequency_penalty.unwrap_or(0.0) == 0.0,
@@ -408,6 +422,7 @@ pub fn parse(bytes: &[u8], chat: bool) -> Result<Generation, ApiError> {
         ignore_eos: body.ignore_eos.unwrap_or(false),
         min_tokens,
         include_stop: body.include_stop_str_in_output.unwrap_or(false),
+        echo,
         n,
         stream,
         include_usage: opts.include_usage.unwrap_or(false),
@@ -631,7 +646,12 @@ mod tests {
             (br#"{"prompt":"x","temperature":-1}"#, false, "temperature"),
             (br#"{"prompt":"x","top_p":0}"#, false, "top_p"),
             (br#"{"prompt":"x","n":0}"#, false, "n"),
-            (br#"{"prompt":"x","echo":true}"#, false, "echo"),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"echo":true}"#,
+                true,
+                "echo",
+            ),
+            (br#"{"prompt":"x","echo":true,"logprobs":1}"#, false, "echo"),
             (br#"{"prompt":"x","logprobs":21}"#, false, "logprobs"),
             (br#"{"prompt":"x","logprobs":true}"#, false, "logprobs"),
             (br#"{"prompt":"x","top_logprobs":2}"#, false, "top_logprobs"),

@@ -245,7 +245,7 @@ async fn tokenize(
                 .text
                 .chat(&chat_messages(msgs))
                 .map_err(|e| ApiError::bad("messages", e))?;
-            st.text.encode(&text, true)
+            st.text.encode(&text, b.add_special_tokens.unwrap_or(false))
         }
         (None, Some(p)) => st.text.encode(p, b.add_special_tokens.unwrap_or(true)),
         (None, None) => Vec::new(),
@@ -665,7 +665,9 @@ async fn generate(
                 .text
                 .chat(&chat_messages(msgs.clone()))
                 .map_err(|e| ApiError::bad("messages", e))?;
-            st.text.encode(&text, true)
+            // The template holds whatever special tokens the model wants (vLLM encodes
+            // chats with add_special_tokens false, so no second BOS).
+            st.text.encode(&text, false)
         }
     };
     if prompt.is_empty() {
@@ -765,6 +767,12 @@ async fn generate(
         ended: false,
         record: None,
     };
+    // echo: the prompt's text, as the client sent it or as its ids decode.
+    let echoed = match (&g.prompt, g.echo) {
+        (Prompt::Text(t), true) => Some(t.clone()),
+        (Prompt::Ids(ids), true) => Some(st.text.detokenize(ids)),
+        _ => None,
+    };
     let prefix = if chat { "chatcmpl" } else { "cmpl" };
     let rid = format!(
         "{prefix}-{}-{}",
@@ -772,9 +780,9 @@ async fn generate(
         st.next_response.fetch_add(1, Ordering::Relaxed)
     );
     if g.stream {
-        Ok(stream(session, g, chat, rid).into_response())
+        Ok(stream(session, g, chat, rid, echoed).into_response())
     } else {
-        whole(session, &g, chat, rid).await
+        whole(session, &g, chat, rid, echoed).await
     }
 }
 
@@ -784,8 +792,9 @@ async fn whole(
     g: &Generation,
     chat: bool,
     rid: String,
+    echoed: Option<String>,
 ) -> Result<Response, ApiError> {
-    let mut texts = vec![String::new(); s.choices.len()];
+    let mut texts = vec![echoed.unwrap_or_default(); s.choices.len()];
     let mut reasons = vec![(None, None); s.choices.len()];
     let mut lps: Vec<Vec<(u32, TokenLogprobs)>> = vec![Vec::new(); s.choices.len()];
     while let Some(deltas) = s.next().await? {
@@ -844,6 +853,7 @@ fn stream(
     g: Generation,
     chat: bool,
     rid: String,
+    echoed: Option<String>,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     let (tx, rx) = mpsc::channel::<String>(64);
     tokio::spawn(async move {
@@ -893,6 +903,21 @@ fn stream(
                 json!({"index": d.index, "text": d.text, "logprobs": logprobs, "finish_reason": d.finish, "stop_reason": d.stop_reason})
             }
         };
+        if let Some(prompt) = &echoed {
+            // echo: the prompt first, a chunk per choice, as vLLM sends it.
+            for i in 0..s.choices.len() {
+                let d = Delta {
+                    index: i as u32,
+                    text: prompt.clone(),
+                    finish: None,
+                    stop_reason: None,
+                    logprobs: Vec::new(),
+                };
+                if tx.send(chunk(vec![choice(&d, false)], None)).await.is_err() {
+                    return;
+                }
+            }
+        }
         if chat {
             // The role first, as vLLM sends it.
             for i in 0..s.choices.len() {
