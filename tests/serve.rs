@@ -215,6 +215,42 @@ fn the_cost_model_serves_the_openai_api() {
     let got = stream(&base, "/v1/completions", &body, 100);
     let first: Value = serde_json::from_str(&got[0]).expect("json");
     assert_eq!(first["choices"][0]["text"], "a b", "{got:?}");
+    // A list of prompts (batched completions): n choices each, indexed prompt by prompt.
+    let (s, v) = post(
+        &base,
+        "/v1/completions",
+        r#"{"prompt":["a b","c d e"],"max_tokens":3,"n":2}"#,
+    );
+    assert_eq!(s, 200, "{v}");
+    let idx: Vec<u64> = v["choices"]
+        .as_array()
+        .expect("choices")
+        .iter()
+        .filter_map(|c| c["index"].as_u64())
+        .collect();
+    assert_eq!(idx, [0, 1, 2, 3]);
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+    assert_eq!(v["usage"]["prompt_tokens"], 5);
+    let body = json!({"prompt": ["a", "b c"], "max_tokens": 2, "stream": true,
+                      "stream_options": {"include_usage": true}});
+    let got = stream(&base, "/v1/completions", &body, 100);
+    assert_eq!(got.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = got[..got.len() - 1]
+        .iter()
+        .map(|c| serde_json::from_str(c).expect("json"))
+        .collect();
+    let mut seen: Vec<u64> = chunks
+        .iter()
+        .flat_map(|c| c["choices"].as_array().cloned().unwrap_or_default())
+        .filter(|c| c["finish_reason"] == "length")
+        .filter_map(|c| c["index"].as_u64())
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, [0, 1], "{got:?}");
+    assert_eq!(
+        chunks.last().expect("usage")["usage"]["completion_tokens"],
+        4
+    );
 
     // Tokenize and detokenize.
     let (s, v) = post(&base, "/tokenize", r#"{"prompt":"hello world"}"#);
@@ -297,23 +333,23 @@ fn the_cost_model_serves_the_openai_api() {
         c.join().expect("client");
     }
     wait_idle(&base);
-    // 256 and the completion, the chat, the parallel sampling and the two echoes ran to
-    // max_tokens; the stop string ended one, the hang-up another.
-    assert_eq!(metric(&base, "vllm:request_success_total", "length"), 261.0);
+    // 256 and the completion, the chat, the parallel sampling, the two echoes and the two
+    // batches of two ran to max_tokens; the stop string ended one, the hang-up another.
+    assert_eq!(metric(&base, "vllm:request_success_total", "length"), 265.0);
     assert_eq!(metric(&base, "vllm:request_success_total", "\"stop"), 1.0);
     assert_eq!(metric(&base, "vllm:request_success_total", "abort"), 1.0);
 
     let summary = server.stop().expect("stops");
     // The hang-up is counted apart, out of the latencies.
-    assert_eq!((summary.completed, summary.num_aborted), (262, 1));
+    assert_eq!((summary.completed, summary.num_aborted), (266, 1));
     let csv = std::fs::read_to_string(dir.path().join("out/requests.csv")).expect("requests.csv");
-    assert_eq!(csv.lines().count(), 264);
+    assert_eq!(csv.lines().count(), 268);
     assert!(dir.path().join("out/summary.json").exists());
     assert!(dir.path().join("out/steps.csv").exists());
     // `sim replay` reads the served run like any other: by arrival, the aborted one failed.
     let run = sim::observed::open(&dir.path().join("out")).expect("a served run reads");
     assert_eq!(run.format, "sim");
-    assert_eq!(run.requests.len(), 263);
+    assert_eq!(run.requests.len(), 267);
     assert_eq!(run.requests.iter().filter(|r| !r.ok).count(), 1);
     assert!(run.requests.windows(2).all(|w| w[0].send_s <= w[1].send_s));
     assert_eq!(

@@ -165,8 +165,9 @@ pub enum Prompt {
 pub struct Generation {
     /// The model named (checked against the served one by the caller).
     pub model: Option<String>,
-    /// The prompt.
-    pub prompt: Prompt,
+    /// The prompts: one for a chat; a completion may send a list (vLLM's batched
+    /// completions), each generating `n` choices, indexed prompt by prompt.
+    pub prompts: Vec<Prompt>,
     /// Most tokens to generate (`None`: what the context leaves, or 16 for completions).
     pub max_tokens: Option<u32>,
     /// How tokens are drawn.
@@ -197,6 +198,9 @@ pub struct Generation {
 
 /// Most choices a request may ask for.
 pub const MAX_N: u32 = 16;
+
+/// Most prompts one completions request may list.
+pub const MAX_PROMPTS: usize = 256;
 
 /// Parses and checks a `/v1/completions` (`chat == false`) or `/v1/chat/completions` body.
 pub fn parse(bytes: &[u8], chat: bool) -> Result<Generation, ApiError> {
@@ -272,7 +276,7 @@ pub fn parse(bytes: &[u8], chat: bool) -> Result<Generation, ApiError> {
         matches!(&body.response_format, None | Some(Value::Null))
             || body.response_format == Some(json!({"type": "text"})),
     )?;
-    let prompt = if chat {
+    let prompts = if chat {
         if body.prompt.is_some() {
             return Err(ApiError::bad(
                 "prompt",
@@ -307,7 +311,7 @@ pub fn parse(bytes: &[u8], chat: bool) -> Result<Generation, ApiError> {
             };
             out.push((role, text));
         }
-        Prompt::Chat(out)
+        vec![Prompt::Chat(out)]
     } else {
         if body.messages.is_some() {
             return Err(ApiError::bad(
@@ -315,19 +319,29 @@ pub fn parse(bytes: &[u8], chat: bool) -> Result<Generation, ApiError> {
                 "completions take `prompt`, not `messages` (use /v1/chat/completions)",
             ));
         }
-        match body.prompt {
+        let prompts: Vec<Prompt> = match body.prompt {
             None => return Err(ApiError::bad("prompt", "`prompt` is required")),
-            Some(PromptField::Text(t)) => Prompt::Text(t),
-            Some(PromptField::Ids(ids)) => Prompt::Ids(ids),
-            Some(PromptField::Texts(mut v)) if v.len() == 1 => Prompt::Text(v.remove(0)),
-            Some(PromptField::IdLists(mut v)) if v.len() == 1 => Prompt::Ids(v.remove(0)),
-            Some(_) => {
-                return Err(ApiError::bad(
-                    "prompt",
-                    "a list of several prompts is not supported: send one prompt per request",
-                ))
-            }
+            Some(PromptField::Text(t)) => vec![Prompt::Text(t)],
+            Some(PromptField::Ids(ids)) => vec![Prompt::Ids(ids)],
+            Some(PromptField::Texts(v)) => v.into_iter().map(Prompt::Text).collect(),
+            Some(PromptField::IdLists(v)) => v.into_iter().map(Prompt::Ids).collect(),
+        };
+        if prompts
+            .iter()
+            .any(|p| matches!(p, Prompt::Ids(ids) if ids.is_empty()))
+        {
+            return Err(ApiError::bad("prompt", "the prompt has no tokens"));
         }
+        if prompts.is_empty() || prompts.len() > MAX_PROMPTS {
+            return Err(ApiError::bad(
+                "prompt",
+                format!(
+                    "a list of 1 to {MAX_PROMPTS} prompts is expected, got {}",
+                    prompts.len()
+                ),
+            ));
+        }
+        prompts
     };
     let temperature = body.temperature.unwrap_or(1.0);
     if !temperature.is_finite() || !(0.0..=2.0).contains(&temperature) {
@@ -408,7 +422,7 @@ pub fn parse(bytes: &[u8], chat: bool) -> Result<Generation, ApiError> {
     }
     Ok(Generation {
         model: body.model,
-        prompt,
+        prompts,
         max_tokens,
         sampling: SamplingParams {
             temperature,
@@ -612,7 +626,7 @@ mod tests {
             false,
         )
         .unwrap();
-        assert_eq!(g.prompt, Prompt::Text("hi".into()));
+        assert_eq!(g.prompts, [Prompt::Text("hi".into())]);
         assert!(g.sampling.is_greedy() && g.stream && g.include_usage && g.ignore_eos);
         assert_eq!(g.max_tokens, Some(8));
         let g = parse(
@@ -620,10 +634,18 @@ mod tests {
             true,
         )
         .unwrap();
-        assert_eq!(g.prompt, Prompt::Chat(vec![("user".into(), "a".into())]));
+        assert_eq!(g.prompts, [Prompt::Chat(vec![("user".into(), "a".into())])]);
         assert_eq!(g.max_tokens, Some(3));
         assert_eq!(g.sampling.temperature, 1.0);
         assert_eq!(g.sampling.logprobs, None);
+        // A list of prompts (batched completions).
+        let g = parse(br#"{"prompt":["a","b"],"max_tokens":2}"#, false).unwrap();
+        assert_eq!(
+            g.prompts,
+            [Prompt::Text("a".into()), Prompt::Text("b".into())]
+        );
+        let g = parse(br#"{"prompt":[[1,2],[3]]}"#, false).unwrap();
+        assert_eq!(g.prompts, [Prompt::Ids(vec![1, 2]), Prompt::Ids(vec![3])]);
         // Log-probabilities as each endpoint spells them.
         let g = parse(br#"{"prompt":"x","logprobs":5}"#, false).unwrap();
         assert_eq!(g.sampling.logprobs, Some(5));
@@ -678,7 +700,7 @@ mod tests {
             ),
             (br#"{"prompt":"x"}"#, true, "prompt"),
             (br#"{"max_tokens":4}"#, false, "prompt"),
-            (br#"{"prompt":["a","b"]}"#, false, "prompt"),
+            (br#"{"prompt":[]}"#, false, "prompt"),
         ];
         for (body, chat, param) in cases {
             let e = parse(body, *chat).unwrap_err();

@@ -639,16 +639,16 @@ fn engine_gone() -> ApiError {
     }
 }
 
-/// A completion or chat completion: checked, submitted, answered whole or streamed.
-async fn generate(
-    st: Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
+/// The token ids of one prompt, checked against the vocabulary and `max_model_len`, and
+/// the `max_tokens` it gets (vLLM's defaults when unset: 16 for completions, the rest of
+/// the context for chat).
+fn prompt_tokens(
+    st: &AppState,
+    g: &Generation,
+    prompt: &Prompt,
     chat: bool,
-) -> Result<Response, ApiError> {
-    let bytes = body_bytes(body)?;
-    let g = api::parse(&bytes, chat)?;
-    check_model(&st, &g.model)?;
-    let prompt = match &g.prompt {
+) -> Result<(Vec<u32>, u32), ApiError> {
+    let ids = match prompt {
         Prompt::Text(t) => st.text.encode(t, true),
         Prompt::Ids(ids) => {
             let vocab = st.text.vocab_size();
@@ -670,16 +670,10 @@ async fn generate(
             st.text.encode(&text, false)
         }
     };
-    if prompt.is_empty() {
+    if ids.is_empty() {
         return Err(ApiError::bad("prompt", "the prompt has no tokens"));
     }
-    if st.synthetic_output && g.sampling.logprobs.is_some() {
-        return Err(ApiError::bad(
-            "logprobs",
-            "`logprobs` needs a real runtime (--backend cpu or cuda): the cost model draws no tokens",
-        ));
-    }
-    let p = prompt.len() as u64;
+    let p = ids.len() as u64;
     let limit = u64::from(st.max_model_len);
     if p >= limit {
         return Err(ApiError::bad(
@@ -689,7 +683,6 @@ async fn generate(
             ),
         ));
     }
-    // vLLM's defaults: 16 for completions, the rest of the context for chat.
     let max_tokens = match g.max_tokens {
         Some(m) => m,
         None if chat => (limit - p) as u32,
@@ -704,26 +697,21 @@ async fn generate(
             ),
         ));
     }
-    if st.in_flight.fetch_add(1, Ordering::SeqCst) >= st.max_in_flight {
-        st.in_flight.fetch_sub(1, Ordering::SeqCst);
-        return Err(ApiError {
-            status: 429,
-            message: format!(
-                "the server has {} requests in flight, its limit (--max-concurrency)",
-                st.max_in_flight
-            ),
-            param: None,
-        });
-    }
-    // Simulated tokens are placeholders that no stop token id names.
-    let stop_ids = if st.synthetic_output {
-        Vec::new()
-    } else {
-        g.stop_token_ids.clone()
-    };
+    Ok((ids, max_tokens))
+}
+
+/// Submits one prompt to the engine: its session once the engine has taken it.
+async fn submit(
+    st: &Arc<AppState>,
+    g: &Generation,
+    prompt: Vec<u32>,
+    max_tokens: u32,
+    stop_ids: &[u32],
+) -> Result<Session, ApiError> {
     // The engine keeps the slot until the request has ended there (a request aborted by
     // its client still counts until then).
     let permit = Permit(st.clone());
+    let prompt_len = prompt.len() as u32;
     let (tx, mut rx) = mpsc::unbounded_channel();
     // The request's arrival: when it reaches the engine's queue, parsed and tokenized (the
     // time vLLM's engine stamps `queued`), so that a replay sees the order the engine saw.
@@ -734,7 +722,7 @@ async fn generate(
             max_tokens,
             ignore_eos: g.ignore_eos,
             min_tokens: g.min_tokens,
-            stop_token_ids: stop_ids.clone(),
+            stop_token_ids: stop_ids.to_vec(),
             n: g.n,
             sampling: g.sampling,
             received,
@@ -753,26 +741,95 @@ async fn generate(
         }
         _ => return Err(engine_gone()),
     };
-    let session = Session {
+    Ok(Session {
         st: st.clone(),
         id,
         events: rx,
         choices: (0..g.n).map(|_| Choice::default()).collect(),
         stop: g.stop.clone(),
-        stop_ids,
+        stop_ids: stop_ids.to_vec(),
         min_tokens: g.min_tokens,
         ignore_eos: g.ignore_eos,
         include_stop: g.include_stop,
-        prompt_len: p as u32,
+        prompt_len,
         ended: false,
         record: None,
+    })
+}
+
+/// One prompt's part of an answer: its session, the index of its first choice in the
+/// answer (prompt `k` of a batch holds choices `k n .. (k + 1) n`), and its text for
+/// `echo`.
+struct Part {
+    session: Session,
+    base: u32,
+    echoed: Option<String>,
+}
+
+/// A completion or chat completion: checked, submitted (one engine request per prompt of a
+/// batched completion), answered whole or streamed.
+async fn generate(
+    st: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    chat: bool,
+) -> Result<Response, ApiError> {
+    let bytes = body_bytes(body)?;
+    let g = api::parse(&bytes, chat)?;
+    check_model(&st, &g.model)?;
+    if st.synthetic_output && g.sampling.logprobs.is_some() {
+        return Err(ApiError::bad(
+            "logprobs",
+            "`logprobs` needs a real runtime (--backend cpu or cuda): the cost model draws no tokens",
+        ));
+    }
+    // Every prompt is checked before any is submitted.
+    let prompts = g
+        .prompts
+        .iter()
+        .map(|p| prompt_tokens(&st, &g, p, chat))
+        .collect::<Result<Vec<_>, _>>()?;
+    let k = prompts.len();
+    if st.in_flight.fetch_add(k, Ordering::SeqCst) + k > st.max_in_flight {
+        st.in_flight.fetch_sub(k, Ordering::SeqCst);
+        return Err(ApiError {
+            status: 429,
+            message: format!(
+                "the server has {} requests in flight, its limit (--max-concurrency)",
+                st.max_in_flight
+            ),
+            param: None,
+        });
+    }
+    // Simulated tokens are placeholders that no stop token id names.
+    let stop_ids = if st.synthetic_output {
+        Vec::new()
+    } else {
+        g.stop_token_ids.clone()
     };
-    // echo: the prompt's text, as the client sent it or as its ids decode.
-    let echoed = match (&g.prompt, g.echo) {
-        (Prompt::Text(t), true) => Some(t.clone()),
-        (Prompt::Ids(ids), true) => Some(st.text.detokenize(ids)),
-        _ => None,
-    };
+    let mut parts = Vec::with_capacity(k);
+    for (i, ((ids, max_tokens), prompt)) in prompts.into_iter().zip(&g.prompts).enumerate() {
+        // Each submission takes over one of the slots reserved (its permit frees it). A
+        // failure frees the ones not taken yet, and drops the sessions submitted so far,
+        // which aborts them.
+        let session = match submit(&st, &g, ids, max_tokens, &stop_ids).await {
+            Ok(s) => s,
+            Err(e) => {
+                st.in_flight.fetch_sub(k - i - 1, Ordering::SeqCst);
+                return Err(e);
+            }
+        };
+        // echo: the prompt's text, as the client sent it or as its ids decode.
+        let echoed = match (prompt, g.echo) {
+            (Prompt::Text(t), true) => Some(t.clone()),
+            (Prompt::Ids(ids), true) => Some(st.text.detokenize(ids)),
+            _ => None,
+        };
+        parts.push(Part {
+            session,
+            base: i as u32 * g.n,
+            echoed,
+        });
+    }
     let prefix = if chat { "chatcmpl" } else { "cmpl" };
     let rid = format!(
         "{prefix}-{}-{}",
@@ -780,46 +837,68 @@ async fn generate(
         st.next_response.fetch_add(1, Ordering::Relaxed)
     );
     if g.stream {
-        Ok(stream(session, g, chat, rid, echoed).into_response())
+        Ok(stream(st, parts, g, chat, rid).into_response())
     } else {
-        whole(session, &g, chat, rid, echoed).await
+        whole(st, parts, &g, chat, rid).await
+    }
+}
+
+/// How a choice is rendered: the endpoint and whether log-probabilities were asked.
+#[derive(Clone, Copy)]
+struct Render {
+    chat: bool,
+    logprobs: bool,
+}
+
+impl Render {
+    /// The `logprobs` of a choice or chunk; `offset`: a completion's text offset.
+    fn logprobs(&self, text: &Text, lps: &[(u32, TokenLogprobs)], offset: &mut usize) -> Value {
+        match (self.logprobs, self.chat) {
+            (false, _) => Value::Null,
+            (true, true) => chat_logprobs(text, lps),
+            (true, false) => completion_logprobs(text, lps, offset),
+        }
     }
 }
 
 /// A non-streamed answer: every choice's text, once all have finished.
 async fn whole(
-    mut s: Session,
+    st: Arc<AppState>,
+    parts: Vec<Part>,
     g: &Generation,
     chat: bool,
     rid: String,
-    echoed: Option<String>,
 ) -> Result<Response, ApiError> {
-    let mut texts = vec![echoed.unwrap_or_default(); s.choices.len()];
-    let mut reasons = vec![(None, None); s.choices.len()];
-    let mut lps: Vec<Vec<(u32, TokenLogprobs)>> = vec![Vec::new(); s.choices.len()];
-    while let Some(deltas) = s.next().await? {
-        for d in deltas {
-            texts[d.index as usize].push_str(&d.text);
-            lps[d.index as usize].extend(d.logprobs);
-            if d.finish.is_some() {
-                reasons[d.index as usize] = (d.finish, d.stop_reason);
+    let render = Render {
+        chat,
+        logprobs: g.sampling.logprobs.is_some(),
+    };
+    let (mut choices, mut prompt_tokens, mut completion_tokens) = (Vec::new(), 0u32, 0u32);
+    // The sessions run side by side in the engine; their answers are read in turn.
+    let mut parts = parts;
+    for part in &mut parts {
+        let s = &mut part.session;
+        let n = s.choices.len();
+        let mut texts = vec![part.echoed.clone().unwrap_or_default(); n];
+        let mut reasons = vec![(None, None); n];
+        let mut lps: Vec<Vec<(u32, TokenLogprobs)>> = vec![Vec::new(); n];
+        while let Some(deltas) = s.next().await? {
+            for d in deltas {
+                texts[d.index as usize].push_str(&d.text);
+                lps[d.index as usize].extend(d.logprobs);
+                if d.finish.is_some() {
+                    reasons[d.index as usize] = (d.finish, d.stop_reason);
+                }
             }
         }
-    }
-    let choices: Vec<Value> = texts
-        .into_iter()
-        .zip(reasons)
-        .zip(lps)
-        .enumerate()
-        .map(|(i, ((text, (reason, stop_reason)), lps))| {
-            let logprobs = match (g.sampling.logprobs, chat) {
-                (None, _) => Value::Null,
-                (Some(_), true) => chat_logprobs(&s.st.text, &lps),
-                (Some(_), false) => completion_logprobs(&s.st.text, &lps, &mut 0),
-            };
-            if chat {
+        for (i, ((text, (reason, stop_reason)), lps)) in
+            texts.into_iter().zip(reasons).zip(lps).enumerate()
+        {
+            let index = part.base + i as u32;
+            let logprobs = render.logprobs(&st.text, &lps, &mut 0);
+            choices.push(if chat {
                 json!({
-                    "index": i,
+                    "index": index,
                     "message": {"role": "assistant", "content": text, "tool_calls": []},
                     "logprobs": logprobs,
                     "finish_reason": reason,
@@ -827,147 +906,186 @@ async fn whole(
                 })
             } else {
                 json!({
-                    "index": i,
+                    "index": index,
                     "text": text,
                     "logprobs": logprobs,
                     "finish_reason": reason,
                     "stop_reason": stop_reason,
                 })
-            }
-        })
-        .collect();
+            });
+        }
+        prompt_tokens += s.prompt_len;
+        completion_tokens += s.completion_tokens();
+    }
     Ok(Json(json!({
         "id": rid,
         "object": if chat { "chat.completion" } else { "text_completion" },
         "created": unix_now(),
-        "model": s.st.model,
+        "model": st.model,
         "choices": choices,
-        "usage": api::usage(s.prompt_len, s.completion_tokens()),
+        "usage": api::usage(prompt_tokens, completion_tokens),
     }))
     .into_response())
 }
 
-/// A streamed answer: a chunk per step and choice, the usage if asked, `[DONE]`.
+/// What every chunk of one streamed answer shares.
+struct Chunks {
+    rid: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    render: Render,
+    continuous_usage: bool,
+}
+
+impl Chunks {
+    /// One chunk's `data:`.
+    fn chunk(&self, choices: Vec<Value>, usage: Option<Value>) -> String {
+        let mut v = json!({
+            "id": self.rid,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            v["usage"] = u;
+        }
+        v.to_string()
+    }
+
+    /// A chunk's choice for delta `d` of the part whose first choice is `base` (`first`: a
+    /// chat's opening chunk, with the role).
+    fn choice(&self, text: &Text, d: &Delta, base: u32, first: bool, offset: &mut usize) -> Value {
+        let logprobs = self.render.logprobs(text, &d.logprobs, offset);
+        let index = base + d.index;
+        if self.render.chat {
+            let delta = if first {
+                json!({"role": "assistant", "content": d.text})
+            } else if d.text.is_empty() && d.finish.is_some() {
+                json!({})
+            } else {
+                json!({"content": d.text})
+            };
+            json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": d.finish, "stop_reason": d.stop_reason})
+        } else {
+            json!({"index": index, "text": d.text, "logprobs": logprobs, "finish_reason": d.finish, "stop_reason": d.stop_reason})
+        }
+    }
+}
+
+/// Streams one part's chunks into `tx` until its choices end; its token counts, or `None`
+/// when the client hung up or the engine failed (the error then went in the stream).
+async fn pump(part: Part, c: Arc<Chunks>, tx: mpsc::Sender<String>) -> Option<(u32, u32)> {
+    let Part {
+        session: mut s,
+        base,
+        echoed,
+    } = part;
+    let st = s.st.clone();
+    let text = &st.text;
+    let n = s.choices.len();
+    let mut offsets = vec![0usize; n];
+    let blank = |i: usize| Delta {
+        index: i as u32,
+        text: String::new(),
+        finish: None,
+        stop_reason: None,
+        logprobs: Vec::new(),
+    };
+    if let Some(prompt) = &echoed {
+        // echo: the prompt first, a chunk per choice, as vLLM sends it.
+        for (i, offset) in offsets.iter_mut().enumerate() {
+            let d = Delta {
+                text: prompt.clone(),
+                ..blank(i)
+            };
+            let ch = c.choice(text, &d, base, false, offset);
+            tx.send(c.chunk(vec![ch], None)).await.ok()?;
+        }
+    }
+    if c.render.chat {
+        // The role first, as vLLM sends it.
+        for (i, offset) in offsets.iter_mut().enumerate() {
+            let ch = c.choice(text, &blank(i), base, true, offset);
+            tx.send(c.chunk(vec![ch], None)).await.ok()?;
+        }
+    }
+    loop {
+        let next = tokio::select! {
+            n = s.next() => n,
+            // The client hung up: dropping the session aborts the request.
+            _ = tx.closed() => return None,
+        };
+        match next {
+            Ok(Some(deltas)) => {
+                for d in deltas {
+                    if d.text.is_empty() && d.finish.is_none() && d.logprobs.is_empty() {
+                        continue;
+                    }
+                    let usage = c
+                        .continuous_usage
+                        .then(|| api::usage(s.prompt_len, s.completion_tokens()));
+                    let ch = c.choice(text, &d, base, false, &mut offsets[d.index as usize]);
+                    tx.send(c.chunk(vec![ch], usage)).await.ok()?;
+                }
+            }
+            Ok(None) => return Some((s.prompt_len, s.completion_tokens())),
+            Err(e) => {
+                // Headers are sent: the error goes in the stream, as vLLM does.
+                let _ = tx.send(e.body().to_string()).await;
+                return None;
+            }
+        }
+    }
+}
+
+/// A streamed answer: a chunk per step and choice (the parts of a batch side by side), the
+/// usage if asked, `[DONE]`.
 fn stream(
-    mut s: Session,
+    st: Arc<AppState>,
+    parts: Vec<Part>,
     g: Generation,
     chat: bool,
     rid: String,
-    echoed: Option<String>,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     let (tx, rx) = mpsc::channel::<String>(64);
-    tokio::spawn(async move {
-        let created = unix_now();
-        let object = if chat {
+    let c = Arc::new(Chunks {
+        rid,
+        object: if chat {
             "chat.completion.chunk"
         } else {
             "text_completion"
-        };
-        let model = s.st.model.clone();
-        let chunk = |choices: Vec<Value>, usage: Option<Value>| {
-            let mut v = json!({
-                "id": rid,
-                "object": object,
-                "created": created,
-                "model": model,
-                "choices": choices,
-            });
-            if let Some(u) = usage {
-                v["usage"] = u;
-            }
-            v.to_string()
-        };
-        let asked = g.sampling.logprobs.is_some();
-        let st = s.st.clone();
-        let text = &st.text;
-        let mut offsets = vec![0usize; s.choices.len()];
-        let mut choice = |d: &Delta, first: bool| {
-            let logprobs = match (asked, chat) {
-                (false, _) => Value::Null,
-                (true, true) => chat_logprobs(text, &d.logprobs),
-                (true, false) => {
-                    let at = &mut offsets[d.index as usize];
-                    completion_logprobs(text, &d.logprobs, at)
+        },
+        created: unix_now(),
+        model: st.model.clone(),
+        render: Render {
+            chat,
+            logprobs: g.sampling.logprobs.is_some(),
+        },
+        continuous_usage: g.continuous_usage,
+    });
+    tokio::spawn(async move {
+        let pumps: Vec<_> = parts
+            .into_iter()
+            .map(|p| tokio::spawn(pump(p, c.clone(), tx.clone())))
+            .collect();
+        let (mut prompt, mut completion, mut complete) = (0u32, 0u32, true);
+        for p in pumps {
+            match p.await {
+                Ok(Some((a, b))) => {
+                    prompt += a;
+                    completion += b;
                 }
-            };
-            if chat {
-                let delta = if first {
-                    json!({"role": "assistant", "content": d.text})
-                } else if d.text.is_empty() && d.finish.is_some() {
-                    json!({})
-                } else {
-                    json!({"content": d.text})
-                };
-                json!({"index": d.index, "delta": delta, "logprobs": logprobs, "finish_reason": d.finish, "stop_reason": d.stop_reason})
-            } else {
-                json!({"index": d.index, "text": d.text, "logprobs": logprobs, "finish_reason": d.finish, "stop_reason": d.stop_reason})
-            }
-        };
-        if let Some(prompt) = &echoed {
-            // echo: the prompt first, a chunk per choice, as vLLM sends it.
-            for i in 0..s.choices.len() {
-                let d = Delta {
-                    index: i as u32,
-                    text: prompt.clone(),
-                    finish: None,
-                    stop_reason: None,
-                    logprobs: Vec::new(),
-                };
-                if tx.send(chunk(vec![choice(&d, false)], None)).await.is_err() {
-                    return;
-                }
+                _ => complete = false,
             }
         }
-        if chat {
-            // The role first, as vLLM sends it.
-            for i in 0..s.choices.len() {
-                let d = Delta {
-                    index: i as u32,
-                    text: String::new(),
-                    finish: None,
-                    stop_reason: None,
-                    logprobs: Vec::new(),
-                };
-                if tx.send(chunk(vec![choice(&d, true)], None)).await.is_err() {
-                    return;
-                }
-            }
+        if tx.is_closed() {
+            return;
         }
-        loop {
-            let next = tokio::select! {
-                n = s.next() => n,
-                // The client hung up: dropping the session aborts the request.
-                _ = tx.closed() => return,
-            };
-            match next {
-                Ok(Some(deltas)) => {
-                    for d in deltas {
-                        if d.text.is_empty() && d.finish.is_none() && d.logprobs.is_empty() {
-                            continue;
-                        }
-                        let usage = g
-                            .continuous_usage
-                            .then(|| api::usage(s.prompt_len, s.completion_tokens()));
-                        if tx
-                            .send(chunk(vec![choice(&d, false)], usage))
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    // Headers are sent: the error goes in the stream, as vLLM does.
-                    let _ = tx.send(e.body().to_string()).await;
-                    break;
-                }
-            }
-        }
-        if g.include_usage {
-            let usage = api::usage(s.prompt_len, s.completion_tokens());
-            let _ = tx.send(chunk(Vec::new(), Some(usage))).await;
+        if g.include_usage && complete {
+            let usage = api::usage(prompt, completion);
+            let _ = tx.send(c.chunk(Vec::new(), Some(usage))).await;
         }
         let _ = tx.send("[DONE]".into()).await;
     });
