@@ -247,7 +247,12 @@ pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
     // sending again one by one).
     let (mut arrivals, mut refills) = (0i32, 0usize);
     let mut last_end = f64::NEG_INFINITY;
-    let step_ends = read_step_ends(dir)?;
+    // (Only a served run's refills have a turnaround to measure.)
+    let step_ends = if served {
+        read_step_ends(dir)?
+    } else {
+        Vec::new()
+    };
     let mut gaps = Vec::new();
     for &(t, d) in &spans {
         if d > 0 {

@@ -199,6 +199,9 @@ pub struct Generation {
 /// Most choices a request may ask for.
 pub const MAX_N: u32 = 16;
 
+/// Most stop token ids (and stop strings) a request may give.
+pub const MAX_STOP_TOKEN_IDS: usize = 64;
+
 /// Most prompts one completions request may list.
 pub const MAX_PROMPTS: usize = 256;
 
@@ -412,6 +415,29 @@ pub fn parse(bytes: &[u8], chat: bool) -> Result<Generation, ApiError> {
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::bad("stop", "`stop` strings must not be empty"));
     }
+    // Each draw before min_tokens masks these, and each sampled token is looked up in them:
+    // a short sorted list.
+    let mut stop_token_ids = body.stop_token_ids.unwrap_or_default();
+    stop_token_ids.sort_unstable();
+    stop_token_ids.dedup();
+    if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(ApiError::bad(
+            "stop_token_ids",
+            format!(
+                "at most {MAX_STOP_TOKEN_IDS} distinct stop token ids, got {}",
+                stop_token_ids.len()
+            ),
+        ));
+    }
+    if stop.len() > MAX_STOP_TOKEN_IDS {
+        return Err(ApiError::bad(
+            "stop",
+            format!(
+                "at most {MAX_STOP_TOKEN_IDS} stop strings, got {}",
+                stop.len()
+            ),
+        ));
+    }
     let stream = body.stream.unwrap_or(false);
     let opts = body.stream_options.unwrap_or_default();
     if !stream && (opts.include_usage.is_some() || opts.continuous_usage_stats.is_some()) {
@@ -432,7 +458,7 @@ pub fn parse(bytes: &[u8], chat: bool) -> Result<Generation, ApiError> {
             logprobs,
         },
         stop,
-        stop_token_ids: body.stop_token_ids.unwrap_or_default(),
+        stop_token_ids,
         ignore_eos: body.ignore_eos.unwrap_or(false),
         min_tokens,
         include_stop: body.include_stop_str_in_output.unwrap_or(false),
@@ -701,6 +727,16 @@ mod tests {
             (br#"{"prompt":"x"}"#, true, "prompt"),
             (br#"{"max_tokens":4}"#, false, "prompt"),
             (br#"{"prompt":[]}"#, false, "prompt"),
+            (
+                format!(
+                    r#"{{"prompt":"x","stop_token_ids":{:?}}}"#,
+                    (0..65).collect::<Vec<u32>>()
+                )
+                .leak()
+                .as_bytes(),
+                false,
+                "stop_token_ids",
+            ),
         ];
         for (body, chat, param) in cases {
             let e = parse(body, *chat).unwrap_err();

@@ -504,22 +504,21 @@ impl Session {
             }
         }
         self.advance(i, end, finish.is_some());
-        let longest = self.stop.iter().map(String::len).max().unwrap_or(0);
         let c = &mut self.choices[i];
         // A stop string ends the choice at it (after it, with include_stop_str_in_output);
-        // only a match that ends in the new text counts, and none before min_tokens.
-        if longest > 0 && c.ids.len() > self.min_tokens as usize {
-            let from = c.searched.saturating_sub(longest - 1);
-            let from = (0..=from)
-                .rev()
-                .find(|&k| c.text.is_char_boundary(k))
-                .unwrap_or(0);
+        // only a match that ends in the new text counts (each string searched from its own
+        // length before it, as vLLM does), and none before min_tokens.
+        if !self.stop.is_empty() && c.ids.len() > self.min_tokens as usize {
+            let (text, searched) = (&c.text, c.searched);
             let hit = self
                 .stop
                 .iter()
                 .filter_map(|s| {
-                    let tail = c.text.get(from..)?;
-                    tail.find(s.as_str()).map(|p| (from + p, s))
+                    let from = searched.saturating_sub(s.len().saturating_sub(1));
+                    // (A match starts on a character boundary: none is skipped.)
+                    let from = (from..=text.len()).find(|&k| text.is_char_boundary(k))?;
+                    let p = from + text.get(from..)?.find(s.as_str())?;
+                    Some((p, s))
                 })
                 .min_by_key(|&(p, _)| p);
             if let Some((p, s)) = hit {
@@ -700,19 +699,37 @@ fn prompt_tokens(
     Ok((ids, max_tokens))
 }
 
-/// Submits one prompt to the engine: its session once the engine has taken it.
-async fn submit(
-    st: &Arc<AppState>,
+/// The server slots reserved for one HTTP request's prompts: each submission takes one
+/// (its [`Permit`] frees it when the engine has ended that request); the ones never taken
+/// are freed when this is dropped (a failed submission, a client gone mid-way).
+struct Reserved {
+    st: Arc<AppState>,
+    left: usize,
+}
+
+impl Reserved {
+    fn take(&mut self) -> Permit {
+        self.left = self.left.saturating_sub(1);
+        Permit(self.st.clone())
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.st.in_flight.fetch_sub(self.left, Ordering::SeqCst);
+    }
+}
+
+/// Sends one prompt to the engine, holding `permit` there; the channel of its events.
+fn send(
+    st: &AppState,
     g: &Generation,
     prompt: Vec<u32>,
     max_tokens: u32,
     stop_ids: &[u32],
-) -> Result<Session, ApiError> {
-    // The engine keeps the slot until the request has ended there (a request aborted by
-    // its client still counts until then).
-    let permit = Permit(st.clone());
-    let prompt_len = prompt.len() as u32;
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    permit: Permit,
+) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+    let (tx, rx) = mpsc::unbounded_channel();
     // The request's arrival: when it reaches the engine's queue, parsed and tokenized (the
     // time vLLM's engine stamps `queued`), so that a replay sees the order the engine saw.
     let received = Instant::now();
@@ -727,9 +744,22 @@ async fn submit(
             sampling: g.sampling,
             received,
             events: tx,
+            // The engine keeps the slot until the request has ended there (a request
+            // aborted by its client still counts until then).
             hold: Box::new(permit),
         })))
         .map_err(|_| engine_gone())?;
+    Ok(rx)
+}
+
+/// The session of a prompt sent, once the engine has taken it.
+async fn started(
+    st: &Arc<AppState>,
+    g: &Generation,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    prompt_len: u32,
+    stop_ids: &[u32],
+) -> Result<Session, ApiError> {
     let id = match rx.recv().await {
         Some(Event::Started(id)) => id,
         Some(Event::Failed(msg)) => {
@@ -782,6 +812,23 @@ async fn generate(
             "`logprobs` needs a real runtime (--backend cpu or cuda): the cost model draws no tokens",
         ));
     }
+    let vocab = st.text.vocab_size();
+    if let Some(bad) = g.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::bad(
+            "stop_token_ids",
+            format!("token id {bad} is outside the vocabulary (0..{vocab})"),
+        ));
+    }
+    if g.prompts.len() > st.max_in_flight {
+        return Err(ApiError::bad(
+            "prompt",
+            format!(
+                "{} prompts in one request, more than the server runs at once (--max-concurrency {})",
+                g.prompts.len(),
+                st.max_in_flight
+            ),
+        ));
+    }
     // Every prompt is checked before any is submitted.
     let prompts = g
         .prompts
@@ -806,18 +853,26 @@ async fn generate(
     } else {
         g.stop_token_ids.clone()
     };
+    let mut reserved = Reserved {
+        st: st.clone(),
+        left: k,
+    };
+    // Every prompt reaches the engine's queue before any answer is awaited, so that a
+    // batch is scheduled together.
+    let mut sent = Vec::with_capacity(k);
+    for (ids, max_tokens) in prompts {
+        let len = ids.len() as u32;
+        sent.push((
+            send(&st, &g, ids, max_tokens, &stop_ids, reserved.take())?,
+            len,
+        ));
+    }
+    drop(reserved);
     let mut parts = Vec::with_capacity(k);
-    for (i, ((ids, max_tokens), prompt)) in prompts.into_iter().zip(&g.prompts).enumerate() {
-        // Each submission takes over one of the slots reserved (its permit frees it). A
-        // failure frees the ones not taken yet, and drops the sessions submitted so far,
-        // which aborts them.
-        let session = match submit(&st, &g, ids, max_tokens, &stop_ids).await {
-            Ok(s) => s,
-            Err(e) => {
-                st.in_flight.fetch_sub(k - i - 1, Ordering::SeqCst);
-                return Err(e);
-            }
-        };
+    for (i, ((rx, len), prompt)) in sent.into_iter().zip(&g.prompts).enumerate() {
+        // (A failure drops the sessions started so far, which aborts them; the engine ends
+        // the requests whose channels closed.)
+        let session = started(&st, &g, rx, len, &stop_ids).await?;
         // echo: the prompt's text, as the client sent it or as its ids decode.
         let echoed = match (prompt, g.echo) {
             (Prompt::Text(t), true) => Some(t.clone()),
@@ -1204,6 +1259,12 @@ mod tests {
         let (text, fin, why) = feed(&mut s, &[1; 20], Some(FinishReason::Length));
         assert_eq!(text, words(17));
         assert_eq!((fin, why), (Some("stop"), Some(json!(" of"))));
+        // Strings of different lengths: a short one inside text that min_tokens kept from
+        // the search is not found later through the long one's window (" of" is word 2;
+        // nothing cut before what was sent).
+        let mut s = session(&[" of", " zzzzz"], &[], 2, false);
+        let (text, fin, _) = feed(&mut s, &[1, 1, 1, 1], Some(FinishReason::Length));
+        assert_eq!((text, fin), (words(4), Some("length")));
         // Within one step past min_tokens, a match in that step counts.
         let mut s = session(&[" of"], &[], 1, false);
         let (text, _, _) = feed(&mut s, &[3], None);
