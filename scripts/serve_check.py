@@ -9,12 +9,17 @@ Run by `.ci/run` with the Python of a venv holding `openai`, `aiperf`, `gguf` an
 2. AIPerf (NVIDIA's benchmark client) against the CPU runtime (streamed chat) and against
    the cost model (`scenarios/serve.toml`, streamed completions): its report is parsed and
    checked (every request succeeded, the output token counts, TTFT and ITL present), and
-   the server's `/metrics` shows no KV block in use afterwards.
+   the server's `/metrics` shows no KV block in use afterwards. Then the bounded load test:
+   AIPerf's 64 streaming chat clients for 30 s against the cost model, nothing lost.
 3. The closed loop: a served run at a ramp of loads (1, 4, 8, 16 clients) fits this
    machine's hardware profile (`sim calibrate --observed`); `sim replay` of another served
    run, at 6 clients, must predict its mean TTFT and TPOT within 15%.
 
-Usage: serve_check.py --sim target/debug/sim --gguf SmolLM2.gguf --work DIR
+Optional (not run by `.ci/run`, each a multi-gigabyte install with torch): `--vllm BIN` runs
+`vllm bench serve` against both servers and replays its saved result with `sim replay`;
+`--guidellm BIN` runs GuideLLM against the cost model.
+
+Usage: serve_check.py --sim target/debug/sim --gguf SmolLM2.gguf --work DIR [--vllm BIN] [--guidellm BIN]
 """
 
 import argparse
@@ -77,6 +82,11 @@ class Server:
             if line.startswith(name + "{"):
                 return float(line.rsplit(" ", 1)[1])
         fail(f"/metrics has no {name}")
+
+    def metric_sum(self, name):
+        """The sum of a labelled counter over its label values (0 before any was counted)."""
+        text = urllib.request.urlopen(self.url + "/metrics", timeout=10).read().decode()
+        return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(name + "{"))
 
     def stop(self):
         self.proc.send_signal(signal.SIGINT)
@@ -188,31 +198,100 @@ def hf_tokenizer(gguf_path, out):
     ).save_pretrained(out)
 
 
-def aiperf(url, model, tokenizer, endpoint, requests, concurrency, isl, osl, out):
+def aiperf(url, model, tokenizer, endpoint, requests, concurrency, isl, osl, out, duration=None):
+    """AIPerf's `profile` against `url`: `requests` requests, or as many as `concurrency`
+    clients send in `duration` seconds (every one in flight then is waited for). Checks its
+    report and returns the number of requests it completed."""
     aiperf_bin = os.path.join(os.path.dirname(sys.executable), "aiperf")
     cmd = [
         aiperf_bin, "profile", "--model", model, "--url", url, "--endpoint-type", endpoint, "--streaming",
         "--tokenizer", tokenizer, "--use-server-token-count",
         "--prompt-input-tokens-mean", str(isl), "--prompt-input-tokens-stddev", "0",
         "--prompt-output-tokens-mean", str(osl), "--prompt-output-tokens-stddev", "0",
-        "--extra-inputs", "ignore_eos:true", "--request-count", str(requests), "--concurrency", str(concurrency),
+        "--extra-inputs", "ignore_eos:true", "--concurrency", str(concurrency),
         "--workers-max", "2", "--random-seed", "42", "--ui", "none", "--output-artifact-dir", out,
     ]
+    if duration is None:
+        cmd += ["--request-count", str(requests)]
+    else:
+        cmd += ["--benchmark-duration", str(duration), "--benchmark-grace-period", "inf"]
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     with open(out + ".log", "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=900).returncode
     check(rc == 0, f"aiperf exited with {rc} (see {out}.log)")
     rep = json.load(open(os.path.join(out, "profile_export_aiperf.json")))
-    ok = rep["request_count"]["avg"]
+    ok = int(rep["request_count"]["avg"])
     errors = rep.get("error_request_count", {}).get("avg", 0)
+    if duration is not None:
+        requests = ok
+        check(ok >= concurrency, f"aiperf: only {ok} requests in {duration} s at concurrency {concurrency}")
     check(ok == requests and errors == 0, f"aiperf: {ok} of {requests} requests succeeded, {errors} failed")
     tokens = rep["total_output_tokens"]["avg"]
     check(tokens == requests * osl, f"aiperf: {tokens} output tokens, expected {requests * osl}")
     ttft, itl = rep["time_to_first_token"], rep["inter_token_latency"]
     check(ttft["avg"] > 0 and itl["avg"] > 0 and ttft["count"] == requests, f"aiperf: TTFT {ttft} ITL {itl}")
+    what = f"x {requests}" if duration is None else f"for {duration} s ({requests} requests)"
     print(
-        f"aiperf {endpoint} x {requests} at concurrency {concurrency} on {model}: all succeeded, "
+        f"aiperf {endpoint} {what} at concurrency {concurrency} on {model}: all succeeded, "
         f"{int(tokens)} output tokens, TTFT mean {ttft['avg']:.1f} ms (p99 {ttft['p99']:.1f}), ITL mean {itl['avg']:.2f} ms"
+    )
+    return requests
+
+
+def vllm_bench(vllm_bin, url, model, tokenizer, endpoint, prompts, concurrency, isl, osl, out):
+    """`vllm bench serve` (vLLM's own benchmark client) against `url`, its saved result
+    (`--save-result --save-detailed`) parsed and checked: every request succeeded with
+    `osl` tokens, TTFT and ITL present. Returns the result file."""
+    backend = {"/v1/completions": "openai", "/v1/chat/completions": "openai-chat"}[endpoint]
+    name = os.path.basename(out) + ".json"
+    cmd = [
+        vllm_bin, "bench", "serve", "--backend", backend, "--base-url", url, "--endpoint", endpoint,
+        "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random",
+        "--random-input-len", str(isl), "--random-output-len", str(osl), "--num-prompts", str(prompts),
+        "--max-concurrency", str(concurrency), "--ignore-eos", "--temperature", "0", "--seed", "42",
+        "--save-result", "--save-detailed", "--result-dir", os.path.dirname(out), "--result-filename", name,
+    ]
+    with open(out + ".log", "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=900, cwd=os.path.dirname(out)).returncode
+    check(rc == 0, f"vllm bench serve exited with {rc} (see {out}.log)")
+    path = os.path.join(os.path.dirname(out), name)
+    rep = json.load(open(path))
+    check(rep["completed"] == prompts and rep["failed"] == 0, f"vllm bench: {rep['completed']} of {prompts} completed")
+    check(rep["output_lens"] == [osl] * prompts, f"vllm bench: output lengths {sorted(set(rep['output_lens']))}, expected {osl}")
+    # A streamed chunk may carry several tokens (one whose text is empty, such as a special
+    # token skipped in the text, goes out with the next), so a request has at most osl - 1 ITLs.
+    check(all(t > 0 for t in rep["ttfts"]) and all(0 < len(i) < osl for i in rep["itls"]), "vllm bench: TTFT or ITLs missing")
+    print(
+        f"vllm bench serve {backend} x {prompts} at concurrency {concurrency} on {model}: all succeeded, "
+        f"{rep['total_output_tokens']} output tokens, TTFT mean {rep['mean_ttft_ms']:.1f} ms, "
+        f"TPOT mean {rep['mean_tpot_ms']:.2f} ms"
+    )
+    return path
+
+
+def guidellm(guidellm_bin, url, tokenizer, streams, requests, isl, osl, out):
+    """GuideLLM's `run` (concurrent streams, synthetic prompts) against `url`, its JSON
+    report parsed and checked: every request succeeded with `osl` tokens, TTFT and ITL present."""
+    cmd = [
+        guidellm_bin, "run", "--backend", f"kind=openai_http,target={url}",
+        "--profile", f"kind=concurrent,streams={streams}", "--constraint", f"kind=max_requests,count={requests}",
+        "--data", f"kind=synthetic_text,prompt_tokens={isl},output_tokens={osl}",
+        "--tokenizer", f"kind=huggingface_auto,model={tokenizer}",
+        "--output", f"kind=json,path={out}.json", "--disable-console-interactive",
+    ]
+    with open(out + ".log", "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=900, cwd=os.path.dirname(out)).returncode
+    check(rc == 0, f"guidellm exited with {rc} (see {out}.log)")
+    m = json.load(open(out + ".json"))["benchmarks"][0]["metrics"]
+    totals = m["request_totals"]
+    check(totals["successful"] == requests and totals["errored"] == 0, f"guidellm: {totals}")
+    tokens = m["output_token_count"]["successful"]
+    check(tokens["count"] == requests and tokens["mean"] == osl, f"guidellm: output tokens {tokens['mean']}, expected {osl}")
+    ttft, itl = m["time_to_first_token_ms"]["successful"], m["inter_token_latency_ms"]["successful"]
+    check(ttft["count"] == requests and ttft["mean"] > 0 and itl["mean"] > 0, "guidellm: TTFT or ITL missing")
+    print(
+        f"guidellm run at {streams} streams x {requests} requests: all succeeded, {osl} tokens each, "
+        f"TTFT mean {ttft['mean']:.1f} ms, ITL mean {itl['mean']:.2f} ms"
     )
 
 
@@ -298,6 +377,10 @@ def main():
     ap.add_argument("--skip-closed-loop", action="store_true")
     ap.add_argument("--only-closed-loop", action="store_true")
     ap.add_argument("--record", help="write the closed loop's figures here (calibration/served-closed-loop.csv)")
+    ap.add_argument("--vllm", help="the `vllm` command of an installed vLLM: also run `vllm bench serve` against "
+                    "both servers and replay its saved result with `sim replay` (not run by .ci/run: vLLM is 8.5 GB)")
+    ap.add_argument("--guidellm", help="the `guidellm` command of an installed GuideLLM (0.8 or later): also run it "
+                    "against the cost model (not run by .ci/run: it pulls torch, 5.9 GB)")
     a = ap.parse_args()
     sim, gguf = os.path.abspath(a.sim), os.path.abspath(a.gguf)
     os.makedirs(a.work, exist_ok=True)
@@ -312,6 +395,9 @@ def main():
     model = json.load(urllib.request.urlopen(cpu.url + "/v1/models"))["data"][0]["id"]
     aiperf(cpu.url, model, tok, "chat", 16, 2, 96, 24, os.path.join(a.work, "aiperf-cpu"))
     wait_idle(cpu)
+    if a.vllm:
+        vllm_bench(a.vllm, cpu.url, model, tok, "/v1/chat/completions", 16, 2, 96, 24, os.path.join(a.work, "vllm-cpu"))
+        wait_idle(cpu)
     cpu.stop()
 
     scenario = os.path.join(ROOT, "scenarios", "serve.toml")
@@ -320,7 +406,36 @@ def main():
     model = json.load(urllib.request.urlopen(sim_srv.url + "/v1/models"))["data"][0]["id"]
     aiperf(sim_srv.url, model, tok, "completions", 40, 4, 256, 64, os.path.join(a.work, "aiperf-model"))
     wait_idle(sim_srv)
+    if a.guidellm:
+        guidellm(a.guidellm, sim_srv.url, tok, 4, 40, 128, 32, os.path.join(a.work, "guidellm-model"))
+        wait_idle(sim_srv)
+    # The bounded load test: 64 concurrent streaming clients for 30 s on loopback. Nothing
+    # may be lost: AIPerf counts no error and every token, the server's counters agree with
+    # AIPerf's, and no KV block stays in use.
+    before = sim_srv.metric_sum("vllm:request_success_total")
+    done = aiperf(sim_srv.url, model, tok, "chat", None, 64, 128, 32, os.path.join(a.work, "aiperf-soak"), 30)
+    wait_idle(sim_srv)
+    served = sim_srv.metric_sum("vllm:request_success_total") - before
+    check(served == done, f"soak: the server finished {served} requests, AIPerf {done}")
     sim_srv.stop()
+
+    if a.vllm:
+        # vLLM's client against the cost model in real time (time scale 1), then `sim replay`
+        # of its saved result on the same GPU: the engine is the one that served it, so the
+        # replay's TPOT and E2EL must agree; TTFT differs by the HTTP path (client-side).
+        srv = Server(sim, [scenario], os.path.join(a.work, "served-model-1x"), os.path.join(a.work, "served-model-1x.log"))
+        res = vllm_bench(a.vllm, srv.url, model, tok, "/v1/completions", 100, 8, 512, 64, os.path.join(a.work, "vllm-model"))
+        wait_idle(srv)
+        srv.stop()
+        rep = os.path.join(a.work, "vllm-replay")
+        r = subprocess.run([sim, "replay", res, "--gpu", "h100-sxm", "--out", rep], capture_output=True, text=True)
+        check(r.returncode == 0, f"sim replay of vllm bench's result: {r.stderr.strip()}")
+        figures = {row["metric"]: row for row in csv.DictReader(open(os.path.join(rep, "replay.csv")))}
+        line = ", ".join(f"{m} {float(figures[m]['error_pct']):+.1f}%" for m in ["ttft_mean_ms", "tpot_mean_ms", "e2el_mean_ms"])
+        print(f"sim replay of vllm bench serve's result: {line}")
+        for m in ["tpot_mean_ms", "e2el_mean_ms"]:
+            err = abs(float(figures[m]["error_pct"]))
+            check(err <= 10.0, f"replay of vllm bench: {m} off by {err:.1f}% (> 10%)")
 
     if not a.skip_closed_loop:
         closed_loop(sim, gguf, a.work, a.record)
