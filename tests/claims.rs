@@ -125,11 +125,17 @@ fn continuous_against_static_batching() {
         "continuous batching's throughput over static batching with paged",
     );
     // Below saturation every scheduler completes what arrives: the same throughput.
-    let light = fig(naive, "rate 2, std 1");
+    let light = fig(paged, "rate 2, std 1");
     assert!((light - 1.0).abs() < 0.05, "{light}");
-    // Saturated with widely spread outputs, a padded batch runs until its longest member
-    // ends and max-length KV caps it: at least 5x.
-    assert!(fig(naive, "rate 200, std 768") >= 5.0);
+    // The naive batcher is saturated already at 2 req/s of 256-token outputs: a batch of
+    // ~25 max-length slots at a padded context of ~1,500 tokens reads each row's 0.5 MB a
+    // token of Llama-2-7B KV three times a step (attention, then DynamicCache's read and
+    // write), 50-60 ms a step for 25 tokens, under the 512 tokens/s offered.
+    let light = fig(naive, "rate 2, std 1");
+    assert!((1.05..2.0).contains(&light), "{light}");
+    // Saturated with widely spread outputs, a padded batch also runs until its longest
+    // member ends, its finished rows padding: the claim's 10x at least.
+    assert!(fig(naive, "rate 200, std 768") >= 10.0);
     // The paged static batcher loses only the idle slots of finished members: the gap
     // grows with the spread but stays small.
     for (k, v) in &paged.figures {
@@ -175,12 +181,13 @@ fn naive_static_batching_on_sharegpt_lengths() {
     // A naive batch of ~27 max-length slots decodes until its longest output (the largest
     // of ~27 ShareGPT outputs, about 2.4x the mean) and prefills every prompt at the
     // longest's length (about 2.7x the mean); continuous batching holds ~2.4x the
-    // sequences in the same KV. Prefill, which batching does not shrink, takes much of
-    // the continuous server's time on these long prompts, so the product is diluted:
-    // at least 3x (4x and more where outputs spread wider, above).
+    // sequences in the same KV. Each naive decode step also attends over the padded
+    // context and copies the batch's cache (read and write): three passes over KV where
+    // vLLM makes one over the tokens it holds. Prefill, which batching does not shrink,
+    // dilutes the product: at least 5x (the figure).
     let ratio = tps("continuous") / tps("naive-static");
     assert!(
-        ratio >= 3.0,
+        ratio >= 5.0,
         "continuous over naive static on ShareGPT: {ratio}"
     );
 }

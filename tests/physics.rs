@@ -242,8 +242,10 @@ fn swapping_a_block_costs_its_bytes_over_pcie() {
 fn a_padded_batch_costs_its_pad_rows_as_real_ones() {
     use engine::plan::{Padding, SeqWork, StepPlan, WorkKind};
     // HF `generate` computes a finished member's row like a live one: a decode step of 2
-    // sequences with 6 pad rows costs what a decode of 8 does at the same context, and a
-    // prompt padded from 100 to 600 tokens what a 600-token prefill does.
+    // sequences with 6 pad rows costs what a decode of 8 does at the same context, plus
+    // its `DynamicCache` concatenation (every row's cache read and written once a layer);
+    // live rows attend over the padded context whatever their own; and a prompt padded
+    // from 100 to 600 tokens costs what a 600-token prefill does.
     let m = CostModel::new(
         deployment("llama-2-7b", "a100-80gb", 1, Dtype::Fp16),
         CostParams::default(),
@@ -268,6 +270,7 @@ fn a_padded_batch_costs_its_pad_rows_as_real_ones() {
         padding: Padding {
             prefill: Vec::new(),
             decode: vec![1000; 6],
+            context: 1000,
         },
         ..StepPlan::default()
     };
@@ -275,8 +278,22 @@ fn a_padded_batch_costs_its_pad_rows_as_real_ones() {
         work: decodes(8),
         ..StepPlan::default()
     };
+    // The concatenation: 8 rows x 1,000 tokens of KV (Llama-2-7B: 32 layers x 2 x 4,096
+    // values of 2 bytes a token) read and written, at the element-wise efficiency, and one
+    // kernel a layer.
+    let p = CostParams::default();
+    let kv = 32.0 * 2.0 * 4096.0 * 2.0;
+    let gpu = find_gpu("a100-80gb").unwrap();
+    let cat = 2.0 * 8.0 * 1000.0 * kv / (gpu.mem_bw * p.elementwise_memory_eff)
+        + 32.0 * p.kernel_launch_us() * 1e-6;
     let (a, b) = (m.plan_cost(&padded).seconds, m.plan_cost(&full).seconds);
-    assert!((a - b).abs() < 1e-12 * b, "{a} vs {b}");
+    assert!((a - b - cat).abs() < 1e-9 * b, "{a} vs {b} + {cat}");
+    // Live rows at a shorter context of their own attend over the padded one all the same.
+    let short = StepPlan {
+        work: (0..2).map(|_| work(WorkKind::Decode, 99, 1)).collect(),
+        ..padded.clone()
+    };
+    assert!((m.plan_cost(&short).seconds - a).abs() < 1e-12 * a);
     assert!(
         a > m
             .plan_cost(&StepPlan {
@@ -290,6 +307,7 @@ fn a_padded_batch_costs_its_pad_rows_as_real_ones() {
         padding: Padding {
             prefill: vec![(100, 500)],
             decode: Vec::new(),
+            context: 0,
         },
         ..StepPlan::default()
     };

@@ -483,6 +483,8 @@ struct Run {
     preemptions: u64,
     /// Of those, preemptions that swapped the victim out.
     swaps: u64,
+    /// Whether batches were padded (`static_padding`).
+    padded: bool,
 }
 
 /// Driver events. The derived order never decides: heap keys carry a unique sequence number.
@@ -523,7 +525,6 @@ impl<'a> Harness<'a> {
         let cfg = knobs.config(kind);
         let sched = Scheduler::new(cfg.clone()).map_err(fail)?;
         Ok(Harness {
-            cfg,
             sched,
             bm: block_manager(knobs),
             backend: FakeBackend,
@@ -539,7 +540,9 @@ impl<'a> Harness<'a> {
                 step_records: Vec::new(),
                 preemptions: 0,
                 swaps: 0,
+                padded: cfg.static_padding,
             },
+            cfg,
         })
     }
 
@@ -1151,6 +1154,17 @@ fn check_static_trace(run: &Run) -> Result<(), TestCaseError> {
                 .max()
                 .unwrap_or(0);
             prop_assert!(pad.decode.iter().all(|&c| c >= longest));
+        }
+        // Every decode row of a padded batch attends at the padded context; a step without
+        // decodes has none.
+        let decoding = s.plan.work.iter().filter(|w| w.kind != WorkKind::Prefill);
+        match decoding.map(|w| w.context_len()).max() {
+            None => prop_assert_eq!(pad.context, 0, "a padded context without decodes"),
+            Some(longest) if run.padded => {
+                prop_assert!(pad.context >= longest);
+                prop_assert!(pad.decode.iter().all(|&c| c == pad.context));
+            }
+            Some(_) => prop_assert_eq!(pad.context, 0, "a padded context unpadded"),
         }
         prop_assert!(forked || s.plan.preempted.is_empty());
         let admitted = s.admitted();

@@ -99,12 +99,18 @@ pub struct Padding {
     /// Decode rows of finished members, each at the context it attends to (the batch's
     /// longest, as left padding makes every row as long).
     pub decode: Vec<u32>,
+    /// In a decode step, the padded context every row of the batch attends to and holds in
+    /// its cache (the longest prompt plus the decode steps run, under left padding); 0 in
+    /// other steps. Live rows are priced at it too, and the batch's cache is concatenated
+    /// at it (Hugging Face's default attention runs over the padded tensor, and its
+    /// `DynamicCache` appends each step's keys and values by copying the layer's cache).
+    pub context: u32,
 }
 
 impl Padding {
     /// True when the step computes no padding.
     pub fn is_empty(&self) -> bool {
-        self.prefill.is_empty() && self.decode.is_empty()
+        self.prefill.is_empty() && self.decode.is_empty() && self.context == 0
     }
 
     /// Tokens of padding the step computes.

@@ -94,7 +94,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
         rows.push(row(
             &naive,
             "naive static batching (HF generate: padding, max-length KV)",
-            "below saturation every scheduler serves what arrives, so throughput is the offered load; saturated, a naive batch computes every member's padding and pad rows until its longest output ends, and max-length KV caps how many requests a batch holds",
+            "below saturation every scheduler serves what arrives, so throughput is the offered load; a naive batch computes every member's padding and pad rows until its longest output ends, attends over the padded context and copies its whole cache each step (HF's DynamicCache), and max-length KV caps how many requests a batch holds: it saturates at a fraction of the load a continuous batcher carries",
         ));
     }
     rows.push(row(

@@ -839,7 +839,8 @@ impl CostModel {
             };
         }
         // A padded static batch computes its pad tokens like real ones (and a logits row
-        // for each finished member's pad row).
+        // for each finished member's pad row); in decode every row attends over the padded
+        // context (Hugging Face's attention over the left-padded tensor).
         let pad = &plan.padding;
         let prefill = plan
             .work
@@ -851,11 +852,22 @@ impl CostModel {
             .work
             .iter()
             .filter(|w| w.kind != WorkKind::Prefill)
-            .map(|w| (w.context_len(), w.len))
+            .map(|w| (w.context_len().max(pad.context), w.len))
             .chain(pad.decode.iter().map(|&c| (c, 1)));
         let samples = (plan.num_logit_rows() + pad.decode.len()) as u32;
         let rows = (plan.work.len() + pad.decode.len()) as u32;
         let mut c = self.step_cost(prefill, decode, samples, rows);
+        if pad.context > 0 {
+            // Hugging Face's `DynamicCache` appends a step's keys and values with a
+            // concatenation: every layer's cache of every row is read and written again.
+            let bytes =
+                2.0 * f64::from(rows) * f64::from(pad.context) * self.d.kv_bytes_per_token();
+            let t = bytes / (self.d.gpu.mem_bw * self.p.elementwise_memory_eff)
+                + f64::from(self.d.layers_per_stage()) * self.p.kernel_launch_us() * 1e-6;
+            c.elementwise_s += t;
+            c.bytes += bytes;
+            c.seconds += t;
+        }
         c.kv_transfer_s = self.kv_transfer_s(
             plan.swap_in.len() + plan.swap_out.len() + plan.offload_loads as usize,
             plan.block_copies.len(),

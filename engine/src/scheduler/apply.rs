@@ -255,9 +255,9 @@ fn seq_work(
 impl Scheduler {
     /// The padding a padded static batch computes with `work` (`static_padding`): each
     /// prompt padded to the batch's longest, and in a decode step a pad row for each of the
-    /// batch's rows (`n` per request) that computes nothing, at the padded context (the
-    /// longest prompt plus the decode steps run). Live rows are priced at their own context:
-    /// the attention over their left padding is not charged.
+    /// batch's rows (`n` per request) that computes nothing, and the padded context (the
+    /// longest prompt plus the decode steps run) at which every row, live or pad, attends
+    /// and holds its cache.
     fn padding(&mut self, work: &[SeqWork]) -> crate::plan::Padding {
         let mut pad = crate::plan::Padding::default();
         if !self.cfg.static_padding {
@@ -295,6 +295,7 @@ impl Scheduler {
             let idle = self.pad.rows.saturating_sub(decoding.len() as u32);
             let padded = self.pad.longest_prompt + 1 + self.pad.decode_steps;
             pad.decode = vec![context.max(padded); idle as usize];
+            pad.context = context.max(padded);
             self.pad.decode_steps += 1;
         }
         pad
