@@ -6,7 +6,10 @@
 //! live requests, not the trace), through the benchmark [`Client`], which may cap the
 //! requests in flight (a closed loop, `max_in_flight`). Whenever the worker is idle and work exists, the clock
 //! asks the scheduler for a step, hands the plan to the worker, and schedules `StepDone` at
-//! `now + duration`.
+//! `now + duration`. Under pipeline parallelism an engine keeps up to its
+//! `max_concurrent_batches` micro-batches in flight: the next step is planned once the
+//! first stage is free (the backend's `StepOutcome::interval`), and each ends no sooner
+//! than a stage after the one ahead of it, so steps commit in order.
 //!
 //! A fleet (`[cluster]`) is the same loop over many engines on the one clock: each
 //! arrival first goes to the router ([`RouterHandle`]), which names the replica; steps,
@@ -821,6 +824,13 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
     };
     let mut arrived = 0u64;
     let mut busy = vec![false; n];
+    // Pipelined engines (several micro-batches in flight, `max_concurrent_batches`): the
+    // steps each has in flight, how many it may, and when its newest in flight ends.
+    let mut in_flight = vec![0u32; n];
+    let mut max_batches = vec![1u32; n];
+    let mut last_done: Vec<Nanos> = vec![0; n];
+    // The time of each pipelined engine's pending wake (to push each once).
+    let mut wake_at: Vec<Nanos> = vec![0; n];
     // Lockstep groups (a replica's attention-DP ranks; every other engine alone), and when
     // each group's step under way ends.
     let group_of: Vec<usize> = match &front {
@@ -951,7 +961,8 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
                 }
             }
             Event::StepDone(r, plan, outcome) => {
-                busy[r] = false;
+                in_flight[r] = in_flight[r].saturating_sub(1);
+                busy[r] = in_flight[r] > 0;
                 let (mut result, gaps) = engines[r].commit(plan, outcome, now).await?;
                 sink.itl(r, &gaps);
                 if !tickets.is_empty() {
@@ -1039,7 +1050,18 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
             let g = group_of[r];
             // A group is planned once a pass (its other dirty ranks were planned with it).
             let members = &groups[g];
-            if group_end[g] > now || (members.len() > 1 && planned_groups.contains(&g)) {
+            if max_batches[r] > 1 && in_flight[r] < max_batches[r] && group_end[g] > now {
+                // A pipelined engine's first stage is still busy: try again when it frees.
+                if wake_at[r] != group_end[g] {
+                    wake_at[r] = group_end[g];
+                    clock.push(group_end[g], Event::Wake(r));
+                }
+                continue;
+            }
+            if group_end[g] > now
+                || in_flight[r] >= max_batches[r]
+                || (members.len() > 1 && planned_groups.contains(&g))
+            {
                 continue;
             }
             if members.len() > 1 {
@@ -1086,6 +1108,12 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
                     pool_blocks[m],
                     block_sizes[m],
                 );
+                // A rank of a lockstep group runs one step at a time.
+                max_batches[m] = if members.len() > 1 {
+                    1
+                } else {
+                    planned.max_batches.max(1)
+                };
                 let (plan, outcome) = engines[m].execute(planned.plan).await?;
                 longest = longest.max(outcome.duration.max(1));
                 stepping.push((m, record, plan, outcome));
@@ -1093,7 +1121,7 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
             let Some(step) = stepping.first().map(|s| s.2.step) else {
                 continue;
             };
-            let done = now.checked_add(longest).ok_or_else(|| {
+            let mut done = now.checked_add(longest).ok_or_else(|| {
                 DriverError::Backend(engine::backend::BackendError {
                     backend: "clock".into(),
                     message: format!(
@@ -1102,13 +1130,30 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
                 })
             })?;
             group_end[g] = done;
+            // A pipelined engine starts its next micro-batch once the first stage is free;
+            // a batch cannot overtake the one ahead of it through the stages, so it ends
+            // at least a stage after that one.
+            let interval = stepping[0].3.interval;
+            if members.len() == 1 && max_batches[r] > 1 && interval > 0 {
+                done = done.max(last_done[r].saturating_add(interval));
+                group_end[g] = now.saturating_add(interval);
+                last_done[r] = done;
+                if in_flight[r] + 1 < max_batches[r] {
+                    wake_at[r] = group_end[g];
+                    clock.push(group_end[g], Event::Wake(r));
+                }
+            }
+            let pipelined = members.len() == 1 && max_batches[r] > 1 && interval > 0;
             for (m, record, plan, outcome) in stepping.drain(..) {
                 sink.step(
                     m,
                     &StepRecord {
-                        // A rank's step lasts as long as its group's.
+                        // A rank's step lasts as long as its group's; a micro-batch
+                        // until it leaves the last stage.
                         duration_ns: if members.len() > 1 {
                             longest
+                        } else if pipelined {
+                            done - now
                         } else {
                             outcome.duration
                         },
@@ -1119,7 +1164,8 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
                 )?;
                 stats.replicas[m].steps += 1;
                 busy[m] = true;
-                stats.replicas[m].end_time = done;
+                in_flight[m] += 1;
+                stats.replicas[m].end_time = stats.replicas[m].end_time.max(done);
                 clock.push(done, Event::StepDone(m, plan, outcome));
             }
             // The ranks without work this step plan again when it ends.

@@ -62,10 +62,12 @@ impl Backend for FakeBackend {
     }
 
     fn execute(&mut self, plan: &StepPlan) -> Result<StepOutcome, BackendError> {
-        Ok(StepOutcome::simulated(
-            plan,
-            1000 + 10 * u64::from(plan.num_batched_tokens()),
-        ))
+        let duration = 1000 + 10 * u64::from(plan.num_batched_tokens());
+        Ok(StepOutcome {
+            // Two pipeline stages: a micro-batch may follow once the first is done.
+            interval: duration / 2,
+            ..StepOutcome::simulated(plan, duration)
+        })
     }
 }
 
@@ -105,6 +107,9 @@ struct Knobs {
     /// A CPU offload tier under the prefix cache: `(blocks, store, policy, disk blocks)`
     /// (a disk tier under it when the last is not 0).
     offload: Option<(u32, OffloadStore, OffloadPolicy, u32)>,
+    /// Steps in flight at once (pipelined micro-batches, `max_concurrent_batches`); 1
+    /// without speculative decoding's drafts only.
+    batches: u32,
 }
 
 impl Knobs {
@@ -135,6 +140,7 @@ impl Knobs {
             side_pages: 0,
             eviction: EvictionKind::Lru,
             offload: None,
+            batches: 1,
         }
     }
 }
@@ -211,6 +217,12 @@ impl Knobs {
             // Half the static runs pad their batches as HF `generate` does (a cost
             // only: the schedule must be the same).
             static_padding: kind == SchedulerKind::Static && self.max_num_seqs.is_multiple_of(2),
+            // (sim refuses micro-batches with drafts or the contiguous allocator.)
+            max_concurrent_batches: if self.spec.is_some() || self.contiguous {
+                1
+            } else {
+                self.batches
+            },
         }
     }
 }
@@ -377,6 +389,8 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                         let disk = if r % 3 == 0 { 2 * blocks } else { 0 };
                         (blocks, store, policy, disk)
                     }),
+                    // One, two or three micro-batches in flight, by the same draw.
+                    batches: 1 + (r / 8) % 3,
                 }
             },
         )
@@ -457,6 +471,9 @@ struct StepTrace {
     running_after: Vec<SeqId>,
     /// Budget in force.
     budget: u32,
+    /// Running sequences of requests no step in flight held that sat the step out without
+    /// being preempted (`defer_stuck`: out of blocks with pipelined micro-batches).
+    deferred: bool,
 }
 
 impl StepTrace {
@@ -573,7 +590,14 @@ impl<'a> Harness<'a> {
         if !self.requests.is_empty() {
             push(&mut heap, self.requests[0].arrival, Event::Arrival(0));
         }
-        let mut in_flight: Option<(StepPlan, StepOutcome)> = None;
+        // Steps in flight, oldest first: one at a time, or up to `max_concurrent_batches`
+        // micro-batches, each started once the last one's first stage is over (the
+        // backend's `interval`) and ending at least that long after the one ahead of it,
+        // as `sim::driver` runs them.
+        let batches = self.sched.config().max_concurrent_batches as usize;
+        let mut in_flight: std::collections::VecDeque<(StepPlan, StepOutcome)> =
+            std::collections::VecDeque::new();
+        let (mut stage_free, mut last_done, mut wake_at) = (0, 0, None);
         let mut last_now = 0;
         while let Some(Reverse((now, _, ev))) = heap.pop() {
             prop_assert!(
@@ -595,9 +619,20 @@ impl<'a> Harness<'a> {
                 }
                 Event::Wake => {}
                 Event::StepDone => {
-                    let Some((plan, outcome)) = in_flight.take() else {
+                    let Some((plan, outcome)) = in_flight.pop_front() else {
                         return Err(fail("StepDone without a step in flight"));
                     };
+                    // The blocks of a step's sequences stayed theirs while it was in
+                    // flight, whatever the steps planned meanwhile did.
+                    let bs = u64::from(self.bm.block_size());
+                    for w in &plan.work {
+                        prop_assert!(
+                            self.bm.table(w.seq).len() as u64 * bs >= u64::from(w.context_len()),
+                            "step {}: seq {} lost blocks while in flight",
+                            plan.step,
+                            w.seq
+                        );
+                    }
                     let before = self.verify_state(&plan, &outcome)?;
                     let result = self.sched.commit(&plan, &outcome, now).map_err(fail)?;
                     self.bm.release(
@@ -615,9 +650,23 @@ impl<'a> Harness<'a> {
                 }
             }
             let same_instant = heap.peek().is_some_and(|Reverse((t, _, _))| *t == now);
-            if in_flight.is_some() || same_instant || !self.sched.has_work() {
+            if in_flight.len() >= batches || same_instant || !self.sched.has_work() {
                 continue;
             }
+            if now < stage_free {
+                // The first stage is busy: try again when it frees.
+                if wake_at != Some(stage_free) {
+                    wake_at = Some(stage_free);
+                    push(&mut heap, stage_free, Event::Wake);
+                }
+                continue;
+            }
+            // The requests the steps in flight hold: a new step neither runs nor preempts
+            // their sequences.
+            let held: BTreeSet<SeqId> = in_flight
+                .iter()
+                .flat_map(|(p, _)| p.work.iter().map(|w| request_of(w.seq)))
+                .collect();
             let running_before = self.sched.running().to_vec();
             self.tables_before = running_before
                 .iter()
@@ -630,11 +679,30 @@ impl<'a> Harness<'a> {
             prop_assert_eq!(blocks_used, self.bm.num_used());
             let plan = self.sched.apply(&req, resp, now);
             self.check_after_apply(&plan)?;
+            for id in plan
+                .work
+                .iter()
+                .map(|w| w.seq)
+                .chain(plan.preempted.iter().copied())
+            {
+                prop_assert!(
+                    !held.contains(&request_of(id)),
+                    "step {}: seq {} of a request in flight is scheduled or preempted",
+                    plan.step,
+                    id
+                );
+            }
+            let deferred = running_before.iter().any(|&id| {
+                !held.contains(&request_of(id))
+                    && !plan.work.iter().any(|w| w.seq == id)
+                    && !plan.preempted.contains(&id)
+            });
             self.run.steps.push(StepTrace {
                 plan: plan.clone(),
                 running_before,
                 running_after: self.sched.running().to_vec(),
                 budget: self.cfg.max_num_batched_tokens,
+                deferred: deferred && !held.is_empty(),
             });
             prop_assert!(
                 (self.run.steps.len() as u64) <= max_steps,
@@ -663,9 +731,26 @@ impl<'a> Harness<'a> {
                 continue;
             }
             let outcome = self.backend.execute(&plan).map_err(fail)?;
-            self.record_step(&plan, &outcome, blocks_used);
-            push(&mut heap, now + outcome.duration.max(1), Event::StepDone);
-            in_flight = Some((plan, outcome));
+            let mut done = now + outcome.duration.max(1);
+            stage_free = done;
+            if batches > 1 && outcome.interval > 0 {
+                done = done.max(last_done + outcome.interval);
+                last_done = done;
+                stage_free = now + outcome.interval;
+                let recorded = StepOutcome {
+                    duration: done - now,
+                    ..outcome.clone()
+                };
+                self.record_step(&plan, &recorded, blocks_used);
+            } else {
+                self.record_step(&plan, &outcome, blocks_used);
+            }
+            push(&mut heap, done, Event::StepDone);
+            in_flight.push_back((plan, outcome));
+            if in_flight.len() < batches {
+                wake_at = Some(stage_free);
+                push(&mut heap, stage_free, Event::Wake);
+            }
         }
         self.check_end()?;
         Ok(self.run)
@@ -1204,7 +1289,7 @@ fn check_continuous_trace(run: &Run) -> Result<(), TestCaseError> {
 }
 
 /// Chunked prefill: within budget; a partial prefill chunk means the budget was used up
-/// (in steps without preemption), up to the tokens prefix-cache hits of newly admitted
+/// (in steps without preemption or a sequence waiting for a step in flight), up to the tokens prefix-cache hits of newly admitted
 /// sequences saved (the budget is planned before the block manager's lookup).
 fn check_chunked_trace(run: &Run) -> Result<(), TestCaseError> {
     for s in &run.steps {
@@ -1219,7 +1304,7 @@ fn check_chunked_trace(run: &Run) -> Result<(), TestCaseError> {
             .filter(|w| admitted.contains(&w.seq))
             .map(|w| w.start)
             .sum();
-        if partial && s.plan.preempted.is_empty() {
+        if partial && s.plan.preempted.is_empty() && !s.deferred {
             prop_assert!(
                 tokens <= s.budget && tokens + hit >= s.budget,
                 "step {}: partial chunk but budget {} not used up: {:?}",

@@ -195,6 +195,8 @@ pub struct PlannedStep {
     pub num_running: u32,
     /// Scheduler-side facts about the step (KV tokens held, recomputation, swaps).
     pub stats: StepStats,
+    /// Steps the scheduler lets be in flight at once (`max_concurrent_batches`).
+    pub max_batches: u32,
 }
 
 impl PlannedStep {
@@ -206,6 +208,7 @@ impl PlannedStep {
             num_waiting: sched.num_waiting() as u32,
             num_running: sched.num_running() as u32,
             stats: sched.last_step_stats(),
+            max_batches: sched.config().max_concurrent_batches,
         }
     }
 }

@@ -183,6 +183,10 @@ impl StepPlan {
 pub struct StepOutcome {
     /// Duration of the step: predicted by a cost model or measured by a real runtime.
     pub duration: Nanos,
+    /// How soon after its start the next micro-batch may start, when several may be in
+    /// flight (pipeline parallelism: the first stage's share of the step); 0 when the
+    /// backend cannot overlap steps (the next starts when this one ends).
+    pub interval: Nanos,
     /// Tokens per `SeqWork` with `sample == true`, in plan order: `num_samples` for
     /// prefill and decode work, `accepted + 1` for verify work (the accepted drafts, then
     /// the model's own token).
@@ -216,6 +220,7 @@ impl StepOutcome {
         let accepted = simulated_acceptances(plan);
         StepOutcome {
             duration,
+            interval: 0,
             sampled: vec![crate::backend::SIM_TOKEN; Self::expected_samples(plan, &accepted)],
             accepted,
             mbu: 0.0,

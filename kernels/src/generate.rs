@@ -88,6 +88,7 @@ impl<R: StepRuntime> Backend for RuntimeBackend<R> {
         })?;
         Ok(StepOutcome {
             duration,
+            interval: 0,
             sampled,
             accepted: self.rt.take_accepted(),
             mbu: 0.0,

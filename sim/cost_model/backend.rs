@@ -46,6 +46,16 @@ impl Backend for CostModelBackend {
         }
         let d = self.model.deployment();
         let duration = (c.seconds * 1e9).round().max(1.0) as u64;
+        // Under pipeline parallelism the next micro-batch may start once the first stage
+        // is free: after the step's GPU time split evenly over the stages (their layers
+        // are), but no sooner than the engine's CPU has prepared it.
+        let interval = if d.pp > 1 {
+            let cpu_s = c.overhead_s - c.p2p_s;
+            let stage_s = (c.seconds - cpu_s) / f64::from(d.pp);
+            ((stage_s.max(cpu_s) * 1e9).round().max(1.0) as u64).min(duration)
+        } else {
+            0
+        };
         // Synthetic acceptance stands in for verification.
         let accepted = engine::plan::simulated_acceptances(plan);
         let samples = StepOutcome::expected_samples(plan, &accepted);
@@ -53,6 +63,7 @@ impl Backend for CostModelBackend {
         self.sampled.resize(samples, SIM_TOKEN);
         Ok(StepOutcome {
             duration,
+            interval,
             sampled: self.sampled.clone(),
             accepted,
             // The stages of a pipeline share the step's traffic and FLOPs.

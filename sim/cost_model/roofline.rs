@@ -32,8 +32,10 @@ pub struct StepCost {
     pub allreduce_s: f64,
     /// LM head, seconds.
     pub lm_head_s: f64,
-    /// CPU overhead, seconds.
+    /// CPU overhead, seconds (with the pipeline stages' hand-offs, `p2p_s`).
     pub overhead_s: f64,
+    /// Of `overhead_s`, the hand-offs of the hidden states between pipeline stages, seconds.
+    pub p2p_s: f64,
     /// KV block transfers before the step: swap over PCIe and copy-on-write copies in HBM,
     /// seconds.
     pub kv_transfer_s: f64,
@@ -296,10 +298,10 @@ impl CostModel {
             + routing_us)
             * 1e-6;
 
-        // Pipeline parallelism: a batch passes the stages one after another (the engine
-        // runs one batch at a time, without vLLM's overlapping virtual engines, so each
-        // GPU idles (pp - 1) / pp of the step: the bubble), and hands its hidden states on
-        // between stages.
+        // Pipeline parallelism: a batch passes the stages one after another, handing its
+        // hidden states on between stages (with micro-batches in flight the driver starts
+        // the next batch once the first stage is free, `StepOutcome::interval`; one batch
+        // at a time, each GPU idles (pp - 1) / pp of the step: the bubble).
         let pp = f64::from(self.d.pp.max(1));
         let p2p_s =
             (pp - 1.0) * (tokens * hidden * act / self.d.gpu.link_bw + P2P_LATENCY_US * 1e-6);
@@ -341,6 +343,7 @@ impl CostModel {
             allreduce_s,
             lm_head_s: head_s,
             overhead_s,
+            p2p_s,
             kv_transfer_s: 0.0,
             flops: lin.flops + attn_flops + head_flops,
             bytes: lin.bytes + attn_bytes + layers * ew_bytes + head_bytes,

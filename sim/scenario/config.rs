@@ -179,6 +179,14 @@ pub struct EngineConfig {
     /// until the last ends. Only with `scheduler = "static"`.
     #[serde(default)]
     pub static_padding: bool,
+    /// Batches in flight at once (vLLM's `max_concurrent_batches`): under pipeline
+    /// parallelism each stage runs its own micro-batch, so a new step starts once the first
+    /// stage is free, from requests no step in flight holds. Default: `hardware.pp` (1
+    /// with speculative decoding, the contiguous allocator or static batching, which runs
+    /// one batch at a time through the stages, as Hugging Face's layer-by-layer
+    /// `device_map` does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_batches: Option<u32>,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -259,6 +267,7 @@ impl Default for EngineConfig {
             disable_sliding_window: false,
             kv_allocator: KvAllocator::Paged,
             static_padding: false,
+            max_concurrent_batches: None,
             kv_offload_gib: 0.0,
             kv_offload_store: Default::default(),
             kv_offload_policy: Default::default(),

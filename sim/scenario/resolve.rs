@@ -254,7 +254,7 @@ pub(super) fn resolve(
             host_blocks("engine.kv_disk_gib", e.kv_disk_gib, memory.block_bytes)?;
     }
     check_prompt_parts(&config.workload, max_model_len)?;
-    let scheduler = scheduler_config(
+    let mut scheduler = scheduler_config(
         e,
         &memory,
         max_num_batched_tokens,
@@ -262,6 +262,23 @@ pub(super) fn resolve(
         model.sliding_window,
         speculative,
     );
+    // Micro-batches in flight: one per pipeline stage unless set (speculative decoding
+    // runs one batch at a time).
+    scheduler.max_concurrent_batches = match e.max_concurrent_batches {
+        Some(n) if n > 1 && e.kv_allocator == KvAllocator::Contiguous => {
+            return Err(format!(
+                "engine.max_concurrent_batches: {n} micro-batches need the paged allocator (engine.kv_allocator = \"paged\"): a contiguous run that cannot grow in place would preempt itself over and over while the others run"
+            ));
+        }
+        Some(n) => n,
+        None if scheduler.speculative.is_some()
+            || e.kv_allocator == KvAllocator::Contiguous
+            || e.scheduler == SchedulerKind::Static =>
+        {
+            1
+        }
+        None => deployment.pp.max(1),
+    };
     scheduler.validate().map_err(|e| e.to_string())?;
     Ok(Variant {
         name: name.to_string(),
@@ -620,6 +637,7 @@ fn scheduler_config(
         },
         speculative,
         static_padding: e.static_padding,
+        max_concurrent_batches: 1,
     }
 }
 

@@ -112,6 +112,11 @@ pub struct ReserveRequest {
     /// Waiting sequences whose cached prefix length the scheduler wants to know (the `lpm`
     /// queue policy), with their prompt block hashes; answered after the reservation.
     pub probe: Vec<(SeqId, Arc<[u64]>)>,
+    /// A running entry that does not fit once the victims are spent sits the step out,
+    /// keeping its blocks, instead of being preempted: steps in flight hold sequences that
+    /// are no victims now and may be after their commit (pipelined micro-batches; else
+    /// the oldest sequence could preempt itself over and over while a newer one runs).
+    pub defer_stuck: bool,
 }
 
 /// Withdraws the grant of `victim` (preempted after it was granted in this step).
@@ -480,6 +485,7 @@ mod tests {
         assert_eq!(bm.num_free(), 0);
         // Both decode one more token: seq 1 needs a third block, seq 2 (newest) is preempted.
         let r = bm.reserve(&ReserveRequest {
+            defer_stuck: false,
             entries: vec![
                 entry(1, EntryKind::Running, 9),
                 entry(2, EntryKind::Running, 9),
@@ -506,6 +512,7 @@ mod tests {
             ..ReserveRequest::default()
         });
         let r = bm.reserve(&ReserveRequest {
+            defer_stuck: false,
             entries: vec![
                 entry(2, EntryKind::Waiting, 8),
                 entry(1, EntryKind::Running, 5),
@@ -651,6 +658,7 @@ mod contiguous_tests {
 
     fn req(entries: Vec<ReserveEntry>) -> ReserveRequest {
         ReserveRequest {
+            defer_stuck: false,
             victims: entries
                 .iter()
                 .filter(|e| e.kind == EntryKind::Running)

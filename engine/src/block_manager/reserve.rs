@@ -231,9 +231,12 @@ impl BlockManager {
                             }
                         };
                         let Some(v) = victim else {
-                            // No victim left: this entry cannot run; preempt it.
-                            bm.preempt(e.seq, resp);
-                            preempted.push(e.seq);
+                            // No victim left: this entry cannot run; preempt it (or, with
+                            // steps in flight, let it wait for them).
+                            if !req.defer_stuck {
+                                bm.preempt(e.seq, resp);
+                                preempted.push(e.seq);
+                            }
                             break;
                         };
                         bm.preempt(v, resp);

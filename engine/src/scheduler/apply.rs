@@ -19,6 +19,17 @@ impl Scheduler {
         } else {
             init
         };
+        if req.defer_stuck {
+            // A running entry neither granted nor preempted waited for the steps in
+            // flight: let them drain.
+            let mut granted = vec![false; req.entries.len()];
+            for &g in &resp.granted {
+                granted[g] = true;
+            }
+            self.draining = req.entries.iter().zip(&granted).any(|(e, &g)| {
+                e.kind == EntryKind::Running && !g && !resp.preempted.contains(&e.seq)
+            });
+        }
         if !resp.preempted.is_empty() {
             self.requeue_preempted(&resp);
         }
@@ -168,6 +179,14 @@ impl Scheduler {
             external_fragmentation: resp.external_fragmentation,
         };
         let padding = self.padding(&work);
+        if self.cfg.max_concurrent_batches > 1 {
+            // Held until the step's commit (steps planned meanwhile leave them out).
+            for w in &work {
+                if let Some(s) = self.seqs.get(&w.seq) {
+                    self.in_flight.insert(s.request.id);
+                }
+            }
+        }
         let plan = StepPlan {
             padding,
             step: self.steps,

@@ -16,6 +16,14 @@ impl Scheduler {
         now: Nanos,
     ) -> Result<CommitResult, EngineError> {
         check_outcome(plan, outcome)?;
+        if !self.in_flight.is_empty() {
+            // The step's requests may be scheduled again.
+            for w in &plan.work {
+                if let Some(s) = self.seqs.get(&w.seq) {
+                    self.in_flight.remove(&s.request.id);
+                }
+            }
+        }
         let mut result = CommitResult::default();
         let mut sampled = outcome.sampled.iter();
         let mut accepted = outcome.accepted.iter();

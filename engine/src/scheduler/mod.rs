@@ -136,6 +136,11 @@ pub struct SchedulerConfig {
     /// batch's longest, finished members decoding pad tokens until the last one ends
     /// ([`crate::plan::Padding`]). Only with [`SchedulerKind::Static`].
     pub static_padding: bool,
+    /// Steps that may be in flight at once (vLLM's `max_concurrent_batches`: the pipeline
+    /// stages under pipeline parallelism, each running its own micro-batch). A step is
+    /// planned from the sequences of requests that no step in flight holds; 1 plans each
+    /// step after the last one's commit. The driver decides how many it keeps in flight.
+    pub max_concurrent_batches: u32,
 }
 
 impl Default for SchedulerConfig {
@@ -162,6 +167,7 @@ impl Default for SchedulerConfig {
             sliding_window: None,
             speculative: None,
             static_padding: false,
+            max_concurrent_batches: 1,
         }
     }
 }
@@ -230,6 +236,18 @@ impl SchedulerConfig {
                 return bad("speculative", msg);
             }
         }
+        if self.max_concurrent_batches == 0 {
+            return bad("engine.max_concurrent_batches", "must be at least 1".into());
+        }
+        if self.max_concurrent_batches > 1 && self.speculative.is_some() {
+            return bad(
+                "engine.max_concurrent_batches",
+                format!(
+                    "({}) overlaps micro-batches, which speculative decoding does not support (set it to 1)",
+                    self.max_concurrent_batches
+                ),
+            );
+        }
         if u64::from(self.max_model_len) > self.pool_tokens {
             return bad(
                 "engine.max_model_len",
@@ -247,10 +265,16 @@ impl SchedulerConfig {
 pub struct Queues<'a> {
     /// Live sequences by id.
     pub seqs: &'a FxHashMap<SeqId, Sequence>,
-    /// FCFS waiting queue (preempted sequences are put back at the front).
+    /// FCFS waiting queue (preempted sequences are put back at the front), but the
+    /// sequences of requests a step in flight holds (a preempted sibling of a running
+    /// parallel sample).
     pub waiting: &'a VecDeque<SeqId>,
-    /// Running sequences in admission order (newest last).
+    /// Running sequences in admission order (newest last), but those of requests a step
+    /// in flight holds (pipelined micro-batches).
     pub running: &'a [SeqId],
+    /// Seats (`max_num_seqs`) of the running sequences left out of `running` because a
+    /// step in flight holds them.
+    pub held_seats: usize,
 }
 
 impl Queues<'_> {
@@ -267,7 +291,8 @@ impl Queues<'_> {
             .running
             .iter()
             .map(|&id| self.seq(id).seats() as usize)
-            .sum();
+            .sum::<usize>()
+            + self.held_seats;
         let mut free = (max_num_seqs as usize).saturating_sub(taken);
         self.waiting.iter().copied().map_while(move |id| {
             let need = self.seq(id).seats() as usize;
@@ -374,6 +399,17 @@ pub struct Scheduler {
     spec_stats: Vec<crate::spec::SpecStats>,
     /// The padded static batch in flight (`static_padding`): members and longest prompt.
     pad: PadState,
+    /// Requests a planned step holds until its commit, when more than one step may be in
+    /// flight (`max_concurrent_batches`): their sequences sit out the steps planned
+    /// meanwhile, and are never preempted for them.
+    in_flight: rustc_hash::FxHashSet<SeqId>,
+    /// A step planned with steps in flight left a running sequence out for want of
+    /// blocks it could take only from them: no further step starts until those have
+    /// committed (the pipeline drains), so the next one can preempt as a lone step would.
+    draining: bool,
+    /// Scratch: the running and the waiting sequences no step in flight holds.
+    free_running: Vec<SeqId>,
+    free_waiting: VecDeque<SeqId>,
 }
 
 /// What a padded static batch's padding is computed from: its requests (each keeps `n`
@@ -425,6 +461,10 @@ impl Scheduler {
             pending_drafts: Vec::new(),
             aborting: Default::default(),
             aborting_seqs: Default::default(),
+            in_flight: Default::default(),
+            draining: false,
+            free_running: Vec::new(),
+            free_waiting: VecDeque::new(),
             spec_stats: Vec::new(),
             pad: PadState::default(),
         })

@@ -29,10 +29,54 @@ impl Scheduler {
             0
         };
         self.policy_cfg.max_num_batched_tokens = self.cfg.max_num_batched_tokens - reserve;
+        // With steps in flight (pipelined micro-batches), only the running sequences of
+        // requests none of them holds are scheduled (a decode needs the token the step in
+        // flight samples) or preempted.
+        let pipelined = !self.in_flight.is_empty();
+        if !pipelined {
+            self.draining = false;
+        } else if self.draining {
+            // Out of blocks with steps in flight: nothing starts until they have ended.
+            self.pending_tokens.clear();
+            self.pending_drafts.clear();
+            return ReserveRequest {
+                defer_stuck: true,
+                ..ReserveRequest::default()
+            };
+        }
+        let mut held_seats = 0;
+        if pipelined {
+            let (seqs, in_flight) = (&self.seqs, &self.in_flight);
+            self.free_running.clear();
+            for id in &self.running {
+                let s = &seqs[id];
+                if in_flight.contains(&s.request.id) {
+                    held_seats += s.seats() as usize;
+                } else {
+                    self.free_running.push(*id);
+                }
+            }
+            // (The waiting head holds at most max_num_seqs + 1 sequences.)
+            self.free_waiting.clear();
+            self.free_waiting.extend(
+                self.waiting
+                    .iter()
+                    .filter(|id| !in_flight.contains(&seqs[id].request.id)),
+            );
+        }
         let q = Queues {
             seqs: &self.seqs,
-            waiting: &self.waiting,
-            running: &self.running,
+            waiting: if pipelined {
+                &self.free_waiting
+            } else {
+                &self.waiting
+            },
+            running: if pipelined {
+                &self.free_running
+            } else {
+                &self.running
+            },
+            held_seats,
         };
         if self.cfg.static_padding && self.running.is_empty() {
             // A static batch forms only when the last one has ended.
@@ -80,6 +124,18 @@ impl Scheduler {
             let (seqs, victim) = (&self.seqs, self.cfg.victim);
             victims.sort_by_key(|id| victim.key(&seqs[id]));
         }
+        if pipelined {
+            // Only the victims preferred to every sequence a step in flight holds: a
+            // sequence that would need a held one preempted waits for its commit instead
+            // (`defer_stuck`), as it would have preempted it one at a time.
+            let (seqs, in_flight) = (&self.seqs, &self.in_flight);
+            if let Some(p) = victims
+                .iter()
+                .position(|id| in_flight.contains(&seqs[id].request.id))
+            {
+                victims.truncate(p);
+            }
+        }
         // Priority scheduling preempts for the queue's head: running sequences of strictly
         // lower priority (larger value), the lowest and then the newest first.
         let mut priority_victims = Vec::new();
@@ -93,8 +149,15 @@ impl Scheduler {
                     .copied()
                     .filter(|id| self.seqs[id].request.priority > prio)
                     .collect();
-                let seqs = &self.seqs;
+                let (seqs, in_flight) = (&self.seqs, &self.in_flight);
                 priority_victims.sort_by_key(|id| VictimPolicy::LowestPriority.key(&seqs[id]));
+                // (Up to the first a step in flight holds, as for `victims`.)
+                if let Some(p) = priority_victims
+                    .iter()
+                    .position(|id| in_flight.contains(&seqs[id].request.id))
+                {
+                    priority_victims.truncate(p);
+                }
             }
         }
         // Longest-prefix-match asks the block manager for the queue's cached prefixes.
@@ -118,6 +181,7 @@ impl Scheduler {
             victims,
             order: p.order.unwrap_or(ReserveOrder::RunningFirst),
             want_tables: self.cfg.want_block_tables,
+            defer_stuck: pipelined,
         }
     }
 

@@ -26,7 +26,7 @@ impl SchedulePolicy for StaticBatch {
             ..Proposal::default()
         };
         let mut budget = cfg.max_num_batched_tokens;
-        if q.running.is_empty() {
+        if q.running.is_empty() && q.held_seats == 0 {
             // Form a new batch: admit (and reserve) every member now; prefill those whose
             // prompts fit this step's budget, the rest in the following steps.
             for id in q.seated(cfg.max_num_seqs) {
