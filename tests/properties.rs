@@ -217,8 +217,12 @@ impl Knobs {
             // Half the static runs pad their batches as HF `generate` does (a cost
             // only: the schedule must be the same).
             static_padding: kind == SchedulerKind::Static && self.max_num_seqs.is_multiple_of(2),
-            // (sim refuses micro-batches with drafts or the contiguous allocator.)
-            max_concurrent_batches: if self.spec.is_some() || self.contiguous {
+            // (sim refuses micro-batches with drafts, the contiguous allocator or static
+            // batching.)
+            max_concurrent_batches: if self.spec.is_some()
+                || self.contiguous
+                || kind == SchedulerKind::Static
+            {
                 1
             } else {
                 self.batches

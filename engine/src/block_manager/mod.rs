@@ -166,6 +166,9 @@ pub struct ReserveResponse {
     /// External fragmentation after the reservation: `1 - longest free run / free blocks`
     /// (0 for the paged allocator, where any free block will do).
     pub external_fragmentation: f64,
+    /// A running entry sat the step out for want of victims (`defer_stuck`); no waiting
+    /// entry was admitted behind it.
+    pub deferred: bool,
 }
 
 /// The CPU swap pool (vLLM's `swap_space`): preempted sequences park their KV here and get

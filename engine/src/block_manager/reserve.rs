@@ -233,7 +233,9 @@ impl BlockManager {
                         let Some(v) = victim else {
                             // No victim left: this entry cannot run; preempt it (or, with
                             // steps in flight, let it wait for them).
-                            if !req.defer_stuck {
+                            if req.defer_stuck {
+                                resp.deferred = true;
+                            } else {
                                 bm.preempt(e.seq, resp);
                                 preempted.push(e.seq);
                             }
@@ -284,7 +286,8 @@ impl BlockManager {
         match req.order {
             ReserveOrder::RunningFirst => {
                 serve_running(self, &mut resp, &mut preempted);
-                if preempted.is_empty() || !req.priority_victims.is_empty() {
+                // (No admission behind a running entry that waits for blocks.)
+                if (preempted.is_empty() || !req.priority_victims.is_empty()) && !resp.deferred {
                     serve_waiting(self, &mut resp, &mut preempted);
                 }
             }

@@ -19,16 +19,10 @@ impl Scheduler {
         } else {
             init
         };
-        if req.defer_stuck {
-            // A running entry neither granted nor preempted waited for the steps in
-            // flight: let them drain.
-            let mut granted = vec![false; req.entries.len()];
-            for &g in &resp.granted {
-                granted[g] = true;
-            }
-            self.draining = req.entries.iter().zip(&granted).any(|(e, &g)| {
-                e.kind == EntryKind::Running && !g && !resp.preempted.contains(&e.seq)
-            });
+        if resp.deferred {
+            // A running entry waits for blocks only the steps in flight can give: let them
+            // drain (`propose` ends the drain once none is left).
+            self.draining = true;
         }
         if !resp.preempted.is_empty() {
             self.requeue_preempted(&resp);

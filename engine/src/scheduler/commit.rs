@@ -15,15 +15,15 @@ impl Scheduler {
         outcome: &StepOutcome,
         now: Nanos,
     ) -> Result<CommitResult, EngineError> {
-        check_outcome(plan, outcome)?;
         if !self.in_flight.is_empty() {
-            // The step's requests may be scheduled again.
+            // The step's requests may be scheduled again (also when its outcome is bad).
             for w in &plan.work {
                 if let Some(s) = self.seqs.get(&w.seq) {
                     self.in_flight.remove(&s.request.id);
                 }
             }
         }
+        check_outcome(plan, outcome)?;
         let mut result = CommitResult::default();
         let mut sampled = outcome.sampled.iter();
         let mut accepted = outcome.accepted.iter();

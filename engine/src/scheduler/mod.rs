@@ -239,6 +239,15 @@ impl SchedulerConfig {
         if self.max_concurrent_batches == 0 {
             return bad("engine.max_concurrent_batches", "must be at least 1".into());
         }
+        if self.max_concurrent_batches > 1 && self.kind == SchedulerKind::Static {
+            return bad(
+                "engine.max_concurrent_batches",
+                format!(
+                    "({}) micro-batches need iteration-level scheduling (engine.scheduler = \"chunked\" or \"continuous\"): a static batch's members start and end together",
+                    self.max_concurrent_batches
+                ),
+            );
+        }
         if self.max_concurrent_batches > 1 && self.speculative.is_some() {
             return bad(
                 "engine.max_concurrent_batches",
