@@ -142,14 +142,15 @@ fn pool(
     }
 }
 
-/// The fleet of `row` resolved; `None` when a pool does not fit its GPUs.
+/// The fleet of `row` resolved; `Err(why)` when it cannot be configured (most often, a
+/// pool does not fit its GPUs).
 fn resolve(
     scn: &Scenario,
     row: &AggregateRow,
     p: &Planned,
     cost: EngineCost,
     memory: [Option<f64>; 2],
-) -> Option<Variant> {
+) -> Result<Variant, String> {
     let mut cfg = base_config(scn, row, (p.model, p.gpu, p.dtype), cost, p.clients);
     cfg.workload.num_requests = Some(WAVES * u64::from(p.clients));
     engine_defaults(&mut cfg.engine, &row.backend, p.gpu, 1);
@@ -180,24 +181,25 @@ fn resolve(
         },
         pools,
     });
-    scn.resolve_config(&row.id, cfg).ok()
+    scn.resolve_config(&row.id, cfg).map_err(|e| e.msg)
 }
 
-/// One closed-loop run of `row`'s fleet; `None` when it does not fit.
+/// One closed-loop run of `row`'s fleet; `Err(why)` when it cannot be configured.
 fn simulate(
     scn: &Scenario,
     row: &AggregateRow,
     p: &Planned,
     cost: EngineCost,
-) -> Result<Option<analysis::Summary>, crate::SimError> {
-    let Some(mut v) = resolve(scn, row, p, cost, [None, None]) else {
-        return Ok(None);
+) -> Result<Result<analysis::Summary, String>, crate::SimError> {
+    let mut v = match resolve(scn, row, p, cost, [None, None]) {
+        Ok(v) => v,
+        Err(why) => return Ok(Err(why)),
     };
     if row.backend == "trtllm" {
         // TensorRT-LLM's KV cache takes 0.9 of what weights and activations leave, in
         // each pool (as for the aggregated rows).
         let Some(fleet) = &v.fleet else {
-            return Ok(None);
+            return Ok(Err(format!("{}: resolved without its pools", row.id)));
         };
         let share = |name: &str| {
             fleet
@@ -207,12 +209,12 @@ fn simulate(
                 .map(|p| trtllm_memory_share(&p.engine.memory))
         };
         let memory = [share("prefill"), share("decode")];
-        let Some(w) = resolve(scn, row, p, cost, memory) else {
-            return Ok(None);
+        v = match resolve(scn, row, p, cost, memory) {
+            Ok(v) => v,
+            Err(why) => return Ok(Err(why)),
         };
-        v = w;
     }
-    run_quietly(scn, &v).map(Some)
+    run_quietly(scn, &v).map(Ok)
 }
 
 /// Replays every disaggregated row it can as a fleet (in parallel), with the default cost

@@ -343,13 +343,14 @@ pub(crate) fn base_config(
     cfg
 }
 
-/// One closed-loop run of `row`; `None` when the deployment does not fit.
+/// One closed-loop run of `row`; `Err(why)` when the deployment cannot be configured (the
+/// scenario checks' message: most often, it does not fit).
 fn simulate(
     scn: &Scenario,
     row: &AggregateRow,
     p: &Planned,
     engine: EngineCost,
-) -> Result<Option<analysis::Summary>, crate::SimError> {
+) -> Result<Result<analysis::Summary, String>, crate::SimError> {
     let gpu = p.gpu;
     // One replica and the clients it serves: a deployment of several replicas behind a
     // router records its per-replica share as `batch_size`, and under attention data
@@ -372,19 +373,42 @@ fn simulate(
         cfg.engine.max_num_batched_tokens = Some(8192.max(row.isl + row.osl));
     }
     // A deployment that does not fit (weights or KV) is skipped, not an error.
-    let Ok(mut v) = scn.resolve_config(&row.id, cfg.clone()) else {
-        return Ok(None);
+    let mut v = match scn.resolve_config(&row.id, cfg.clone()) {
+        Ok(v) => v,
+        Err(e) => return Ok(Err(e.msg)),
     };
     if row.backend == "trtllm" {
         // TensorRT-LLM gives the KV cache 0.9 of what weights and activations leave:
         // the same plan with `0.9 + 0.1 x (weights + activations) / memory` of the GPU.
         cfg.engine.gpu_memory_utilization = trtllm_memory_share(&v.memory);
-        let Ok(w) = scn.resolve_config(&row.id, cfg) else {
-            return Ok(None);
+        v = match scn.resolve_config(&row.id, cfg) {
+            Ok(v) => v,
+            Err(e) => return Ok(Err(e.msg)),
         };
-        v = w;
     }
-    run_quietly(scn, &v).map(Some)
+    run_quietly(scn, &v).map(Ok)
+}
+
+/// Why a row that could not be configured is skipped: `unfit` when the scenario checks
+/// found no room for its weights or KV cache, else their message without the row's id
+/// (a layout the simulator refuses is reported as such, not counted as not fitting).
+fn skip_reason(msg: &str, id: &str, unfit: &str) -> String {
+    let msg = msg
+        .strip_prefix(id)
+        .and_then(|m| m.strip_prefix(": "))
+        .unwrap_or(msg);
+    const FIT: [&str; 5] = [
+        "does not fit",
+        "no memory left for the KV cache",
+        "cannot hold one sequence",
+        "larger than the KV cache",
+        "fit in the",
+    ];
+    if FIT.iter().any(|f| msg.contains(f)) {
+        unfit.to_string()
+    } else {
+        format!("refused by the scenario checks: {msg}")
+    }
 }
 
 /// TensorRT-LLM's KV cache takes 0.9 of the memory that weights and activations leave:
@@ -456,34 +480,38 @@ pub fn silicon_checks_with(
 }
 
 /// Plans each row (what it resolves to, or why it is skipped), simulates the planned ones
-/// in parallel (`None`: it does not fit, counted as `unfit`), and returns the checks with
-/// the skipped rows counted by reason.
+/// in parallel (`Err(why)`: it could not be configured; counted as `unfit` when it does
+/// not fit, else by the scenario checks' message), and returns the checks with the skipped
+/// rows counted by reason.
 pub(crate) fn check_rows<'a, P: Sync>(
     rows: impl Iterator<Item = &'a AggregateRow>,
     plan: impl Fn(&AggregateRow) -> Result<P, String>,
     names: impl Fn(&P) -> (&'static str, &'static str) + Sync,
-    simulate: impl Fn(&AggregateRow, &P) -> Result<Option<analysis::Summary>, crate::SimError> + Sync,
+    simulate: impl Fn(&AggregateRow, &P) -> Result<Result<analysis::Summary, String>, crate::SimError>
+        + Sync,
     unfit: &str,
 ) -> Result<(Vec<SiliconCheck>, Skipped), crate::SimError> {
     let mut skipped: Skipped = Vec::new();
+    let mut skip = |why: String| match skipped.iter_mut().find(|(w, _)| *w == why) {
+        Some((_, n)) => *n += 1,
+        None => skipped.push((why, 1)),
+    };
     let mut todo = Vec::new();
     for row in rows {
         match plan(row) {
             Ok(p) => todo.push((row, p)),
-            Err(why) => match skipped.iter_mut().find(|(w, _)| *w == why) {
-                Some((_, n)) => *n += 1,
-                None => skipped.push((why, 1)),
-            },
+            Err(why) => skip(why),
         }
     }
-    let results: Vec<Result<Option<SiliconCheck>, crate::SimError>> = todo
+    let results: Vec<Result<Result<SiliconCheck, String>, crate::SimError>> = todo
         .par_iter()
         .map(|(row, p)| {
-            let Some(r) = simulate(row, p)? else {
-                return Ok(None);
+            let r = match simulate(row, p)? {
+                Ok(r) => r,
+                Err(msg) => return Ok(Err(skip_reason(&msg, &row.id, unfit))),
             };
             let (model, gpu) = names(p);
-            Ok(Some(SiliconCheck {
+            Ok(Ok(SiliconCheck {
                 row: (*row).clone(),
                 model,
                 gpu,
@@ -493,15 +521,30 @@ pub(crate) fn check_rows<'a, P: Sync>(
         })
         .collect();
     let mut checks = Vec::new();
-    let mut count = 0;
     for r in results {
         match r? {
-            Some(c) => checks.push(c),
-            None => count += 1,
+            Ok(c) => checks.push(c),
+            Err(why) => skip(why),
         }
     }
-    if count > 0 {
-        skipped.push((unfit.to_string(), count));
-    }
     Ok((checks, skipped))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::skip_reason;
+
+    #[test]
+    fn rows_that_do_not_fit_are_told_from_refused_layouts() {
+        let unfit = "does not fit the simulator's memory plan";
+        let fit = "row7: model does not fit: 140.0 GB of weights per GPU";
+        assert_eq!(skip_reason(fit, "row7", unfit), unfit);
+        let kv = "row7: no memory left for the KV cache: 79.00 GB usable - ...";
+        assert_eq!(skip_reason(kv, "row7", unfit), unfit);
+        let layout = "row7: hardware.ep: 3 does not divide the 256 experts";
+        assert_eq!(
+            skip_reason(layout, "row7", unfit),
+            "refused by the scenario checks: hardware.ep: 3 does not divide the 256 experts"
+        );
+    }
 }
