@@ -11,10 +11,11 @@ Run by `.ci/run` with the Python of a venv holding `openai`, `aiperf`, `gguf` an
    checked (every request succeeded, the output token counts, TTFT and ITL present), and
    the server's `/metrics` shows no KV block in use afterwards. Then the bounded load test:
    AIPerf's 64 streaming chat clients for 30 s against the cost model, nothing lost.
-3. The closed loop (run first, while nothing else uses the cores): a served run at a ramp
-   of loads (1, 4, 8, 16 clients) fits this machine's hardware profile (`sim calibrate
-   --observed`); `sim replay` of another served run, at 6 clients, must predict its mean
-   TTFT and TPOT within 15%.
+3. The closed loop (run first, while nothing else uses the cores; the runtime on one
+   thread, `RAYON_NUM_THREADS=1`, the clients and the HTTP side on the other core): a
+   served run at a ramp of loads (1, 4, 8, 16 clients) fits this machine's hardware profile
+   (`sim calibrate --observed`); `sim replay` of another served run, at 6 clients, must
+   predict its mean TTFT and TPOT within 15%.
 
 Optional (not run by `.ci/run`, each a multi-gigabyte install with torch): `--vllm BIN` runs
 `vllm bench serve` against both servers and replays its saved result with `sim replay`;
@@ -52,7 +53,7 @@ def check(cond, msg):
 class Server:
     """`sim serve ARGS` on a free port; stopped with SIGINT (its records then written)."""
 
-    def __init__(self, sim, args, out, log):
+    def __init__(self, sim, args, out, log, env=None):
         self.out = out
         self.log = open(log, "w")
         self.proc = subprocess.Popen(
@@ -60,6 +61,7 @@ class Server:
             stdout=self.log,
             stderr=subprocess.PIPE,
             text=True,
+            env={**os.environ, **(env or {})},
         )
         # The first line on stderr names the address.
         line = self.proc.stderr.readline()
@@ -333,7 +335,10 @@ def load(url, phases, isl, osl, seed):
 def closed_loop(sim, gguf, work, record=None):
     fit_run, held_out = os.path.join(work, "served-ramp"), os.path.join(work, "served-6")
     for out, phases, seed in [(fit_run, [(1, 8), (4, 6), (8, 4), (16, 3)], 1), (held_out, [(6, 30)], 2)]:
-        s = Server(sim, [gguf], out, out + ".log")
+        # The runtime on one core (RAYON_NUM_THREADS=1: no helper threads spinning between
+        # its loops), the HTTP side and the clients on the other, so that how much the
+        # clients compete with the runtime does not change with their number.
+        s = Server(sim, [gguf], out, out + ".log", {"RAYON_NUM_THREADS": os.environ.get("SERVE_CHECK_THREADS", "1")})
         load(s.url, phases, 128, 48, seed)
         wait_idle(s)
         s.stop()
@@ -389,10 +394,7 @@ def main():
         closed_loop(sim, gguf, a.work, a.record)
         return
     if not a.skip_closed_loop:
-        # First, on a quiet machine: AIPerf's worker processes outlive its runs by a while,
-        # and a fit run that shared the cores with them came out about 10% slow a step, so
-        # its fit over-predicted the held-out run's TPOT (+10 to +14% on a 2-core VM, +1%
-        # when the loop ran alone).
+        # First, on a quiet machine (AIPerf's worker processes outlive its runs).
         closed_loop(sim, gguf, a.work, a.record)
     tok = os.path.join(a.work, "tokenizer")
     hf_tokenizer(gguf, tok)
