@@ -123,6 +123,25 @@ impl Clock {
     }
 }
 
+/// Sleeps until `deadline`. Tokio's timer wheel ticks by the millisecond and rounds a
+/// deadline up to its next tick: at a high time scale, where a simulated step lasts less
+/// than a millisecond of wall clock, every step would end late and the steps behind it,
+/// already due, would go out at once (a benchmark client then measures inter-token
+/// latencies of 0 and 1 ms instead of the steps'). So the timer waits for all but the
+/// last millisecond and the thread's own sleep (tens of microseconds late on Linux) for
+/// the rest: the engine's thread runs nothing else while a step is under way.
+async fn sleep_until(deadline: Instant) {
+    const TICK: Duration = Duration::from_millis(1);
+    let now = Instant::now();
+    if deadline > now + 2 * TICK {
+        tokio::time::sleep_until((deadline - TICK).into()).await;
+    }
+    let left = deadline.saturating_duration_since(Instant::now());
+    if !left.is_zero() {
+        std::thread::sleep(left);
+    }
+}
+
 /// A live request's delivery state: each choice's tokens so far and whether it ended.
 struct Live {
     events: UnboundedSender<Event>,
@@ -347,7 +366,7 @@ pub async fn run(lp: LoopParts) -> Result<LoopEnd, DriverError> {
             let (plan, outcome) = eng.execute(planned.plan).await?;
             let end = if simulated {
                 let end = now + outcome.duration.max(1);
-                tokio::time::sleep_until(clock.wall(end).into()).await;
+                sleep_until(clock.wall(end)).await;
                 end
             } else {
                 clock.now().max(now + 1)
