@@ -193,20 +193,20 @@ fn the_cost_model_serves_the_openai_api() {
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["choices"].as_array().map(Vec::len), Some(3));
     assert_eq!(v["usage"]["completion_tokens"], 18);
-    // The handler finds the stop string in the text and aborts the request in the engine,
-    // which steps on meanwhile (as vLLM's engine core does while its front end detokenizes):
-    // max_tokens leaves it some hundred steps to arrive before the engine would end the
-    // request by length (at 20, a loaded test machine once let the engine get there first,
-    // and the records counted the request as length).
-    let (s, v) = post(
-        &base,
-        "/v1/completions",
-        r#"{"prompt":"a b","max_tokens":400,"stop":[" and"]}"#,
-    );
-    assert_eq!(s, 200, "{v}");
-    assert_eq!(v["choices"][0]["text"], " the of");
-    assert_eq!(v["choices"][0]["finish_reason"], "stop");
-    assert_eq!(v["choices"][0]["stop_reason"], " and");
+    // A stop string ends the request in the engine in the step that completes it, so the
+    // records say stop (with the tokens the client got) even when the scheduler ends the
+    // request by length in that same step (max_tokens 3), and however fast it steps on.
+    for (max_tokens, stop, text) in [(3, " and", " the of"), (400, " to", " the of and")] {
+        let (s, v) = post(
+            &base,
+            "/v1/completions",
+            &format!(r#"{{"prompt":"a b","max_tokens":{max_tokens},"stop":["{stop}"]}}"#),
+        );
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["choices"][0]["text"], text);
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        assert_eq!(v["choices"][0]["stop_reason"], stop);
+    }
     // echo: the prompt first, whole or streamed.
     let (s, v) = post(
         &base,
@@ -344,22 +344,36 @@ fn the_cost_model_serves_the_openai_api() {
     }
     wait_idle(&base);
     // 256 and the completion, the chat, the parallel sampling, the two echoes and the two
-    // batches of two ran to max_tokens; the stop string ended one, the hang-up another.
+    // batches of two ran to max_tokens; the stop strings ended two, the hang-up another.
     assert_eq!(metric(&base, "vllm:request_success_total", "length"), 265.0);
-    assert_eq!(metric(&base, "vllm:request_success_total", "\"stop"), 1.0);
+    assert_eq!(metric(&base, "vllm:request_success_total", "\"stop"), 2.0);
     assert_eq!(metric(&base, "vllm:request_success_total", "abort"), 1.0);
 
     let summary = server.stop().expect("stops");
     // The hang-up is counted apart, out of the latencies.
-    assert_eq!((summary.completed, summary.num_aborted), (266, 1));
+    assert_eq!((summary.completed, summary.num_aborted), (267, 1));
     let csv = std::fs::read_to_string(dir.path().join("out/requests.csv")).expect("requests.csv");
-    assert_eq!(csv.lines().count(), 268);
+    assert_eq!(csv.lines().count(), 269);
+    // The stopped requests' records hold the tokens their clients got: 3 and 4.
+    let col = |name: &str| {
+        let header = csv.lines().next().expect("header");
+        header.split(',').position(|c| c == name).expect("column")
+    };
+    let (gen, why) = (col("generated_tokens"), col("finish_reason"));
+    let mut stopped: Vec<&str> = csv
+        .lines()
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|f| f[why] == "stop")
+        .map(|f| f[gen])
+        .collect();
+    stopped.sort_unstable();
+    assert_eq!(stopped, ["3", "4"]);
     assert!(dir.path().join("out/summary.json").exists());
     assert!(dir.path().join("out/steps.csv").exists());
     // `sim replay` reads the served run like any other: by arrival, the aborted one failed.
     let run = sim::observed::open(&dir.path().join("out")).expect("a served run reads");
     assert_eq!(run.format, "sim");
-    assert_eq!(run.requests.len(), 267);
+    assert_eq!(run.requests.len(), 268);
     assert_eq!(run.requests.iter().filter(|r| !r.ok).count(), 1);
     assert!(run.requests.windows(2).all(|w| w[0].send_s <= w[1].send_s));
     assert_eq!(
@@ -563,8 +577,32 @@ fn greedy_completions_served_over_http_equal_generate() {
         assert!(e["bytes"].is_array() && e["logprob"].as_f64().is_some_and(|x| x <= 0.0));
         assert_eq!(e["top_logprobs"].as_array().map(Vec::len), Some(2), "{e}");
     }
+    // Four sampled choices, each ended by the stop string "e" at its own token: the loop
+    // ends each choice's sequence in the engine before the next step (the request with
+    // the last), and the record holds the tokens the client was counted.
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 40, "n": 4,
+                      "temperature": 1.0, "seed": 3, "stop": ["e"]});
+    let (s, v) = post(&base, "/v1/completions", &body.to_string());
+    assert_eq!(s, 200, "{v}");
+    let choices = v["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 4);
+    for c in choices {
+        assert_eq!(c["finish_reason"], "stop", "{v}");
+        assert!(!c["text"].as_str().expect("text").contains('e'), "{v}");
+    }
+    let usage = v["usage"]["completion_tokens"].as_u64().expect("usage");
     wait_idle(&base);
     let summary = server.stop().expect("stops");
-    assert_eq!(summary.completed, 28);
+    assert_eq!(summary.completed, 29);
     assert!(summary.mean_ttft_ms > 0.0);
+    let csv = std::fs::read_to_string(dir.path().join("out/requests.csv")).expect("requests.csv");
+    let header: Vec<&str> = csv.lines().next().expect("header").split(',').collect();
+    let col = |name: &str| header.iter().position(|&c| c == name).expect("column");
+    let row: Vec<&str> = csv
+        .lines()
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .find(|f| f[col("max_tokens")] == "40")
+        .expect("the sampled request's record");
+    assert_eq!(row[col("finish_reason")], "stop");
+    assert_eq!(row[col("generated_tokens")], usage.to_string(), "{row:?}");
 }

@@ -24,6 +24,7 @@ use rustc_hash::FxHashMap;
 use tokio::sync::mpsc::{error::TryRecvError, UnboundedReceiver, UnboundedSender};
 
 use super::metrics::Metrics;
+use super::stop::{OutputText, StopStrings};
 use crate::driver::{step_record, ActorEngine, DriverError, EngineHandle, EngineParts};
 
 /// A request as a handler hands it to the loop.
@@ -40,6 +41,8 @@ pub struct Submission {
     pub min_tokens: u32,
     /// Token ids that end a choice, as end-of-sequence does.
     pub stop_token_ids: Vec<u32>,
+    /// Stop strings, which end a choice in the step whose tokens complete one.
+    pub stop: Option<StopStrings>,
     /// Choices (parallel sampling).
     pub n: u32,
     /// How tokens are drawn.
@@ -83,6 +86,10 @@ pub enum Event {
         logprobs: Vec<TokenLogprobs>,
         /// Why the choice ended with these tokens, if it did.
         finished: Option<FinishReason>,
+        /// Why the scheduler ended it, if it did: `finished` but for a stop string found
+        /// by the loop (a last token that is a stop token id is dropped from the text only
+        /// when the scheduler stopped on it, as the loop's own search did).
+        scheduler: Option<FinishReason>,
     },
     /// The request ended (every choice): its record.
     Done(RequestRecord),
@@ -157,22 +164,27 @@ struct Live {
     stop_token_ids: Vec<u32>,
     emitted: Vec<u32>,
     ended: Vec<bool>,
+    /// The stop strings and each choice's text, searched as the handler searches it.
+    stop: Option<(StopStrings, Vec<OutputText>)>,
+    /// The end of the step in which stop strings had ended every choice.
+    stopped_at: Option<Nanos>,
 }
 
 impl Live {
     /// Sends the tokens of choice `index`, cut where the scheduler ends the choice
     /// (`max_tokens`, or end-of-sequence or a stop token id once `min_tokens` are out), as
-    /// `append_token` does.
+    /// `append_token` does; true when a stop string ends it here (the caller then ends it
+    /// in the engine, before the next step).
     fn deliver(
         &mut self,
         index: u32,
         tokens: &[u32],
         mut logprobs: Vec<TokenLogprobs>,
         eos: Option<u32>,
-    ) {
+    ) -> bool {
         let i = index as usize;
         if i >= self.ended.len() || self.ended[i] {
-            return;
+            return false;
         }
         let mut ids = Vec::with_capacity(tokens.len());
         let mut finished = None;
@@ -196,8 +208,33 @@ impl Live {
                 break;
             }
         }
+        let mut stopped = false;
+        let scheduler = finished;
+        // (Not for a request being aborted: its client is gone, or the server is stopping.)
+        let aborted = self.aborted;
+        if let Some((stop, outs)) = self.stop.as_mut().filter(|_| !aborted) {
+            // The handler's search on the same text (a stop token id that ends the choice
+            // stays out of it unless asked for): the same string found in the same step.
+            let o = &mut outs[i];
+            o.ids.extend_from_slice(&ids);
+            let mut end = o.ids.len();
+            if finished == Some(FinishReason::Stop) && !stop.include_stop {
+                let t = ids.last().copied();
+                let is_eos = !self.ignore_eos && t.is_some() && t == eos;
+                if !is_eos && t.is_some_and(|t| self.stop_token_ids.contains(&t)) {
+                    end -= 1;
+                }
+            }
+            o.advance(&*stop.decode, end, finished.is_some());
+            if o.find_stop(&stop.strings, self.min_tokens).is_some() {
+                stopped = true;
+                finished = Some(FinishReason::Stop);
+                self.ended[i] = true;
+            }
+        }
         if self.ended.iter().all(|&e| e) {
-            // The scheduler ended the request in this step, its blocks freed there.
+            // The scheduler ended the request in this step, its blocks freed there (or a
+            // stop string did, and the loop ends it before the next step).
             self.hold = None;
         }
         logprobs.truncate(ids.len());
@@ -207,7 +244,9 @@ impl Live {
             ids,
             logprobs,
             finished,
+            scheduler,
         });
+        stopped
     }
 }
 
@@ -407,15 +446,39 @@ pub async fn run(lp: LoopParts) -> Result<LoopEnd, DriverError> {
                 }
             }
             let (result, gaps) = eng.commit(plan, outcome, end).await?;
+            let mut stopped: Vec<(SeqId, u32)> = Vec::new();
             for (request, index, tokens, lps) in deliveries {
                 if let Some(l) = live.get_mut(&request) {
-                    l.deliver(index, &tokens, lps, eos);
+                    if l.deliver(index, &tokens, lps, eos) {
+                        stopped.push((request, index));
+                    }
                 }
             }
             collector.record_itl(&gaps);
             // The records first: a client that sees the pool empty sees its slots free.
-            for rec in result.finished {
+            for mut rec in result.finished {
+                // Ended by the scheduler in the step whose text completed a stop string:
+                // the client was told `stop`, and so are the records (vLLM's front end).
+                let by_string = stopped.iter().any(|&(r, _)| r == rec.request_id);
+                if by_string && rec.finish_reason != FinishReason::Abort {
+                    rec.finish_reason = FinishReason::Stop;
+                }
                 finish(rec, &mut live, &mut collector, &metrics)?;
+            }
+            // Choices a stop string ended while the scheduler would go on: ended in the
+            // engine before its next step, so their records hold the tokens the client got.
+            for (request, index) in stopped {
+                let Some(l) = live.get_mut(&request) else {
+                    continue;
+                };
+                if l.ended.iter().all(|&e| e) {
+                    l.stopped_at = Some(end);
+                    state!()
+                        .abort(request, FinishReason::Stop, end, &metrics)
+                        .await?;
+                } else if !l.aborted {
+                    eng.abort_choice(request, index, FinishReason::Stop).await?;
+                }
             }
             let (used, _, _) = eng.pool_usage().await?;
             if let Ok(mut m) = metrics.lock() {
@@ -491,11 +554,25 @@ async fn warm_up(eng: &mut ActorEngine) -> Result<(), DriverError> {
 
 /// A request ended: its record kept, counted, and sent to its handler.
 fn finish(
-    rec: RequestRecord,
+    mut rec: RequestRecord,
     live: &mut FxHashMap<SeqId, Live>,
     collector: &mut RunCollector,
     metrics: &Arc<Mutex<Metrics>>,
 ) -> Result<(), DriverError> {
+    if let Some(l) = live.get(&rec.request_id).filter(|l| l.stop.is_some()) {
+        // A request with stop strings: a choice that one ended stops for its client with
+        // the step that completed the string, but the scheduler, told before its next step,
+        // ends the sequence in that step (as vLLM's engine core often runs one more step
+        // before its front end's abort lands). The record counts what the client was sent,
+        // as vLLM's front end does, and ends when the last string did.
+        if matches!(rec.finish_reason, FinishReason::Stop | FinishReason::Length) {
+            rec.output_len = l.emitted.iter().copied().max().unwrap_or(0);
+            rec.generated_tokens = l.emitted.iter().sum();
+        }
+        if let Some(at) = l.stopped_at {
+            rec.finish_ns = at.min(rec.finish_ns).max(rec.arrival_ns);
+        }
+    }
     collector.record_request(&rec)?;
     if let Ok(mut m) = metrics.lock() {
         m.observe(&rec);
@@ -554,7 +631,9 @@ impl State<'_> {
                 self.abort(id, reason, now, metrics).await?;
             }
             Cmd::StopChoice(id, index) => {
-                if self.live.get(&id).is_some_and(|l| !l.aborted) {
+                // (Nothing when the loop ended it already, on the same stop string.)
+                let ended = |l: &Live| l.ended.get(index as usize).copied().unwrap_or(true);
+                if self.live.get(&id).is_some_and(|l| !l.aborted && !ended(l)) {
                     self.eng.abort_choice(id, index, FinishReason::Stop).await?;
                 }
             }
@@ -601,6 +680,11 @@ impl State<'_> {
                         stop_token_ids: s.stop_token_ids,
                         emitted: vec![0; n],
                         ended: vec![false; n],
+                        stop: s.stop.map(|st| {
+                            let outs = (0..n).map(|_| OutputText::default()).collect();
+                            (st, outs)
+                        }),
+                        stopped_at: None,
                     },
                 );
                 *self.latest = (*self.latest).max(arrival);

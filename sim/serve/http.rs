@@ -30,12 +30,13 @@ use tokio::sync::{mpsc, oneshot};
 use super::api::{self, ApiError, Generation, Prompt};
 use super::engine_loop::{Cmd, Event, Submission};
 use super::metrics::Metrics;
+use super::stop::{Decode, OutputText, StopStrings};
 use super::text::Text;
 
 /// What every handler shares.
 pub struct AppState {
     cmds: mpsc::UnboundedSender<Cmd>,
-    text: Text,
+    text: Arc<Text>,
     model: String,
     max_model_len: u32,
     pool_tokens: u64,
@@ -63,7 +64,7 @@ impl AppState {
     ) -> Self {
         AppState {
             cmds,
-            text,
+            text: Arc::new(text),
             model,
             max_model_len,
             pool_tokens,
@@ -82,6 +83,16 @@ impl AppState {
             Text::Synthetic.decode(ids, offset)
         } else {
             self.text.decode(ids, offset)
+        }
+    }
+
+    /// [`Self::decode_output`] as the engine loop holds it (without the server's state).
+    fn decoder(&self) -> Decode {
+        if self.synthetic_output {
+            Arc::new(|ids: &[u32], offset| Text::Synthetic.decode(ids, offset))
+        } else {
+            let text = self.text.clone();
+            Arc::new(move |ids: &[u32], offset| text.decode(ids, offset))
         }
     }
 }
@@ -303,23 +314,15 @@ impl Drop for Permit {
     }
 }
 
-/// One choice's text so far, decoded incrementally as vLLM's detokenizer does: each step
-/// decodes only the tokens since the last one that ended a character, with the step before
-/// as context, so a long completion costs the same per token as a short one.
+/// One choice's text so far ([`OutputText`]: decoded incrementally as vLLM's detokenizer
+/// does, so a long completion costs the same per token as a short one) and what of it was
+/// sent.
 #[derive(Debug, Default)]
 struct Choice {
-    /// Output token ids (all counted in the usage, a stop token id included).
-    ids: Vec<u32>,
-    /// The text of `ids[..read]`.
-    text: String,
-    /// `ids[prefix..read]` decode to the tail of `text`: the context of the next decode.
-    prefix: usize,
-    /// Tokens decoded into `text`.
-    read: usize,
-    /// Bytes of `text` already sent.
+    /// Output token ids (all counted in the usage, a stop token id included) and their text.
+    out: OutputText,
+    /// Bytes of the text already sent.
     sent: usize,
-    /// Bytes of `text` searched for stop strings: a match must end after them.
-    searched: usize,
     finished: Option<&'static str>,
     /// What stopped the choice, when not end-of-sequence: the stop string or token id.
     stop_reason: Option<Value>,
@@ -368,7 +371,7 @@ impl Drop for Session {
 
 impl Session {
     fn completion_tokens(&self) -> u32 {
-        self.choices.iter().map(|c| c.ids.len() as u32).sum()
+        self.choices.iter().map(|c| c.out.ids.len() as u32).sum()
     }
 
     fn all_finished(&self) -> bool {
@@ -404,8 +407,9 @@ impl Session {
                 ids,
                 logprobs,
                 finished,
+                scheduler,
             } => Ok(Some(
-                self.push(index, &ids, logprobs, finished)
+                self.push(index, &ids, logprobs, finished, scheduler)
                     .into_iter()
                     .collect(),
             )),
@@ -426,7 +430,7 @@ impl Session {
                 let mut out = Vec::new();
                 for i in 0..self.choices.len() {
                     if self.choices[i].finished.is_none() {
-                        let end = self.choices[i].ids.len();
+                        let end = self.choices[i].out.ids.len();
                         self.advance(i, end, true);
                         self.choices[i].finished = Some("abort");
                         let mut d = self.flush(i, true);
@@ -439,28 +443,15 @@ impl Session {
         }
     }
 
-    /// Decodes choice `i`'s tokens up to `end` into its text (vLLM's prefix and read
-    /// offsets); the decode waits while the new tokens end inside a character, unless
-    /// `last`.
+    /// Decodes choice `i`'s tokens up to `end` into its text; the decode waits while the
+    /// new tokens end inside a character, unless `last`.
     fn advance(&mut self, i: usize, end: usize, last: bool) {
         let st = &self.st;
-        let c = &mut self.choices[i];
-        let end = end.min(c.ids.len());
-        if end <= c.read {
-            return;
-        }
-        let prev = st.decode_output(&c.ids[c.prefix..c.read], c.prefix);
-        let new = st.decode_output(&c.ids[c.prefix..end], c.prefix);
-        if new.ends_with('\u{FFFD}') && !last {
-            return;
-        }
-        match new.strip_prefix(prev.as_str()) {
-            Some(tail) => c.text.push_str(tail),
-            // A decode that rewrote its context (not seen with byte-level BPE): decode all.
-            None => c.text = st.decode_output(&c.ids[..end], 0),
-        }
-        c.prefix = c.read;
-        c.read = end;
+        self.choices[i].out.advance(
+            &|ids: &[u32], offset| st.decode_output(ids, offset),
+            end,
+            last,
+        );
     }
 
     /// Appends a step's tokens to choice `index`; the text that is safe to send.
@@ -470,6 +461,7 @@ impl Session {
         ids: &[u32],
         logprobs: Vec<TokenLogprobs>,
         finished: Option<FinishReason>,
+        scheduler: Option<FinishReason>,
     ) -> Option<Delta> {
         let i = index as usize;
         if self.choices.get(i)?.finished.is_some() {
@@ -480,11 +472,12 @@ impl Session {
             FinishReason::Stop => "stop",
             _ => "abort",
         });
-        self.choices[i].ids.extend_from_slice(ids);
-        // A stop token id (not end-of-sequence) is the stop reason, and is left out of
-        // the text unless asked for, as vLLM does.
-        let mut end = self.choices[i].ids.len();
-        if finished == Some(FinishReason::Stop) {
+        self.choices[i].out.ids.extend_from_slice(ids);
+        // A stop token id (not end-of-sequence) the scheduler stopped on is the stop reason,
+        // and is left out of the text unless asked for, as vLLM does (one that is also the
+        // max_tokens-th token ended the choice by length, and stays in the text).
+        let mut end = self.choices[i].out.ids.len();
+        if scheduler == Some(FinishReason::Stop) {
             if let Some(&t) = ids.last() {
                 let eos = !self.ignore_eos && Some(t) == self.st.text.eos();
                 if !eos && self.stop_ids.contains(&t) {
@@ -496,7 +489,7 @@ impl Session {
             }
         }
         // Log-probabilities go with the tokens that reach the text.
-        let from = self.choices[i].ids.len() - ids.len();
+        let from = self.choices[i].out.ids.len() - ids.len();
         let c = &mut self.choices[i];
         for (k, lp) in logprobs.into_iter().enumerate() {
             if from + k < end {
@@ -505,37 +498,22 @@ impl Session {
         }
         self.advance(i, end, finish.is_some());
         let c = &mut self.choices[i];
-        // A stop string ends the choice at it (after it, with include_stop_str_in_output);
-        // only a match that ends in the new text counts (each string searched from its own
-        // length before it, as vLLM does), and none before min_tokens.
-        if !self.stop.is_empty() && c.ids.len() > self.min_tokens as usize {
-            let (text, searched) = (&c.text, c.searched);
-            let hit = self
-                .stop
-                .iter()
-                .filter_map(|s| {
-                    let from = searched.saturating_sub(s.len().saturating_sub(1));
-                    // (A match starts on a character boundary: none is skipped.)
-                    let from = (from..=text.len()).find(|&k| text.is_char_boundary(k))?;
-                    let p = from + text.get(from..)?.find(s.as_str())?;
-                    Some((p, s))
-                })
-                .min_by_key(|&(p, _)| p);
-            if let Some((p, s)) = hit {
-                let cut = if self.include_stop { p + s.len() } else { p };
-                c.text.truncate(cut);
-                c.stop_reason = Some(json!(s));
-                c.finished = Some("stop");
-                if !self.all_finished() {
-                    // The other choices go on; this one's sequence ends in the engine.
-                    let _ = self.st.cmds.send(Cmd::StopChoice(self.id, index));
-                }
-                let mut d = self.flush(i, true);
-                d.finish = Some("stop");
-                return Some(d);
+        // A stop string ends the choice at it (after it, with include_stop_str_in_output).
+        if let Some((p, k)) = c.out.find_stop(&self.stop, self.min_tokens) {
+            let s = &self.stop[k];
+            let cut = if self.include_stop { p + s.len() } else { p };
+            c.out.text.truncate(cut);
+            c.stop_reason = Some(json!(s));
+            c.finished = Some("stop");
+            if !self.all_finished() {
+                // The other choices go on; this one's sequence ends in the engine (which
+                // has ended it already, having found the same string in the same tokens).
+                let _ = self.st.cmds.send(Cmd::StopChoice(self.id, index));
             }
+            let mut d = self.flush(i, true);
+            d.finish = Some("stop");
+            return Some(d);
         }
-        c.searched = c.text.len();
         if finish.is_some() {
             c.finished = finish;
             let mut d = self.flush(i, true);
@@ -549,10 +527,10 @@ impl Session {
     /// still turn into a stop string.
     fn flush(&mut self, i: usize, last: bool) -> Delta {
         let c = &mut self.choices[i];
-        let mut end = c.text.len();
+        let mut end = c.out.text.len();
         if !last && !self.include_stop {
             // Hold back a tail that a stop string could start with.
-            let text = &c.text;
+            let text = &c.out.text;
             let hold = self
                 .stop
                 .iter()
@@ -568,7 +546,7 @@ impl Session {
             end -= hold;
         }
         let end = end.max(c.sent);
-        let out = c.text.get(c.sent..end).unwrap_or_default().to_string();
+        let out = c.out.text.get(c.sent..end).unwrap_or_default().to_string();
         c.sent = end;
         Delta {
             index: i as u32,
@@ -740,6 +718,11 @@ fn send(
             ignore_eos: g.ignore_eos,
             min_tokens: g.min_tokens,
             stop_token_ids: stop_ids.to_vec(),
+            stop: (!g.stop.is_empty()).then(|| StopStrings {
+                strings: g.stop.clone(),
+                decode: st.decoder(),
+                include_stop: g.include_stop,
+            }),
             n: g.n,
             sampling: g.sampling,
             received,
@@ -1198,7 +1181,7 @@ mod tests {
         let mut end = (None, None);
         for (k, &n) in steps.iter().enumerate() {
             let fin = if k + 1 == steps.len() { last } else { None };
-            if let Some(d) = s.push(0, &vec![3; n], Vec::new(), fin) {
+            if let Some(d) = s.push(0, &vec![3; n], Vec::new(), fin, fin) {
                 text.push_str(&d.text);
                 if d.finish.is_some() {
                     end = (d.finish, d.stop_reason);
@@ -1222,7 +1205,7 @@ mod tests {
         assert_eq!((fin, why), (Some("length"), None));
         assert_eq!(s.completion_tokens(), 17);
         // Each decode sees at most the last two steps' tokens.
-        assert_eq!((s.choices[0].prefix, s.choices[0].read), (16, 17));
+        assert_eq!((s.choices[0].out.prefix, s.choices[0].out.read), (16, 17));
     }
 
     #[test]
@@ -1231,7 +1214,7 @@ mod tests {
         let mut s = session(&[" to in", "zzz"], &[], 0, false);
         let mut sent = Vec::new();
         for _ in 0..6 {
-            let d = s.push(0, &[3], Vec::new(), None).expect("delta");
+            let d = s.push(0, &[3], Vec::new(), None, None).expect("delta");
             sent.push(d.text.clone());
             if d.finish.is_some() {
                 assert_eq!(d.finish, Some("stop"));
@@ -1283,7 +1266,7 @@ mod tests {
         let mut d = None;
         for ids in [vec![3, 3], vec![4]] {
             let fin = (ids == [4]).then_some(FinishReason::Stop);
-            d = s.push(0, &ids, Vec::new(), fin);
+            d = s.push(0, &ids, Vec::new(), fin, fin);
         }
         let d = d.expect("delta");
         assert_eq!((d.finish, d.stop_reason), (Some("stop"), None));
@@ -1291,5 +1274,20 @@ mod tests {
         let mut s = session(&[], &[3], 0, true);
         let (text, _, why) = feed(&mut s, &[2, 1], Some(FinishReason::Stop));
         assert_eq!((text, why), (words(3), Some(json!(3))));
+        // A stop token id that is also the max_tokens-th token ended the choice by length:
+        // its text stays, and a stop string the loop found in it is the stop reason.
+        let stop = Some(FinishReason::Stop);
+        for (scheduler, text, why) in [
+            (Some(FinishReason::Length), words(1), json!(" of")),
+            (stop, words(1), json!(3)),
+        ] {
+            let mut s = session(&[" of"], &[3], 0, false);
+            let d = s.push(0, &[3, 3], Vec::new(), stop, scheduler);
+            let d = d.expect("delta");
+            assert_eq!(
+                (d.text, d.finish, d.stop_reason),
+                (text, stop.map(|_| "stop"), Some(why))
+            );
+        }
     }
 }

@@ -19,6 +19,7 @@ pub mod api;
 mod engine_loop;
 mod http;
 pub mod metrics;
+mod stop;
 pub mod text;
 
 use std::net::SocketAddr;
