@@ -2,7 +2,8 @@
 //! or a stop string matches): a request decoding, one mid-prompt in chunked prefill, one
 //! still queued and a parallel-sampling one each end at their next step with the reason
 //! given, every block comes back, and the requests beside them run as before; one choice of
-//! a parallel-sampling request ends alone (`Scheduler::abort_choice`).
+//! a parallel-sampling request ends alone (`Scheduler::abort_choice`); the token an aborted
+//! sequence draws at its last step adds no inter-token gap.
 
 use engine::block_manager::BlockManager;
 use engine::cores::Cores;
@@ -149,4 +150,47 @@ fn one_choice_of_a_parallel_request_ends_alone() {
     // the token of step 5 (6 tokens), choice 0 with step 8's (9), choice 2 at 30.
     assert_eq!(r.generated_tokens, 6 + 9 + 30);
     assert_eq!(steps, 30);
+}
+
+#[test]
+fn a_token_drawn_after_the_abort_adds_no_inter_token_gap() {
+    // One request decoding alone: every step draws one token, one gap after the first;
+    // the token its aborted sequence draws at its last step reaches no client.
+    let (mut gaps, mut record) = (0usize, None);
+    let cfg = SchedulerConfig {
+        kind: SchedulerKind::Chunked,
+        max_num_seqs: 4,
+        max_num_batched_tokens: 16,
+        max_model_len: 256,
+        block_size: 4,
+        pool_tokens: 1024,
+        ..SchedulerConfig::default()
+    };
+    let mut cores = Cores::new(
+        Scheduler::new(cfg).expect("config"),
+        BlockManager::new(256, 4),
+    );
+    assert!(cores
+        .scheduler
+        .add_request(Request::new(0, 0, 8, 50), 0)
+        .is_none());
+    let mut now = 0;
+    for step in 0..100 {
+        if step == 6 {
+            assert!(cores.scheduler.abort(0, FinishReason::Stop, now).is_none());
+        }
+        let Some(planned) = cores.plan(now) else {
+            break;
+        };
+        now += 1000;
+        let out = StepOutcome::simulated(&planned.plan, 1000);
+        let done = cores.commit(&planned.plan, &out, now).expect("commit");
+        gaps += cores.scheduler.take_itl_gaps().count();
+        record = done.finished.into_iter().next().or(record);
+    }
+    let r = record.expect("the request ends");
+    assert_eq!(r.finish_reason, FinishReason::Stop);
+    // Tokens drawn: one a step from the prefill on, the aborted step's included.
+    assert_eq!(r.output_len, 7, "{r:?}");
+    assert_eq!(gaps, 5, "a gap for tokens 2-6, none for the 7th");
 }

@@ -100,6 +100,7 @@ impl std::fmt::Debug for StopStrings {
 mod tests {
     use super::*;
     use crate::serve::text::Text;
+    use proptest::prelude::*;
 
     fn decode(ids: &[u32], offset: usize) -> String {
         Text::Synthetic.decode(ids, offset)
@@ -147,5 +148,64 @@ mod tests {
         assert_eq!(at, None);
         assert_eq!(o.searched, o.text.len());
         assert_eq!((o.prefix, o.read), (4, 5));
+    }
+
+    proptest! {
+        /// Fed a step at a time, the search reports the first step whose text holds a stop
+        /// string, at the earliest such match, as a search of the whole text decoded after
+        /// each step does (the oracle); and never one before `min_tokens` tokens are out.
+        #[test]
+        fn incremental_search_equals_searching_the_whole_text(
+            steps in proptest::collection::vec(1usize..4, 1..24),
+            stops in proptest::collection::vec((0usize..40, 1usize..12), 1..4),
+            min_tokens in 0u32..6,
+        ) {
+            let whole = decode(&vec![0; 96], 0);
+            // Stop strings cut from the words the synthetic model writes (some never met).
+            let stops: Vec<String> = stops
+                .iter()
+                .map(|&(at, len)| whole[at..at + len].to_string())
+                .collect();
+            let mut o = OutputText::default();
+            let mut found = None;
+            for (k, &n) in steps.iter().enumerate() {
+                o.ids.extend(std::iter::repeat_n(0, n));
+                o.advance(&decode, o.ids.len(), false);
+                if let Some((p, i)) = o.find_stop(&stops, min_tokens) {
+                    found = Some((k, p, i));
+                    break;
+                }
+            }
+            // The oracle: no match may end in the text of the steps that left the choice
+            // with `min_tokens` tokens or fewer (vLLM checks a step's new text as a whole).
+            let mut want = None;
+            let (mut total, mut floor) = (0, 0);
+            for (k, &n) in steps.iter().enumerate() {
+                total += n;
+                let text = decode(&vec![0; total], 0);
+                if total <= min_tokens as usize {
+                    floor = text.len();
+                    continue;
+                }
+                let hit = stops
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, st)| {
+                        (0..text.len())
+                            .find(|&p| p + st.len() > floor && text[p..].starts_with(st.as_str()))
+                            .map(|p| (p, i))
+                    })
+                    .min_by_key(|&(p, _)| p);
+                if let Some((p, i)) = hit {
+                    want = Some((k, p, i));
+                    break;
+                }
+            }
+            // (Two strings matching at one offset: either is the same cut.)
+            prop_assert_eq!(found.map(|(k, p, _)| (k, p)), want.map(|(k, p, _)| (k, p)));
+            if let (Some((_, p, i)), Some(_)) = (found, want) {
+                prop_assert!(o.text[p..].starts_with(stops[i].as_str()));
+            }
+        }
     }
 }

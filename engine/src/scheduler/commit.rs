@@ -54,12 +54,17 @@ impl Scheduler {
                 let computed = s.num_computed + 1 + a;
                 let (keep, eos) = (self.cfg.keep_tokens, self.cfg.eos_token);
                 let (mut reason, mut emitted) = (None, 0u32);
+                let gaps = self.itl_gaps.len();
                 for (j, &t) in tokens.iter().enumerate() {
                     // One inter-token gap per step: the tokens arrive together.
                     reason = append_token(s, t, now, keep, eos, &mut self.itl_gaps, j == 0);
                     emitted += 1;
                     if reason.is_none() {
                         reason = aborted(&self.aborting, &self.aborting_seqs, s.request.id, w.seq);
+                        if reason.is_some() {
+                            // Aborted before this step: its tokens reach no client.
+                            self.itl_gaps.truncate(gaps);
+                        }
                     }
                     if reason.is_some() {
                         break;
@@ -136,16 +141,14 @@ impl Scheduler {
             let aborted = self.aborting.get(&s.request.id).copied();
             let abort = |r: Option<FinishReason>| r.or(aborted);
             let own = self.aborting_seqs.get(&w.seq).copied();
-            let reason = abort(append_token(
-                s,
-                tokens[0],
-                now,
-                keep,
-                eos,
-                &mut self.itl_gaps,
-                true,
-            ))
-            .or(own);
+            let gaps = self.itl_gaps.len();
+            let ended = append_token(s, tokens[0], now, keep, eos, &mut self.itl_gaps, true);
+            if ended.is_none() && abort(None).or(own).is_some() {
+                // Aborted before this step (a client gone, a stop string found by the
+                // server): the token reaches no client, nor does its gap count.
+                self.itl_gaps.truncate(gaps);
+            }
+            let reason = abort(ended).or(own);
             outcomes.push((w.seq, reason));
             for (id, mut c, t) in children {
                 let reason = abort(append_token(
