@@ -6,7 +6,8 @@
 //! In: a scenario variant and a backend. With a real backend (`cpu` with a GGUF's weights,
 //! `cuda`) steps really run and are committed at the wall-clock time they end; with the
 //! cost model (`model`) each step lasts what the cost model predicts for the scenario's
-//! GPU, optionally faster than real time (`time_scale`). Out: HTTP responses (`http.rs`),
+//! GPU, optionally faster than real time (`time_scale`). Out: HTTP responses (`http.rs`;
+//! each request's events made text by `session.rs`, its stop strings found by `stop.rs`),
 //! live metrics (`metrics.rs`), and the run's records as `sim run` writes them
 //! (`requests.csv`, `steps.csv`, `plan.json`, and `summary.json` once the server stops),
 //! so that `sim replay` reads a served run like any other.
@@ -19,6 +20,7 @@ pub mod api;
 mod engine_loop;
 mod http;
 pub mod metrics;
+mod session;
 mod stop;
 pub mod text;
 
