@@ -12,14 +12,8 @@ use engine::record::RequestRecord;
 use engine::request::{FinishReason, Request};
 use engine::scheduler::{Scheduler, SchedulerConfig, SchedulerKind};
 
-/// Runs `requests` (all arriving at 0), calling `abort(step, now, cores)` before each step
-/// (the records it returns are those of requests that left the queue at once); returns
-/// the records by request id and the steps run.
-fn run(
-    requests: Vec<Request>,
-    max_num_seqs: u32,
-    abort: impl Fn(u64, u64, &mut Cores) -> Vec<RequestRecord>,
-) -> (Vec<RequestRecord>, u64) {
+/// A chunked scheduler (16-token steps, 4-token blocks) over a 256-block pool.
+fn cores(max_num_seqs: u32) -> Cores {
     let cfg = SchedulerConfig {
         kind: SchedulerKind::Chunked,
         max_num_seqs,
@@ -29,10 +23,21 @@ fn run(
         pool_tokens: 1024,
         ..SchedulerConfig::default()
     };
-    let mut cores = Cores::new(
+    Cores::new(
         Scheduler::new(cfg).expect("config"),
         BlockManager::new(256, 4),
-    );
+    )
+}
+
+/// Runs `requests` (all arriving at 0), calling `abort(step, now, cores)` before each step
+/// (the records it returns are those of requests that left the queue at once); returns
+/// the records by request id and the steps run.
+fn run(
+    requests: Vec<Request>,
+    max_num_seqs: u32,
+    abort: impl Fn(u64, u64, &mut Cores) -> Vec<RequestRecord>,
+) -> (Vec<RequestRecord>, u64) {
+    let mut cores = cores(max_num_seqs);
     for r in requests {
         assert!(cores.scheduler.add_request(r, 0).is_none());
     }
@@ -157,19 +162,7 @@ fn a_token_drawn_after_the_abort_adds_no_inter_token_gap() {
     // One request decoding alone: every step draws one token, one gap after the first;
     // the token its aborted sequence draws at its last step reaches no client.
     let (mut gaps, mut record) = (0usize, None);
-    let cfg = SchedulerConfig {
-        kind: SchedulerKind::Chunked,
-        max_num_seqs: 4,
-        max_num_batched_tokens: 16,
-        max_model_len: 256,
-        block_size: 4,
-        pool_tokens: 1024,
-        ..SchedulerConfig::default()
-    };
-    let mut cores = Cores::new(
-        Scheduler::new(cfg).expect("config"),
-        BlockManager::new(256, 4),
-    );
+    let mut cores = cores(4);
     assert!(cores
         .scheduler
         .add_request(Request::new(0, 0, 8, 50), 0)
