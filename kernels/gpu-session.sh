@@ -5,7 +5,11 @@
 # .binc/sim, or .binc/sim.gz unpacked: build it with `cargo build --release`, then
 # `strip -o .binc/sim target/release/sim` and `gzip -9 .binc/sim` on the dev machine) and
 # writes its logs under OUT (default /tmp/gpu-session).
-#   kernels/gpu-session.sh [check] [bench] [scenarios] [oracle MODEL.gguf] [generate MODEL.gguf]
+#   kernels/gpu-session.sh [check] [bench] [scenarios] [calibrate] [fidelity SCENARIO REQUESTS]
+#                          [oracle MODEL.gguf] [generate MODEL.gguf]
+# `calibrate` fits the cost model to the runtime's steps on this GPU (OUT/cuda.toml and
+# OUT/cuda.steps.csv); a later `fidelity` runs SCENARIO (its REQUESTS first requests) on the
+# GPU and on the cost model with that fit (OUT/fidelity-<scenario>/).
 set -uo pipefail
 if [ -z "${SIM:-}" ] && [ ! -x .binc/sim ] && [ -f .binc/sim.gz ]; then
   gunzip -c .binc/sim.gz > /tmp/sim && chmod +x /tmp/sim && SIM=/tmp/sim
@@ -35,6 +39,16 @@ while [ $# -gt 0 ]; do
       done
       "$SIM" run scenarios/mixed.toml --backend cuda --requests 200 --quiet --out "$OUT/runs/mixed" 2>&1 | tee "$OUT/mixed.txt" || status=1
       tar czf "$OUT/runs.tgz" -C "$OUT" runs && rm -rf "$OUT/runs"
+      ;;
+    calibrate) "$SIM" calibrate --backend cuda --out "$OUT/cuda.toml" 2>&1 | tee "$OUT/calibrate.txt" || status=1 ;;
+    fidelity)
+      scn=$2 req=$3
+      shift 2
+      name=$(basename "$scn" .toml)
+      "$SIM" fidelity "$scn" --calibration "$OUT/cuda.toml" --backend cuda --requests "$req" \
+        --out "$OUT/fidelity-$name" 2>&1 | tee "$OUT/fidelity-$name.txt" || status=1
+      # The per-request and per-step files stay in a tarball (the device tool returns few files).
+      tar czf "$OUT/fidelity-$name.tgz" -C "$OUT" "fidelity-$name" && rm -rf "$OUT/fidelity-$name"
       ;;
     oracle)
       shift

@@ -134,6 +134,21 @@ pub fn verify_work<'a>(
     (k as u32, out)
 }
 
+/// [`verify_work`] of a greedy work from its rows' argmaxes alone (what the GPU's sampling
+/// kernel draws at each row): drafts are accepted while they equal their row's argmax, then
+/// the argmax of the first rejected row, or of the last row, follows. The same tokens as
+/// [`verify_work`] on the rows themselves, without copying the logits to the host.
+pub fn verify_greedy(w: &SeqWork, ids: &[u32], argmax: &[u32]) -> (u32, Vec<u32>) {
+    let k = (w.len as usize)
+        .saturating_sub(1)
+        .min(ids.len().saturating_sub(1))
+        .min(argmax.len().saturating_sub(1));
+    let accepted = (0..k).take_while(|&j| ids[j + 1] == argmax[j]).count();
+    let mut out = ids[1..=accepted].to_vec();
+    out.extend(argmax.get(accepted));
+    (accepted as u32, out)
+}
+
 /// What a generation produced.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Generation {
@@ -333,5 +348,32 @@ mod tests {
         assert!(e.contains("token id 100"), "{e}");
         let e = ok(&one_sequence_step(0, 0, &[3], &[], greedy), None).unwrap_err();
         assert!(e.contains("empty chunk"), "{e}");
+    }
+
+    proptest::proptest! {
+        /// A greedy verify work gives the same tokens from its rows' argmaxes (the GPU's
+        /// draws) as from the rows: drafts drawn near the argmaxes so that runs of
+        /// acceptances, a rejection at any position and full acceptance all occur; ties
+        /// included (logits from a handful of levels).
+        #[test]
+        fn greedy_verification_from_argmaxes_matches_the_rows(
+            k in 1usize..6,
+            levels in proptest::collection::vec(0u8..4, 6 * 12),
+            hits in proptest::collection::vec(0u8..4, 6),
+        ) {
+            let vocab = 12;
+            let rows: Vec<Vec<f32>> = (0..=k)
+                .map(|j| levels[j * vocab..(j + 1) * vocab].iter().map(|&v| f32::from(v)).collect())
+                .collect();
+            let argmax: Vec<u32> = rows.iter().map(|r| crate::sampling::argmax(r)).collect();
+            // Draft j is its row's argmax unless `hits` says otherwise.
+            let mut ids = vec![7u32];
+            ids.extend((0..k).map(|j| if hits[j] > 0 { argmax[j] } else { (argmax[j] + 1) % vocab as u32 }));
+            let mut plan = one_sequence_step(20, 1 + k as u32, &[0; 8], &ids, SamplingParams::default());
+            let w = &mut plan.work[0];
+            w.kind = WorkKind::Verify;
+            let want = verify_work(w, &ids, |j| &rows[j]);
+            proptest::prop_assert_eq!(verify_greedy(w, &ids, &argmax), want);
+        }
     }
 }

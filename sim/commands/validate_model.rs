@@ -72,6 +72,20 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         }
         report.silicon_skipped = skipped;
     }
+    // The recorded `sim fidelity` runs of the CUDA runtime on lent GPUs.
+    if let Ok(dir) = std::fs::read_dir(data.join("fidelity")) {
+        let mut files: Vec<_> = dir
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+            .collect();
+        files.sort();
+        for f in files {
+            report.fidelity.push(
+                sim::cost_model::validation::fidelity::read_recorded(&f)
+                    .map_err(anyhow::Error::msg)?,
+            );
+        }
+    }
     let text = sim::cost_model::validation::report(
         &calibration,
         &profiles,

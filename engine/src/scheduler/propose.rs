@@ -253,7 +253,16 @@ impl Scheduler {
             let mut k = k_batch.min(self.draft_room(s)).min(spare);
             let mut tokens = Vec::new();
             if spec.method == crate::spec::Method::Ngram && self.cfg.keep_tokens && k > 0 {
-                let context: Vec<u32> = (0..s.num_tokens).map_while(|p| s.token_at(p)).collect();
+                // The prompt's ids and the tokens drawn so far. A synthetic prompt has no
+                // ids here (the runtime makes its own), so its lookup searches the output.
+                let prompt = &s.request.prompt_tokens;
+                let known = prompt.len() as u32 == s.request.prompt_len;
+                let context: Vec<u32> = prompt
+                    .iter()
+                    .filter(|_| known)
+                    .chain(&s.output_tokens)
+                    .copied()
+                    .collect();
                 tokens = crate::spec::ngram_propose(&context, spec.ngram_min, spec.ngram_max, k);
                 k = tokens.len() as u32;
             }

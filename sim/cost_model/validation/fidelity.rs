@@ -89,6 +89,18 @@ pub fn fidelity_rows(
             measured: real_steps[i],
         });
     }
+    // Speculative decoding: the cost model draws acceptances from the scenario's figures,
+    // the real backend verifies drafts; TPOT follows the tokens a verify step emits, so a
+    // gap here explains a gap there (`sim speculate` measures the acceptance to set).
+    let accept = |s: &Summary| s.speculative.as_ref().map_or(1.0, |x| x.accept_length);
+    if sim.speculative.is_some() || real.speculative.is_some() {
+        rows.push(FidelityRow {
+            variant: variant.into(),
+            metric: "tokens per verify step".into(),
+            simulated: accept(sim),
+            measured: accept(real),
+        });
+    }
     rows
 }
 
@@ -128,6 +140,130 @@ pub fn fidelity_outputs(rows: &[FidelityRow]) -> (String, String) {
     (t.to_string(), csv)
 }
 
+/// A `sim fidelity` run recorded for VALIDATION.md (`calibration/fidelity/*.csv`): `# key:
+/// value` lines (the device, the date, the command, the calibration), then the
+/// `fidelity.csv` the run wrote.
+#[derive(Debug, Clone, Default)]
+pub struct RecordedFidelity {
+    /// The file's name.
+    pub file: String,
+    /// `(key, value)` of its comment lines.
+    pub about: Vec<(String, String)>,
+    /// Its rows.
+    pub rows: Vec<FidelityRow>,
+}
+
+/// Reads a recorded fidelity run; errors name the file and line.
+pub fn read_recorded(path: &Path) -> Result<RecordedFidelity, String> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?;
+    let mut out = RecordedFidelity {
+        file: path
+            .file_name()
+            .map_or_else(String::new, |f| f.to_string_lossy().into_owned()),
+        ..RecordedFidelity::default()
+    };
+    for (i, line) in text.lines().enumerate() {
+        let at = |what: &str| format!("{shown}: line {}: {what}", i + 1);
+        if let Some(c) = line.strip_prefix('#') {
+            let (k, v) = c
+                .split_once(':')
+                .ok_or_else(|| at("a comment line is `# key: value`"))?;
+            out.about.push((k.trim().into(), v.trim().into()));
+            continue;
+        }
+        if line.starts_with("variant,") || line.trim().is_empty() {
+            continue;
+        }
+        let cols: Vec<&str> = line.split(',').collect();
+        let [variant, metric, simulated, measured, ..] = cols[..] else {
+            return Err(at("expected variant,metric,simulated,measured,error"));
+        };
+        let num = |x: &str, what: &str| {
+            x.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite())
+                .ok_or_else(|| at(&format!("`{what}` is not a finite number: {x:?}")))
+        };
+        out.rows.push(FidelityRow {
+            variant: variant.into(),
+            metric: metric.into(),
+            simulated: num(simulated, "simulated")?,
+            measured: num(measured, "measured")?,
+        });
+    }
+    if out.rows.is_empty() {
+        return Err(format!("{shown}: no fidelity rows"));
+    }
+    Ok(out)
+}
+
+/// VALIDATION.md's section on the recorded fidelity runs: per run, what ran where, and per
+/// variant the measured figures with the calibrated cost model's error.
+pub fn recorded_section(s: &mut String, runs: &[RecordedFidelity]) {
+    if runs.is_empty() {
+        return;
+    }
+    s.push_str("
+## The CUDA runtime against its calibrated cost model (`sim fidelity`)
+
+On a lent GPU, `sim calibrate --backend cuda` times whole forward steps of this project's CUDA runtime (synthetic weights; decode batches 1-128 at contexts 512 and 2,048, prefills of 128-4,096 tokens) and fits the cost model's GEMM and attention efficiencies and its step overhead to them; `sim fidelity` then runs a scenario on the GPU and on the cost model with that fit, with the same seed and requests. The scenarios' latencies are held out: only single steps were fitted. Each cell is the measured figure, then the cost model's error.
+");
+    let cols: [(&str, &str); 9] = [
+        ("p50 TTFT (ms)", "TTFT p50"),
+        ("p90 TTFT (ms)", "TTFT p90"),
+        ("p50 TPOT (ms)", "TPOT p50"),
+        ("p90 TPOT (ms)", "TPOT p90"),
+        ("p50 E2EL (ms)", "E2EL p50"),
+        ("request throughput (req/s)", "req/s"),
+        ("p50 step time (ms)", "step p50"),
+        ("p90 step time (ms)", "step p90"),
+        ("tokens per verify step", "tokens / verify"),
+    ];
+    for run in runs {
+        let _ = writeln!(
+            s,
+            "
+`{}`:
+",
+            run.file
+        );
+        for (k, v) in &run.about {
+            let _ = writeln!(s, "- {k}: {v}");
+        }
+        let _ = writeln!(
+            s,
+            "
+| variant | {} |
+|---|{}",
+            cols.map(|c| c.1).join(" | "),
+            "---|".repeat(cols.len())
+        );
+        let mut variants: Vec<&str> = Vec::new();
+        for r in &run.rows {
+            if !variants.contains(&r.variant.as_str()) {
+                variants.push(&r.variant);
+            }
+        }
+        for v in variants {
+            let cells: Vec<String> = cols
+                .iter()
+                .map(|(metric, _)| {
+                    run.rows
+                        .iter()
+                        .find(|r| r.variant == v && r.metric == *metric)
+                        .map_or_else(
+                            || "-".into(),
+                            |r| format!("{:.2} ({:+.1}%)", r.measured, 100.0 * r.error()),
+                        )
+                })
+                .collect();
+            let _ = writeln!(s, "| {v} | {} |", cells.join(" | "));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +291,47 @@ mod tests {
         let (table, csv) = fidelity_outputs(&rows);
         assert!(table.contains("+10.0%"));
         assert_eq!(csv.lines().count(), 15);
+        // A speculating variant adds its tokens per verify step: 1 where the real
+        // backend found nothing to draft.
+        let spec = Summary {
+            speculative: Some(analysis::SpecSummary {
+                accept_length: 1.5,
+                ..Default::default()
+            }),
+            ..a
+        };
+        let rows = fidelity_rows("v", &spec, &b, [1.0; 3], [1.0; 3]);
+        let last = rows.last().expect("row");
+        assert_eq!(last.metric, "tokens per verify step");
+        assert!((last.error() - 0.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn recorded_runs_read_back_and_render() {
+        let dir = std::env::temp_dir().join(format!("sim-fid-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("gpu-x.csv");
+        let rows = vec![FidelityRow {
+            variant: "plain".into(),
+            metric: "p50 TPOT (ms)".into(),
+            simulated: 6.0,
+            measured: 5.0,
+        }];
+        let (_, csv) = fidelity_outputs(&rows);
+        std::fs::write(&path, format!("# device: a GPU\n{csv}")).expect("write");
+        let run = read_recorded(&path).expect("read");
+        assert_eq!(run.about, vec![("device".into(), "a GPU".into())]);
+        assert_eq!(run.rows, rows);
+        let mut s = String::new();
+        recorded_section(&mut s, &[run]);
+        assert!(s.contains("| plain | - | - | 5.00 (+20.0%) |"), "{s}");
+        std::fs::write(
+            &path,
+            "variant,metric,simulated,measured,error\nplain,x,1,oops,\n",
+        )
+        .expect("write");
+        let e = read_recorded(&path).unwrap_err();
+        assert!(e.contains("line 2") && e.contains("measured"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -170,6 +170,7 @@ pub fn report(
     defaults_section(&mut s, gemm_held_out);
     replays_section(&mut s, replays);
     served_section(&mut s, replays);
+    fidelity::recorded_section(&mut s, &replays.fidelity);
     silicon_section(&mut s, replays);
     fleets_section(&mut s, replays);
     s.push_str(
@@ -212,6 +213,8 @@ pub struct Replays {
     /// `scripts/serve_check.py --record`): `(metric, measured, replayed, error %)`, and the
     /// fit and the machine it ran on.
     pub served: Option<ServedLoop>,
+    /// `sim fidelity` runs on a lent GPU as recorded (`calibration/fidelity/*.csv`).
+    pub fidelity: Vec<fidelity::RecordedFidelity>,
 }
 
 /// The closed loop without a GPU as last recorded: a served run's fit, another's replay.
@@ -646,8 +649,14 @@ fn defaults_section(s: &mut String, gemm_held_out: &[GemmHeldOut]) {
         (
             "`calibration/h100-sxm-cuda.toml` (opt-in)".into(),
             "its own file".into(),
-            "whole steps of this project's CUDA runtime on an H100 (`calibration/h100-sxm-cuda.steps.csv`)",
-            "`sim fidelity` on a GPU",
+            "whole steps of this project's CUDA runtime on an H100 (`calibration/h100-sxm-cuda.steps.csv`: 7 steps, fitted before the attention's compute efficiency was a term)",
+            "not run on a GPU with `sim fidelity`",
+        ),
+        (
+            "`calibration/h200-cuda.toml` (opt-in)".into(),
+            "its own file".into(),
+            "the full step grid of this project's CUDA runtime on an H200 (`calibration/h200-cuda.steps.csv`: 16 decode steps, 5 prefills)",
+            "`sim fidelity` on the H200, below",
         ),
         (
             "two-matrix MLPs (Phi, OPT, GPT-2, Falcon, MPT, ...)".into(),
