@@ -8,7 +8,7 @@
 #   kernels/gpu-session.sh [check] [bench] [scenarios] [calibrate] [fidelity SCENARIO REQUESTS]
 #                          [oracle MODEL.gguf] [generate MODEL.gguf]
 # `calibrate` fits the cost model to the runtime's steps on this GPU (OUT/cuda.toml and
-# OUT/cuda.steps.csv); a later `fidelity` runs SCENARIO (its REQUESTS first requests) on the
+# OUT/cuda.steps.csv; synthetic weights of CAL_MODEL, default llama-3-8b); a later `fidelity` runs SCENARIO (its REQUESTS first requests) on the
 # GPU and on the cost model with that fit (OUT/fidelity-<scenario>/).
 set -uo pipefail
 if [ -z "${SIM:-}" ] && [ ! -x .binc/sim ] && [ -f .binc/sim.gz ]; then
@@ -40,7 +40,10 @@ while [ $# -gt 0 ]; do
       "$SIM" run scenarios/mixed.toml --backend cuda --requests 200 --quiet --out "$OUT/runs/mixed" 2>&1 | tee "$OUT/mixed.txt" || status=1
       tar czf "$OUT/runs.tgz" -C "$OUT" runs && rm -rf "$OUT/runs"
       ;;
-    calibrate) "$SIM" calibrate --backend cuda --out "$OUT/cuda.toml" 2>&1 | tee "$OUT/calibrate.txt" || status=1 ;;
+    calibrate)
+      "$SIM" calibrate --backend cuda --model "${CAL_MODEL:-llama-3-8b}" --out "$OUT/cuda.toml" 2>&1 |
+        tee "$OUT/calibrate.txt" || status=1
+      ;;
     fidelity)
       scn=$2 req=$3
       shift 2

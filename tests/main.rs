@@ -4,6 +4,7 @@ mod bad_inputs;
 mod claims;
 mod cli;
 mod client;
+mod fidelity;
 mod fleet;
 mod models;
 mod mooncake;

@@ -28,6 +28,12 @@ pub struct Args {
     /// Output folder (default: results/<scenario>-fidelity).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Score a recorded real run instead of running the backend: the `measured/` folder
+    /// an earlier `sim fidelity` wrote (a `<variant>/summary.json` and `steps.csv` each),
+    /// e.g. to try a new calibration against a GPU run without the GPU. Give the same
+    /// `--requests` as that run.
+    #[arg(long, value_name = "DIR")]
+    pub measured: Option<PathBuf>,
 }
 
 /// Runs `sim fidelity`, printing into `out`.
@@ -38,13 +44,14 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         backend,
         requests,
         out: out_dir,
+        measured,
     } = args;
     if backend == BackendKind::Model {
         anyhow::bail!(
             "--backend model: fidelity compares the cost model with a real backend (cuda or cpu)"
         );
     }
-    if backend == BackendKind::Cuda {
+    if backend == BackendKind::Cuda && measured.is_none() {
         kernels::cuda::probe().map_err(|e| {
             anyhow::anyhow!(
                 "sim fidelity --backend cuda runs the scenario on an NVIDIA GPU and found none ({e}). On a GPU machine run: sim calibrate --backend cuda --model <the scenario's model> --out calib.toml, then sim fidelity {} --calibration calib.toml",
@@ -71,7 +78,14 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
             },
         )
     };
-    let real = run_one(&measured_scn, backend, out_dir.join("measured"))?;
+    let measured_dir = measured.clone().unwrap_or_else(|| out_dir.join("measured"));
+    let real: Vec<analysis::Summary> = match &measured {
+        None => run_one(&measured_scn, backend, measured_dir.clone())?
+            .into_iter()
+            .map(|r| r.summary)
+            .collect(),
+        Some(dir) => recorded_summaries(&measured_scn, dir)?,
+    };
     let sim_runs = run_one(
         &simulated_scn,
         BackendKind::Model,
@@ -79,33 +93,66 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     )?;
     let mut rows = Vec::new();
     for r in &real {
-        let v = &r.summary.variant;
+        let v = &r.variant;
         let Some(s) = sim_runs.iter().find(|x| &x.summary.variant == v) else {
             continue;
         };
-        let steps = |side: &str| {
-            sim::cost_model::validation::fidelity::step_percentiles(&out_dir.join(side).join(v))
+        if s.summary.completed != r.completed && measured.is_some() {
+            anyhow::bail!(
+                "--measured {}: variant `{v}` completed {} requests there and {} here: give the --requests that run had",
+                measured_dir.display(),
+                r.completed,
+                s.summary.completed
+            );
+        }
+        let steps = |dir: PathBuf| {
+            sim::cost_model::validation::fidelity::step_percentiles(&dir.join(v))
                 .map_err(|e| anyhow::anyhow!(e))
         };
         rows.extend(sim::cost_model::validation::fidelity::fidelity_rows(
             v,
             &s.summary,
-            &r.summary,
-            steps("simulated")?,
-            steps("measured")?,
+            r,
+            steps(out_dir.join("simulated"))?,
+            steps(measured_dir.clone())?,
         ));
     }
     let (table, csv) = sim::cost_model::validation::fidelity::fidelity_outputs(&rows);
     let path = out_dir.join("fidelity.csv");
     std::fs::write(&path, csv).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let against = measured.as_ref().map_or_else(
+        || format!("--backend {backend:?}"),
+        |d| format!("the run recorded in {}", d.display()),
+    );
     outln!(
         out,
-        "fidelity of `{}`: cost model (calibration {}) against --backend {:?}",
+        "fidelity of `{}`: cost model (calibration {}) against {against}",
         measured_scn.name,
         calibration.display(),
-        backend
     );
     outln!(out, "{table}");
     outln!(out, "wrote {}", path.display());
     Ok(())
+}
+
+/// The summaries of a recorded run, one per variant of `scn` (`DIR/<variant>/summary.json`).
+fn recorded_summaries(
+    scn: &Scenario,
+    dir: &std::path::Path,
+) -> anyhow::Result<Vec<analysis::Summary>> {
+    scn.variants
+        .iter()
+        .map(|v| {
+            let path = dir.join(&v.name).join("summary.json");
+            if !path.is_file() {
+                anyhow::bail!(
+                    "--measured {}: no {} (a `measured/` folder of `sim fidelity`, one folder per variant of {})",
+                    dir.display(),
+                    path.display(),
+                    scn.name
+                );
+            }
+            analysis::read_summary_json(&path).map_err(|e| anyhow::anyhow!("{e}"))
+        })
+        .collect()
 }

@@ -41,10 +41,10 @@ pub struct StepFit {
     pub points: Vec<(StepTime, f64)>,
 }
 
-/// Fits `gemm_compute_eff`, `gemm_memory_eff`, `attn_memory_eff`, `attn_compute_eff` and
-/// the per-step overhead (launches included: the runtime's graphs and stream hide
-/// per-kernel gaps) to measured steps of `d`'s model, by exhaustive search over fixed
-/// grids (reproducible), minimising the median absolute relative error and then the
+/// Fits `gemm_compute_eff`, `gemm_memory_eff`, `attn_memory_eff`, `attn_compute_eff`, the
+/// per-step overhead and the cost per kernel (`kernel_launch_us`: the gap a small kernel
+/// leaves even in a CUDA graph) to measured steps of `d`'s model, by exhaustive search over
+/// fixed grids (reproducible), minimising the median absolute relative error and then the
 /// largest. The attention's compute efficiency is what long prefills need: a runtime whose
 /// prefill attention runs off the tensor cores spends a quadratic term the GEMMs' rate
 /// cannot absorb (the H200's 4,096-token prefill took 161 ms, 2.4x its 2,048-token one).
@@ -53,8 +53,30 @@ pub fn fit_steps(d: &Deployment, block_size: u32, points: &[StepTime]) -> Option
         return None;
     }
     let overheads = [
-        0.0, 10.0, 20.0, 40.0, 70.0, 100.0, 150.0, 200.0, 300.0, 500.0,
+        0.0, 10.0, 20.0, 40.0, 70.0, 100.0, 150.0, 200.0, 300.0, 500.0, 700.0, 1000.0, 1500.0,
     ];
+    // Per kernel, microseconds: what a small model's steps show (SmolLM2-135M's batch-1
+    // decode took 0.93 ms on the H200, about 0.1 ms of it reading weights and KV).
+    let launch_costs = [0.0, 1.0, 2.0, 3.0, 4.0, 6.0];
+    // Kernels per step: the launch term is additive per kernel, so one difference gives
+    // each step's count whatever the efficiencies.
+    let kernels: Vec<f64> = {
+        let with = |us: f64| {
+            CostModel::new(
+                d.clone(),
+                CostParams {
+                    kernel_launch_us: Some(us),
+                    ..CostParams::default()
+                },
+            )
+            .with_block_size(block_size)
+        };
+        let (one, zero) = (with(1.0), with(0.0));
+        points
+            .iter()
+            .map(|p| (predict(&one, p) - predict(&zero, p)) * 1e3)
+            .collect()
+    };
     // Prefill attention's fraction of the 16-bit peak: from scalar kernels (a few percent)
     // to FlashAttention-class ones.
     let attn_compute = [0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.75];
@@ -78,11 +100,15 @@ pub fn fit_steps(d: &Deployment, block_size: u32, points: &[StepTime]) -> Option
                 };
                 let m = CostModel::new(d.clone(), base_params.clone()).with_block_size(block_size);
                 let base: Vec<f64> = points.iter().map(|p| predict(&m, p)).collect();
-                for &o in &overheads {
+                for (&o, &l) in overheads
+                    .iter()
+                    .flat_map(|o| launch_costs.iter().map(move |l| (o, l)))
+                {
                     let mut errs: Vec<f64> = points
                         .iter()
                         .zip(&base)
-                        .map(|(p, b)| ((b + o * 1e-3) - p.ms).abs() / p.ms)
+                        .zip(&kernels)
+                        .map(|((p, b), k)| ((b + (o + l * k) * 1e-3) - p.ms).abs() / p.ms)
                         .collect();
                     errs.sort_by(f64::total_cmp);
                     let median = if errs.len() % 2 == 1 {
@@ -97,6 +123,7 @@ pub fn fit_steps(d: &Deployment, block_size: u32, points: &[StepTime]) -> Option
                     if better {
                         let params = CostParams {
                             step_overhead_us: Some(o),
+                            kernel_launch_us: Some(l),
                             ..base_params.clone()
                         };
                         best = Some((median, max, params));
@@ -138,7 +165,12 @@ pub fn fit_toml(fit: &StepFit, how: &str, device: &str, date: &str, model: &str)
         "step_overhead_us = {:.0}",
         p.step_overhead_us.unwrap_or(0.0)
     );
-    s.push_str("per_seq_overhead_us = 0\nkernel_launch_us = 0\n");
+    let _ = writeln!(
+        s,
+        "kernel_launch_us = {:.0}",
+        p.kernel_launch_us.unwrap_or(0.0)
+    );
+    s.push_str("per_seq_overhead_us = 0\n");
     s.push_str("# step (batch x ctx, or prefill tokens): measured ms, fitted ms\n");
     for (t, pred) in &fit.points {
         let what = if t.tokens > 0 {
