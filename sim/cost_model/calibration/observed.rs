@@ -22,8 +22,11 @@ use crate::observed::silicon::AggregateRow;
 /// The front-end costs tried, milliseconds.
 pub const CANDIDATES_MS: [f64; 8] = [0.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0];
 
-/// The step overheads tried, microseconds.
-pub const STEP_CANDIDATES_US: [f64; 7] = [0.0, 100.0, 300.0, 600.0, 1000.0, 1500.0, 2500.0];
+/// The step overheads tried, microseconds (up to 5 ms: vLLM's rows chose the largest
+/// when 2.5 ms was the last).
+pub const STEP_CANDIDATES_US: [f64; 10] = [
+    0.0, 100.0, 300.0, 600.0, 1000.0, 1500.0, 2000.0, 2500.0, 3500.0, 5000.0,
+];
 
 /// The all-reduce latencies tried, microseconds (`None`: the GPU catalog's, or the
 /// framework's custom all-reduce for small messages): tensor parallelism's cost per layer,
