@@ -144,7 +144,7 @@ pub fn verify_greedy(w: &SeqWork, ids: &[u32], argmax: &[u32]) -> (u32, Vec<u32>
         .min(ids.len().saturating_sub(1))
         .min(argmax.len().saturating_sub(1));
     let accepted = (0..k).take_while(|&j| ids[j + 1] == argmax[j]).count();
-    let mut out = ids[1..=accepted].to_vec();
+    let mut out: Vec<u32> = ids.iter().skip(1).take(accepted).copied().collect();
     out.extend(argmax.get(accepted));
     (accepted as u32, out)
 }

@@ -256,13 +256,12 @@ impl Scheduler {
                 // The prompt's ids and the tokens drawn so far. A synthetic prompt has no
                 // ids here (the runtime makes its own), so its lookup searches the output.
                 let prompt = &s.request.prompt_tokens;
-                let known = prompt.len() as u32 == s.request.prompt_len;
-                let context: Vec<u32> = prompt
-                    .iter()
-                    .filter(|_| known)
-                    .chain(&s.output_tokens)
-                    .copied()
-                    .collect();
+                let context: std::borrow::Cow<[u32]> =
+                    if prompt.len() as u32 == s.request.prompt_len {
+                        [prompt.as_slice(), &s.output_tokens].concat().into()
+                    } else {
+                        s.output_tokens.as_slice().into()
+                    };
                 tokens = crate::spec::ngram_propose(&context, spec.ngram_min, spec.ngram_max, k);
                 k = tokens.len() as u32;
             }
