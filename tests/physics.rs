@@ -1160,3 +1160,44 @@ hardware.pp = 1
     assert!((3.6..4.0).contains(&gain), "{gain}");
     assert!(tps("pipelined") > tps("tp4"));
 }
+
+#[test]
+fn an_eager_step_lasts_at_least_its_hosts_launches() {
+    // Llama-3-70B on 8 H100s: a 512-token prefill computes in a few milliseconds, far less
+    // than 80 layers launched eagerly at 900 us each.
+    let d = deployment("llama-3-70b", "h100-sxm", 8, Dtype::Bf16);
+    let plain = CostModel::new(d.clone(), CostParams::default());
+    let eager = CostModel::new(
+        d,
+        CostParams {
+            eager_layer_us: Some(900.0),
+            ..CostParams::default()
+        },
+    );
+    let prefill = |m: &CostModel, tokens: u32| {
+        m.step_cost(
+            std::iter::once((0, tokens)),
+            std::iter::once((512, 1)),
+            2,
+            2,
+        )
+    };
+    let (p, e) = (prefill(&plain, 512), prefill(&eager, 512));
+    let floor = 80.0 * 900e-6;
+    assert!(p.seconds - p.overhead_s < floor, "{p:?}");
+    // The floor replaces the GPU time (the overheads stay on top), and the components
+    // still add up to the step.
+    let want = floor + p.overhead_s;
+    assert!((e.seconds - want).abs() < 1e-9, "{e:?} vs {want}");
+    let parts =
+        e.linear_s + e.attention_s + e.elementwise_s + e.allreduce_s + e.lm_head_s + e.overhead_s;
+    assert!((parts - e.seconds).abs() < 1e-9, "{e:?}");
+    // A prefill whose GPUs take longer than the host hides it.
+    let (p, e) = (prefill(&plain, 32_768), prefill(&eager, 32_768));
+    assert!(p.seconds - p.overhead_s > floor, "{p:?}");
+    assert_eq!(p.seconds, e.seconds);
+    // Decode steps run in CUDA graphs: no floor.
+    let decode =
+        |m: &CostModel| m.step_cost(std::iter::empty(), std::iter::repeat_n((512, 1), 8), 8, 8);
+    assert_eq!(decode(&plain).seconds, decode(&eager).seconds);
+}

@@ -24,7 +24,8 @@ use engine::plan::{StepOutcome, StepPlan, WorkKind};
 use engine::record::{RequestRecord, StepRecord};
 use engine::request::{FinishReason, Nanos, Request, SeqId, SeqStatus};
 use engine::scheduler::{
-    AdmissionPolicy, QueuePolicy, Scheduler, SchedulerConfig, SchedulerKind, VictimPolicy,
+    AdmissionPolicy, BatchWait, QueuePolicy, Scheduler, SchedulerConfig, SchedulerKind,
+    VictimPolicy,
 };
 use engine::spec::{Acceptance, DynamicK, Method, SpecConfig};
 use proptest::prelude::*;
@@ -110,6 +111,8 @@ struct Knobs {
     /// Steps in flight at once (pipelined micro-batches, `max_concurrent_batches`); 1
     /// without speculative decoding's drafts only.
     batches: u32,
+    /// TensorRT-LLM's batch waiting `(timeout steps, token ratio)` (chunked runs only).
+    batch_wait: Option<(u32, f64)>,
 }
 
 impl Knobs {
@@ -141,6 +144,7 @@ impl Knobs {
             eviction: EvictionKind::Lru,
             offload: None,
             batches: 1,
+            batch_wait: None,
         }
     }
 }
@@ -227,6 +231,13 @@ impl Knobs {
             } else {
                 self.batches
             },
+            batch_wait: self
+                .batch_wait
+                .filter(|_| kind == SchedulerKind::Chunked)
+                .map(|(timeout_iters, max_tokens_ratio)| BatchWait {
+                    timeout_iters,
+                    max_tokens_ratio,
+                }),
         }
     }
 }
@@ -395,6 +406,9 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                     }),
                     // One, two or three micro-batches in flight, by the same draw.
                     batches: 1 + (r / 8) % 3,
+                    // Batch waiting in every fifth chunked run: up to 5 steps, a
+                    // quarter to all of the budget.
+                    batch_wait: (r % 5 == 2).then(|| (r % 6, f64::from(1 + r % 4) / 4.0)),
                 }
             },
         )

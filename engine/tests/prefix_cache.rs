@@ -194,6 +194,7 @@ fn run_fuzz(seed: u64) -> Result<(), String> {
         speculative: None,
         static_padding: false,
         max_concurrent_batches: 1,
+        batch_wait: None,
     };
     let desc = format!("seed {seed} cfg {cfg:?} ev {ev:?} blocks {blocks}");
     let policy: Box<dyn EvictionPolicy> = if ev == EvictionKind::Belady {

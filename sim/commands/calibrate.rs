@@ -42,7 +42,7 @@ pub struct Args {
     pub gpu: Option<String>,
     /// Fit the fp8 and fp4 GEMM efficiencies (every engine's fp8 and NVFP4 rows of dense
     /// models), the mixture of experts' grouped-GEMM efficiency and eager prefill cost
-    /// (their rows), then each engine's step overhead, all-reduce latency and per-request
+    /// (their rows), then each engine's step overhead, all-reduce latency, eager step floor and per-request
     /// front-end cost to measured deployments (aiconfigurator's silicon.csv), with k-fold
     /// held-out errors; writes `<out folder>/fp8-gemm.toml`, `fp4-gemm.toml`,
     /// `moe-gemm.toml`, `moe-prefill.toml` and `observed-<engine>.toml` (default folder:
@@ -76,7 +76,7 @@ pub enum Stage {
     MoeLayer,
     /// The routers' expert popularity skew.
     MoeSkew,
-    /// Each engine's step, all-reduce and front-end costs.
+    /// Each engine's step, all-reduce, eager-step and front-end costs.
     Engines,
 }
 

@@ -234,6 +234,7 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
                 [
                     "step_overhead_us",
                     "allreduce_latency_us",
+                    "eager_layer_us",
                     "request_overhead_ms",
                     "fp8_compute_eff",
                     "fp4_compute_eff",

@@ -38,6 +38,13 @@ pub struct CostParams {
     pub framework: Framework,
     /// Launch overhead per kernel, microseconds (default: the framework's).
     pub kernel_launch_us: Option<f64>,
+    /// Host time per layer of a step that runs outside CUDA graphs, microseconds: a step
+    /// that prefills (vLLM above its graphs' token sizes, TensorRT-LLM's context phase,
+    /// SGLang's extend) has its kernels launched one by one from Python, and lasts at
+    /// least `layers x this` however little its GPUs compute (default 0: not modelled;
+    /// `sim calibrate --observed` fits it per engine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eager_layer_us: Option<f64>,
     /// Fraction of the link bandwidth an all-reduce reaches (default: the GPU's,
     /// fitted to Vidur's NCCL profiles: 0.6 on A100 DGX, 0.8 on H100 DGX).
     pub allreduce_eff: Option<f64>,
@@ -147,6 +154,7 @@ impl Default for CostParams {
             prefill_attention_scale: None,
             framework: Framework::VllmV1,
             kernel_launch_us: None,
+            eager_layer_us: None,
             allreduce_eff: None,
             allreduce_latency_us: None,
             custom_allreduce: None,
@@ -241,6 +249,13 @@ impl CostParams {
                 "cost.moe_routing_skew: must be a Zipf exponent from 0 (uniform routing) to 4, got {}",
                 self.moe_routing_skew
             ));
+        }
+        if let Some(us) = self.eager_layer_us {
+            if !(0.0..=100_000.0).contains(&us) {
+                return Err(format!(
+                    "cost.eager_layer_us: must be 0 to 100000 us, got {us}"
+                ));
+            }
         }
         if let Some(ms) = self.request_overhead_ms {
             if !(0.0..=60_000.0).contains(&ms) {

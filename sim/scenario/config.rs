@@ -187,6 +187,16 @@ pub struct EngineConfig {
     /// `device_map` does).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrent_batches: Option<u32>,
+    /// TensorRT-LLM's batch waiting (`batch_wait_timeout_iters`; 0: off): while sequences
+    /// decode, new prompts wait up to this many steps for more to gather. Chunked scheduler
+    /// only.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub batch_wait_timeout_iters: u32,
+    /// TensorRT-LLM's `batch_wait_max_tokens_ratio`: waiting prompts start at once when the
+    /// step's tokens (theirs and one per decode) reach this share of
+    /// `max_num_batched_tokens`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub batch_wait_max_tokens_ratio: f64,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -273,6 +283,8 @@ impl Default for EngineConfig {
             kv_offload_policy: Default::default(),
             kv_disk_gib: 0.0,
             kv_disk_gbs: default_kv_disk_gbs(),
+            batch_wait_timeout_iters: 0,
+            batch_wait_max_tokens_ratio: 0.0,
         }
     }
 }

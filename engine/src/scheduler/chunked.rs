@@ -1,4 +1,4 @@
-//! Chunked prefill (vLLM V1, Sarathi-Serve).
+//! Chunked prefill (vLLM V1, Sarathi-Serve), optionally with TensorRT-LLM's batch waiting.
 
 use super::{Proposal, Queues, SchedulePolicy, SchedulerConfig};
 use crate::block_manager::{EntryKind, ReserveOrder};
@@ -6,9 +6,13 @@ use crate::block_manager::{EntryKind, ReserveOrder};
 /// One token budget per step: running sequences first (a decode costs one token, an
 /// unfinished prefill takes what is left of the budget), then waiting requests in FCFS
 /// order, their prompts split into chunks that fit. New requests are admitted only in
-/// steps without preemption.
+/// steps without preemption. Under [`super::BatchWait`], new prompts that would join
+/// decodes wait until enough gather or enough steps pass.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Chunked;
+pub struct Chunked {
+    /// Steps the waiting prompts have been held back so far (batch waiting).
+    waited: u32,
+}
 
 impl SchedulePolicy for Chunked {
     fn name(&self) -> &'static str {
@@ -21,15 +25,18 @@ impl SchedulePolicy for Chunked {
             ..Proposal::default()
         };
         let mut budget = cfg.max_num_batched_tokens;
+        let mut decodes = false;
         for &id in q.running {
             if budget == 0 {
                 break;
             }
             let s = q.seq(id);
+            decodes |= s.is_decode();
             let n = s.remaining().min(budget);
             budget -= n;
             p.push(id, EntryKind::Running, n, s.num_computed + n);
         }
+        let running = p.entries.len();
         for id in q.seated(cfg.max_num_seqs) {
             if budget == 0 {
                 break;
@@ -38,6 +45,20 @@ impl SchedulePolicy for Chunked {
             let n = s.remaining().min(budget);
             budget -= n;
             p.push(id, EntryKind::Waiting, n, s.num_computed + n);
+        }
+        if let Some(wait) = &cfg.batch_wait {
+            // TensorRT-LLM decides per step, and only while something decodes (else the
+            // prompts would wait for nothing).
+            if decodes && p.entries.len() > running {
+                let tokens = cfg.max_num_batched_tokens - budget;
+                if wait.releases(self.waited, tokens, cfg.max_num_batched_tokens) {
+                    self.waited = 0;
+                } else {
+                    self.waited += 1;
+                    p.entries.truncate(running);
+                    p.tokens.truncate(running);
+                }
+            }
         }
         p
     }

@@ -72,7 +72,7 @@ impl SchedulerKind {
         match self {
             SchedulerKind::Static => Box::new(StaticBatch),
             SchedulerKind::Continuous => Box::new(Continuous),
-            SchedulerKind::Chunked => Box::new(Chunked),
+            SchedulerKind::Chunked => Box::new(Chunked::default()),
         }
     }
 
@@ -141,6 +141,33 @@ pub struct SchedulerConfig {
     /// planned from the sequences of requests that no step in flight holds; 1 plans each
     /// step after the last one's commit. The driver decides how many it keeps in flight.
     pub max_concurrent_batches: u32,
+    /// TensorRT-LLM's batch waiting (`batch_wait_timeout_iters`,
+    /// `batch_wait_max_tokens_ratio`): while sequences decode, new prompts are held back
+    /// until enough have gathered or enough steps have passed (`None`: off). Only with
+    /// [`SchedulerKind::Chunked`].
+    pub batch_wait: Option<BatchWait>,
+}
+
+/// TensorRT-LLM's batch waiting (its PyTorch executor's `_waiting_requests`): in a step
+/// that would start new prompts while others decode, the new prompts wait unless the
+/// step's tokens (the new prompts' and one per decode) reach `max_tokens_ratio x
+/// max_num_batched_tokens`, or they have already waited `timeout_iters` steps; then all
+/// of them start and the count restarts. With nothing decoding they start at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchWait {
+    /// Steps new prompts may be held back (`batch_wait_timeout_iters`).
+    pub timeout_iters: u32,
+    /// Share of the token budget that starts them at once (`batch_wait_max_tokens_ratio`).
+    pub max_tokens_ratio: f64,
+}
+
+impl BatchWait {
+    /// Whether a step with `tokens` scheduled, of a `budget`, starts its new prompts after
+    /// `waited` steps held back.
+    pub fn releases(&self, waited: u32, tokens: u32, budget: u32) -> bool {
+        waited >= self.timeout_iters
+            || f64::from(tokens) >= self.max_tokens_ratio * f64::from(budget)
+    }
 }
 
 impl Default for SchedulerConfig {
@@ -168,6 +195,7 @@ impl Default for SchedulerConfig {
             speculative: None,
             static_padding: false,
             max_concurrent_batches: 1,
+            batch_wait: None,
         }
     }
 }
@@ -256,6 +284,26 @@ impl SchedulerConfig {
                     self.max_concurrent_batches
                 ),
             );
+        }
+        if let Some(w) = &self.batch_wait {
+            if !(0.0..=1.0).contains(&w.max_tokens_ratio) {
+                return bad(
+                    "engine.batch_wait_max_tokens_ratio",
+                    format!(
+                        "must be between 0 and 1 (a share of max_num_batched_tokens), got {}",
+                        w.max_tokens_ratio
+                    ),
+                );
+            }
+            if self.kind != SchedulerKind::Chunked {
+                return bad(
+                    "engine.batch_wait_timeout_iters",
+                    format!(
+                        "batch waiting holds new prompts back from steps that mix them with decodes, which only the chunked scheduler runs (the scheduler is {})",
+                        self.kind.as_str()
+                    ),
+                );
+            }
         }
         if u64::from(self.max_model_len) > self.pool_tokens {
             return bad(

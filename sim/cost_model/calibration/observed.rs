@@ -1,15 +1,16 @@
-//! `sim calibrate --observed`: three of the cost model's terms fitted per engine to
+//! `sim calibrate --observed`: four of the cost model's terms fitted per engine to
 //! aiconfigurator's measured deployments, with k-fold held-out errors: the overhead of
 //! every step (`cost.step_overhead_us`) and the latency of each tensor-parallel all-reduce
-//! (`cost.allreduce_latency_us`), both of which TPOT shows, and the per-request front end
-//! (`cost.request_overhead_ms`, which TTFT shows).
+//! (`cost.allreduce_latency_us`), both of which TPOT shows, the host's time per layer of a
+//! step run outside CUDA graphs (`cost.eager_layer_us`: a floor under every step that
+//! prefills) and the per-request front end (`cost.request_overhead_ms`), which TTFT shows.
 //!
 //! Every simulable row of an engine is simulated once per candidate (the closed loop of
 //! [`crate::cost_model::validation::silicon`]). Per fold, the step overhead with the
 //! smallest median absolute TPOT error on the other folds is chosen, then, with it, the
-//! all-reduce latency, then, with both, the front-end cost with the smallest median
-//! absolute TTFT error (one term at a time, so the grid stays small); the held-out fold's
-//! errors under that fit are kept. Reported errors are those held-out errors; the spread of
+//! all-reduce latency, then, with both, the eager floor and then the front-end cost with
+//! the smallest median absolute TTFT error (one term at a time, so the grid stays small);
+//! the held-out fold's errors under that fit are kept. Reported errors are those held-out errors; the spread of
 //! the fold fits is the fit's uncertainty. The fit on all rows is what the calibration file
 //! carries.
 
@@ -33,6 +34,29 @@ pub const STEP_CANDIDATES_US: [f64; 10] = [
 /// which TPOT shows growing with the TP degree.
 pub const ALLREDUCE_CANDIDATES_US: [Option<f64>; 4] = [None, Some(15.0), Some(25.0), Some(40.0)];
 
+/// The host times per layer of an eager step tried, microseconds (0: no floor). A 70B
+/// model's 80 layers at 1,000 us floor its prefill steps at 80 ms.
+pub const EAGER_CANDIDATES_US: [f64; 6] = [0.0, 300.0, 600.0, 900.0, 1200.0, 1500.0];
+
+/// The cost terms of one candidate of an engine's fit (the mixture-of-experts terms at
+/// their defaults).
+fn candidate(
+    step_us: f64,
+    allreduce_us: Option<f64>,
+    eager_us: f64,
+    request_ms: f64,
+    fp8: Option<f64>,
+) -> EngineCost {
+    EngineCost {
+        step_overhead_us: Some(step_us),
+        request_overhead_ms: Some(request_ms),
+        allreduce_latency_us: allreduce_us,
+        eager_layer_us: Some(eager_us),
+        fp8_compute_eff: fp8,
+        ..EngineCost::default()
+    }
+}
+
 /// One fold's fit.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FoldFit {
@@ -40,12 +64,14 @@ pub struct FoldFit {
     pub step_overhead_us: f64,
     /// `cost.allreduce_latency_us` (`None`: the defaults').
     pub allreduce_latency_us: Option<f64>,
+    /// `cost.eager_layer_us`.
+    pub eager_layer_us: f64,
     /// `cost.request_overhead_ms`.
     pub request_overhead_ms: f64,
 }
 
 impl FoldFit {
-    /// `1500 us / 25 us all-reduce / 40 ms`.
+    /// `1500 us / 25 us all-reduce / 600 us eager layer / 40 ms`.
     fn describe(&self) -> String {
         let ar = self
             .allreduce_latency_us
@@ -53,8 +79,8 @@ impl FoldFit {
                 format!("{a:.0} us all-reduce")
             });
         format!(
-            "{:.0} us / {ar} / {:.0} ms",
-            self.step_overhead_us, self.request_overhead_ms
+            "{:.0} us / {ar} / {:.0} us eager layer / {:.0} ms",
+            self.step_overhead_us, self.eager_layer_us, self.request_overhead_ms
         )
     }
 
@@ -64,8 +90,8 @@ impl FoldFit {
             format!(", allreduce_latency_us = {a:.1}")
         });
         format!(
-            "{{ step_overhead_us = {:.1}{ar}, request_overhead_ms = {:.1} }}",
-            self.step_overhead_us, self.request_overhead_ms
+            "{{ step_overhead_us = {:.1}{ar}, eager_layer_us = {:.1}, request_overhead_ms = {:.1} }}",
+            self.step_overhead_us, self.eager_layer_us, self.request_overhead_ms
         )
     }
 }
@@ -83,6 +109,8 @@ pub struct EngineFit {
     pub step_overhead_us: f64,
     /// The all-reduce latency fitted on every row (us; `None`: the defaults').
     pub allreduce_latency_us: Option<f64>,
+    /// The eager step's host time per layer fitted on every row (us).
+    pub eager_layer_us: f64,
     /// Each fold's fit.
     pub fold_fits: Vec<FoldFit>,
     /// Held-out signed TTFT errors (one per row).
@@ -170,20 +198,7 @@ pub fn fit_engine_costs(
         // TPOT under each step overhead (no front-end cost: it barely moves TPOT).
         let mut by_step = Vec::new();
         for &us in &STEP_CANDIDATES_US {
-            by_step.push(pass(
-                &mine,
-                EngineCost {
-                    step_overhead_us: Some(us),
-                    request_overhead_ms: Some(0.0),
-                    allreduce_latency_us: None,
-                    fp8_compute_eff: fp8,
-                    fp4_compute_eff: None,
-                    moe_prefill_expert_us: None,
-                    moe_layer_us: None,
-                    moe_routing_skew: None,
-                    moe_gemm_eff: None,
-                },
-            )?);
+            by_step.push(pass(&mine, candidate(us, None, 0.0, 0.0, fp8))?);
         }
         // A fixed shuffle, so folds mix GPUs, models and concurrencies.
         let mut idx: Vec<usize> = (0..n).collect();
@@ -209,17 +224,7 @@ pub fn fit_engine_costs(
             for &us in &ALLREDUCE_CANDIDATES_US[1..] {
                 errs.push(pass(
                     &mine,
-                    EngineCost {
-                        step_overhead_us: Some(STEP_CANDIDATES_US[s]),
-                        request_overhead_ms: Some(0.0),
-                        allreduce_latency_us: us,
-                        fp8_compute_eff: fp8,
-                        fp4_compute_eff: None,
-                        moe_prefill_expert_us: None,
-                        moe_layer_us: None,
-                        moe_routing_skew: None,
-                        moe_gemm_eff: None,
-                    },
+                    candidate(STEP_CANDIDATES_US[s], us, 0.0, 0.0, fp8),
                 )?);
             }
             by_ar.push((s, errs));
@@ -229,34 +234,66 @@ pub fn fit_engine_costs(
             .map(|f| best(ar_errors(step_of[f]), &split(f).1, false))
             .collect();
         let ar_all = best(ar_errors(step_all), &idx, false);
-        // TTFT under each front-end cost, at every (step overhead, all-reduce) pair a fit
-        // chose.
-        let mut needed: Vec<(usize, usize)> = step_of.iter().copied().zip(ar_of.clone()).collect();
-        needed.push((step_all, ar_all));
+        // TTFT under each eager floor, at every (step overhead, all-reduce) pair a fit
+        // chose (no floor is `by_ar` itself).
+        let mut pairs: Vec<(usize, usize)> = step_of.iter().copied().zip(ar_of.clone()).collect();
+        pairs.push((step_all, ar_all));
+        pairs.sort_unstable();
+        pairs.dedup();
+        let mut by_eager: Vec<((usize, usize), Vec<Errors>)> = Vec::new();
+        for &(s, a) in &pairs {
+            let mut errs = vec![ar_errors(s)[a].clone()];
+            for &us in &EAGER_CANDIDATES_US[1..] {
+                errs.push(pass(
+                    &mine,
+                    candidate(
+                        STEP_CANDIDATES_US[s],
+                        ALLREDUCE_CANDIDATES_US[a],
+                        us,
+                        0.0,
+                        fp8,
+                    ),
+                )?);
+            }
+            by_eager.push(((s, a), errs));
+        }
+        let eager_errors = |k: (usize, usize)| {
+            &by_eager
+                .iter()
+                .find(|(key, _)| *key == k)
+                .expect("computed")
+                .1
+        };
+        let eager_of: Vec<usize> = (0..folds)
+            .map(|f| best(eager_errors((step_of[f], ar_of[f])), &split(f).1, true))
+            .collect();
+        let eager_all = best(eager_errors((step_all, ar_all)), &idx, true);
+        // TTFT under each front-end cost, at every (step overhead, all-reduce, eager)
+        // triple a fit chose.
+        let mut needed: Vec<(usize, usize, usize)> = (0..folds)
+            .map(|f| (step_of[f], ar_of[f], eager_of[f]))
+            .collect();
+        needed.push((step_all, ar_all, eager_all));
         needed.sort_unstable();
         needed.dedup();
-        let mut by_req: Vec<((usize, usize), Vec<Errors>)> = Vec::new();
-        for &(s, a) in &needed {
+        let mut by_req: Vec<((usize, usize, usize), Vec<Errors>)> = Vec::new();
+        for &(s, a, e) in &needed {
             let mut errs = Vec::new();
             for &ms in &CANDIDATES_MS {
                 errs.push(pass(
                     &mine,
-                    EngineCost {
-                        step_overhead_us: Some(STEP_CANDIDATES_US[s]),
-                        request_overhead_ms: Some(ms),
-                        allreduce_latency_us: ALLREDUCE_CANDIDATES_US[a],
-                        fp8_compute_eff: fp8,
-                        fp4_compute_eff: None,
-                        moe_prefill_expert_us: None,
-                        moe_layer_us: None,
-                        moe_routing_skew: None,
-                        moe_gemm_eff: None,
-                    },
+                    candidate(
+                        STEP_CANDIDATES_US[s],
+                        ALLREDUCE_CANDIDATES_US[a],
+                        EAGER_CANDIDATES_US[e],
+                        ms,
+                        fp8,
+                    ),
                 )?);
             }
-            by_req.push(((s, a), errs));
+            by_req.push(((s, a, e), errs));
         }
-        let req_errors = |k: (usize, usize)| {
+        let req_errors = |k: (usize, usize, usize)| {
             &by_req
                 .iter()
                 .find(|(key, _)| *key == k)
@@ -267,13 +304,14 @@ pub fn fit_engine_costs(
         let mut held_out_tpot = Vec::new();
         let mut fold_fits = Vec::new();
         for f in 0..folds {
-            let (s, a) = (step_of[f], ar_of[f]);
+            let (s, a, e) = (step_of[f], ar_of[f], eager_of[f]);
             let (test, train) = split(f);
-            let errs = req_errors((s, a));
+            let errs = req_errors((s, a, e));
             let r = best(errs, &train, true);
             fold_fits.push(FoldFit {
                 step_overhead_us: STEP_CANDIDATES_US[s],
                 allreduce_latency_us: ALLREDUCE_CANDIDATES_US[a],
+                eager_layer_us: EAGER_CANDIDATES_US[e],
                 request_overhead_ms: CANDIDATES_MS[r],
             });
             for &i in &test {
@@ -281,13 +319,14 @@ pub fn fit_engine_costs(
                 held_out_tpot.push(errs[r][i].1);
             }
         }
-        let r_all = best(req_errors((step_all, ar_all)), &idx, true);
+        let r_all = best(req_errors((step_all, ar_all, eager_all)), &idx, true);
         fits.push(EngineFit {
             engine,
             rows: n,
             request_overhead_ms: CANDIDATES_MS[r_all],
             step_overhead_us: STEP_CANDIDATES_US[step_all],
             allreduce_latency_us: ALLREDUCE_CANDIDATES_US[ar_all],
+            eager_layer_us: EAGER_CANDIDATES_US[eager_all],
             fold_fits,
             held_out_ttft,
             held_out_tpot,
@@ -317,12 +356,12 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
         ""
     };
     format!(
-        "# {engine}: the step overhead, tensor-parallel all-reduce latency and per-request front-end cost\n\
+        "# {engine}: the step overhead, tensor-parallel all-reduce latency, eager step floor and per-request front-end cost\n\
          # fitted by `sim calibrate --observed {source}` to {rows} measured closed-loop deployments of {engine}\n\
          # (aiconfigurator silicon.csv), one term at a time. {folds}-fold held-out: TTFT median |err| {t:.1}%, p90 {t90:.1}%\n\
          # (defaults: {bt:.1}%), TPOT median |err| {p:.1}%, p90 {p90:.1}% (defaults: {bp:.1}%); the folds' fits: {ff}.{edge}\n\
          # Fitted under the engine's serving defaults (`sim validate-model`): [engine] {engine_keys}.\n\
-         [cost]\nframework = \"{framework}\"\nstep_overhead_us = {us:.1}\n{ar}request_overhead_ms = {ms:.1}\n",
+         [cost]\nframework = \"{framework}\"\nstep_overhead_us = {us:.1}\n{ar}eager_layer_us = {eager:.1}\nrequest_overhead_ms = {ms:.1}\n",
         ar = fit
             .allreduce_latency_us
             .map_or(String::new(), |a| format!("allreduce_latency_us = {a:.1}\n")),
@@ -336,6 +375,7 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
         bp = 100.0 * median_abs(&fit.baseline_tpot),
         ff = folds_text.join(", "),
         us = fit.step_overhead_us,
+        eager = fit.eager_layer_us,
         ms = fit.request_overhead_ms,
     ) + &fit_section(fit, source, folds)
 }
@@ -357,7 +397,7 @@ fn fit_section(fit: &EngineFit, source: &str, folds: usize) -> String {
         .map(|f| format!("  {},", f.inline_table()))
         .collect();
     let what = toml::Value::String(format!(
-        "sim calibrate --observed {source}: step overhead, all-reduce latency and front-end cost of {}, {folds}-fold on {} rows",
+        "sim calibrate --observed {source}: step overhead, all-reduce latency, eager step floor and front-end cost of {}, {folds}-fold on {} rows",
         fit.engine, fit.rows
     ));
     format!(
@@ -375,18 +415,19 @@ fn fit_section(fit: &EngineFit, source: &str, folds: usize) -> String {
 /// The fits as a table (held-out errors in percent).
 pub fn fit_table(fits: &[EngineFit]) -> String {
     let mut s = String::from(
-        "engine   rows  step us  all-reduce us  front ms   TTFT |err| held out p50 / p90 (defaults p50)   TPOT |err| held out p50 / p90 (defaults p50)\n",
+        "engine   rows  step us  all-reduce us  eager us/layer  front ms   TTFT |err| held out p50 / p90 (defaults p50)   TPOT |err| held out p50 / p90 (defaults p50)\n",
     );
     for f in fits {
         let abs = |v: &[f64]| v.iter().map(|x| 100.0 * x.abs()).collect::<Vec<f64>>();
         let (t, p) = (abs(&f.held_out_ttft), abs(&f.held_out_tpot));
         s.push_str(&format!(
-            "{:<8} {:>4} {:>8.0} {:>14} {:>9.0}   {:>8.1}% / {:>6.1}% ({:>5.1}%)                {:>8.1}% / {:>6.1}% ({:>5.1}%)\n",
+            "{:<8} {:>4} {:>8.0} {:>14} {:>15.0} {:>9.0}   {:>8.1}% / {:>6.1}% ({:>5.1}%)                {:>8.1}% / {:>6.1}% ({:>5.1}%)\n",
             f.engine,
             f.rows,
             f.step_overhead_us,
             f.allreduce_latency_us
                 .map_or("default".to_string(), |a| format!("{a:.0}")),
+            f.eager_layer_us,
             f.request_overhead_ms,
             analysis::median(&t),
             analysis::percentile(&t, 90.0),

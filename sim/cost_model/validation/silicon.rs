@@ -31,8 +31,13 @@ pub struct EngineCost {
     pub request_overhead_ms: Option<f64>,
     /// `cost.step_overhead_us`.
     pub step_overhead_us: Option<f64>,
+
     /// `cost.allreduce_latency_us`.
     pub allreduce_latency_us: Option<f64>,
+    /// `cost.allreduce_eff`.
+    pub allreduce_eff: Option<f64>,
+    /// `cost.eager_layer_us`.
+    pub eager_layer_us: Option<f64>,
     /// `cost.fp8_compute_eff`.
     pub fp8_compute_eff: Option<f64>,
     /// `cost.fp4_compute_eff`.
@@ -246,6 +251,35 @@ pub(crate) fn engine_defaults(
     }
 }
 
+/// What InferenceX's scripts for its dense rows (Llama-3.1/3.3-70B, `benchmarks/70b_*.sh`
+/// until the model left its sweep in October 2025) set beyond the engines' defaults:
+/// - vLLM 0.10 (`vllm serve --config`): `kv-cache-dtype: fp8`, `max-num-batched-tokens:
+///   8192`, prefix caching off (its random prompts share nothing anyway).
+/// - TensorRT-LLM (`trtllm-serve`): an fp8 KV cache (`kv_cache_config.dtype`, already the
+///   fp8 checkpoints' own), `--max_num_tokens 16384`, and for 1k/1k below TP8 batch waiting
+///   (`batch_wait_timeout_iters: 20`, `batch_wait_max_tokens_ratio: 0.9`): a new prompt
+///   waits up to 20 steps while others decode, which is most of those rows' TTFT.
+pub(crate) fn inferencex_dense_settings(
+    cfg: &mut crate::scenario::ScenarioConfig,
+    row: &AggregateRow,
+    tp: u32,
+) {
+    match row.backend.as_str() {
+        "vllm" => {
+            cfg.model.kv_dtype = Some(Dtype::Fp8);
+            cfg.engine.enable_prefix_caching = false;
+        }
+        "trtllm" => {
+            cfg.engine.max_num_batched_tokens = Some(16_384);
+            if row.isl == 1024 && row.osl == 1024 && tp < 8 {
+                cfg.engine.batch_wait_timeout_iters = 20;
+                cfg.engine.batch_wait_max_tokens_ratio = 0.9;
+            }
+        }
+        _ => {}
+    }
+}
+
 /// The CPU overheads an engine's rows run with: TensorRT-LLM's C++ runtime, or vLLM V1's
 /// for vLLM and SGLang (both Python schedulers with CUDA graphs).
 pub fn engine_framework(backend: &str) -> crate::cost_model::Framework {
@@ -293,8 +327,15 @@ pub(crate) fn base_config(
     if engine.step_overhead_us.is_some() {
         cfg.cost.step_overhead_us = engine.step_overhead_us;
     }
+
     if engine.allreduce_latency_us.is_some() {
         cfg.cost.allreduce_latency_us = engine.allreduce_latency_us;
+    }
+    if engine.allreduce_eff.is_some() {
+        cfg.cost.allreduce_eff = engine.allreduce_eff;
+    }
+    if engine.eager_layer_us.is_some() {
+        cfg.cost.eager_layer_us = engine.eager_layer_us;
     }
     if let Some(e) = engine.fp8_compute_eff {
         cfg.cost.fp8_compute_eff = e;
@@ -366,6 +407,11 @@ fn simulate(
     cfg.hardware.dp = p.dp;
     cfg.hardware.ep = p.ep;
     engine_defaults(&mut cfg.engine, &row.backend, gpu, p.tp * p.dp);
+    if row.client == BenchClient::InferenceX
+        && !crate::catalog::find_model(p.model).is_some_and(|m| m.is_moe())
+    {
+        inferencex_dense_settings(&mut cfg, row, p.tp);
+    }
     cfg.engine.max_num_seqs = cfg.engine.max_num_seqs.max(c);
     // The simulator's prefill-first scheduler prefills whole prompts (SGLang chunks the
     // rare prompt beyond its 8,192 tokens): its budget must hold the longest.

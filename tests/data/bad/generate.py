@@ -144,6 +144,23 @@ s = mutate("engine.kv_allocator", '"contiguous"'); s["engine"]["enable_prefix_ca
 case("engine-contiguous-swap", "preemption_mode", scenario=s)
 s = mutate("engine.scheduler", '"continuous"'); s["engine"]["static_padding"] = "true"
 case("engine-static-padding-continuous", "engine.static_padding", scenario=s)
+# (pipeline parallelism, where micro-batches in flight mean something)
+s = mutate("engine.max_concurrent_batches", "0"); del s["engine"]["scheduler"]; s["hardware"]["pp"] = "2"
+case("engine-max_concurrent_batches-0", "engine.max_concurrent_batches", scenario=s)
+s = mutate("engine.max_concurrent_batches", "2"); del s["engine"]["scheduler"]
+s["engine"]["kv_allocator"] = '"contiguous"'; s["engine"]["enable_prefix_caching"] = "false"; s["hardware"]["pp"] = "2"
+case("engine-max_concurrent_batches-contiguous", "engine.max_concurrent_batches", scenario=s)
+s = mutate("engine.max_concurrent_batches", "2"); del s["engine"]["scheduler"]; s["hardware"]["pp"] = "2"
+s["speculative"] = {"method": '"draft-model"', "draft_model": '"llama-3.2-1b"', "k": "3", "mean_acceptance_length": "2.0"}
+case("engine-max_concurrent_batches-speculative", "engine.max_concurrent_batches", scenario=s)
+s = mutate("engine.scheduler", '"static"'); s["engine"]["max_concurrent_batches"] = "2"; s["hardware"]["pp"] = "2"
+case("engine-max_concurrent_batches-static", "engine.max_concurrent_batches", scenario=s)
+s = mutate("engine.scheduler", '"continuous"'); s["engine"]["batch_wait_timeout_iters"] = "20"
+case("engine-batch-wait-continuous", "engine.batch_wait_timeout_iters", scenario=s)
+s = mutate("engine.batch_wait_timeout_iters", "20"); s["engine"]["batch_wait_max_tokens_ratio"] = "1.5"
+case("engine-batch-wait-ratio", "engine.batch_wait_max_tokens_ratio", scenario=s)
+s = mutate("engine.batch_wait_timeout_iters", "-1")
+case("engine-batch-wait-negative", "batch_wait_timeout_iters", scenario=s)
 # --- workload
 for path, v, expect in [("workload.num_requests", "0", "workload.num_requests"),
                         ("workload.duration_s", "-1.0", "workload.duration_s"),
@@ -248,7 +265,8 @@ for key, v, expect in [("gemm_compute_eff", "0.0", "gemm_compute_eff"), ("gemm_m
                        ("framework", '"tgi"', "tgi"), ("calibration", '"../data/missing-calibration.toml"', "missing-calibration.toml"),
                        ("calibration", '"../data/calibration-bad.toml"', "gemm_memory_eff"), ("warp_eff", "0.5", "warp_eff"),
                        ("kernel_launch_us", "nan", "kernel_launch_us"), ("moe_routing_skew", "-0.5", "moe_routing_skew"),
-                       ("moe_routing_skew", "nan", "moe_routing_skew"), ("moe_layer_us", "-3.0", "moe_layer_us")]:
+                       ("moe_routing_skew", "nan", "moe_routing_skew"), ("moe_layer_us", "-3.0", "moe_layer_us"),
+                       ("eager_layer_us", "-100.0", "cost.eager_layer_us"), ("eager_layer_us", "nan", "cost.eager_layer_us")]:
     m(f"cost-{key}-{v.strip(chr(34)).replace('.', '_').replace('/', '').replace('-', 'neg')[:20]}", f"cost.{key}", v, expect)
 # A calibration's [fit] record (sim calibrate --observed): a bad error interval, fold or key.
 for name, expect in [("error", "ttft_error_90"), ("fold", "folds[1]"), ("key", "fit_quality")]:
