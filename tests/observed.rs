@@ -341,7 +341,7 @@ fn bad_run_files_give_one_line_naming_file_line_and_field() {
 #[test]
 fn the_front_end_cost_is_fitted_with_held_out_errors() {
     use sim::cost_model::calibration::observed::{
-        fit_engine_costs, fit_toml, median_abs, CANDIDATES_MS, EAGER_CANDIDATES_US,
+        fit_engine_costs, fit_rows_csv, fit_toml, median_abs, CANDIDATES_MS, EAGER_CANDIDATES_US,
     };
     let rows =
         observed::silicon::read(Path::new("tests/data/observed/silicon-small.csv")).expect("rows");
@@ -361,6 +361,22 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
         "{f:?}"
     );
     assert!(median_abs(&f.held_out_ttft) < median_abs(&f.baseline_ttft));
+    // Every row's held-out errors, once each, under its fold's fit.
+    let csv = fit_rows_csv(f).expect("rows csv");
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        lines[0],
+        "id,fold,ttft_error,tpot_error,default_ttft_error,default_tpot_error"
+    );
+    assert_eq!(lines.len(), 13, "{csv}");
+    let mut ids: Vec<&str> = lines[1..]
+        .iter()
+        .map(|l| l.split(',').next().unwrap_or(""))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 12, "{csv}");
+    assert!(rows.iter().all(|r| ids.contains(&r.id.as_str())));
     let toml = fit_toml(f, "silicon-small.csv", 3);
     assert!(toml.contains("[cost]\nframework = \"tensorrt-llm\"\nstep_overhead_us = "));
     assert!(toml.contains("\neager_layer_us = "));

@@ -42,10 +42,11 @@ pub struct Args {
     pub gpu: Option<String>,
     /// Fit the fp8 and fp4 GEMM efficiencies (every engine's fp8 and NVFP4 rows of dense
     /// models), the mixture of experts' grouped-GEMM efficiency and eager prefill cost
-    /// (their rows), then each engine's step overhead, all-reduce latency, eager step floor and per-request
-    /// front-end cost to measured deployments (aiconfigurator's silicon.csv), with k-fold
-    /// held-out errors; writes `<out folder>/fp8-gemm.toml`, `fp4-gemm.toml`,
-    /// `moe-gemm.toml`, `moe-prefill.toml` and `observed-<engine>.toml` (default folder:
+    /// (their rows), then each engine's step overhead, all-reduce latency, eager step floor
+    /// and per-request front-end cost to measured deployments (aiconfigurator's
+    /// silicon.csv), with k-fold held-out errors; writes `<out folder>/fp8-gemm.toml`, `fp4-gemm.toml`,
+    /// `moe-gemm.toml`, `moe-prefill.toml`, `observed-<engine>.toml` and
+    /// `observed-<engine>.rows.csv` (every row's held-out errors; default folder:
     /// calibration/). A folder of engine runs that record the KV blocks the engine
     /// allocated (LLMServingSim's) fits the memory plan's runtime reserve instead and writes
     /// `<out folder>/memory-reserve.toml`. One of each may be given.
@@ -288,6 +289,11 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
         let file = dir.join(format!("observed-{}.toml", f.engine));
         std::fs::write(&file, text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
         outln!(out, "wrote {}", file.display());
+        let rows_file = dir.join(format!("observed-{}.rows.csv", f.engine));
+        let csv = sim::cost_model::calibration::observed::fit_rows_csv(f)?;
+        std::fs::write(&rows_file, csv)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", rows_file.display()))?;
+        outln!(out, "wrote {}", rows_file.display());
     }
     Ok(())
 }

@@ -121,6 +121,10 @@ pub struct EngineFit {
     pub baseline_ttft: Vec<f64>,
     /// TPOT errors with the framework's defaults (the baseline).
     pub baseline_tpot: Vec<f64>,
+    /// The rows' ids, by index (the baselines' order).
+    pub ids: Vec<String>,
+    /// `(row index, fold)` of each held-out error, in the order of `held_out_ttft`.
+    pub held_out_rows: Vec<(usize, usize)>,
 }
 
 /// The 90th percentile of the absolute values.
@@ -140,11 +144,22 @@ pub fn median_abs(v: &[f64]) -> f64 {
 
 /// `(TTFT, TPOT)` errors of `rows` (one engine's) with `cost`, in the order of its checks.
 fn pass(rows: &[AggregateRow], cost: EngineCost) -> Result<Errors, crate::SimError> {
+    Ok(pass_with_ids(rows, cost)?.1)
+}
+
+/// [`pass`], with the ids of the rows simulated (the same rows, in the same order, under
+/// every candidate: the terms fitted here do not change what fits in memory).
+fn pass_with_ids(
+    rows: &[AggregateRow],
+    cost: EngineCost,
+) -> Result<(Vec<String>, Errors), crate::SimError> {
     let (done, _) = silicon_checks_with(rows, None, &|_| cost)?;
-    Ok(done
-        .iter()
-        .map(|k| (k.ttft_error(), k.tpot_error()))
-        .collect())
+    Ok((
+        done.iter().map(|k| k.row.id.clone()).collect(),
+        done.iter()
+            .map(|k| (k.ttft_error(), k.tpot_error()))
+            .collect(),
+    ))
 }
 
 /// The candidate (index) whose errors have the smallest median absolute value on `train`.
@@ -179,7 +194,7 @@ pub fn fit_engine_costs(
             .filter(|r| r.backend == engine)
             .cloned()
             .collect();
-        let baseline = pass(
+        let (ids, baseline) = pass_with_ids(
             &mine,
             EngineCost {
                 fp8_compute_eff: fp8,
@@ -302,6 +317,7 @@ pub fn fit_engine_costs(
         };
         let mut held_out_ttft = Vec::new();
         let mut held_out_tpot = Vec::new();
+        let mut held_out_rows = Vec::new();
         let mut fold_fits = Vec::new();
         for f in 0..folds {
             let (s, a, e) = (step_of[f], ar_of[f], eager_of[f]);
@@ -317,6 +333,7 @@ pub fn fit_engine_costs(
             for &i in &test {
                 held_out_ttft.push(errs[r][i].0);
                 held_out_tpot.push(errs[r][i].1);
+                held_out_rows.push((i, f));
             }
         }
         let r_all = best(req_errors((step_all, ar_all, eager_all)), &idx, true);
@@ -330,6 +347,8 @@ pub fn fit_engine_costs(
             fold_fits,
             held_out_ttft,
             held_out_tpot,
+            ids,
+            held_out_rows,
             baseline_ttft: baseline.iter().map(|e| e.0).collect(),
             baseline_tpot: baseline.iter().map(|e| e.1).collect(),
         });
@@ -378,6 +397,46 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
         eager = fit.eager_layer_us,
         ms = fit.request_overhead_ms,
     ) + &fit_section(fit, source, folds)
+}
+
+/// Every row's held-out errors under its fold's fit, with the defaults' beside them, as
+/// CSV (`id,fold,ttft_error,tpot_error,default_ttft_error,default_tpot_error`; signed
+/// relative errors, in the rows' order), so a user sees which of the engine's deployments
+/// the fit misses.
+pub fn fit_rows_csv(fit: &EngineFit) -> Result<String, crate::SimError> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let io = |e: csv::Error| crate::SimError::Io {
+        path: format!("observed-{}.rows.csv", fit.engine),
+        source: std::io::Error::other(e.to_string()),
+    };
+    w.write_record([
+        "id",
+        "fold",
+        "ttft_error",
+        "tpot_error",
+        "default_ttft_error",
+        "default_tpot_error",
+    ])
+    .map_err(io)?;
+    let mut order: Vec<usize> = (0..fit.held_out_rows.len()).collect();
+    order.sort_by_key(|&k| fit.held_out_rows[k].0);
+    for k in order {
+        let (i, fold) = fit.held_out_rows[k];
+        w.write_record([
+            fit.ids[i].clone(),
+            fold.to_string(),
+            format!("{:.4}", fit.held_out_ttft[k]),
+            format!("{:.4}", fit.held_out_tpot[k]),
+            format!("{:.4}", fit.baseline_ttft[i]),
+            format!("{:.4}", fit.baseline_tpot[i]),
+        ])
+        .map_err(io)?;
+    }
+    let bytes = w.into_inner().map_err(|e| crate::SimError::Io {
+        path: format!("observed-{}.rows.csv", fit.engine),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// The `[fit]` table: each fold's fit and the held-out error intervals, from which `sim
