@@ -44,8 +44,8 @@ pub struct Args {
     /// models), the mixture of experts' grouped-GEMM efficiency and eager prefill cost
     /// (their rows), then each engine's step overhead, all-reduce latency, eager step floor
     /// and per-request front-end cost to measured deployments (aiconfigurator's
-    /// silicon.csv), with k-fold held-out errors; writes `<out folder>/fp8-gemm.toml`, `fp4-gemm.toml`,
-    /// `moe-gemm.toml`, `moe-prefill.toml`, `observed-<engine>.toml` and
+    /// silicon.csv), with k-fold held-out errors; writes `<out folder>/fp8-gemm.toml`,
+    /// `fp4-gemm.toml`, `moe-gemm.toml`, `moe-prefill.toml`, `observed-<engine>.toml` and
     /// `observed-<engine>.rows.csv` (every row's held-out errors; default folder:
     /// calibration/). A folder of engine runs that record the KV blocks the engine
     /// allocated (LLMServingSim's) fits the memory plan's runtime reserve instead and writes

@@ -639,8 +639,8 @@ fn scheduler_config(
         static_padding: e.static_padding,
         max_concurrent_batches: 1,
         // As TensorRT-LLM enables it: either knob set (a ratio without a timeout releases
-        // every step, as there).
-        batch_wait: (e.batch_wait_timeout_iters > 0 || e.batch_wait_max_tokens_ratio > 0.0)
+        // every step, as there); a ratio that is not a share fails the scheduler's checks.
+        batch_wait: (e.batch_wait_timeout_iters > 0 || e.batch_wait_max_tokens_ratio != 0.0)
             .then_some(engine::scheduler::BatchWait {
                 timeout_iters: e.batch_wait_timeout_iters,
                 max_tokens_ratio: e.batch_wait_max_tokens_ratio,

@@ -10,9 +10,9 @@
 //! smallest median absolute TPOT error on the other folds is chosen, then, with it, the
 //! all-reduce latency, then, with both, the eager floor and then the front-end cost with
 //! the smallest median absolute TTFT error (one term at a time, so the grid stays small);
-//! the held-out fold's errors under that fit are kept. Reported errors are those held-out errors; the spread of
-//! the fold fits is the fit's uncertainty. The fit on all rows is what the calibration file
-//! carries.
+//! the held-out fold's errors under that fit are kept. Reported errors are those held-out
+//! errors; the spread of the fold fits is the fit's uncertainty. The fit on all rows is
+//! what the calibration file carries.
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -162,6 +162,15 @@ fn pass_with_ids(
     ))
 }
 
+/// The candidates' errors computed for `key` (every key a fold chose was computed).
+fn at<K: PartialEq>(table: &[(K, Vec<Errors>)], key: K) -> &[Errors] {
+    &table
+        .iter()
+        .find(|(k, _)| *k == key)
+        .expect("every fold's choice was simulated")
+        .1
+}
+
 /// The candidate (index) whose errors have the smallest median absolute value on `train`.
 fn best(errors: &[Errors], train: &[usize], ttft: bool) -> usize {
     let score = |c: usize| {
@@ -198,11 +207,6 @@ pub fn fit_engine_costs(
             &mine,
             EngineCost {
                 fp8_compute_eff: fp8,
-                fp4_compute_eff: None,
-                moe_prefill_expert_us: None,
-                moe_layer_us: None,
-                moe_routing_skew: None,
-                moe_gemm_eff: None,
                 ..EngineCost::default()
             },
         )?;
@@ -244,11 +248,10 @@ pub fn fit_engine_costs(
             }
             by_ar.push((s, errs));
         }
-        let ar_errors = |s: usize| &by_ar.iter().find(|(k, _)| *k == s).expect("computed").1;
         let ar_of: Vec<usize> = (0..folds)
-            .map(|f| best(ar_errors(step_of[f]), &split(f).1, false))
+            .map(|f| best(at(&by_ar, step_of[f]), &split(f).1, false))
             .collect();
-        let ar_all = best(ar_errors(step_all), &idx, false);
+        let ar_all = best(at(&by_ar, step_all), &idx, false);
         // TTFT under each eager floor, at every (step overhead, all-reduce) pair a fit
         // chose (no floor is `by_ar` itself).
         let mut pairs: Vec<(usize, usize)> = step_of.iter().copied().zip(ar_of.clone()).collect();
@@ -257,7 +260,7 @@ pub fn fit_engine_costs(
         pairs.dedup();
         let mut by_eager: Vec<((usize, usize), Vec<Errors>)> = Vec::new();
         for &(s, a) in &pairs {
-            let mut errs = vec![ar_errors(s)[a].clone()];
+            let mut errs = vec![at(&by_ar, s)[a].clone()];
             for &us in &EAGER_CANDIDATES_US[1..] {
                 errs.push(pass(
                     &mine,
@@ -272,17 +275,10 @@ pub fn fit_engine_costs(
             }
             by_eager.push(((s, a), errs));
         }
-        let eager_errors = |k: (usize, usize)| {
-            &by_eager
-                .iter()
-                .find(|(key, _)| *key == k)
-                .expect("computed")
-                .1
-        };
         let eager_of: Vec<usize> = (0..folds)
-            .map(|f| best(eager_errors((step_of[f], ar_of[f])), &split(f).1, true))
+            .map(|f| best(at(&by_eager, (step_of[f], ar_of[f])), &split(f).1, true))
             .collect();
-        let eager_all = best(eager_errors((step_all, ar_all)), &idx, true);
+        let eager_all = best(at(&by_eager, (step_all, ar_all)), &idx, true);
         // TTFT under each front-end cost, at every (step overhead, all-reduce, eager)
         // triple a fit chose.
         let mut needed: Vec<(usize, usize, usize)> = (0..folds)
@@ -308,13 +304,6 @@ pub fn fit_engine_costs(
             }
             by_req.push(((s, a, e), errs));
         }
-        let req_errors = |k: (usize, usize, usize)| {
-            &by_req
-                .iter()
-                .find(|(key, _)| *key == k)
-                .expect("computed")
-                .1
-        };
         let mut held_out_ttft = Vec::new();
         let mut held_out_tpot = Vec::new();
         let mut held_out_rows = Vec::new();
@@ -322,7 +311,7 @@ pub fn fit_engine_costs(
         for f in 0..folds {
             let (s, a, e) = (step_of[f], ar_of[f], eager_of[f]);
             let (test, train) = split(f);
-            let errs = req_errors((s, a, e));
+            let errs = at(&by_req, (s, a, e));
             let r = best(errs, &train, true);
             fold_fits.push(FoldFit {
                 step_overhead_us: STEP_CANDIDATES_US[s],
@@ -336,7 +325,7 @@ pub fn fit_engine_costs(
                 held_out_rows.push((i, f));
             }
         }
-        let r_all = best(req_errors((step_all, ar_all, eager_all)), &idx, true);
+        let r_all = best(at(&by_req, (step_all, ar_all, eager_all)), &idx, true);
         fits.push(EngineFit {
             engine,
             rows: n,
@@ -405,9 +394,9 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
 /// the fit misses.
 pub fn fit_rows_csv(fit: &EngineFit) -> Result<String, crate::SimError> {
     let mut w = csv::Writer::from_writer(Vec::new());
-    let io = |e: csv::Error| crate::SimError::Io {
+    let io = |e: String| crate::SimError::Io {
         path: format!("observed-{}.rows.csv", fit.engine),
-        source: std::io::Error::other(e.to_string()),
+        source: std::io::Error::other(e),
     };
     w.write_record([
         "id",
@@ -417,7 +406,7 @@ pub fn fit_rows_csv(fit: &EngineFit) -> Result<String, crate::SimError> {
         "default_ttft_error",
         "default_tpot_error",
     ])
-    .map_err(io)?;
+    .map_err(|e| io(e.to_string()))?;
     let mut order: Vec<usize> = (0..fit.held_out_rows.len()).collect();
     order.sort_by_key(|&k| fit.held_out_rows[k].0);
     for k in order {
@@ -430,12 +419,9 @@ pub fn fit_rows_csv(fit: &EngineFit) -> Result<String, crate::SimError> {
             format!("{:.4}", fit.baseline_ttft[i]),
             format!("{:.4}", fit.baseline_tpot[i]),
         ])
-        .map_err(io)?;
+        .map_err(|e| io(e.to_string()))?;
     }
-    let bytes = w.into_inner().map_err(|e| crate::SimError::Io {
-        path: format!("observed-{}.rows.csv", fit.engine),
-        source: std::io::Error::other(e.to_string()),
-    })?;
+    let bytes = w.into_inner().map_err(|e| io(e.to_string()))?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 

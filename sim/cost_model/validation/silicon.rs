@@ -31,11 +31,8 @@ pub struct EngineCost {
     pub request_overhead_ms: Option<f64>,
     /// `cost.step_overhead_us`.
     pub step_overhead_us: Option<f64>,
-
     /// `cost.allreduce_latency_us`.
     pub allreduce_latency_us: Option<f64>,
-    /// `cost.allreduce_eff`.
-    pub allreduce_eff: Option<f64>,
     /// `cost.eager_layer_us`.
     pub eager_layer_us: Option<f64>,
     /// `cost.fp8_compute_eff`.
@@ -327,12 +324,8 @@ pub(crate) fn base_config(
     if engine.step_overhead_us.is_some() {
         cfg.cost.step_overhead_us = engine.step_overhead_us;
     }
-
     if engine.allreduce_latency_us.is_some() {
         cfg.cost.allreduce_latency_us = engine.allreduce_latency_us;
-    }
-    if engine.allreduce_eff.is_some() {
-        cfg.cost.allreduce_eff = engine.allreduce_eff;
     }
     if engine.eager_layer_us.is_some() {
         cfg.cost.eager_layer_us = engine.eager_layer_us;
@@ -407,9 +400,7 @@ fn simulate(
     cfg.hardware.dp = p.dp;
     cfg.hardware.ep = p.ep;
     engine_defaults(&mut cfg.engine, &row.backend, gpu, p.tp * p.dp);
-    if row.client == BenchClient::InferenceX
-        && !crate::catalog::find_model(p.model).is_some_and(|m| m.is_moe())
-    {
+    if row.client == BenchClient::InferenceX && !row.is_moe() {
         inferencex_dense_settings(&mut cfg, row, p.tp);
     }
     cfg.engine.max_num_seqs = cfg.engine.max_num_seqs.max(c);

@@ -159,6 +159,7 @@ s = mutate("engine.scheduler", '"continuous"'); s["engine"]["batch_wait_timeout_
 case("engine-batch-wait-continuous", "engine.batch_wait_timeout_iters", scenario=s)
 s = mutate("engine.batch_wait_timeout_iters", "20"); s["engine"]["batch_wait_max_tokens_ratio"] = "1.5"
 case("engine-batch-wait-ratio", "engine.batch_wait_max_tokens_ratio", scenario=s)
+m("engine-batch-wait-ratio-alone", "engine.batch_wait_max_tokens_ratio", "-0.5", "engine.batch_wait_max_tokens_ratio")
 s = mutate("engine.batch_wait_timeout_iters", "-1")
 case("engine-batch-wait-negative", "batch_wait_timeout_iters", scenario=s)
 # --- workload
