@@ -342,6 +342,7 @@ fn bad_run_files_give_one_line_naming_file_line_and_field() {
 fn the_front_end_cost_is_fitted_with_held_out_errors() {
     use sim::cost_model::calibration::observed::{
         fit_engine_costs, fit_rows_csv, fit_toml, median_abs, CANDIDATES_MS, EAGER_CANDIDATES_US,
+        FP8_CANDIDATES,
     };
     let rows =
         observed::silicon::read(Path::new("tests/data/observed/silicon-small.csv")).expect("rows");
@@ -354,6 +355,7 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
     assert_eq!(f.held_out_ttft.len(), 12);
     assert!(CANDIDATES_MS.contains(&f.request_overhead_ms));
     assert!(EAGER_CANDIDATES_US.contains(&f.eager_layer_us));
+    assert!(FP8_CANDIDATES.contains(&f.fp8_compute_eff), "{f:?}");
     // The uncalibrated TTFT is short at low concurrency: a front-end cost or an eager
     // floor under the prefills makes it up.
     assert!(
@@ -381,6 +383,12 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
     assert!(toml.contains("[cost]\nframework = \"tensorrt-llm\"\nstep_overhead_us = "));
     assert!(toml.contains("\neager_layer_us = "));
     assert!(toml.contains("\nrequest_overhead_ms = "));
+    // An engine's own fp8 efficiency is written only when it moved from the default.
+    assert_eq!(
+        toml.contains("\nfp8_compute_eff = "),
+        f.fp8_compute_eff.is_some(),
+        "{toml}"
+    );
     // The engine keys it names are the ones the shipped TensorRT-LLM fit names.
     let engine_line = "[engine] scheduler = \"chunked\", admission = \"worst-case\",\n# max_num_batched_tokens = 8192.\n";
     assert!(toml.contains(engine_line), "{toml}");

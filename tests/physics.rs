@@ -1201,3 +1201,64 @@ fn an_eager_step_lasts_at_least_its_hosts_launches() {
         |m: &CostModel| m.step_cost(std::iter::empty(), std::iter::repeat_n((512, 1), 8), 8, 8);
     assert_eq!(decode(&plain).seconds, decode(&eager).seconds);
 }
+
+#[test]
+fn efficiencies_scoped_to_a_gpu_apply_on_that_gpu_only() {
+    // `[cost.by_gpu.b200-sxm] fp8_compute_eff = 0.3` (an alias) halves the fp8 GEMMs' rate
+    // on a B200 and leaves an H200 as the table says.
+    let scoped = CostParams {
+        by_gpu: [(
+            "b200-sxm".to_string(),
+            sim::cost_model::GpuCost {
+                fp8_compute_eff: Some(0.3),
+                ..Default::default()
+            },
+        )]
+        .into_iter()
+        .collect(),
+        ..CostParams::default()
+    };
+    scoped.validate().expect("a catalog alias is a valid key");
+    assert_eq!(scoped.on_gpu("b200").fp8_compute_eff, 0.3);
+    assert_eq!(
+        scoped.on_gpu("h200").fp8_compute_eff,
+        CostParams::default().fp8_compute_eff
+    );
+    let prefill = |gpu: &str, p: &CostParams| {
+        CostModel::new(deployment("llama-3-70b", gpu, 4, Dtype::Fp8), p.clone())
+            .step_cost(std::iter::once((0, 8192)), std::iter::empty(), 1, 1)
+            .linear_s
+    };
+    let (b_plain, b_scoped) = (
+        prefill("b200", &CostParams::default()),
+        prefill("b200", &scoped),
+    );
+    // A compute-bound prefill's GEMMs take 0.6 / 0.3 = 2x as long.
+    assert!(
+        (b_scoped / b_plain - 2.0).abs() < 0.1,
+        "{b_plain} -> {b_scoped}"
+    );
+    assert_eq!(
+        prefill("h200", &CostParams::default()),
+        prefill("h200", &scoped)
+    );
+    // A key that names no catalog GPU, a second name of the same GPU and an efficiency
+    // out of range are refused with the key.
+    let bad = |gpu: &str, eff: f64, also: Option<&str>| {
+        let mut p = CostParams::default();
+        p.by_gpu.insert(
+            gpu.to_string(),
+            sim::cost_model::GpuCost {
+                fp8_compute_eff: Some(eff),
+                ..Default::default()
+            },
+        );
+        if let Some(other) = also {
+            p.by_gpu.insert(other.to_string(), Default::default());
+        }
+        p.validate().expect_err("refused")
+    };
+    assert!(bad("z100", 0.5, None).contains("cost.by_gpu.z100"));
+    assert!(bad("b200", 1.5, None).contains("cost.by_gpu.b200.fp8_compute_eff"));
+    assert!(bad("b200", 0.5, Some("hgx-b200")).contains("given twice"));
+}

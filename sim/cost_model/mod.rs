@@ -37,6 +37,6 @@ pub use framework::{
     Framework, CUSTOM_ALLREDUCE_LATENCY_US, CUSTOM_ALLREDUCE_MAX_BYTES, VLLM_2023_PROFILE,
 };
 pub use memory::{memory_plan, FitError, MemoryInputs, MemoryPlan};
-pub use params::CostParams;
+pub use params::{CostParams, GpuCost};
 pub use roofline::{CostModel, StepCost, P2P_LATENCY_US};
 pub use routing::Routing;

@@ -3,9 +3,46 @@
 //! overheads apply, and overrides of each. Defaults and what they were fitted to are in
 //! VALIDATION.md; `sim calibrate` writes files of these keys.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::Framework;
+
+/// Efficiencies that hold on one GPU only (`[cost.by_gpu.<gpu>]`), over the `[cost]` table's:
+/// an engine's kernels reach a different fraction of a Blackwell's peaks than of a
+/// Hopper's (its fp8 GEMMs, its all-reduce), so a calibration fitted on several GPUs keeps
+/// them per GPU. `None`: the `[cost]` table's value.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuCost {
+    /// `gemm_compute_eff` on this GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm_compute_eff: Option<f64>,
+    /// `fp8_compute_eff` on this GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_compute_eff: Option<f64>,
+    /// `fp4_compute_eff` on this GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp4_compute_eff: Option<f64>,
+    /// `allreduce_eff` on this GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allreduce_eff: Option<f64>,
+}
+
+impl GpuCost {
+    /// The keys it sets, with their values (`("fp8_compute_eff", 0.5)`).
+    fn keys(&self) -> impl Iterator<Item = (&'static str, f64)> {
+        [
+            ("gemm_compute_eff", self.gemm_compute_eff),
+            ("fp8_compute_eff", self.fp8_compute_eff),
+            ("fp4_compute_eff", self.fp4_compute_eff),
+            ("allreduce_eff", self.allreduce_eff),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k, v)))
+    }
+}
 
 /// Efficiency factors and overheads of the cost model. Defaults come from public
 /// measurements (gpt-fast, FasterTransformer, TensorRT-LLM and Vidur's profiles, see
@@ -122,6 +159,11 @@ pub struct CostParams {
     /// instead of the efficiencies above (see [`super::profiled`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub operator_profile: Option<String>,
+    /// Efficiencies that hold on one GPU only, by catalog GPU name or alias
+    /// (`[cost.by_gpu.b200] fp8_compute_eff = 0.5`): they replace the table's own on that
+    /// GPU ([`CostParams::on_gpu`]); a GPU described in a file takes none.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_gpu: BTreeMap<String, GpuCost>,
 }
 
 /// `fp8_compute_eff`'s default: the value in `calibration/fp8-gemm.toml` (a test ties them).
@@ -172,11 +214,37 @@ impl Default for CostParams {
             moe_layer_us: MOE_LAYER_US,
             moe_routing_skew: MOE_SKEW,
             operator_profile: None,
+            by_gpu: BTreeMap::new(),
         }
     }
 }
 
 impl CostParams {
+    /// The parameters on the catalog GPU `gpu` (its canonical name): `by_gpu`'s entry for
+    /// it, if any, over the table's own efficiencies.
+    pub fn on_gpu(&self, gpu: &str) -> CostParams {
+        let mut p = self.clone();
+        let entry = self
+            .by_gpu
+            .iter()
+            .find(|(k, _)| crate::catalog::find_gpu(k).is_some_and(|g| g.name == gpu));
+        if let Some((_, o)) = entry {
+            if let Some(e) = o.gemm_compute_eff {
+                p.gemm_compute_eff = e;
+            }
+            if let Some(e) = o.fp8_compute_eff {
+                p.fp8_compute_eff = e;
+            }
+            if let Some(e) = o.fp4_compute_eff {
+                p.fp4_compute_eff = e;
+            }
+            if o.allreduce_eff.is_some() {
+                p.allreduce_eff = o.allreduce_eff;
+            }
+        }
+        p
+    }
+
     /// Kernel launch overhead in effect, microseconds.
     pub fn kernel_launch_us(&self) -> f64 {
         self.kernel_launch_us
@@ -223,6 +291,30 @@ impl CostParams {
         for (k, v) in effs {
             if !(v > 0.0 && v <= 1.0) {
                 return Err(format!("{k}: must be in (0, 1], got {v}"));
+            }
+        }
+        let mut seen: Vec<&str> = Vec::new();
+        for (name, o) in &self.by_gpu {
+            let Some(gpu) = crate::catalog::find_gpu(name) else {
+                let names: Vec<&str> = crate::catalog::gpus().map(|g| g.name).collect();
+                return Err(format!(
+                    "cost.by_gpu.{name}: {}",
+                    crate::messages::unknown_name("GPU", name, &names, "sim gpus")
+                ));
+            };
+            if seen.contains(&gpu.name) {
+                return Err(format!(
+                    "cost.by_gpu.{name}: {} is given twice (by another of its names)",
+                    gpu.name
+                ));
+            }
+            seen.push(gpu.name);
+            for (k, v) in o.keys() {
+                if !(v > 0.0 && v <= 1.0) {
+                    return Err(format!(
+                        "cost.by_gpu.{name}.{k}: must be in (0, 1], got {v}"
+                    ));
+                }
             }
         }
         if let Some(p) = self.overlap_exponent {

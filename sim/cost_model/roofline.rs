@@ -92,8 +92,13 @@ pub struct CostModel {
 }
 
 impl CostModel {
-    /// A cost model of `d` with parameters `p`.
+    /// A cost model of `d` with parameters `p` (with `p.by_gpu`'s efficiencies for `d`'s GPU).
     pub fn new(d: Deployment, p: CostParams) -> Self {
+        let p = if p.by_gpu.is_empty() {
+            p
+        } else {
+            p.on_gpu(d.gpu.name)
+        };
         let routing = Routing::new(
             d.model.num_experts,
             d.model.experts_per_token,

@@ -1,16 +1,20 @@
-//! `sim calibrate --observed`: four of the cost model's terms fitted per engine to
+//! `sim calibrate --observed`: five of the cost model's terms fitted per engine to
 //! aiconfigurator's measured deployments, with k-fold held-out errors: the overhead of
 //! every step (`cost.step_overhead_us`) and the latency of each tensor-parallel all-reduce
 //! (`cost.allreduce_latency_us`), both of which TPOT shows, the host's time per layer of a
 //! step run outside CUDA graphs (`cost.eager_layer_us`: a floor under every step that
-//! prefills) and the per-request front end (`cost.request_overhead_ms`), which TTFT shows.
+//! prefills) together with the engine's own fp8 GEMM efficiency (`cost.fp8_compute_eff`:
+//! each engine runs its own fp8 kernels and quantizes activations its own way), and the
+//! per-request front end (`cost.request_overhead_ms`), which TTFT shows.
 //!
 //! Every simulable row of an engine is simulated once per candidate (the closed loop of
 //! [`crate::cost_model::validation::silicon`]). Per fold, the step overhead with the
 //! smallest median absolute TPOT error on the other folds is chosen, then, with it, the
-//! all-reduce latency, then, with both, the eager floor and then the front-end cost with
-//! the smallest median absolute TTFT error (one term at a time, so the grid stays small);
-//! the held-out fold's errors under that fit are kept. Reported errors are those held-out
+//! all-reduce latency, then, with both, the pair of eager floor and fp8 efficiency with the
+//! smallest sum of the median absolute TTFT and TPOT errors (the floor moves TTFT, the
+//! efficiency both), then the front-end cost with the smallest median absolute TTFT error
+//! (one stage at a time, so the grid stays small); the held-out fold's errors under that
+//! fit are kept. Reported errors are those held-out
 //! errors; the spread of the fold fits is the fit's uncertainty. The fit on all rows is
 //! what the calibration file carries.
 
@@ -37,6 +41,19 @@ pub const ALLREDUCE_CANDIDATES_US: [Option<f64>; 4] = [None, Some(15.0), Some(25
 /// The host times per layer of an eager step tried, microseconds (0: no floor). A 70B
 /// model's 80 layers at 1,000 us floor its prefill steps at 80 ms.
 pub const EAGER_CANDIDATES_US: [f64; 6] = [0.0, 300.0, 600.0, 900.0, 1200.0, 1500.0];
+
+/// The engine's fp8 GEMM efficiencies tried with each eager floor, relative to the 16-bit
+/// GEMMs' (`None`: the kernels' fit over every engine, `cost.fp8_compute_eff`'s default).
+/// Only rows with fp8 weights feel it.
+pub const FP8_CANDIDATES: [Option<f64>; 3] = [None, Some(0.7), Some(0.8)];
+
+/// What a candidate is chosen on: the median absolute error of TTFT, of TPOT, or their sum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Score {
+    Ttft,
+    Tpot,
+    Both,
+}
 
 /// The cost terms of one candidate of an engine's fit (the mixture-of-experts terms at
 /// their defaults).
@@ -68,18 +85,23 @@ pub struct FoldFit {
     pub eager_layer_us: f64,
     /// `cost.request_overhead_ms`.
     pub request_overhead_ms: f64,
+    /// `cost.fp8_compute_eff` (`None`: the default).
+    pub fp8_compute_eff: Option<f64>,
 }
 
 impl FoldFit {
-    /// `1500 us / 25 us all-reduce / 600 us eager layer / 40 ms`.
+    /// `1500 us / 25 us all-reduce / 600 us eager layer / fp8 0.7 / 40 ms`.
     fn describe(&self) -> String {
         let ar = self
             .allreduce_latency_us
             .map_or("default all-reduce".to_string(), |a| {
                 format!("{a:.0} us all-reduce")
             });
+        let fp8 = self
+            .fp8_compute_eff
+            .map_or("default fp8".to_string(), |e| format!("fp8 {e:.2}"));
         format!(
-            "{:.0} us / {ar} / {:.0} us eager layer / {:.0} ms",
+            "{:.0} us / {ar} / {:.0} us eager layer / {fp8} / {:.0} ms",
             self.step_overhead_us, self.eager_layer_us, self.request_overhead_ms
         )
     }
@@ -89,8 +111,11 @@ impl FoldFit {
         let ar = self.allreduce_latency_us.map_or(String::new(), |a| {
             format!(", allreduce_latency_us = {a:.1}")
         });
+        let fp8 = self
+            .fp8_compute_eff
+            .map_or(String::new(), |e| format!(", fp8_compute_eff = {e:.2}"));
         format!(
-            "{{ step_overhead_us = {:.1}{ar}, eager_layer_us = {:.1}, request_overhead_ms = {:.1} }}",
+            "{{ step_overhead_us = {:.1}{ar}, eager_layer_us = {:.1}{fp8}, request_overhead_ms = {:.1} }}",
             self.step_overhead_us, self.eager_layer_us, self.request_overhead_ms
         )
     }
@@ -111,6 +136,8 @@ pub struct EngineFit {
     pub allreduce_latency_us: Option<f64>,
     /// The eager step's host time per layer fitted on every row (us).
     pub eager_layer_us: f64,
+    /// The engine's fp8 GEMM efficiency fitted on every row (`None`: the default).
+    pub fp8_compute_eff: Option<f64>,
     /// Each fold's fit.
     pub fold_fits: Vec<FoldFit>,
     /// Held-out signed TTFT errors (one per row).
@@ -171,22 +198,31 @@ fn at<K: PartialEq>(table: &[(K, Vec<Errors>)], key: K) -> &[Errors] {
         .1
 }
 
-/// The candidate (index) whose errors have the smallest median absolute value on `train`.
-fn best(errors: &[Errors], train: &[usize], ttft: bool) -> usize {
+/// The candidate (index) whose errors have the smallest median absolute value on `train`
+/// (of TTFT, TPOT or the sum of both medians, as `by` says).
+fn best(errors: &[Errors], train: &[usize], by: Score) -> usize {
     let score = |c: usize| {
-        let v: Vec<f64> = train
-            .iter()
-            .map(|&i| if ttft { errors[c][i].0 } else { errors[c][i].1 })
-            .collect();
-        median_abs(&v)
+        let median = |ttft: bool| {
+            let v: Vec<f64> = train
+                .iter()
+                .map(|&i| if ttft { errors[c][i].0 } else { errors[c][i].1 })
+                .collect();
+            median_abs(&v)
+        };
+        match by {
+            Score::Ttft => median(true),
+            Score::Tpot => median(false),
+            Score::Both => median(true) + median(false),
+        }
     };
     (0..errors.len())
         .min_by(|&a, &b| score(a).total_cmp(&score(b)))
         .unwrap_or(0)
 }
 
-/// Fits the step overhead, the all-reduce latency and the front-end cost per engine with
-/// `folds`-fold cross-validation, with fp8 GEMMs at `fp8` (`None`: the default).
+/// Fits the step overhead, the all-reduce latency, the eager floor with the engine's fp8
+/// efficiency and the front-end cost per engine with `folds`-fold cross-validation, with
+/// fp8 GEMMs at `fp8` (`None`: the default) unless the engine's fit moves them.
 pub fn fit_engine_costs(
     rows: &[AggregateRow],
     folds: usize,
@@ -214,6 +250,20 @@ pub fn fit_engine_costs(
         if n < folds {
             continue;
         }
+        // One pass at step overhead `s` and all-reduce latency `a` (candidate indices), an
+        // eager floor, a front-end cost and an fp8 efficiency (`None`: the kernels' fit).
+        let run = |s: usize, a: usize, eager_us: f64, request_ms: f64, eff: Option<f64>| {
+            pass(
+                &mine,
+                candidate(
+                    STEP_CANDIDATES_US[s],
+                    ALLREDUCE_CANDIDATES_US[a],
+                    eager_us,
+                    request_ms,
+                    eff.or(fp8),
+                ),
+            )
+        };
         // TPOT under each step overhead (no front-end cost: it barely moves TPOT).
         let mut by_step = Vec::new();
         for &us in &STEP_CANDIDATES_US {
@@ -228,9 +278,9 @@ pub fn fit_engine_costs(
             (test, train)
         };
         let step_of: Vec<usize> = (0..folds)
-            .map(|f| best(&by_step, &split(f).1, false))
+            .map(|f| best(&by_step, &split(f).1, Score::Tpot))
             .collect();
-        let step_all = best(&by_step, &idx, false);
+        let step_all = best(&by_step, &idx, Score::Tpot);
         // TPOT under each all-reduce latency, at every step overhead a fit chose (the
         // catalog's latency is `by_step` itself).
         let mut steps_needed: Vec<usize> = step_of.clone();
@@ -240,47 +290,51 @@ pub fn fit_engine_costs(
         let mut by_ar: Vec<(usize, Vec<Errors>)> = Vec::new();
         for &s in &steps_needed {
             let mut errs = vec![by_step[s].clone()];
-            for &us in &ALLREDUCE_CANDIDATES_US[1..] {
-                errs.push(pass(
-                    &mine,
-                    candidate(STEP_CANDIDATES_US[s], us, 0.0, 0.0, fp8),
-                )?);
+            for a in 1..ALLREDUCE_CANDIDATES_US.len() {
+                errs.push(run(s, a, 0.0, 0.0, None)?);
             }
             by_ar.push((s, errs));
         }
         let ar_of: Vec<usize> = (0..folds)
-            .map(|f| best(at(&by_ar, step_of[f]), &split(f).1, false))
+            .map(|f| best(at(&by_ar, step_of[f]), &split(f).1, Score::Tpot))
             .collect();
-        let ar_all = best(at(&by_ar, step_all), &idx, false);
-        // TTFT under each eager floor, at every (step overhead, all-reduce) pair a fit
-        // chose (no floor is `by_ar` itself).
+        let ar_all = best(at(&by_ar, step_all), &idx, Score::Tpot);
+        // Each pair of eager floor and fp8 efficiency (candidate `e x FP8 + f`), at every
+        // (step overhead, all-reduce) pair a fit chose (no floor at the default efficiency
+        // is `by_ar` itself).
         let mut pairs: Vec<(usize, usize)> = step_of.iter().copied().zip(ar_of.clone()).collect();
         pairs.push((step_all, ar_all));
         pairs.sort_unstable();
         pairs.dedup();
         let mut by_eager: Vec<((usize, usize), Vec<Errors>)> = Vec::new();
         for &(s, a) in &pairs {
-            let mut errs = vec![at(&by_ar, s)[a].clone()];
-            for &us in &EAGER_CANDIDATES_US[1..] {
-                errs.push(pass(
-                    &mine,
-                    candidate(
-                        STEP_CANDIDATES_US[s],
-                        ALLREDUCE_CANDIDATES_US[a],
-                        us,
-                        0.0,
-                        fp8,
-                    ),
-                )?);
+            let mut errs = Vec::new();
+            for &us in &EAGER_CANDIDATES_US {
+                for &eff in &FP8_CANDIDATES {
+                    if us == 0.0 && eff.is_none() {
+                        errs.push(at(&by_ar, s)[a].clone());
+                        continue;
+                    }
+                    errs.push(run(s, a, us, 0.0, eff)?);
+                }
             }
             by_eager.push(((s, a), errs));
         }
         let eager_of: Vec<usize> = (0..folds)
-            .map(|f| best(at(&by_eager, (step_of[f], ar_of[f])), &split(f).1, true))
+            .map(|f| {
+                best(
+                    at(&by_eager, (step_of[f], ar_of[f])),
+                    &split(f).1,
+                    Score::Both,
+                )
+            })
             .collect();
-        let eager_all = best(at(&by_eager, (step_all, ar_all)), &idx, true);
-        // TTFT under each front-end cost, at every (step overhead, all-reduce, eager)
-        // triple a fit chose.
+        let eager_all = best(at(&by_eager, (step_all, ar_all)), &idx, Score::Both);
+        // Candidate `k` of the joint stage: its eager floor and fp8 efficiency.
+        let nf = FP8_CANDIDATES.len();
+        let joint = |k: usize| (EAGER_CANDIDATES_US[k / nf], FP8_CANDIDATES[k % nf]);
+        // TTFT under each front-end cost, at every (step overhead, all-reduce, eager and
+        // fp8) triple a fit chose.
         let mut needed: Vec<(usize, usize, usize)> = (0..folds)
             .map(|f| (step_of[f], ar_of[f], eager_of[f]))
             .collect();
@@ -291,16 +345,8 @@ pub fn fit_engine_costs(
         for &(s, a, e) in &needed {
             let mut errs = Vec::new();
             for &ms in &CANDIDATES_MS {
-                errs.push(pass(
-                    &mine,
-                    candidate(
-                        STEP_CANDIDATES_US[s],
-                        ALLREDUCE_CANDIDATES_US[a],
-                        EAGER_CANDIDATES_US[e],
-                        ms,
-                        fp8,
-                    ),
-                )?);
+                let (us, eff) = joint(e);
+                errs.push(run(s, a, us, ms, eff)?);
             }
             by_req.push(((s, a, e), errs));
         }
@@ -312,12 +358,13 @@ pub fn fit_engine_costs(
             let (s, a, e) = (step_of[f], ar_of[f], eager_of[f]);
             let (test, train) = split(f);
             let errs = at(&by_req, (s, a, e));
-            let r = best(errs, &train, true);
+            let r = best(errs, &train, Score::Ttft);
             fold_fits.push(FoldFit {
                 step_overhead_us: STEP_CANDIDATES_US[s],
                 allreduce_latency_us: ALLREDUCE_CANDIDATES_US[a],
-                eager_layer_us: EAGER_CANDIDATES_US[e],
+                eager_layer_us: joint(e).0,
                 request_overhead_ms: CANDIDATES_MS[r],
+                fp8_compute_eff: joint(e).1,
             });
             for &i in &test {
                 held_out_ttft.push(errs[r][i].0);
@@ -325,14 +372,19 @@ pub fn fit_engine_costs(
                 held_out_rows.push((i, f));
             }
         }
-        let r_all = best(at(&by_req, (step_all, ar_all, eager_all)), &idx, true);
+        let r_all = best(
+            at(&by_req, (step_all, ar_all, eager_all)),
+            &idx,
+            Score::Ttft,
+        );
         fits.push(EngineFit {
             engine,
             rows: n,
             request_overhead_ms: CANDIDATES_MS[r_all],
             step_overhead_us: STEP_CANDIDATES_US[step_all],
             allreduce_latency_us: ALLREDUCE_CANDIDATES_US[ar_all],
-            eager_layer_us: EAGER_CANDIDATES_US[eager_all],
+            eager_layer_us: joint(eager_all).0,
+            fp8_compute_eff: joint(eager_all).1,
             fold_fits,
             held_out_ttft,
             held_out_tpot,
@@ -364,15 +416,18 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
         ""
     };
     format!(
-        "# {engine}: the step overhead, tensor-parallel all-reduce latency, eager step floor and per-request front-end cost\n\
+        "# {engine}: the step overhead, tensor-parallel all-reduce latency, eager step floor, fp8 GEMM efficiency and per-request front-end cost\n\
          # fitted by `sim calibrate --observed {source}` to {rows} measured closed-loop deployments of {engine}\n\
          # (aiconfigurator silicon.csv), one term at a time. {folds}-fold held-out: TTFT median |err| {t:.1}%, p90 {t90:.1}%\n\
          # (defaults: {bt:.1}%), TPOT median |err| {p:.1}%, p90 {p90:.1}% (defaults: {bp:.1}%); the folds' fits: {ff}.{edge}\n\
          # Fitted under the engine's serving defaults (`sim validate-model`): [engine] {engine_keys}.\n\
-         [cost]\nframework = \"{framework}\"\nstep_overhead_us = {us:.1}\n{ar}eager_layer_us = {eager:.1}\nrequest_overhead_ms = {ms:.1}\n",
+         [cost]\nframework = \"{framework}\"\nstep_overhead_us = {us:.1}\n{ar}eager_layer_us = {eager:.1}\n{fp8}request_overhead_ms = {ms:.1}\n",
         ar = fit
             .allreduce_latency_us
             .map_or(String::new(), |a| format!("allreduce_latency_us = {a:.1}\n")),
+        fp8 = fit
+            .fp8_compute_eff
+            .map_or(String::new(), |e| format!("fp8_compute_eff = {e:.2}\n")),
         engine = fit.engine,
         rows = fit.rows,
         t = 100.0 * median_abs(&fit.held_out_ttft),
@@ -442,7 +497,7 @@ fn fit_section(fit: &EngineFit, source: &str, folds: usize) -> String {
         .map(|f| format!("  {},", f.inline_table()))
         .collect();
     let what = toml::Value::String(format!(
-        "sim calibrate --observed {source}: step overhead, all-reduce latency, eager step floor and front-end cost of {}, {folds}-fold on {} rows",
+        "sim calibrate --observed {source}: step overhead, all-reduce latency, eager step floor, fp8 GEMM efficiency and front-end cost of {}, {folds}-fold on {} rows",
         fit.engine, fit.rows
     ));
     format!(
@@ -460,19 +515,21 @@ fn fit_section(fit: &EngineFit, source: &str, folds: usize) -> String {
 /// The fits as a table (held-out errors in percent).
 pub fn fit_table(fits: &[EngineFit]) -> String {
     let mut s = String::from(
-        "engine   rows  step us  all-reduce us  eager us/layer  front ms   TTFT |err| held out p50 / p90 (defaults p50)   TPOT |err| held out p50 / p90 (defaults p50)\n",
+        "engine   rows  step us  all-reduce us  eager us/layer  fp8 eff  front ms   TTFT |err| held out p50 / p90 (defaults p50)   TPOT |err| held out p50 / p90 (defaults p50)\n",
     );
     for f in fits {
         let abs = |v: &[f64]| v.iter().map(|x| 100.0 * x.abs()).collect::<Vec<f64>>();
         let (t, p) = (abs(&f.held_out_ttft), abs(&f.held_out_tpot));
         s.push_str(&format!(
-            "{:<8} {:>4} {:>8.0} {:>14} {:>15.0} {:>9.0}   {:>8.1}% / {:>6.1}% ({:>5.1}%)                {:>8.1}% / {:>6.1}% ({:>5.1}%)\n",
+            "{:<8} {:>4} {:>8.0} {:>14} {:>15.0} {:>8} {:>9.0}   {:>8.1}% / {:>6.1}% ({:>5.1}%)                {:>8.1}% / {:>6.1}% ({:>5.1}%)\n",
             f.engine,
             f.rows,
             f.step_overhead_us,
             f.allreduce_latency_us
                 .map_or("default".to_string(), |a| format!("{a:.0}")),
             f.eager_layer_us,
+            f.fp8_compute_eff
+                .map_or("default".to_string(), |e| format!("{e:.2}")),
             f.request_overhead_ms,
             analysis::median(&t),
             analysis::percentile(&t, 90.0),

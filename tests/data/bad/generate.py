@@ -269,6 +269,12 @@ for key, v, expect in [("gemm_compute_eff", "0.0", "gemm_compute_eff"), ("gemm_m
                        ("moe_routing_skew", "nan", "moe_routing_skew"), ("moe_layer_us", "-3.0", "moe_layer_us"),
                        ("eager_layer_us", "-100.0", "cost.eager_layer_us"), ("eager_layer_us", "nan", "cost.eager_layer_us")]:
     m(f"cost-{key}-{v.strip(chr(34)).replace('.', '_').replace('/', '').replace('-', 'neg')[:20]}", f"cost.{key}", v, expect)
+# Efficiencies scoped to one GPU: a GPU the catalog lacks, a key it does not scope, a value out of range.
+for name, v, expect in [("gpu", '{ z100 = { fp8_compute_eff = 0.5 } }', "cost.by_gpu.z100"),
+                        ("key", '{ b200 = { step_overhead_us = 5.0 } }', "step_overhead_us"),
+                        ("range", '{ b200 = { fp8_compute_eff = 1.5 } }', "cost.by_gpu.b200.fp8_compute_eff"),
+                        ("twice", '{ b200 = { fp8_compute_eff = 0.5 }, hgx-b200 = { fp4_compute_eff = 0.5 } }', "given twice")]:
+    m(f"cost-by-gpu-{name}", "cost.by_gpu", v, expect)
 # A calibration's [fit] record (sim calibrate --observed): a bad error interval, fold or key.
 for name, expect in [("error", "ttft_error_90"), ("fold", "folds[1]"), ("key", "fit_quality")]:
     m(f"cost-calibration-fit-{name}", "cost.calibration", f'"../data/calibration-fit-{name}.toml"', expect)
