@@ -161,7 +161,8 @@ pub struct CostParams {
     pub operator_profile: Option<String>,
     /// Efficiencies that hold on one GPU only, by catalog GPU name or alias
     /// (`[cost.by_gpu.b200] fp8_compute_eff = 0.5`): they replace the table's own on that
-    /// GPU ([`CostParams::on_gpu`]); a GPU described in a file takes none.
+    /// GPU ([`CostParams::on_gpu`], matched by the deployment's GPU name: a GPU described
+    /// in a file takes the entry of the catalog GPU it is named as, if any).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub by_gpu: BTreeMap<String, GpuCost>,
 }
