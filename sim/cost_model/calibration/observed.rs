@@ -266,8 +266,8 @@ pub fn fit_engine_costs(
         };
         // TPOT under each step overhead (no front-end cost: it barely moves TPOT).
         let mut by_step = Vec::new();
-        for &us in &STEP_CANDIDATES_US {
-            by_step.push(pass(&mine, candidate(us, None, 0.0, 0.0, fp8))?);
+        for s in 0..STEP_CANDIDATES_US.len() {
+            by_step.push(run(s, 0, 0.0, 0.0, None)?);
         }
         // A fixed shuffle, so folds mix GPUs, models and concurrencies.
         let mut idx: Vec<usize> = (0..n).collect();
