@@ -355,7 +355,12 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
     assert_eq!(f.held_out_ttft.len(), 12);
     assert!(CANDIDATES_MS.contains(&f.request_overhead_ms));
     assert!(EAGER_CANDIDATES_US.contains(&f.eager_layer_us));
-    assert!(FP8_CANDIDATES.contains(&f.fp8_compute_eff), "{f:?}");
+    assert!(
+        f.fp8_by_gpu
+            .iter()
+            .all(|(g, e)| f.gpus.contains(g) && FP8_CANDIDATES.contains(&Some(*e))),
+        "{f:?}"
+    );
     // The uncalibrated TTFT is short at low concurrency: a front-end cost or an eager
     // floor under the prefills makes it up.
     assert!(
@@ -383,10 +388,17 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
     assert!(toml.contains("[cost]\nframework = \"tensorrt-llm\"\nstep_overhead_us = "));
     assert!(toml.contains("\neager_layer_us = "));
     assert!(toml.contains("\nrequest_overhead_ms = "));
-    // An engine's own fp8 efficiency is written only when it moved from the default.
+    // An engine's own fp8 efficiency is written, per GPU, only where it moved from the
+    // default.
+    for (g, e) in &f.fp8_by_gpu {
+        assert!(
+            toml.contains(&format!("\n[cost.by_gpu.{g}]\nfp8_compute_eff = {e:.2}\n")),
+            "{toml}"
+        );
+    }
     assert_eq!(
-        toml.contains("\nfp8_compute_eff = "),
-        f.fp8_compute_eff.is_some(),
+        toml.matches("fp8_compute_eff = ").count() > 0,
+        !f.fp8_by_gpu.is_empty() || f.fold_fits.iter().any(|ff| !ff.fp8_by_gpu.is_empty()),
         "{toml}"
     );
     // The engine keys it names are the ones the shipped TensorRT-LLM fit names.

@@ -243,6 +243,7 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
                     "moe_layer_us",
                     "moe_routing_skew",
                     "runtime_overhead_gib",
+                    "[cost.by_gpu.",
                 ]
                 .iter()
                 .any(|k| l.starts_with(k))

@@ -188,7 +188,7 @@ pub fn fit_efficiency(
     let mut errors: Vec<Vec<(f64, f64)>> = Vec::new();
     let candidates = term.candidates();
     for &eff in candidates {
-        let (done, _) = silicon_checks_with(&mine, None, &|_| term.cost(eff, prior))?;
+        let (done, _) = silicon_checks_with(&mine, None, &|_, _| term.cost(eff, prior))?;
         errors.push(
             done.iter()
                 .map(|k| (k.ttft_error(), k.tpot_error()))

@@ -3,16 +3,18 @@
 //! every step (`cost.step_overhead_us`) and the latency of each tensor-parallel all-reduce
 //! (`cost.allreduce_latency_us`), both of which TPOT shows, the host's time per layer of a
 //! step run outside CUDA graphs (`cost.eager_layer_us`: a floor under every step that
-//! prefills) together with the engine's own fp8 GEMM efficiency (`cost.fp8_compute_eff`:
-//! each engine runs its own fp8 kernels and quantizes activations its own way), and the
-//! per-request front end (`cost.request_overhead_ms`), which TTFT shows.
+//! prefills) together with the engine's own fp8 GEMM efficiency on each GPU
+//! (`[cost.by_gpu.<gpu>] fp8_compute_eff`: each engine runs its own fp8 kernels, and they
+//! reach different fractions of a Hopper's and a Blackwell's peak), and the per-request
+//! front end (`cost.request_overhead_ms`), which TTFT shows.
 //!
 //! Every simulable row of an engine is simulated once per candidate (the closed loop of
 //! [`crate::cost_model::validation::silicon`]). Per fold, the step overhead with the
 //! smallest median absolute TPOT error on the other folds is chosen, then, with it, the
-//! all-reduce latency, then, with both, the pair of eager floor and fp8 efficiency with the
-//! smallest sum of the median absolute TTFT and TPOT errors (the floor moves TTFT, the
-//! efficiency both), then the front-end cost with the smallest median absolute TTFT error
+//! all-reduce latency, then, with both, the eager floor and each GPU's fp8 efficiency with
+//! the smallest sum of the median absolute TTFT and TPOT errors (the floor moves TTFT, the
+//! efficiency both; each GPU's efficiency is chosen on its own rows that have fp8 weights),
+//! then the front-end cost with the smallest median absolute TTFT error
 //! (one stage at a time, so the grid stays small); the held-out fold's errors under that
 //! fit are kept. Reported errors are those held-out
 //! errors; the spread of the fold fits is the fit's uncertainty. The fit on all rows is
@@ -42,10 +44,14 @@ pub const ALLREDUCE_CANDIDATES_US: [Option<f64>; 4] = [None, Some(15.0), Some(25
 /// model's 80 layers at 1,000 us floor its prefill steps at 80 ms.
 pub const EAGER_CANDIDATES_US: [f64; 6] = [0.0, 300.0, 600.0, 900.0, 1200.0, 1500.0];
 
-/// The engine's fp8 GEMM efficiencies tried with each eager floor, relative to the 16-bit
-/// GEMMs' (`None`: the kernels' fit over every engine, `cost.fp8_compute_eff`'s default).
-/// Only rows with fp8 weights feel it.
-pub const FP8_CANDIDATES: [Option<f64>; 3] = [None, Some(0.7), Some(0.8)];
+/// The engine's fp8 GEMM efficiencies tried on each GPU with each eager floor, relative to
+/// the 16-bit GEMMs' (`None`: the kernels' fit over every engine, `cost.fp8_compute_eff`'s
+/// default). Only rows with fp8 weights feel it.
+pub const FP8_CANDIDATES: [Option<f64>; 4] = [None, Some(0.5), Some(0.7), Some(0.8)];
+
+/// The engine's fp8 efficiency on each GPU where it departs from the default: `(catalog
+/// GPU, efficiency)`, by GPU name.
+pub type Fp8ByGpu = Vec<(&'static str, f64)>;
 
 /// What a candidate is chosen on: the median absolute error of TTFT, of TPOT, or their sum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,8 +80,26 @@ fn candidate(
     }
 }
 
+/// `[cost.by_gpu]` of `fp8` as an inline TOML table (`{ b200 = { fp8_compute_eff = 0.50 } }`).
+fn by_gpu_inline(fp8: &[(&str, f64)]) -> String {
+    let entries: Vec<String> = fp8
+        .iter()
+        .map(|(g, e)| format!("{g} = {{ fp8_compute_eff = {e:.2} }}"))
+        .collect();
+    format!("{{ {} }}", entries.join(", "))
+}
+
+/// `fp8 b200 0.50, h200 0.70`, or `default fp8`.
+fn describe_fp8(fp8: &[(&str, f64)]) -> String {
+    if fp8.is_empty() {
+        return "default fp8".to_string();
+    }
+    let entries: Vec<String> = fp8.iter().map(|(g, e)| format!("{g} {e:.2}")).collect();
+    format!("fp8 {}", entries.join(", "))
+}
+
 /// One fold's fit.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FoldFit {
     /// `cost.step_overhead_us`.
     pub step_overhead_us: f64,
@@ -85,21 +109,19 @@ pub struct FoldFit {
     pub eager_layer_us: f64,
     /// `cost.request_overhead_ms`.
     pub request_overhead_ms: f64,
-    /// `cost.fp8_compute_eff` (`None`: the default).
-    pub fp8_compute_eff: Option<f64>,
+    /// `[cost.by_gpu.<gpu>] fp8_compute_eff` (GPUs not listed: the default).
+    pub fp8_by_gpu: Fp8ByGpu,
 }
 
 impl FoldFit {
-    /// `1500 us / 25 us all-reduce / 600 us eager layer / fp8 0.7 / 40 ms`.
+    /// `1500 us / 25 us all-reduce / 600 us eager layer / fp8 b200 0.50 / 40 ms`.
     fn describe(&self) -> String {
         let ar = self
             .allreduce_latency_us
             .map_or("default all-reduce".to_string(), |a| {
                 format!("{a:.0} us all-reduce")
             });
-        let fp8 = self
-            .fp8_compute_eff
-            .map_or("default fp8".to_string(), |e| format!("fp8 {e:.2}"));
+        let fp8 = describe_fp8(&self.fp8_by_gpu);
         format!(
             "{:.0} us / {ar} / {:.0} us eager layer / {fp8} / {:.0} ms",
             self.step_overhead_us, self.eager_layer_us, self.request_overhead_ms
@@ -111,11 +133,13 @@ impl FoldFit {
         let ar = self.allreduce_latency_us.map_or(String::new(), |a| {
             format!(", allreduce_latency_us = {a:.1}")
         });
-        let fp8 = self
-            .fp8_compute_eff
-            .map_or(String::new(), |e| format!(", fp8_compute_eff = {e:.2}"));
+        let fp8 = if self.fp8_by_gpu.is_empty() {
+            String::new()
+        } else {
+            format!(", by_gpu = {}", by_gpu_inline(&self.fp8_by_gpu))
+        };
         format!(
-            "{{ step_overhead_us = {:.1}{ar}, eager_layer_us = {:.1}{fp8}, request_overhead_ms = {:.1} }}",
+            "{{ step_overhead_us = {:.1}{ar}, eager_layer_us = {:.1}, request_overhead_ms = {:.1}{fp8} }}",
             self.step_overhead_us, self.eager_layer_us, self.request_overhead_ms
         )
     }
@@ -136,8 +160,8 @@ pub struct EngineFit {
     pub allreduce_latency_us: Option<f64>,
     /// The eager step's host time per layer fitted on every row (us).
     pub eager_layer_us: f64,
-    /// The engine's fp8 GEMM efficiency fitted on every row (`None`: the default).
-    pub fp8_compute_eff: Option<f64>,
+    /// The engine's fp8 GEMM efficiency on each GPU, fitted on every row.
+    pub fp8_by_gpu: Fp8ByGpu,
     /// Each fold's fit.
     pub fold_fits: Vec<FoldFit>,
     /// Held-out signed TTFT errors (one per row).
@@ -150,6 +174,8 @@ pub struct EngineFit {
     pub baseline_tpot: Vec<f64>,
     /// The rows' ids, by index (the baselines' order).
     pub ids: Vec<String>,
+    /// The catalog GPU of each row, by index.
+    pub gpus: Vec<&'static str>,
     /// `(row index, fold)` of each held-out error, in the order of `held_out_ttft`.
     pub held_out_rows: Vec<(usize, usize)>,
 }
@@ -169,24 +195,74 @@ pub fn median_abs(v: &[f64]) -> f64 {
     analysis::median(&a)
 }
 
-/// `(TTFT, TPOT)` errors of `rows` (one engine's) with `cost`, in the order of its checks.
-fn pass(rows: &[AggregateRow], cost: EngineCost) -> Result<Errors, crate::SimError> {
-    Ok(pass_with_ids(rows, cost)?.1)
+/// `(TTFT, TPOT)` errors of `rows` (one engine's) with `cost(gpu)`, in the order of its
+/// checks.
+fn pass(
+    rows: &[AggregateRow],
+    cost: &(dyn Fn(&str) -> EngineCost + Sync),
+) -> Result<Errors, crate::SimError> {
+    Ok(pass_with_ids(rows, cost)?.2)
 }
 
-/// [`pass`], with the ids of the rows simulated (the same rows, in the same order, under
-/// every candidate: the terms fitted here do not change what fits in memory).
+/// [`pass`], with the ids and GPUs of the rows simulated (the same rows, in the same order,
+/// under every candidate: the terms fitted here do not change what fits in memory).
 fn pass_with_ids(
     rows: &[AggregateRow],
-    cost: EngineCost,
-) -> Result<(Vec<String>, Errors), crate::SimError> {
-    let (done, _) = silicon_checks_with(rows, None, &|_| cost)?;
+    cost: &(dyn Fn(&str) -> EngineCost + Sync),
+) -> Result<(Vec<String>, Vec<&'static str>, Errors), crate::SimError> {
+    let (done, _) = silicon_checks_with(rows, None, &|_, gpu| cost(gpu))?;
     Ok((
         done.iter().map(|k| k.row.id.clone()).collect(),
+        done.iter().map(|k| k.gpu).collect(),
         done.iter()
             .map(|k| (k.ttft_error(), k.tpot_error()))
             .collect(),
     ))
+}
+
+/// Each GPU's fp8 candidate (an index into `by_fp8`, whose entries are the rows' errors
+/// under each of [`FP8_CANDIDATES`]): the one whose errors on `train`'s rows on that GPU
+/// have the smallest sum of TTFT and TPOT medians, among the rows the candidates move (rows
+/// without fp8 weights do not feel them); 0 (the default) where no row moves. Returns the
+/// choice per GPU (`gpus`' distinct names, sorted) and every row's errors under its GPU's
+/// choice.
+fn per_gpu_fp8(
+    by_fp8: &[Errors],
+    gpus: &[&'static str],
+    train: &[usize],
+) -> (Vec<(&'static str, usize)>, Errors) {
+    let mut names: Vec<&'static str> = gpus.to_vec();
+    names.sort_unstable();
+    names.dedup();
+    let moved = |i: usize| by_fp8.iter().any(|e| e[i] != by_fp8[0][i]);
+    let choice: Vec<(&'static str, usize)> = names
+        .iter()
+        .map(|&g| {
+            let rows: Vec<usize> = train
+                .iter()
+                .copied()
+                .filter(|&i| gpus[i] == g && moved(i))
+                .collect();
+            let c = if rows.is_empty() {
+                0
+            } else {
+                best(by_fp8, &rows, Score::Both)
+            };
+            (g, c)
+        })
+        .collect();
+    let of = |g: &str| choice.iter().find(|(n, _)| *n == g).map_or(0, |c| c.1);
+    let errors = (0..gpus.len()).map(|i| by_fp8[of(gpus[i])][i]).collect();
+    (choice, errors)
+}
+
+/// The GPUs whose fp8 choice (indices into [`FP8_CANDIDATES`]) departs from the default,
+/// with their efficiencies.
+fn fp8_by_gpu(choice: &[(&'static str, usize)]) -> Fp8ByGpu {
+    choice
+        .iter()
+        .filter_map(|&(g, c)| FP8_CANDIDATES[c].map(|e| (g, e)))
+        .collect()
 }
 
 /// The candidates' errors computed for `key` (every key a fold chose was computed).
@@ -239,35 +315,36 @@ pub fn fit_engine_costs(
             .filter(|r| r.backend == engine)
             .cloned()
             .collect();
-        let (ids, baseline) = pass_with_ids(
-            &mine,
-            EngineCost {
-                fp8_compute_eff: fp8,
-                ..EngineCost::default()
-            },
-        )?;
+        let (ids, gpus, baseline) = pass_with_ids(&mine, &|_| EngineCost {
+            fp8_compute_eff: fp8,
+            ..EngineCost::default()
+        })?;
         let n = baseline.len();
         if n < folds {
             continue;
         }
         // One pass at step overhead `s` and all-reduce latency `a` (candidate indices), an
-        // eager floor, a front-end cost and an fp8 efficiency (`None`: the kernels' fit).
-        let run = |s: usize, a: usize, eager_us: f64, request_ms: f64, eff: Option<f64>| {
-            pass(
-                &mine,
+        // eager floor, a front-end cost and an fp8 efficiency per GPU (`None`: the
+        // kernels' fit).
+        let run = |s: usize,
+                   a: usize,
+                   eager_us: f64,
+                   request_ms: f64,
+                   eff: &(dyn Fn(&str) -> Option<f64> + Sync)| {
+            pass(&mine, &|gpu| {
                 candidate(
                     STEP_CANDIDATES_US[s],
                     ALLREDUCE_CANDIDATES_US[a],
                     eager_us,
                     request_ms,
-                    eff.or(fp8),
-                ),
-            )
+                    eff(gpu).or(fp8),
+                )
+            })
         };
         // TPOT under each step overhead (no front-end cost: it barely moves TPOT).
         let mut by_step = Vec::new();
         for s in 0..STEP_CANDIDATES_US.len() {
-            by_step.push(run(s, 0, 0.0, 0.0, None)?);
+            by_step.push(run(s, 0, 0.0, 0.0, &|_| None)?);
         }
         // A fixed shuffle, so folds mix GPUs, models and concurrencies.
         let mut idx: Vec<usize> = (0..n).collect();
@@ -291,7 +368,7 @@ pub fn fit_engine_costs(
         for &s in &steps_needed {
             let mut errs = vec![by_step[s].clone()];
             for a in 1..ALLREDUCE_CANDIDATES_US.len() {
-                errs.push(run(s, a, 0.0, 0.0, None)?);
+                errs.push(run(s, a, 0.0, 0.0, &|_| None)?);
             }
             by_ar.push((s, errs));
         }
@@ -299,13 +376,14 @@ pub fn fit_engine_costs(
             .map(|f| best(at(&by_ar, step_of[f]), &split(f).1, Score::Tpot))
             .collect();
         let ar_all = best(at(&by_ar, step_all), &idx, Score::Tpot);
-        // Each pair of eager floor and fp8 efficiency (candidate `e x FP8 + f`), at every
-        // (step overhead, all-reduce) pair a fit chose (no floor at the default efficiency
-        // is `by_ar` itself).
+        // Each eager floor with each fp8 efficiency on every GPU (candidate
+        // `e x FP8 + f`), at every (step overhead, all-reduce) pair a fit chose (no floor
+        // at the default efficiency is `by_ar` itself).
         let mut pairs: Vec<(usize, usize)> = step_of.iter().copied().zip(ar_of.clone()).collect();
         pairs.push((step_all, ar_all));
         pairs.sort_unstable();
         pairs.dedup();
+        let nf = FP8_CANDIDATES.len();
         let mut by_eager: Vec<((usize, usize), Vec<Errors>)> = Vec::new();
         for &(s, a) in &pairs {
             let mut errs = Vec::new();
@@ -315,56 +393,66 @@ pub fn fit_engine_costs(
                         errs.push(at(&by_ar, s)[a].clone());
                         continue;
                     }
-                    errs.push(run(s, a, us, 0.0, eff)?);
+                    errs.push(run(s, a, us, 0.0, &|_| eff)?);
                 }
             }
             by_eager.push(((s, a), errs));
         }
-        let eager_of: Vec<usize> = (0..folds)
-            .map(|f| {
-                best(
-                    at(&by_eager, (step_of[f], ar_of[f])),
-                    &split(f).1,
-                    Score::Both,
-                )
-            })
+        // The eager floor (index) whose errors, with each GPU's fp8 efficiency chosen on
+        // `train`, score best on `train`; and those per-GPU choices.
+        let eager_fit = |pair: (usize, usize), train: &[usize]| {
+            let errs = at(&by_eager, pair);
+            let per_eager: Vec<(Vec<(&'static str, usize)>, Errors)> = (0..EAGER_CANDIDATES_US
+                .len())
+                .map(|e| per_gpu_fp8(&errs[e * nf..(e + 1) * nf], &gpus, train))
+                .collect();
+            let combined: Vec<Errors> = per_eager.iter().map(|(_, errs)| errs.clone()).collect();
+            let e = best(&combined, train, Score::Both);
+            (e, per_eager[e].0.clone())
+        };
+        let eager_of: Vec<(usize, Vec<(&'static str, usize)>)> = (0..folds)
+            .map(|f| eager_fit((step_of[f], ar_of[f]), &split(f).1))
             .collect();
-        let eager_all = best(at(&by_eager, (step_all, ar_all)), &idx, Score::Both);
-        // Candidate `k` of the joint stage: its eager floor and fp8 efficiency.
-        let nf = FP8_CANDIDATES.len();
-        let joint = |k: usize| (EAGER_CANDIDATES_US[k / nf], FP8_CANDIDATES[k % nf]);
-        // TTFT under each front-end cost, at every (step overhead, all-reduce, eager and
-        // fp8) triple a fit chose.
-        let mut needed: Vec<(usize, usize, usize)> = (0..folds)
-            .map(|f| (step_of[f], ar_of[f], eager_of[f]))
+        let eager_all = eager_fit((step_all, ar_all), &idx);
+        // TTFT under each front-end cost, at every (step overhead, all-reduce, eager floor,
+        // fp8 per GPU) a fit chose.
+        type Key = (usize, usize, usize, Vec<(&'static str, usize)>);
+        let mut needed: Vec<Key> = (0..folds)
+            .map(|f| (step_of[f], ar_of[f], eager_of[f].0, eager_of[f].1.clone()))
             .collect();
-        needed.push((step_all, ar_all, eager_all));
-        needed.sort_unstable();
+        needed.push((step_all, ar_all, eager_all.0, eager_all.1.clone()));
+        needed.sort();
         needed.dedup();
-        let mut by_req: Vec<((usize, usize, usize), Vec<Errors>)> = Vec::new();
-        for &(s, a, e) in &needed {
+        let mut by_req: Vec<(Key, Vec<Errors>)> = Vec::new();
+        for key in &needed {
+            let (s, a, e, choice) = key;
+            let eff = |gpu: &str| {
+                choice
+                    .iter()
+                    .find(|(g, _)| *g == gpu)
+                    .and_then(|&(_, c)| FP8_CANDIDATES[c])
+            };
             let mut errs = Vec::new();
             for &ms in &CANDIDATES_MS {
-                let (us, eff) = joint(e);
-                errs.push(run(s, a, us, ms, eff)?);
+                errs.push(run(*s, *a, EAGER_CANDIDATES_US[*e], ms, &eff)?);
             }
-            by_req.push(((s, a, e), errs));
+            by_req.push((key.clone(), errs));
         }
         let mut held_out_ttft = Vec::new();
         let mut held_out_tpot = Vec::new();
         let mut held_out_rows = Vec::new();
         let mut fold_fits = Vec::new();
         for f in 0..folds {
-            let (s, a, e) = (step_of[f], ar_of[f], eager_of[f]);
+            let key = (step_of[f], ar_of[f], eager_of[f].0, eager_of[f].1.clone());
             let (test, train) = split(f);
-            let errs = at(&by_req, (s, a, e));
+            let errs = at(&by_req, key);
             let r = best(errs, &train, Score::Ttft);
             fold_fits.push(FoldFit {
-                step_overhead_us: STEP_CANDIDATES_US[s],
-                allreduce_latency_us: ALLREDUCE_CANDIDATES_US[a],
-                eager_layer_us: joint(e).0,
+                step_overhead_us: STEP_CANDIDATES_US[step_of[f]],
+                allreduce_latency_us: ALLREDUCE_CANDIDATES_US[ar_of[f]],
+                eager_layer_us: EAGER_CANDIDATES_US[eager_of[f].0],
                 request_overhead_ms: CANDIDATES_MS[r],
-                fp8_compute_eff: joint(e).1,
+                fp8_by_gpu: fp8_by_gpu(&eager_of[f].1),
             });
             for &i in &test {
                 held_out_ttft.push(errs[r][i].0);
@@ -373,7 +461,10 @@ pub fn fit_engine_costs(
             }
         }
         let r_all = best(
-            at(&by_req, (step_all, ar_all, eager_all)),
+            at(
+                &by_req,
+                (step_all, ar_all, eager_all.0, eager_all.1.clone()),
+            ),
             &idx,
             Score::Ttft,
         );
@@ -383,12 +474,13 @@ pub fn fit_engine_costs(
             request_overhead_ms: CANDIDATES_MS[r_all],
             step_overhead_us: STEP_CANDIDATES_US[step_all],
             allreduce_latency_us: ALLREDUCE_CANDIDATES_US[ar_all],
-            eager_layer_us: joint(eager_all).0,
-            fp8_compute_eff: joint(eager_all).1,
+            eager_layer_us: EAGER_CANDIDATES_US[eager_all.0],
+            fp8_by_gpu: fp8_by_gpu(&eager_all.1),
             fold_fits,
             held_out_ttft,
             held_out_tpot,
             ids,
+            gpus,
             held_out_rows,
             baseline_ttft: baseline.iter().map(|e| e.0).collect(),
             baseline_tpot: baseline.iter().map(|e| e.1).collect(),
@@ -421,13 +513,15 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
          # (aiconfigurator silicon.csv), one term at a time. {folds}-fold held-out: TTFT median |err| {t:.1}%, p90 {t90:.1}%\n\
          # (defaults: {bt:.1}%), TPOT median |err| {p:.1}%, p90 {p90:.1}% (defaults: {bp:.1}%); the folds' fits: {ff}.{edge}\n\
          # Fitted under the engine's serving defaults (`sim validate-model`): [engine] {engine_keys}.\n\
-         [cost]\nframework = \"{framework}\"\nstep_overhead_us = {us:.1}\n{ar}eager_layer_us = {eager:.1}\n{fp8}request_overhead_ms = {ms:.1}\n",
+         [cost]\nframework = \"{framework}\"\nstep_overhead_us = {us:.1}\n{ar}eager_layer_us = {eager:.1}\nrequest_overhead_ms = {ms:.1}\n{fp8}",
         ar = fit
             .allreduce_latency_us
             .map_or(String::new(), |a| format!("allreduce_latency_us = {a:.1}\n")),
         fp8 = fit
-            .fp8_compute_eff
-            .map_or(String::new(), |e| format!("fp8_compute_eff = {e:.2}\n")),
+            .fp8_by_gpu
+            .iter()
+            .map(|(g, e)| format!("\n[cost.by_gpu.{g}]\nfp8_compute_eff = {e:.2}\n"))
+            .collect::<String>(),
         engine = fit.engine,
         rows = fit.rows,
         t = 100.0 * median_abs(&fit.held_out_ttft),
@@ -515,22 +609,21 @@ fn fit_section(fit: &EngineFit, source: &str, folds: usize) -> String {
 /// The fits as a table (held-out errors in percent).
 pub fn fit_table(fits: &[EngineFit]) -> String {
     let mut s = String::from(
-        "engine   rows  step us  all-reduce us  eager us/layer  fp8 eff  front ms   TTFT |err| held out p50 / p90 (defaults p50)   TPOT |err| held out p50 / p90 (defaults p50)\n",
+        "engine   rows  step us  all-reduce us  eager us/layer  front ms  fp8 by GPU                 TTFT |err| held out p50 / p90 (defaults p50)   TPOT |err| held out p50 / p90 (defaults p50)\n",
     );
     for f in fits {
         let abs = |v: &[f64]| v.iter().map(|x| 100.0 * x.abs()).collect::<Vec<f64>>();
         let (t, p) = (abs(&f.held_out_ttft), abs(&f.held_out_tpot));
         s.push_str(&format!(
-            "{:<8} {:>4} {:>8.0} {:>14} {:>15.0} {:>8} {:>9.0}   {:>8.1}% / {:>6.1}% ({:>5.1}%)                {:>8.1}% / {:>6.1}% ({:>5.1}%)\n",
+            "{:<8} {:>4} {:>8.0} {:>14} {:>15.0} {:>9.0}  {:<26} {:>8.1}% / {:>6.1}% ({:>5.1}%)                {:>8.1}% / {:>6.1}% ({:>5.1}%)\n",
             f.engine,
             f.rows,
             f.step_overhead_us,
             f.allreduce_latency_us
                 .map_or("default".to_string(), |a| format!("{a:.0}")),
             f.eager_layer_us,
-            f.fp8_compute_eff
-                .map_or("default".to_string(), |e| format!("{e:.2}")),
             f.request_overhead_ms,
+            describe_fp8(&f.fp8_by_gpu),
             analysis::median(&t),
             analysis::percentile(&t, 90.0),
             100.0 * median_abs(&f.baseline_ttft),
@@ -540,4 +633,42 @@ pub fn fit_table(fits: &[EngineFit]) -> String {
         ));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fp8_by_gpu, per_gpu_fp8, FP8_CANDIDATES};
+
+    #[test]
+    fn each_gpu_takes_the_fp8_efficiency_its_own_moved_rows_favour() {
+        // Rows 0-1 on a B200 are best under candidate 1, rows 2-3 on an H200 under
+        // candidate 2; row 4 (16-bit weights, the same under every candidate) is left out
+        // of the H200's choice, which it would otherwise not change anyway.
+        let gpus = ["b200", "b200", "h200", "h200", "h200"];
+        let by_fp8: Vec<Vec<(f64, f64)>> = (0..FP8_CANDIDATES.len())
+            .map(|c| {
+                let b = if c == 1 { 0.01 } else { 0.3 };
+                let h = if c == 2 { 0.02 } else { 0.4 };
+                vec![(b, b), (-b, b), (h, -h), (h, h), (0.05, 0.05)]
+            })
+            .collect();
+        let train = [0, 1, 2, 3, 4];
+        let (choice, errors) = per_gpu_fp8(&by_fp8, &gpus, &train);
+        assert_eq!(choice, vec![("b200", 1), ("h200", 2)]);
+        assert_eq!(errors[0], (0.01, 0.01));
+        assert_eq!(errors[2], (0.02, -0.02));
+        assert_eq!(errors[4], (0.05, 0.05));
+        let written = fp8_by_gpu(&choice);
+        assert_eq!(
+            written,
+            vec![
+                ("b200", FP8_CANDIDATES[1].unwrap_or_default()),
+                ("h200", FP8_CANDIDATES[2].unwrap_or_default())
+            ]
+        );
+        // A GPU none of whose training rows the candidates move keeps the default.
+        let (choice, _) = per_gpu_fp8(&by_fp8, &gpus, &[4]);
+        assert_eq!(choice, vec![("b200", 0), ("h200", 0)]);
+        assert!(fp8_by_gpu(&choice).is_empty());
+    }
 }

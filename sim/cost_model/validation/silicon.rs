@@ -496,22 +496,22 @@ pub fn silicon_checks(
     rows: &[AggregateRow],
     calibration: Option<&Path>,
 ) -> Result<(Vec<SiliconCheck>, Skipped), crate::SimError> {
-    silicon_checks_with(rows, calibration, &|_| EngineCost::default())
+    silicon_checks_with(rows, calibration, &|_, _| EngineCost::default())
 }
 
-/// [`silicon_checks`] with a front-end cost per request
-/// and CPU cost per step for each engine (`cost(backend)`).
+/// [`silicon_checks`] with each engine's cost terms on each GPU (`cost(backend, gpu)`, the
+/// catalog GPU's name).
 pub fn silicon_checks_with(
     rows: &[AggregateRow],
     calibration: Option<&Path>,
-    cost: &(dyn Fn(&str) -> EngineCost + Sync),
+    cost: &(dyn Fn(&str, &str) -> EngineCost + Sync),
 ) -> Result<(Vec<SiliconCheck>, Skipped), crate::SimError> {
     let scn = template_with(calibration)?;
     check_rows(
         rows.iter(),
         plan,
         |p| (p.model, p.gpu),
-        |row, p| simulate(&scn, row, p, cost(&row.backend)),
+        |row, p| simulate(&scn, row, p, cost(&row.backend, p.gpu)),
         "does not fit the simulator's memory plan",
     )
 }
