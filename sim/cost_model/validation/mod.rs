@@ -649,8 +649,8 @@ fn defaults_section(s: &mut String, gemm_held_out: &[GemmHeldOut]) {
         (
             "`calibration/h100-sxm-cuda.toml` (opt-in)".into(),
             "its own file".into(),
-            "whole steps of this project's CUDA runtime on an H100 (`calibration/h100-sxm-cuda.steps.csv`: 7 steps, fitted before the attention's compute efficiency was a term)",
-            "not run on a GPU with `sim fidelity`",
+            "the full step grid of this project's CUDA runtime on an H100 (`calibration/h100-sxm-cuda.steps.csv`: 16 decode steps, 5 prefills)",
+            "`sim fidelity` on the H100, below",
         ),
         (
             "`calibration/h200-cuda.toml` (opt-in)".into(),
