@@ -1203,6 +1203,56 @@ fn an_eager_step_lasts_at_least_its_hosts_launches() {
 }
 
 #[test]
+fn a_decode_beyond_the_cuda_graphs_lasts_at_least_its_hosts_launches() {
+    // SmolLM2-135M on one H100 with the floor of its measured eager steps (30 layers at
+    // 50 us) and graphs of up to 8 tokens, as this project's CUDA runtime captures them.
+    let d = deployment("smollm2-135m", "h100-sxm", 1, Dtype::Bf16);
+    let m = CostModel::new(
+        d,
+        CostParams {
+            eager_layer_us: Some(50.0),
+            graph_max_tokens: Some(8),
+            ..CostParams::default()
+        },
+    );
+    let decode = |n: u32, samples: u32| {
+        m.step_cost(
+            std::iter::empty(),
+            std::iter::repeat_n((512, 1), n as usize),
+            samples,
+            n,
+        )
+    };
+    let floor = 30.0 * 50e-6;
+    let (graph, eager) = (decode(8, 8), decode(16, 16));
+    assert!(graph.seconds - graph.overhead_s < floor, "{graph:?}");
+    assert!(eager.seconds >= floor, "{eager:?}");
+    assert!(
+        eager.seconds > 1.5 * graph.seconds,
+        "{eager:?} vs {graph:?}"
+    );
+    // Eight sequences drawing more than eight samples (beam search, n > 1) leave the
+    // graphs too.
+    let many_draws = decode(8, 24);
+    assert!(many_draws.seconds >= floor, "{many_draws:?}");
+    // Without the graph size, decodes keep their graphs whatever their size.
+    let plain = CostModel::new(
+        deployment("smollm2-135m", "h100-sxm", 1, Dtype::Bf16),
+        CostParams {
+            eager_layer_us: Some(50.0),
+            ..CostParams::default()
+        },
+    );
+    let p = plain.step_cost(
+        std::iter::empty(),
+        std::iter::repeat_n((512, 1), 16),
+        16,
+        16,
+    );
+    assert!(p.seconds - p.overhead_s < floor, "{p:?}");
+}
+
+#[test]
 fn efficiencies_scoped_to_a_gpu_apply_on_that_gpu_only() {
     // `[cost.by_gpu.b200-sxm] fp8_compute_eff = 0.3` (an alias) halves the fp8 GEMMs' rate
     // on a B200 and leaves an H200 as the table says.

@@ -82,6 +82,12 @@ pub struct CostParams {
     /// `sim calibrate --observed` fits it per engine).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eager_layer_us: Option<f64>,
+    /// The most tokens (and sampled draws) a step replays in a CUDA graph: a decode step of
+    /// more runs its kernels eagerly too, so the `eager_layer_us` floor applies to it as to
+    /// a step that prefills (vLLM: `max_cudagraph_capture_size`, 512 by default; this
+    /// project's CUDA runtime: 8). Default: every decode step runs in a graph.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_max_tokens: Option<u32>,
     /// Fraction of the link bandwidth an all-reduce reaches (default: the GPU's,
     /// fitted to Vidur's NCCL profiles: 0.6 on A100 DGX, 0.8 on H100 DGX).
     pub allreduce_eff: Option<f64>,
@@ -198,6 +204,7 @@ impl Default for CostParams {
             framework: Framework::VllmV1,
             kernel_launch_us: None,
             eager_layer_us: None,
+            graph_max_tokens: None,
             allreduce_eff: None,
             allreduce_latency_us: None,
             custom_allreduce: None,
@@ -349,6 +356,12 @@ impl CostParams {
                     "cost.eager_layer_us: must be 0 to 100000 us, got {us}"
                 ));
             }
+        }
+        if self.graph_max_tokens == Some(0) {
+            return Err(
+                "cost.graph_max_tokens: must be at least 1 (a CUDA graph replays one token or more), got 0"
+                    .into(),
+            );
         }
         if let Some(ms) = self.request_overhead_ms {
             if !(0.0..=60_000.0).contains(&ms) {

@@ -340,12 +340,16 @@ impl CostModel {
         } else {
             layers * ar_s
         };
-        // A step that prefills runs outside the CUDA graphs: its GPUs wait for the host to
-        // launch each layer, so it lasts at least the host's time (the excess counted as
-        // overhead).
+        // A step that prefills, or decodes more tokens or draws than the CUDA graphs were
+        // captured for, runs outside them: its GPUs wait for the host to launch each
+        // layer, so it lasts at least the host's time (the excess counted as overhead).
         let gpu_s = linear_s + attention_s + elementwise_s + allreduce_s + head_s;
+        let beyond_graphs = self
+            .p
+            .graph_max_tokens
+            .is_some_and(|g| tokens > f64::from(g) || samples > g);
         let host_s = match self.p.eager_layer_us {
-            Some(us) if a.prefill_tokens > 0.0 => layers * us * 1e-6,
+            Some(us) if a.prefill_tokens > 0.0 || beyond_graphs => layers * us * 1e-6,
             _ => 0.0,
         };
         let overhead_s = overhead_s + (host_s - gpu_s).max(0.0);

@@ -11,6 +11,7 @@ use std::path::Path;
 
 use kernels::cuda::check::StepTime;
 
+use crate::cost_model::measurements::median_of;
 use crate::cost_model::{CostModel, CostParams, Deployment};
 
 /// A measured step as the cost model sees it.
@@ -41,13 +42,23 @@ pub struct StepFit {
     pub points: Vec<(StepTime, f64)>,
 }
 
+/// Whether the CUDA runtime runs a measured step outside its CUDA graphs: a prefill, or a
+/// decode of more sequences (tokens and draws) than its graphs hold.
+fn eager(p: &StepTime) -> bool {
+    p.tokens > 0 || p.batch as usize > kernels::cuda::GRAPH_MAX_TOKENS
+}
+
 /// Fits `gemm_compute_eff`, `gemm_memory_eff`, `attn_memory_eff`, `attn_compute_eff`, the
-/// per-step overhead and the cost per kernel (`kernel_launch_us`: the gap a small kernel
-/// leaves even in a CUDA graph) to measured steps of `d`'s model, by exhaustive search over
-/// fixed grids (reproducible), minimising the median absolute relative error and then the
-/// largest. The attention's compute efficiency is what long prefills need: a runtime whose
-/// prefill attention runs off the tensor cores spends a quadratic term the GEMMs' rate
-/// cannot absorb (the H200's 4,096-token prefill took 161 ms, 2.4x its 2,048-token one).
+/// per-step overhead, the cost per kernel (`kernel_launch_us`: the gap a small kernel
+/// leaves even in a CUDA graph) and the host's floor under a step run outside the graphs
+/// (`eager_layer_us`, with `graph_max_tokens` the runtime's graph size) to measured steps
+/// of `d`'s model, by exhaustive search over fixed grids (reproducible), minimising the
+/// median absolute relative error and then the largest. The attention's compute
+/// efficiency is what long prefills need: a runtime whose prefill attention runs off the
+/// tensor cores spends a quadratic term the GEMMs' rate cannot absorb (the H200's
+/// 4,096-token prefill took 161 ms, 2.4x its 2,048-token one). The eager floor is what a
+/// small model's steps need: SmolLM2-135M's decode of 16 sequences took 1.7 ms on the H100
+/// against 1.1 ms for 8 in a graph, the host launching its 30 layers one by one.
 pub fn fit_steps(d: &Deployment, block_size: u32, points: &[StepTime]) -> Option<StepFit> {
     if points.is_empty() {
         return None;
@@ -80,7 +91,22 @@ pub fn fit_steps(d: &Deployment, block_size: u32, points: &[StepTime]) -> Option
     // Prefill attention's fraction of the 16-bit peak: from scalar kernels (a few percent)
     // to FlashAttention-class ones.
     let attn_compute = [0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.75];
+    // The host's time per layer of an eager step, microseconds (0 first: a tie keeps the
+    // floor out), and each step's floor per microsecond.
+    let eager_us = [0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 100.0];
+    let floors: Vec<f64> = points
+        .iter()
+        .map(|p| {
+            if eager(p) {
+                f64::from(d.model.layers) * 1e-3
+            } else {
+                0.0
+            }
+        })
+        .collect();
     let mut best: Option<(f64, f64, CostParams)> = None;
+    // Each candidate's GPU times and errors, reused.
+    let (mut gpu, mut errs) = (vec![0.0; points.len()], vec![0.0; points.len()]);
     for ec in (6..=19).map(|i| f64::from(i) / 20.0) {
         for em in (12..=19).map(|i| f64::from(i) / 20.0) {
             for (ea, eac) in (10..=19)
@@ -104,29 +130,33 @@ pub fn fit_steps(d: &Deployment, block_size: u32, points: &[StepTime]) -> Option
                     .iter()
                     .flat_map(|o| launch_costs.iter().map(move |l| (o, l)))
                 {
-                    let mut errs: Vec<f64> = points
-                        .iter()
-                        .zip(&base)
-                        .zip(&kernels)
-                        .map(|((p, b), k)| ((b + (o + l * k) * 1e-3) - p.ms).abs() / p.ms)
-                        .collect();
-                    errs.sort_by(f64::total_cmp);
-                    let median = if errs.len() % 2 == 1 {
-                        errs[errs.len() / 2]
-                    } else {
-                        0.5 * (errs[errs.len() / 2 - 1] + errs[errs.len() / 2])
-                    };
-                    let max = errs.last().copied().unwrap_or(0.0);
-                    let better = best.as_ref().is_none_or(|(bm, bx, _)| {
-                        median < bm - 1e-12 || (median <= bm + 1e-12 && max < bx - 1e-12)
-                    });
-                    if better {
-                        let params = CostParams {
-                            step_overhead_us: Some(o),
-                            kernel_launch_us: Some(l),
-                            ..base_params.clone()
-                        };
-                        best = Some((median, max, params));
+                    for (g, (b, k)) in gpu.iter_mut().zip(base.iter().zip(&kernels)) {
+                        *g = b + l * k * 1e-3;
+                    }
+                    for &e in &eager_us {
+                        // A floor under no step's GPU time is the fit without it.
+                        if e > 0.0 && gpu.iter().zip(&floors).all(|(g, f)| e * f <= *g) {
+                            continue;
+                        }
+                        for (((x, p), g), f) in errs.iter_mut().zip(points).zip(&gpu).zip(&floors) {
+                            *x = (o * 1e-3 + g.max(e * f) - p.ms).abs() / p.ms;
+                        }
+                        let max = errs.iter().copied().fold(0.0, f64::max);
+                        let median = median_of(&mut errs);
+                        let better = best.as_ref().is_none_or(|(bm, bx, _)| {
+                            median < bm - 1e-12 || (median <= bm + 1e-12 && max < bx - 1e-12)
+                        });
+                        if better {
+                            let params = CostParams {
+                                step_overhead_us: Some(o),
+                                kernel_launch_us: Some(l),
+                                eager_layer_us: (e > 0.0).then_some(e),
+                                graph_max_tokens: (e > 0.0)
+                                    .then_some(kernels::cuda::GRAPH_MAX_TOKENS as u32),
+                                ..base_params.clone()
+                            };
+                            best = Some((median, max, params));
+                        }
                     }
                 }
             }
@@ -171,6 +201,9 @@ pub fn fit_toml(fit: &StepFit, how: &str, device: &str, date: &str, model: &str)
         p.kernel_launch_us.unwrap_or(0.0)
     );
     s.push_str("per_seq_overhead_us = 0\n");
+    if let (Some(us), Some(g)) = (p.eager_layer_us, p.graph_max_tokens) {
+        let _ = writeln!(s, "eager_layer_us = {us:.0}\ngraph_max_tokens = {g}");
+    }
     s.push_str("# step (batch x ctx, or prefill tokens): measured ms, fitted ms\n");
     for (t, pred) in &fit.points {
         let what = if t.tokens > 0 {
@@ -347,5 +380,40 @@ mod tests {
             );
         }
         assert!(fit.params.attn_compute_eff < 0.2, "{fit:?}");
+        // An 8B model's eager steps compute longer than the host launches: no floor.
+        assert_eq!(fit.params.eager_layer_us, None, "{fit:?}");
+    }
+
+    /// SmolLM2-135M's grid on the lent H100 (shipped): its decodes of 16 sequences and more
+    /// run outside the runtime's CUDA graphs and take 1.7-2.2 ms however little they
+    /// compute, against 0.95-1.2 ms for up to 8 in a graph. Only the host's floor under the
+    /// eager steps fits both sides.
+    #[test]
+    fn a_small_models_eager_steps_fit_the_hosts_floor() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("calibration/h100-smollm2-cuda.steps.csv");
+        let points = read_steps(&path).expect("shipped steps");
+        let d = Deployment {
+            model: find_model("smollm2-135m").expect("model").clone(),
+            ..llama_3_8b_on("h100-sxm")
+        };
+        let fit = fit_steps(&d, 16, &points).expect("fit");
+        let us = fit.params.eager_layer_us.expect("an eager floor");
+        assert!((20.0..=80.0).contains(&us), "{fit:?}");
+        assert_eq!(
+            fit.params.graph_max_tokens,
+            Some(kernels::cuda::GRAPH_MAX_TOKENS as u32)
+        );
+        assert!(fit.median_error < 0.03, "{fit:?}");
+        for (t, pred) in &fit.points {
+            if t.tokens == 0 && (16..=32).contains(&t.batch) {
+                assert!((pred - t.ms).abs() / t.ms < 0.05, "{t:?}: {pred}");
+            }
+        }
+        let toml = fit_toml(&fit, "--steps", "h100-sxm", "2026-11-27", "smollm2-135m");
+        let parsed: toml::Table = toml::from_str(&toml).expect("valid TOML");
+        let cost: CostParams = parsed["cost"].clone().try_into().expect("cost keys");
+        assert_eq!(cost.eager_layer_us, Some(us));
+        assert_eq!(cost.graph_max_tokens, fit.params.graph_max_tokens);
     }
 }
