@@ -357,11 +357,21 @@ impl CostParams {
                 ));
             }
         }
-        if self.graph_max_tokens == Some(0) {
-            return Err(
-                "cost.graph_max_tokens: must be at least 1 (a CUDA graph replays one token or more), got 0"
-                    .into(),
-            );
+        match (self.graph_max_tokens, self.eager_layer_us) {
+            (Some(0), _) => {
+                return Err(
+                    "cost.graph_max_tokens: must be at least 1 (a CUDA graph replays one token or more), got 0"
+                        .into(),
+                )
+            }
+            // It only says which decodes get the floor: alone it would change nothing.
+            (Some(_), None) => {
+                return Err(
+                    "cost.graph_max_tokens: needs cost.eager_layer_us, the host's floor it applies to the decodes beyond the graphs"
+                        .into(),
+                )
+            }
+            _ => {}
         }
         if let Some(ms) = self.request_overhead_ms {
             if !(0.0..=60_000.0).contains(&ms) {
