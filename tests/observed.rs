@@ -341,8 +341,8 @@ fn bad_run_files_give_one_line_naming_file_line_and_field() {
 #[test]
 fn the_front_end_cost_is_fitted_with_held_out_errors() {
     use sim::cost_model::calibration::observed::{
-        fit_engine_costs, fit_rows_csv, fit_toml, median_abs, CANDIDATES_MS, EAGER_CANDIDATES_US,
-        FP8_CANDIDATES,
+        fit_engine_costs, fit_rows_csv, fit_toml, median_abs, ALLREDUCE_EFF_CANDIDATES,
+        CANDIDATES_MS, EAGER_CANDIDATES_US, FP8_CANDIDATES,
     };
     let rows =
         observed::silicon::read(Path::new("tests/data/observed/silicon-small.csv")).expect("rows");
@@ -356,9 +356,17 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
     assert!(CANDIDATES_MS.contains(&f.request_overhead_ms));
     assert!(EAGER_CANDIDATES_US.contains(&f.eager_layer_us));
     assert!(
-        f.fp8_by_gpu
+        f.by_gpu
+            .fp8
             .iter()
             .all(|(g, e)| f.gpus.contains(g) && FP8_CANDIDATES.contains(&Some(*e))),
+        "{f:?}"
+    );
+    assert!(
+        f.by_gpu
+            .allreduce
+            .iter()
+            .all(|(g, e)| f.gpus.contains(g) && ALLREDUCE_EFF_CANDIDATES.contains(&Some(*e))),
         "{f:?}"
     );
     // The uncalibrated TTFT is short at low concurrency: a front-end cost or an eager
@@ -388,17 +396,22 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
     assert!(toml.contains("[cost]\nframework = \"tensorrt-llm\"\nstep_overhead_us = "));
     assert!(toml.contains("\neager_layer_us = "));
     assert!(toml.contains("\nrequest_overhead_ms = "));
-    // An engine's own fp8 efficiency is written, per GPU, only where it moved from the
-    // default.
-    for (g, e) in &f.fp8_by_gpu {
-        assert!(
-            toml.contains(&format!("\n[cost.by_gpu.{g}]\nfp8_compute_eff = {e:.2}\n")),
-            "{toml}"
-        );
+    // An engine's own fp8 and all-reduce efficiencies are written, per GPU, only where
+    // they moved from the defaults.
+    let parsed: toml::Table = toml::from_str(&toml).expect("valid TOML");
+    let by_gpu = parsed["cost"].get("by_gpu");
+    for (list, key) in [
+        (&f.by_gpu.fp8, "fp8_compute_eff"),
+        (&f.by_gpu.allreduce, "allreduce_eff"),
+    ] {
+        for (g, e) in list {
+            let got = by_gpu.and_then(|t| t[*g][key].as_float());
+            assert_eq!(got, Some((e * 100.0).round() / 100.0), "{toml}");
+        }
     }
     assert_eq!(
-        toml.matches("fp8_compute_eff = ").count() > 0,
-        !f.fp8_by_gpu.is_empty() || f.fold_fits.iter().any(|ff| !ff.fp8_by_gpu.is_empty()),
+        toml.contains("[cost.by_gpu."),
+        !f.by_gpu.fp8.is_empty() || !f.by_gpu.allreduce.is_empty(),
         "{toml}"
     );
     // The engine keys it names are the ones the shipped TensorRT-LLM fit names.

@@ -237,6 +237,7 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
                     "eager_layer_us",
                     "request_overhead_ms",
                     "fp8_compute_eff",
+                    "allreduce_eff",
                     "fp4_compute_eff",
                     "moe_gemm_eff",
                     "moe_prefill_expert_us",

@@ -1,11 +1,13 @@
-//! `sim calibrate --observed`: five of the cost model's terms fitted per engine to
+//! `sim calibrate --observed`: six of the cost model's terms fitted per engine to
 //! aiconfigurator's measured deployments, with k-fold held-out errors: the overhead of
 //! every step (`cost.step_overhead_us`) and the latency of each tensor-parallel all-reduce
 //! (`cost.allreduce_latency_us`), both of which TPOT shows, the host's time per layer of a
 //! step run outside CUDA graphs (`cost.eager_layer_us`: a floor under every step that
 //! prefills) together with the engine's own fp8 GEMM efficiency on each GPU
 //! (`[cost.by_gpu.<gpu>] fp8_compute_eff`: each engine runs its own fp8 kernels, and they
-//! reach different fractions of a Hopper's and a Blackwell's peak), and the per-request
+//! reach different fractions of a Hopper's and a Blackwell's peak), the engine's
+//! all-reduce efficiency on each GPU (`[cost.by_gpu.<gpu>] allreduce_eff`: its fused or
+//! custom all-reduce may fall back to NCCL at a prefill's sizes), and the per-request
 //! front end (`cost.request_overhead_ms`), which TTFT shows.
 //!
 //! Every simulable row of an engine is simulated once per candidate (the closed loop of
@@ -14,7 +16,8 @@
 //! all-reduce latency, then, with both, the eager floor and each GPU's fp8 efficiency with
 //! the smallest sum of the median absolute TTFT and TPOT errors (the floor moves TTFT, the
 //! efficiency both; each GPU's efficiency is chosen on its own rows that have fp8 weights),
-//! then the front-end cost with the smallest median absolute TTFT error
+//! then each GPU's all-reduce efficiency on its own rows at TP > 1 (the same score), then
+//! the front-end cost with the smallest median absolute TTFT error
 //! (one stage at a time, so the grid stays small); the held-out fold's errors under that
 //! fit are kept. Reported errors are those held-out
 //! errors; the spread of the fold fits is the fit's uncertainty. The fit on all rows is
@@ -49,9 +52,96 @@ pub const EAGER_CANDIDATES_US: [f64; 6] = [0.0, 300.0, 600.0, 900.0, 1200.0, 150
 /// default). Only rows with fp8 weights feel it.
 pub const FP8_CANDIDATES: [Option<f64>; 4] = [None, Some(0.5), Some(0.7), Some(0.8)];
 
-/// The engine's fp8 efficiency on each GPU where it departs from the default: `(catalog
-/// GPU, efficiency)`, by GPU name.
-pub type Fp8ByGpu = Vec<(&'static str, f64)>;
+/// The all-reduce efficiencies (fractions of the link's bandwidth) tried on each GPU after
+/// the eager floor (`None`: the GPU catalog's, fitted to NCCL's profiles). An engine's
+/// all-reduce can fall back from its fused or custom kernels to NCCL at the sizes a
+/// prefill moves (vLLM's FlashInfer fusion stops at 32 MB on B200s), which only TTFT at
+/// TP > 1 shows.
+pub const ALLREDUCE_EFF_CANDIDATES: [Option<f64>; 4] = [None, Some(0.6), Some(0.45), Some(0.3)];
+
+/// The engine's efficiencies on each GPU where they depart from the defaults, each list
+/// `(catalog GPU, value)` by GPU name: written as `[cost.by_gpu.<gpu>]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ByGpu {
+    /// `fp8_compute_eff`.
+    pub fp8: Vec<(&'static str, f64)>,
+    /// `allreduce_eff`.
+    pub allreduce: Vec<(&'static str, f64)>,
+}
+
+impl ByGpu {
+    /// From each GPU's candidate indices (into [`FP8_CANDIDATES`] and
+    /// [`ALLREDUCE_EFF_CANDIDATES`]), keeping the ones that depart from the default.
+    fn of(fp8: &[(&'static str, usize)], allreduce: &[(&'static str, usize)]) -> ByGpu {
+        let pick = |choice: &[(&'static str, usize)], table: &[Option<f64>]| {
+            choice
+                .iter()
+                .filter_map(|&(g, c)| table[c].map(|e| (g, e)))
+                .collect()
+        };
+        ByGpu {
+            fp8: pick(fp8, &FP8_CANDIDATES),
+            allreduce: pick(allreduce, &ALLREDUCE_EFF_CANDIDATES),
+        }
+    }
+
+    /// Each GPU named, once, by name, with its keys as TOML `key = value` pairs.
+    fn tables(&self) -> Vec<(&'static str, Vec<String>)> {
+        let mut out: Vec<(&'static str, Vec<String>)> = Vec::new();
+        for (list, key) in [
+            (&self.fp8, "fp8_compute_eff"),
+            (&self.allreduce, "allreduce_eff"),
+        ] {
+            for &(g, e) in list {
+                let kv = format!("{key} = {e:.2}");
+                match out.iter_mut().find(|(n, _)| *n == g) {
+                    Some((_, keys)) => keys.push(kv),
+                    None => out.push((g, vec![kv])),
+                }
+            }
+        }
+        out.sort_by_key(|(g, _)| *g);
+        out
+    }
+
+    /// As an inline TOML table (`{ b200 = { fp8_compute_eff = 0.50, allreduce_eff = 0.30 } }`).
+    fn inline(&self) -> String {
+        let entries: Vec<String> = self
+            .tables()
+            .iter()
+            .map(|(g, keys)| format!("{g} = {{ {} }}", keys.join(", ")))
+            .collect();
+        format!("{{ {} }}", entries.join(", "))
+    }
+
+    /// As `[cost.by_gpu.<gpu>]` tables.
+    fn toml_tables(&self) -> String {
+        self.tables()
+            .iter()
+            .map(|(g, keys)| format!("\n[cost.by_gpu.{g}]\n{}\n", keys.join("\n")))
+            .collect()
+    }
+
+    /// `fp8 b200 0.50, h200 0.70 / all-reduce b200 0.30`, or `default fp8 / default all-reduce`.
+    fn describe(&self) -> String {
+        let list = |v: &[(&str, f64)], what: &str| {
+            if v.is_empty() {
+                return format!("default {what}");
+            }
+            let entries: Vec<String> = v.iter().map(|(g, e)| format!("{g} {e:.2}")).collect();
+            format!("{what} {}", entries.join(", "))
+        };
+        format!(
+            "{} / {}",
+            list(&self.fp8, "fp8"),
+            list(&self.allreduce, "all-reduce eff")
+        )
+    }
+
+    fn is_empty(&self) -> bool {
+        self.fp8.is_empty() && self.allreduce.is_empty()
+    }
+}
 
 /// What a candidate is chosen on: the median absolute error of TTFT, of TPOT, or their sum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +158,7 @@ fn candidate(
     allreduce_us: Option<f64>,
     eager_us: f64,
     request_ms: f64,
-    fp8: Option<f64>,
+    (fp8, allreduce_eff): (Option<f64>, Option<f64>),
 ) -> EngineCost {
     EngineCost {
         step_overhead_us: Some(step_us),
@@ -76,26 +166,9 @@ fn candidate(
         allreduce_latency_us: allreduce_us,
         eager_layer_us: Some(eager_us),
         fp8_compute_eff: fp8,
+        allreduce_eff,
         ..EngineCost::default()
     }
-}
-
-/// `[cost.by_gpu]` of `fp8` as an inline TOML table (`{ b200 = { fp8_compute_eff = 0.50 } }`).
-fn by_gpu_inline(fp8: &[(&str, f64)]) -> String {
-    let entries: Vec<String> = fp8
-        .iter()
-        .map(|(g, e)| format!("{g} = {{ fp8_compute_eff = {e:.2} }}"))
-        .collect();
-    format!("{{ {} }}", entries.join(", "))
-}
-
-/// `fp8 b200 0.50, h200 0.70`, or `default fp8`.
-fn describe_fp8(fp8: &[(&str, f64)]) -> String {
-    if fp8.is_empty() {
-        return "default fp8".to_string();
-    }
-    let entries: Vec<String> = fp8.iter().map(|(g, e)| format!("{g} {e:.2}")).collect();
-    format!("fp8 {}", entries.join(", "))
 }
 
 /// One fold's fit.
@@ -109,8 +182,9 @@ pub struct FoldFit {
     pub eager_layer_us: f64,
     /// `cost.request_overhead_ms`.
     pub request_overhead_ms: f64,
-    /// `[cost.by_gpu.<gpu>] fp8_compute_eff` (GPUs not listed: the default).
-    pub fp8_by_gpu: Fp8ByGpu,
+    /// `[cost.by_gpu.<gpu>]` `fp8_compute_eff` and `allreduce_eff` (GPUs not listed: the
+    /// defaults).
+    pub by_gpu: ByGpu,
 }
 
 impl FoldFit {
@@ -121,9 +195,9 @@ impl FoldFit {
             .map_or("default all-reduce".to_string(), |a| {
                 format!("{a:.0} us all-reduce")
             });
-        let fp8 = describe_fp8(&self.fp8_by_gpu);
+        let effs = self.by_gpu.describe();
         format!(
-            "{:.0} us / {ar} / {:.0} us eager layer / {fp8} / {:.0} ms",
+            "{:.0} us / {ar} / {:.0} us eager layer / {effs} / {:.0} ms",
             self.step_overhead_us, self.eager_layer_us, self.request_overhead_ms
         )
     }
@@ -133,10 +207,10 @@ impl FoldFit {
         let ar = self.allreduce_latency_us.map_or(String::new(), |a| {
             format!(", allreduce_latency_us = {a:.1}")
         });
-        let fp8 = if self.fp8_by_gpu.is_empty() {
+        let fp8 = if self.by_gpu.is_empty() {
             String::new()
         } else {
-            format!(", by_gpu = {}", by_gpu_inline(&self.fp8_by_gpu))
+            format!(", by_gpu = {}", self.by_gpu.inline())
         };
         format!(
             "{{ step_overhead_us = {:.1}{ar}, eager_layer_us = {:.1}, request_overhead_ms = {:.1}{fp8} }}",
@@ -160,8 +234,8 @@ pub struct EngineFit {
     pub allreduce_latency_us: Option<f64>,
     /// The eager step's host time per layer fitted on every row (us).
     pub eager_layer_us: f64,
-    /// The engine's fp8 GEMM efficiency on each GPU, fitted on every row.
-    pub fp8_by_gpu: Fp8ByGpu,
+    /// The engine's fp8 GEMM and all-reduce efficiencies on each GPU, fitted on every row.
+    pub by_gpu: ByGpu,
     /// Each fold's fit.
     pub fold_fits: Vec<FoldFit>,
     /// Held-out signed TTFT errors (one per row).
@@ -220,13 +294,13 @@ fn pass_with_ids(
     ))
 }
 
-/// Each GPU's fp8 candidate (an index into `by_fp8`, whose entries are the rows' errors
-/// under each of [`FP8_CANDIDATES`]): the one whose errors on `train`'s rows on that GPU
-/// have the smallest sum of TTFT and TPOT medians, among the rows the candidates move (rows
-/// without fp8 weights do not feel them); 0 (the default) where no row moves. Returns the
-/// choice per GPU (`gpus`' distinct names, sorted) and every row's errors under its GPU's
-/// choice.
-fn per_gpu_fp8(
+/// Each GPU's candidate (an index into `by_fp8`, whose entries are the rows' errors under
+/// each candidate, e.g. of [`FP8_CANDIDATES`]): the one whose errors on `train`'s rows on
+/// that GPU have the smallest sum of TTFT and TPOT medians, among the rows the candidates
+/// move (rows without fp8 weights do not feel an fp8 efficiency, nor rows at TP 1 an
+/// all-reduce's); 0 (the default) where no row moves. Returns the choice per GPU (`gpus`'
+/// distinct names, sorted) and every row's errors under its GPU's choice.
+fn per_gpu(
     by_fp8: &[Errors],
     gpus: &[&'static str],
     train: &[usize],
@@ -254,15 +328,6 @@ fn per_gpu_fp8(
     let of = |g: &str| choice.iter().find(|(n, _)| *n == g).map_or(0, |c| c.1);
     let errors = (0..gpus.len()).map(|i| by_fp8[of(gpus[i])][i]).collect();
     (choice, errors)
-}
-
-/// The GPUs whose fp8 choice (indices into [`FP8_CANDIDATES`]) departs from the default,
-/// with their efficiencies.
-fn fp8_by_gpu(choice: &[(&'static str, usize)]) -> Fp8ByGpu {
-    choice
-        .iter()
-        .filter_map(|&(g, c)| FP8_CANDIDATES[c].map(|e| (g, e)))
-        .collect()
 }
 
 /// The candidates' errors computed for `key` (every key a fold chose was computed).
@@ -324,27 +389,26 @@ pub fn fit_engine_costs(
             continue;
         }
         // One pass at step overhead `s` and all-reduce latency `a` (candidate indices), an
-        // eager floor, a front-end cost and an fp8 efficiency per GPU (`None`: the
-        // kernels' fit).
-        let run = |s: usize,
-                   a: usize,
-                   eager_us: f64,
-                   request_ms: f64,
-                   eff: &(dyn Fn(&str) -> Option<f64> + Sync)| {
+        // eager floor, a front-end cost, and an fp8 and an all-reduce efficiency per GPU
+        // (`None`: the kernels' fit, the catalog's).
+        type Effs<'a> = &'a (dyn Fn(&str) -> (Option<f64>, Option<f64>) + Sync);
+        let run = |s: usize, a: usize, eager_us: f64, request_ms: f64, eff: Effs| {
             pass(&mine, &|gpu| {
+                let (f8, ar) = eff(gpu);
                 candidate(
                     STEP_CANDIDATES_US[s],
                     ALLREDUCE_CANDIDATES_US[a],
                     eager_us,
                     request_ms,
-                    eff(gpu).or(fp8),
+                    (f8.or(fp8), ar),
                 )
             })
         };
+        let none: Effs = &|_| (None, None);
         // TPOT under each step overhead (no front-end cost: it barely moves TPOT).
         let mut by_step = Vec::new();
         for s in 0..STEP_CANDIDATES_US.len() {
-            by_step.push(run(s, 0, 0.0, 0.0, &|_| None)?);
+            by_step.push(run(s, 0, 0.0, 0.0, none)?);
         }
         // A fixed shuffle, so folds mix GPUs, models and concurrencies.
         let mut idx: Vec<usize> = (0..n).collect();
@@ -368,7 +432,7 @@ pub fn fit_engine_costs(
         for &s in &steps_needed {
             let mut errs = vec![by_step[s].clone()];
             for a in 1..ALLREDUCE_CANDIDATES_US.len() {
-                errs.push(run(s, a, 0.0, 0.0, &|_| None)?);
+                errs.push(run(s, a, 0.0, 0.0, none)?);
             }
             by_ar.push((s, errs));
         }
@@ -393,48 +457,99 @@ pub fn fit_engine_costs(
                         errs.push(at(&by_ar, s)[a].clone());
                         continue;
                     }
-                    errs.push(run(s, a, us, 0.0, &|_| eff)?);
+                    errs.push(run(s, a, us, 0.0, &|_| (eff, None))?);
                 }
             }
             by_eager.push(((s, a), errs));
         }
         // The eager floor (index) whose errors, with each GPU's fp8 efficiency chosen on
-        // `train`, score best on `train`; and those per-GPU choices.
+        // `train`, score best on `train`; those per-GPU choices, and the rows' errors.
+        type Choice = Vec<(&'static str, usize)>;
         let eager_fit = |pair: (usize, usize), train: &[usize]| {
             let errs = at(&by_eager, pair);
-            let per_eager: Vec<(Vec<(&'static str, usize)>, Errors)> = (0..EAGER_CANDIDATES_US
-                .len())
-                .map(|e| per_gpu_fp8(&errs[e * nf..(e + 1) * nf], &gpus, train))
+            let per_eager: Vec<(Choice, Errors)> = (0..EAGER_CANDIDATES_US.len())
+                .map(|e| per_gpu(&errs[e * nf..(e + 1) * nf], &gpus, train))
                 .collect();
             let combined: Vec<Errors> = per_eager.iter().map(|(_, errs)| errs.clone()).collect();
             let e = best(&combined, train, Score::Both);
             (e, per_eager[e].0.clone())
         };
-        let eager_of: Vec<(usize, Vec<(&'static str, usize)>)> = (0..folds)
+        let eager_of: Vec<(usize, Choice)> = (0..folds)
             .map(|f| eager_fit((step_of[f], ar_of[f]), &split(f).1))
             .collect();
         let eager_all = eager_fit((step_all, ar_all), &idx);
-        // TTFT under each front-end cost, at every (step overhead, all-reduce, eager floor,
-        // fp8 per GPU) a fit chose.
-        type Key = (usize, usize, usize, Vec<(&'static str, usize)>);
-        let mut needed: Vec<Key> = (0..folds)
+        let fp8_of = |choice: &Choice, gpu: &str| {
+            choice
+                .iter()
+                .find(|(g, _)| *g == gpu)
+                .and_then(|&(_, c)| FP8_CANDIDATES[c])
+        };
+        // Each all-reduce efficiency on every GPU, at every (step overhead, all-reduce
+        // latency, eager floor, fp8 per GPU) a fit chose; then each GPU's, chosen on its
+        // own rows at TP > 1.
+        type Key = (usize, usize, usize, Choice);
+        let mut keys: Vec<Key> = (0..folds)
             .map(|f| (step_of[f], ar_of[f], eager_of[f].0, eager_of[f].1.clone()))
             .collect();
-        needed.push((step_all, ar_all, eager_all.0, eager_all.1.clone()));
+        keys.push((step_all, ar_all, eager_all.0, eager_all.1.clone()));
+        keys.sort();
+        keys.dedup();
+        let mut by_ar_eff: Vec<(Key, Vec<Errors>)> = Vec::new();
+        for key in &keys {
+            let (s, a, e, choice) = key;
+            let mut errs = Vec::new();
+            for &ar in &ALLREDUCE_EFF_CANDIDATES {
+                errs.push(run(*s, *a, EAGER_CANDIDATES_US[*e], 0.0, &|gpu| {
+                    (fp8_of(choice, gpu), ar)
+                })?);
+            }
+            by_ar_eff.push((key.clone(), errs));
+        }
+        let ar_eff_fit = |key: Key, train: &[usize]| per_gpu(at(&by_ar_eff, key), &gpus, train).0;
+        let ar_eff_of: Vec<Choice> = (0..folds)
+            .map(|f| {
+                let key = (step_of[f], ar_of[f], eager_of[f].0, eager_of[f].1.clone());
+                ar_eff_fit(key, &split(f).1)
+            })
+            .collect();
+        let ar_eff_all = ar_eff_fit((step_all, ar_all, eager_all.0, eager_all.1.clone()), &idx);
+        // TTFT under each front-end cost, at every (step overhead, all-reduce, eager floor,
+        // fp8 and all-reduce efficiency per GPU) a fit chose.
+        type FullKey = (usize, usize, usize, Choice, Choice);
+        let key_of = |f: usize| -> FullKey {
+            (
+                step_of[f],
+                ar_of[f],
+                eager_of[f].0,
+                eager_of[f].1.clone(),
+                ar_eff_of[f].clone(),
+            )
+        };
+        let key_all: FullKey = (
+            step_all,
+            ar_all,
+            eager_all.0,
+            eager_all.1.clone(),
+            ar_eff_all.clone(),
+        );
+        let mut needed: Vec<FullKey> = (0..folds).map(key_of).collect();
+        needed.push(key_all.clone());
         needed.sort();
         needed.dedup();
-        let mut by_req: Vec<(Key, Vec<Errors>)> = Vec::new();
+        let mut by_req: Vec<(FullKey, Vec<Errors>)> = Vec::new();
         for key in &needed {
-            let (s, a, e, choice) = key;
-            let eff = |gpu: &str| {
-                choice
+            let (s, a, e, fp8_choice, ar_choice) = key;
+            let ar_eff = |gpu: &str| {
+                ar_choice
                     .iter()
                     .find(|(g, _)| *g == gpu)
-                    .and_then(|&(_, c)| FP8_CANDIDATES[c])
+                    .and_then(|&(_, c)| ALLREDUCE_EFF_CANDIDATES[c])
             };
             let mut errs = Vec::new();
             for &ms in &CANDIDATES_MS {
-                errs.push(run(*s, *a, EAGER_CANDIDATES_US[*e], ms, &eff)?);
+                errs.push(run(*s, *a, EAGER_CANDIDATES_US[*e], ms, &|gpu| {
+                    (fp8_of(fp8_choice, gpu), ar_eff(gpu))
+                })?);
             }
             by_req.push((key.clone(), errs));
         }
@@ -443,16 +558,15 @@ pub fn fit_engine_costs(
         let mut held_out_rows = Vec::new();
         let mut fold_fits = Vec::new();
         for f in 0..folds {
-            let key = (step_of[f], ar_of[f], eager_of[f].0, eager_of[f].1.clone());
             let (test, train) = split(f);
-            let errs = at(&by_req, key);
+            let errs = at(&by_req, key_of(f));
             let r = best(errs, &train, Score::Ttft);
             fold_fits.push(FoldFit {
                 step_overhead_us: STEP_CANDIDATES_US[step_of[f]],
                 allreduce_latency_us: ALLREDUCE_CANDIDATES_US[ar_of[f]],
                 eager_layer_us: EAGER_CANDIDATES_US[eager_of[f].0],
                 request_overhead_ms: CANDIDATES_MS[r],
-                fp8_by_gpu: fp8_by_gpu(&eager_of[f].1),
+                by_gpu: ByGpu::of(&eager_of[f].1, &ar_eff_of[f]),
             });
             for &i in &test {
                 held_out_ttft.push(errs[r][i].0);
@@ -460,14 +574,7 @@ pub fn fit_engine_costs(
                 held_out_rows.push((i, f));
             }
         }
-        let r_all = best(
-            at(
-                &by_req,
-                (step_all, ar_all, eager_all.0, eager_all.1.clone()),
-            ),
-            &idx,
-            Score::Ttft,
-        );
+        let r_all = best(at(&by_req, key_all), &idx, Score::Ttft);
         fits.push(EngineFit {
             engine,
             rows: n,
@@ -475,7 +582,7 @@ pub fn fit_engine_costs(
             step_overhead_us: STEP_CANDIDATES_US[step_all],
             allreduce_latency_us: ALLREDUCE_CANDIDATES_US[ar_all],
             eager_layer_us: EAGER_CANDIDATES_US[eager_all.0],
-            fp8_by_gpu: fp8_by_gpu(&eager_all.1),
+            by_gpu: ByGpu::of(&eager_all.1, &ar_eff_all),
             fold_fits,
             held_out_ttft,
             held_out_tpot,
@@ -517,11 +624,7 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
         ar = fit
             .allreduce_latency_us
             .map_or(String::new(), |a| format!("allreduce_latency_us = {a:.1}\n")),
-        fp8 = fit
-            .fp8_by_gpu
-            .iter()
-            .map(|(g, e)| format!("\n[cost.by_gpu.{g}]\nfp8_compute_eff = {e:.2}\n"))
-            .collect::<String>(),
+        fp8 = fit.by_gpu.toml_tables(),
         engine = fit.engine,
         rows = fit.rows,
         t = 100.0 * median_abs(&fit.held_out_ttft),
@@ -609,13 +712,13 @@ fn fit_section(fit: &EngineFit, source: &str, folds: usize) -> String {
 /// The fits as a table (held-out errors in percent).
 pub fn fit_table(fits: &[EngineFit]) -> String {
     let mut s = String::from(
-        "engine   rows  step us  all-reduce us  eager us/layer  front ms  fp8 by GPU                 TTFT |err| held out p50 / p90 (defaults p50)   TPOT |err| held out p50 / p90 (defaults p50)\n",
+        "engine   rows  step us  all-reduce us  eager us/layer  front ms  efficiencies by GPU                                TTFT |err| held out p50 / p90 (defaults p50)   TPOT |err| held out p50 / p90 (defaults p50)\n",
     );
     for f in fits {
         let abs = |v: &[f64]| v.iter().map(|x| 100.0 * x.abs()).collect::<Vec<f64>>();
         let (t, p) = (abs(&f.held_out_ttft), abs(&f.held_out_tpot));
         s.push_str(&format!(
-            "{:<8} {:>4} {:>8.0} {:>14} {:>15.0} {:>9.0}  {:<26} {:>8.1}% / {:>6.1}% ({:>5.1}%)                {:>8.1}% / {:>6.1}% ({:>5.1}%)\n",
+            "{:<8} {:>4} {:>8.0} {:>14} {:>15.0} {:>9.0}  {:<50} {:>8.1}% / {:>6.1}% ({:>5.1}%)                {:>8.1}% / {:>6.1}% ({:>5.1}%)\n",
             f.engine,
             f.rows,
             f.step_overhead_us,
@@ -623,7 +726,7 @@ pub fn fit_table(fits: &[EngineFit]) -> String {
                 .map_or("default".to_string(), |a| format!("{a:.0}")),
             f.eager_layer_us,
             f.request_overhead_ms,
-            describe_fp8(&f.fp8_by_gpu),
+            f.by_gpu.describe(),
             analysis::median(&t),
             analysis::percentile(&t, 90.0),
             100.0 * median_abs(&f.baseline_ttft),
@@ -637,10 +740,10 @@ pub fn fit_table(fits: &[EngineFit]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{fp8_by_gpu, per_gpu_fp8, FP8_CANDIDATES};
+    use super::{per_gpu, ByGpu, ALLREDUCE_EFF_CANDIDATES, FP8_CANDIDATES};
 
     #[test]
-    fn each_gpu_takes_the_fp8_efficiency_its_own_moved_rows_favour() {
+    fn each_gpu_takes_the_efficiency_its_own_moved_rows_favour() {
         // Rows 0-1 on a B200 are best under candidate 1, rows 2-3 on an H200 under
         // candidate 2; row 4 (16-bit weights, the same under every candidate) is left out
         // of the H200's choice, which it would otherwise not change anyway.
@@ -653,22 +756,32 @@ mod tests {
             })
             .collect();
         let train = [0, 1, 2, 3, 4];
-        let (choice, errors) = per_gpu_fp8(&by_fp8, &gpus, &train);
+        let (choice, errors) = per_gpu(&by_fp8, &gpus, &train);
         assert_eq!(choice, vec![("b200", 1), ("h200", 2)]);
         assert_eq!(errors[0], (0.01, 0.01));
         assert_eq!(errors[2], (0.02, -0.02));
         assert_eq!(errors[4], (0.05, 0.05));
-        let written = fp8_by_gpu(&choice);
-        assert_eq!(
-            written,
-            vec![
-                ("b200", FP8_CANDIDATES[1].unwrap_or_default()),
-                ("h200", FP8_CANDIDATES[2].unwrap_or_default())
-            ]
+        // With an all-reduce efficiency on the B200 only, the two share its table.
+        let written = ByGpu::of(&choice, &[("b200", 3), ("h200", 0)]);
+        let (f1, f2, a3) = (
+            FP8_CANDIDATES[1].unwrap_or_default(),
+            FP8_CANDIDATES[2].unwrap_or_default(),
+            ALLREDUCE_EFF_CANDIDATES[3].unwrap_or_default(),
         );
+        assert_eq!(written.fp8, vec![("b200", f1), ("h200", f2)]);
+        assert_eq!(written.allreduce, vec![("b200", a3)]);
+        let tables = written.toml_tables();
+        assert_eq!(tables.matches("[cost.by_gpu.b200]").count(), 1, "{tables}");
+        let parsed: toml::Table = toml::from_str(&tables).expect("TOML");
+        let b200 = &parsed["cost"]["by_gpu"]["b200"];
+        assert_eq!(b200["allreduce_eff"].as_float(), Some(a3));
+        assert_eq!(b200["fp8_compute_eff"].as_float(), Some(f1));
+        let inline: toml::Table =
+            toml::from_str(&format!("x = {}", written.inline())).expect("inline TOML");
+        assert_eq!(inline["x"]["h200"]["fp8_compute_eff"].as_float(), Some(f2));
         // A GPU none of whose training rows the candidates move keeps the default.
-        let (choice, _) = per_gpu_fp8(&by_fp8, &gpus, &[4]);
+        let (choice, _) = per_gpu(&by_fp8, &gpus, &[4]);
         assert_eq!(choice, vec![("b200", 0), ("h200", 0)]);
-        assert!(fp8_by_gpu(&choice).is_empty());
+        assert!(ByGpu::of(&choice, &[]).is_empty());
     }
 }

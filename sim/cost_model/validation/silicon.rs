@@ -37,6 +37,8 @@ pub struct EngineCost {
     pub eager_layer_us: Option<f64>,
     /// `cost.fp8_compute_eff`.
     pub fp8_compute_eff: Option<f64>,
+    /// `cost.allreduce_eff`.
+    pub allreduce_eff: Option<f64>,
     /// `cost.fp4_compute_eff`.
     pub fp4_compute_eff: Option<f64>,
     /// `cost.moe_gemm_eff`.
@@ -332,6 +334,9 @@ pub(crate) fn base_config(
     }
     if let Some(e) = engine.fp8_compute_eff {
         cfg.cost.fp8_compute_eff = e;
+    }
+    if engine.allreduce_eff.is_some() {
+        cfg.cost.allreduce_eff = engine.allreduce_eff;
     }
     if let Some(e) = engine.fp4_compute_eff {
         cfg.cost.fp4_compute_eff = e;
