@@ -355,20 +355,16 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
     assert_eq!(f.held_out_ttft.len(), 12);
     assert!(CANDIDATES_MS.contains(&f.request_overhead_ms));
     assert!(EAGER_CANDIDATES_US.contains(&f.eager_layer_us));
-    assert!(
-        f.by_gpu
-            .fp8
-            .iter()
-            .all(|(g, e)| f.gpus.contains(g) && FP8_CANDIDATES.contains(&Some(*e))),
-        "{f:?}"
-    );
-    assert!(
-        f.by_gpu
-            .allreduce
-            .iter()
-            .all(|(g, e)| f.gpus.contains(g) && ALLREDUCE_EFF_CANDIDATES.contains(&Some(*e))),
-        "{f:?}"
-    );
+    for (list, candidates) in [
+        (&f.by_gpu.fp8, &FP8_CANDIDATES),
+        (&f.by_gpu.allreduce, &ALLREDUCE_EFF_CANDIDATES),
+    ] {
+        assert!(
+            list.iter()
+                .all(|(g, e)| f.gpus.contains(g) && candidates.contains(&Some(*e))),
+            "{f:?}"
+        );
+    }
     // The uncalibrated TTFT is short at low concurrency: a front-end cost or an eager
     // floor under the prefills makes it up.
     assert!(

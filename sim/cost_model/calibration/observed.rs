@@ -29,8 +29,9 @@ use rand::SeedableRng;
 use crate::cost_model::validation::silicon::{self, silicon_checks_with, EngineCost};
 use crate::observed::silicon::AggregateRow;
 
-/// The front-end costs tried, milliseconds.
+/// The front-end costs tried, milliseconds (the first, none, is the stage before's pass).
 pub const CANDIDATES_MS: [f64; 8] = [0.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0];
+const _: () = assert!(CANDIDATES_MS[0] == 0.0);
 
 /// The step overheads tried, microseconds (up to 5 ms: vLLM's rows chose the largest
 /// when 2.5 ms was the last).
@@ -58,6 +59,8 @@ pub const FP8_CANDIDATES: [Option<f64>; 4] = [None, Some(0.5), Some(0.7), Some(0
 /// prefill moves (vLLM's FlashInfer fusion stops at 32 MB on B200s), which only TTFT at
 /// TP > 1 shows.
 pub const ALLREDUCE_EFF_CANDIDATES: [Option<f64>; 4] = [None, Some(0.6), Some(0.45), Some(0.3)];
+// The first, the catalog's, is the eager stage's pass.
+const _: () = assert!(ALLREDUCE_EFF_CANDIDATES[0].is_none());
 
 /// The engine's efficiencies on each GPU where they depart from the defaults, each list
 /// `(catalog GPU, value)` by GPU name: written as `[cost.by_gpu.<gpu>]`.
@@ -325,9 +328,23 @@ fn per_gpu(
             (g, c)
         })
         .collect();
-    let of = |g: &str| choice.iter().find(|(n, _)| *n == g).map_or(0, |c| c.1);
-    let errors = (0..gpus.len()).map(|i| by_fp8[of(gpus[i])][i]).collect();
+    let errors = under(by_fp8, &choice, gpus);
     (choice, errors)
+}
+
+/// Every row's errors under its GPU's candidate in `choice` (0 for a GPU not named): what
+/// one pass with those per-GPU candidates gives, since a row feels only its own GPU's.
+fn under(by: &[Errors], choice: &[(&'static str, usize)], gpus: &[&'static str]) -> Errors {
+    let of = |g: &str| choice.iter().find(|(n, _)| *n == g).map_or(0, |c| c.1);
+    (0..gpus.len()).map(|i| by[of(gpus[i])][i]).collect()
+}
+
+/// The value `choice` gives `gpu` from `table` (`None`: not named, or the default).
+fn pick(choice: &[(&'static str, usize)], table: &[Option<f64>], gpu: &str) -> Option<f64> {
+    choice
+        .iter()
+        .find(|(g, _)| *g == gpu)
+        .and_then(|&(_, c)| table[c])
 }
 
 /// The candidates' errors computed for `key` (every key a fold chose was computed).
@@ -478,41 +495,34 @@ pub fn fit_engine_costs(
             .map(|f| eager_fit((step_of[f], ar_of[f]), &split(f).1))
             .collect();
         let eager_all = eager_fit((step_all, ar_all), &idx);
-        let fp8_of = |choice: &Choice, gpu: &str| {
-            choice
-                .iter()
-                .find(|(g, _)| *g == gpu)
-                .and_then(|&(_, c)| FP8_CANDIDATES[c])
-        };
         // Each all-reduce efficiency on every GPU, at every (step overhead, all-reduce
         // latency, eager floor, fp8 per GPU) a fit chose; then each GPU's, chosen on its
-        // own rows at TP > 1.
+        // own rows at TP > 1 (the catalog's efficiency is the eager stage's pass).
         type Key = (usize, usize, usize, Choice);
-        let mut keys: Vec<Key> = (0..folds)
-            .map(|f| (step_of[f], ar_of[f], eager_of[f].0, eager_of[f].1.clone()))
-            .collect();
-        keys.push((step_all, ar_all, eager_all.0, eager_all.1.clone()));
+        let eager_key =
+            |f: usize| -> Key { (step_of[f], ar_of[f], eager_of[f].0, eager_of[f].1.clone()) };
+        let eager_key_all: Key = (step_all, ar_all, eager_all.0, eager_all.1.clone());
+        let mut keys: Vec<Key> = (0..folds).map(eager_key).collect();
+        keys.push(eager_key_all.clone());
         keys.sort();
         keys.dedup();
         let mut by_ar_eff: Vec<(Key, Vec<Errors>)> = Vec::new();
         for key in &keys {
             let (s, a, e, choice) = key;
-            let mut errs = Vec::new();
-            for &ar in &ALLREDUCE_EFF_CANDIDATES {
+            let fp8s = &at(&by_eager, (*s, *a))[e * nf..(e + 1) * nf];
+            let mut errs = vec![under(fp8s, choice, &gpus)];
+            for &ar in &ALLREDUCE_EFF_CANDIDATES[1..] {
                 errs.push(run(*s, *a, EAGER_CANDIDATES_US[*e], 0.0, &|gpu| {
-                    (fp8_of(choice, gpu), ar)
+                    (pick(choice, &FP8_CANDIDATES, gpu), ar)
                 })?);
             }
             by_ar_eff.push((key.clone(), errs));
         }
         let ar_eff_fit = |key: Key, train: &[usize]| per_gpu(at(&by_ar_eff, key), &gpus, train).0;
         let ar_eff_of: Vec<Choice> = (0..folds)
-            .map(|f| {
-                let key = (step_of[f], ar_of[f], eager_of[f].0, eager_of[f].1.clone());
-                ar_eff_fit(key, &split(f).1)
-            })
+            .map(|f| ar_eff_fit(eager_key(f), &split(f).1))
             .collect();
-        let ar_eff_all = ar_eff_fit((step_all, ar_all, eager_all.0, eager_all.1.clone()), &idx);
+        let ar_eff_all = ar_eff_fit(eager_key_all, &idx);
         // TTFT under each front-end cost, at every (step overhead, all-reduce, eager floor,
         // fp8 and all-reduce efficiency per GPU) a fit chose.
         type FullKey = (usize, usize, usize, Choice, Choice);
@@ -539,16 +549,15 @@ pub fn fit_engine_costs(
         let mut by_req: Vec<(FullKey, Vec<Errors>)> = Vec::new();
         for key in &needed {
             let (s, a, e, fp8_choice, ar_choice) = key;
-            let ar_eff = |gpu: &str| {
-                ar_choice
-                    .iter()
-                    .find(|(g, _)| *g == gpu)
-                    .and_then(|&(_, c)| ALLREDUCE_EFF_CANDIDATES[c])
-            };
-            let mut errs = Vec::new();
-            for &ms in &CANDIDATES_MS {
+            // No front-end cost is the all-reduce stage's pass.
+            let ar_effs = at(&by_ar_eff, (*s, *a, *e, fp8_choice.clone()));
+            let mut errs = vec![under(ar_effs, ar_choice, &gpus)];
+            for &ms in &CANDIDATES_MS[1..] {
                 errs.push(run(*s, *a, EAGER_CANDIDATES_US[*e], ms, &|gpu| {
-                    (fp8_of(fp8_choice, gpu), ar_eff(gpu))
+                    (
+                        pick(fp8_choice, &FP8_CANDIDATES, gpu),
+                        pick(ar_choice, &ALLREDUCE_EFF_CANDIDATES, gpu),
+                    )
                 })?);
             }
             by_req.push((key.clone(), errs));
