@@ -1107,6 +1107,42 @@ fn routing_skew_reads_fewer_experts_and_moe_layers_cost_a_fixed_time() {
 }
 
 #[test]
+fn a_moe_prefill_floor_counts_the_models_experts_and_spares_one_token_chunks() {
+    // DeepSeek-R1 (58 MoE layers of 256 experts) on 8 H200s: a step that prefills pays
+    // the floor once per expert of the model and MoE layer, with experts split by TP or by
+    // EP8 alike (the measured floors do not shrink with expert parallelism); a chunk of
+    // one token (a transferred request's last prompt token) runs as a decode, floor-free.
+    for ep in [1, 8] {
+        let mut d = deployment("deepseek-r1", "h200", 8, Dtype::Fp8Block);
+        d.parallel.ep = ep;
+        let step = |us: f64, chunk: u32| {
+            CostModel::new(
+                d.clone(),
+                CostParams {
+                    moe_prefill_expert_us: us,
+                    ..CostParams::default()
+                },
+            )
+            .step_cost(
+                std::iter::once((1024 - chunk, chunk)),
+                std::iter::repeat_n((2048, 1), 4),
+                5,
+                5,
+            )
+        };
+        let floor = 58.0 * 256.0 * 8e-6;
+        let (without, with) = (step(0.0, 512), step(8.0, 512));
+        assert!(
+            (with.seconds - without.seconds - floor).abs() < 1e-9,
+            "EP{ep}: {} vs {}",
+            with.seconds,
+            without.seconds
+        );
+        assert_eq!(step(0.0, 1).seconds, step(8.0, 1).seconds, "EP{ep}");
+    }
+}
+
+#[test]
 fn pipeline_micro_batches_fill_the_stages_on_compute_bound_work() {
     // Llama-2-70B fp16 on 4 x A100 as PP4, 2,000-token prompts arriving at once: each
     // 2,048-token step is compute-bound, so with a micro-batch per stage in flight (the
@@ -1196,10 +1232,20 @@ fn an_eager_step_lasts_at_least_its_hosts_launches() {
     let (p, e) = (prefill(&plain, 32_768), prefill(&eager, 32_768));
     assert!(p.seconds - p.overhead_s > floor, "{p:?}");
     assert_eq!(p.seconds, e.seconds);
-    // Decode steps run in CUDA graphs: no floor.
+    // Decode steps run in CUDA graphs: no floor; nor with a one-token prefill chunk (a
+    // transferred request's last prompt token, a full prefix hit's), shaped as a decode.
     let decode =
         |m: &CostModel| m.step_cost(std::iter::empty(), std::iter::repeat_n((512, 1), 8), 8, 8);
     assert_eq!(decode(&plain).seconds, decode(&eager).seconds);
+    let last_token = |m: &CostModel| {
+        m.step_cost(
+            std::iter::once((511, 1)),
+            std::iter::repeat_n((512, 1), 8),
+            9,
+            9,
+        )
+    };
+    assert_eq!(last_token(&plain).seconds, last_token(&eager).seconds);
 }
 
 #[test]

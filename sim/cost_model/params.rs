@@ -140,10 +140,12 @@ pub struct CostParams {
     /// memory alike). The default is `sim calibrate --observed`'s fit to aiconfigurator's
     /// mixture-of-experts deployments (`calibration/moe-gemm.toml`).
     pub moe_gemm_eff: f64,
-    /// Fixed cost per expert a GPU holds, per MoE layer of a step that prefills,
-    /// microseconds: a prefill's grouped GEMMs run every local expert as its own problem
-    /// (tile scheduling, per-expert scales and launches, outside the CUDA graphs decode
-    /// steps replay), whatever its tokens. The default is `sim calibrate --observed`'s fit
+    /// Fixed cost per expert of the model, per MoE layer of a step that prefills (a chunk
+    /// of more than one token), microseconds: a prefill's grouped GEMMs run every expert
+    /// as its own problem (tile scheduling, per-expert scales and launches, outside the
+    /// CUDA graphs decode steps replay), whatever its tokens; under expert parallelism a
+    /// rank holds fewer experts but waits for the others' at each dispatch and combine, and
+    /// the measured floors do not shrink with EP. The default is `sim calibrate --observed`'s fit
     /// to aiconfigurator's mixture-of-experts deployments (`calibration/moe-prefill.toml`).
     pub moe_prefill_expert_us: f64,
     /// Fixed cost per MoE layer of every step, microseconds: the router's top-k, sorting

@@ -59,6 +59,10 @@ struct AttentionWork {
     pf_attended: f64,
     /// Prefill chunks.
     prefills: f64,
+    /// Prefill chunks of more than one token: a chunk of one (a transferred request's last
+    /// prompt token, a full prefix hit's) is shaped like a decode and runs as one, in the
+    /// CUDA graphs and the MoE layers' decode kernels.
+    multi_token_prefills: f64,
     /// Decoding sequences, and their contexts in all.
     decodes: f64,
     decode_ctx: f64,
@@ -282,11 +286,13 @@ impl CostModel {
             + 5.0 * self.p.kernel_launch_us() * 1e-6;
         let ar_s = 2.0 * self.allreduce_s(tokens * hidden * act);
         let (head_s, head_flops, head_bytes) = self.lm_head(samples);
-        // A step that prefills runs each local expert's GEMM as its own problem, outside the
-        // CUDA graphs: a fixed cost per expert and MoE layer.
-        let eager_us = if a.prefill_tokens > 0.0 && m.is_moe() {
-            let local = f64::from(m.num_experts) / f64::from(self.d.parallel.ep.max(1));
-            f64::from(m.moe_layers()) * local * self.p.moe_prefill_expert_us
+        // A step that prefills runs its experts' GEMMs as their own problems, outside the
+        // CUDA graphs: a fixed cost per expert of the model and MoE layer. Not per local
+        // expert: the measured floors do not shrink with expert parallelism (an EP8 rank's
+        // prefill waits, at each layer's dispatch and combine, for the other ranks').
+        let eager = a.multi_token_prefills > 0.0;
+        let eager_us = if eager && m.is_moe() {
+            f64::from(m.moe_layers()) * f64::from(m.num_experts) * self.p.moe_prefill_expert_us
         } else {
             0.0
         };
@@ -349,7 +355,7 @@ impl CostModel {
             .graph_max_tokens
             .is_some_and(|g| tokens > f64::from(g) || samples > g);
         let host_s = match self.p.eager_layer_us {
-            Some(us) if a.prefill_tokens > 0.0 || beyond_graphs => layers * us * 1e-6,
+            Some(us) if eager || beyond_graphs => layers * us * 1e-6,
             _ => 0.0,
         };
         let overhead_s = overhead_s + (host_s - gpu_s).max(0.0);
@@ -420,6 +426,9 @@ impl CostModel {
         w.pf_attended += attended;
         w.prefill_tokens += l;
         w.prefills += 1.0;
+        if len > 1 {
+            w.multi_token_prefills += 1.0;
+        }
         match &m.arch.mla {
             Some(mla) => {
                 let (qk, v) = (f64::from(mla.qk_head_dim()), f64::from(mla.v_head_dim));

@@ -11,9 +11,10 @@
 //! - `cost.moe_gemm_eff` ([`Term::Moe`]): a mixture of experts' grouped GEMMs run a few
 //!   tokens per expert, gathered and scattered, below a dense GEMM's efficiency. Fitted to
 //!   the mixture-of-experts rows (with the fp8 fit in place).
-//! - `cost.moe_prefill_expert_us` ([`Term::MoePrefill`]): a fixed cost per local expert and
-//!   MoE layer in a step that prefills (each expert's GEMM a problem of its own, outside
-//!   the decode steps' CUDA graphs). Fitted to the mixture-of-experts rows with the
+//! - `cost.moe_prefill_expert_us` ([`Term::MoePrefill`]): a fixed cost per expert of the
+//!   model and MoE layer in a step that prefills (each expert's GEMM a problem of its own,
+//!   outside the decode steps' CUDA graphs; under expert parallelism each rank waits for
+//!   the others' at every dispatch and combine, so the floor does not shrink). Fitted to the mixture-of-experts rows with the
 //!   grouped-GEMM fit in place.
 //! - `cost.moe_layer_us` ([`Term::MoeLayer`]): a fixed cost per MoE layer of every step
 //!   (the router's top-k, sorting and permuting tokens): small-batch decodes of mixtures of
@@ -118,7 +119,7 @@ impl Term {
             Term::Fp8 => "The fp8 GEMM efficiency relative to gemm_compute_eff",
             Term::Fp4 => "The fp4 (NVFP4) GEMM efficiency relative to gemm_compute_eff",
             Term::Moe => "The mixture of experts' grouped-GEMM efficiency relative to dense GEMMs'",
-            Term::MoePrefill => "The fixed cost per local expert and MoE layer of a step that prefills, microseconds",
+            Term::MoePrefill => "The fixed cost per expert of the model and MoE layer of a step that prefills, microseconds",
             Term::MoeLayer => "The fixed cost per MoE layer of every step (routing, sorting and permuting tokens), microseconds",
             Term::MoeSkew => "The routers' expert popularity skew (Zipf exponent; 0: uniform routing)",
         }
