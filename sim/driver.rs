@@ -860,6 +860,7 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
     // The ranks of the group being planned that step, reused so that a step allocates
     // nothing here.
     let mut stepping = Vec::new();
+    let mut ready: Vec<(usize, StepRecord, StepPlan)> = Vec::new();
     // Replicas whose state changed at this instant: planned once every event of the
     // instant is handled, in index order.
     let mut dirty = Dirty::new(n);
@@ -1068,6 +1069,7 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
                 planned_groups.push(g);
             }
             stepping.clear();
+            ready.clear();
             let mut longest: Nanos = 0;
             for &m in members {
                 let mut planned = engines[m].plan(now).await?;
@@ -1114,7 +1116,20 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
                 } else {
                     planned.max_batches.max(1)
                 };
-                let (plan, outcome) = engines[m].execute(planned.plan).await?;
+                ready.push((m, record, planned.plan));
+            }
+            if members.len() > 1 {
+                // The ranks' MoE layers compute every rank's tokens of this step.
+                let all: u32 = ready
+                    .iter()
+                    .map(|(_, _, p)| p.work.iter().map(|w| w.len).sum::<u32>())
+                    .sum();
+                for (_, _, plan) in &mut ready {
+                    plan.moe_group_tokens = Some(all);
+                }
+            }
+            for (m, record, plan) in ready.drain(..) {
+                let (plan, outcome) = engines[m].execute(plan).await?;
                 longest = longest.max(outcome.duration.max(1));
                 stepping.push((m, record, plan, outcome));
             }

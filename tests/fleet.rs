@@ -404,8 +404,8 @@ fn session_affinity_keeps_histories_cached() {
 /// fleet, and a replica's ranks step in lockstep (their MoE layers exchange tokens every
 /// layer): their steps start together and last as long as the longest, so two steps of the
 /// replica never overlap. One replica of DP 2 behind round-robin is what a one-engine run
-/// simulates (one rank taking every other request, its MoE layers priced with both ranks'
-/// tokens, but stepping on its own): the two agree on the deployment's throughput (within
+/// simulates (one rank taking every other request, its MoE layers priced as if the other
+/// rank were as loaded, but stepping on its own; the fleet prices both ranks' real tokens): the two agree on the deployment's throughput (within
 /// 5%), while lockstep lengthens the fleet's TPOT (a rank's decodes wait on the other
 /// rank's prefills too: +30% here, under 50% asserted) and its TTFT (a request reaching an
 /// idle rank waits for the other rank's step to end: by less than a step).

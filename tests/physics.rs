@@ -1143,6 +1143,27 @@ fn a_moe_prefill_floor_counts_the_models_experts_and_spares_one_token_chunks() {
 }
 
 #[test]
+fn an_attention_dp_rank_prices_its_groups_tokens_in_the_experts() {
+    // DeepSeek-V3 in NVFP4 on a B200 prefill rank of attention DP4 + EP4: alone, the
+    // simulator assumes the other three ranks prefill as much (4 x 1,024 tokens meet in
+    // the experts); a fleet's driver passes what the group really computes. Dense parts
+    // (attention, shared experts, the first dense layers) stay the rank's own.
+    let mut d = deployment("deepseek-v3", "b200", 1, Dtype::Nvfp4);
+    d.parallel.dp = 4;
+    d.parallel.ep = 4;
+    let m = CostModel::new(d, CostParams::default());
+    let step = |group: Option<f64>| {
+        m.group_step_cost(std::iter::once((0, 1024)), std::iter::empty(), 1, 1, group)
+    };
+    let (assumed, alone, all) = (step(None), step(Some(1024.0)), step(Some(4096.0)));
+    assert_eq!(assumed.seconds, all.seconds);
+    assert!(alone.linear_s < 0.8 * all.linear_s, "{alone:?} vs {all:?}");
+    assert_eq!(alone.attention_s, all.attention_s);
+    // A group never computes fewer tokens than the rank itself.
+    assert_eq!(step(Some(1.0)).seconds, alone.seconds);
+}
+
+#[test]
 fn pipeline_micro_batches_fill_the_stages_on_compute_bound_work() {
     // Llama-2-70B fp16 on 4 x A100 as PP4, 2,000-token prompts arriving at once: each
     // 2,048-token step is compute-bound, so with a micro-batch per stage in flight (the

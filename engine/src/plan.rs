@@ -87,6 +87,10 @@ pub struct StepPlan {
     /// batch): empty unless `engine.static_padding`. The cost model prices it; real
     /// runtimes skip it (their batches are not padded).
     pub padding: Padding,
+    /// Tokens the step's attention-DP group computes in all, every rank's together (their
+    /// MoE layers meet in the experts): set by the driver when the ranks are simulated as
+    /// engines of their own; `None`: every rank as loaded as this one (one rank simulated).
+    pub moe_group_tokens: Option<u32>,
 }
 
 /// The padding of a static batch whose prompts are padded to the longest and whose

@@ -270,6 +270,20 @@ impl CostModel {
         samples: u32,
         num_seqs: u32,
     ) -> StepCost {
+        self.group_step_cost(prefill, decode, samples, num_seqs, None)
+    }
+
+    /// [`Self::step_cost`] on one rank of an attention-DP group whose ranks compute
+    /// `group_tokens` tokens in all this step (their MoE layers run every rank's tokens);
+    /// `None`: every rank computes as many as this one.
+    pub fn group_step_cost(
+        &self,
+        prefill: impl Iterator<Item = (u32, u32)>,
+        decode: impl Iterator<Item = (u32, u32)>,
+        samples: u32,
+        num_seqs: u32,
+        group_tokens: Option<f64>,
+    ) -> StepCost {
         let m = &self.d.model;
         let act = 2.0; // 16-bit activations
         let tp = f64::from(self.d.tp);
@@ -277,7 +291,10 @@ impl CostModel {
         let inter = f64::from(m.intermediate) / tp;
         let (a, a_slide) = self.attention_work(prefill, decode);
         let tokens = a.prefill_tokens + a.decode_tokens;
-        let lin = self.linear_layers(tokens);
+        // The tokens the routed experts compute: every attention-DP rank's.
+        let dp = f64::from(self.d.parallel.dp.max(1));
+        let routed = group_tokens.map_or(tokens * dp, |g| g.max(tokens));
+        let lin = self.linear_layers(tokens, routed);
         // Two RMSNorms, RoPE, SwiGLU and two residual adds: five memory-bound kernels.
         let ew_bytes = tokens
             * (6.0 * hidden + 2.0 * (lin.q + lin.kv) + m.mlp_matrices() * inter * lin.top_k)
@@ -691,14 +708,12 @@ impl CostModel {
     /// distinct experts for `T` tokens, 2 for one decode token of Mixtral, all 8 beyond a
     /// few dozen tokens; fewer under skewed routing, [`Routing`]; experts split over TP),
     /// the shared experts and the router.
-    fn mlp(&self, w: &mut LinearWork, tokens: f64, width: u32, experts: bool) {
+    fn mlp(&self, w: &mut LinearWork, tokens: f64, all: f64, width: u32, experts: bool) {
         let m = &self.d.model;
         let hidden = f64::from(m.hidden);
-        // Every attention data-parallel rank's tokens meet in the routed experts (the
-        // ranks assumed equally loaded); each GPU holds `1 / ep` of the experts, each split
-        // `moe_tp` ways.
+        // Every attention data-parallel rank's tokens (`all`) meet in the routed experts;
+        // each GPU holds `1 / ep` of the experts, each split `moe_tp` ways.
         let (routed, inter, runs, reads) = if experts {
-            let all = tokens * f64::from(self.d.parallel.dp.max(1));
             let ep = f64::from(self.d.parallel.ep.max(1));
             let k = f64::from(m.experts_per_token.clamp(1, m.num_experts));
             (
@@ -717,7 +732,7 @@ impl CostModel {
         if experts {
             // The shared experts: a dense MLP of the rank's own tokens.
             if m.arch.shared_expert_intermediate > 0 {
-                self.mlp(w, tokens, m.arch.shared_expert_intermediate, false);
+                self.mlp(w, tokens, tokens, m.arch.shared_expert_intermediate, false);
             }
             // The router: a tiny (hidden x experts) GEMM, and a top-k.
             let (gemm_eff, weight_mem_eff) = self.gemm_effs(self.d.dense_dtype());
@@ -750,8 +765,9 @@ impl CostModel {
 
     /// Every layer's linear layers for `tokens` tokens, in all: the attention projections
     /// (Q/K/V/O, latent or linear) and the MLPs (dense, or routed and shared experts with
-    /// the router). A uniform stack is one layer's sum times the layers.
-    fn linear_layers(&self, tokens: f64) -> LinearWork {
+    /// the router; the routed experts compute `routed` tokens, every attention-DP rank's).
+    /// A uniform stack is one layer's sum times the layers.
+    fn linear_layers(&self, tokens: f64, routed: f64) -> LinearWork {
         let m = &self.d.model;
         let tp = f64::from(self.d.tp);
         let top_k = if m.is_moe() {
@@ -770,7 +786,7 @@ impl CostModel {
         let mut w = empty();
         if linear == 0 && dense == 0 {
             self.attention_projections(&mut w, tokens);
-            self.mlp(&mut w, tokens, m.intermediate, m.is_moe());
+            self.mlp(&mut w, tokens, routed, m.intermediate, m.is_moe());
             w.seconds *= layers;
             w.flops *= layers;
             w.bytes *= layers;
@@ -790,10 +806,10 @@ impl CostModel {
         self.linear_attention_projections(&mut w, tokens);
         add(w, linear);
         let mut w = empty();
-        self.mlp(&mut w, tokens, m.arch.dense_intermediate, false);
+        self.mlp(&mut w, tokens, tokens, m.arch.dense_intermediate, false);
         add(w, dense);
         let mut w = empty();
-        self.mlp(&mut w, tokens, m.intermediate, m.is_moe());
+        self.mlp(&mut w, tokens, routed, m.intermediate, m.is_moe());
         add(w, m.layers - dense);
         total
     }
@@ -886,7 +902,8 @@ impl CostModel {
             .chain(pad.decode.iter().map(|&c| (c, 1)));
         let samples = (plan.num_logit_rows() + pad.decode.len()) as u32;
         let rows = (plan.work.len() + pad.decode.len()) as u32;
-        let mut c = self.step_cost(prefill, decode, samples, rows);
+        let group = plan.moe_group_tokens.map(f64::from);
+        let mut c = self.group_step_cost(prefill, decode, samples, rows, group);
         if pad.context > 0 {
             // Hugging Face's `DynamicCache` appends a step's keys and values with a
             // concatenation: every layer's cache of every row is read and written again.

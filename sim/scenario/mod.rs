@@ -455,7 +455,7 @@ fn resolve_fleet(
         engine.fit = fit;
         // Attention data parallelism: each rank of each replica is an engine of the fleet
         // (its own scheduler and KV cache), its MoE layers priced with every rank's tokens
-        // as in a one-engine run; the router spreads requests over the ranks.
+        // of the step (the driver sums them); the router spreads requests over the ranks.
         let ranks = engine.deployment.parallel.dp.max(1);
         engines += u64::from(pool.replicas) * u64::from(ranks);
         if engines > u64::from(cluster::MAX_REPLICAS) {

@@ -192,6 +192,8 @@ impl Scheduler {
             block_copies: resp.block_copies,
             offload_loads: resp.offload_loads,
             disk_loads: resp.disk_loads,
+            // The driver sets it for a rank of an attention-DP group.
+            moe_group_tokens: None,
         };
         self.steps += 1;
         plan
