@@ -1120,10 +1120,11 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
             }
             if members.len() > 1 {
                 // The ranks' MoE layers compute every rank's tokens of this step.
-                let all: u32 = ready
+                let all: u64 = ready
                     .iter()
-                    .map(|(_, _, p)| p.work.iter().map(|w| w.len).sum::<u32>())
+                    .flat_map(|(_, _, p)| p.work.iter().map(|w| u64::from(w.len)))
                     .sum();
+                let all = u32::try_from(all).unwrap_or(u32::MAX);
                 for (_, _, plan) in &mut ready {
                     plan.moe_group_tokens = Some(all);
                 }
