@@ -59,10 +59,10 @@ struct AttentionWork {
     pf_attended: f64,
     /// Prefill chunks.
     prefills: f64,
-    /// Prefill chunks of more than one token: a chunk of one (a transferred request's last
-    /// prompt token, a full prefix hit's) is shaped like a decode and runs as one, in the
-    /// CUDA graphs and the MoE layers' decode kernels.
-    multi_token_prefills: f64,
+    /// Whether a prefill chunk has more than one token: a chunk of one (a transferred
+    /// request's last prompt token, a full prefix hit's) is shaped like a decode and runs as
+    /// one, in the CUDA graphs and the MoE layers' decode kernels.
+    multi_token_prefill: bool,
     /// Decoding sequences, and their contexts in all.
     decodes: f64,
     decode_ctx: f64,
@@ -307,7 +307,7 @@ impl CostModel {
         // CUDA graphs: a fixed cost per expert of the model and MoE layer. Not per local
         // expert: the measured floors do not shrink with expert parallelism (an EP8 rank's
         // prefill waits, at each layer's dispatch and combine, for the other ranks').
-        let eager = a.multi_token_prefills > 0.0;
+        let eager = a.multi_token_prefill;
         let eager_us = if eager && m.is_moe() {
             f64::from(m.moe_layers()) * f64::from(m.num_experts) * self.p.moe_prefill_expert_us
         } else {
@@ -443,9 +443,7 @@ impl CostModel {
         w.pf_attended += attended;
         w.prefill_tokens += l;
         w.prefills += 1.0;
-        if len > 1 {
-            w.multi_token_prefills += 1.0;
-        }
+        w.multi_token_prefill |= len > 1;
         match &m.arch.mla {
             Some(mla) => {
                 let (qk, v) = (f64::from(mla.qk_head_dim()), f64::from(mla.v_head_dim));
