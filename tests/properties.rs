@@ -113,6 +113,8 @@ struct Knobs {
     batches: u32,
     /// TensorRT-LLM's batch waiting `(timeout steps, token ratio)` (chunked runs only).
     batch_wait: Option<(u32, f64)>,
+    /// SGLang's receive interval in decode steps (0: every step).
+    recv_interval: u32,
 }
 
 impl Knobs {
@@ -145,6 +147,7 @@ impl Knobs {
             offload: None,
             batches: 1,
             batch_wait: None,
+            recv_interval: 0,
         }
     }
 }
@@ -238,6 +241,7 @@ impl Knobs {
                     timeout_iters,
                     max_tokens_ratio,
                 }),
+            recv_interval: self.recv_interval,
         }
     }
 }
@@ -409,6 +413,8 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                     // Batch waiting in every fifth chunked run: up to 5 steps, a
                     // quarter to all of the budget.
                     batch_wait: (r % 5 == 2).then(|| (r % 6, f64::from(1 + r % 4) / 4.0)),
+                    // Arrivals polled every 2 to 6 decode steps in every seventh run.
+                    recv_interval: if r % 7 == 3 { 2 + r % 5 } else { 0 },
                 }
             },
         )

@@ -197,6 +197,11 @@ pub struct EngineConfig {
     /// `max_num_batched_tokens`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub batch_wait_max_tokens_ratio: f64,
+    /// SGLang's `--scheduler-recv-interval` (0 and 1: off): while sequences decode, the
+    /// scheduler takes in new arrivals only every this many decode steps (and after any
+    /// step that prefilled, or when idle).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub recv_interval: u32,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -285,6 +290,7 @@ impl Default for EngineConfig {
             kv_disk_gbs: default_kv_disk_gbs(),
             batch_wait_timeout_iters: 0,
             batch_wait_max_tokens_ratio: 0.0,
+            recv_interval: 0,
         }
     }
 }

@@ -645,6 +645,7 @@ fn scheduler_config(
                 timeout_iters: e.batch_wait_timeout_iters,
                 max_tokens_ratio: e.batch_wait_max_tokens_ratio,
             }),
+        recv_interval: e.recv_interval,
     }
 }
 

@@ -146,6 +146,10 @@ pub struct SchedulerConfig {
     /// until enough have gathered or enough steps have passed (`None`: off). Only with
     /// [`SchedulerKind::Chunked`].
     pub batch_wait: Option<BatchWait>,
+    /// SGLang's `--scheduler-recv-interval`: arrivals reach the queue only when the
+    /// scheduler polls its socket, which it does after a step that prefilled or while idle,
+    /// but only every `recv_interval` decode steps otherwise (0 and 1: every step).
+    pub recv_interval: u32,
 }
 
 /// TensorRT-LLM's batch waiting (its PyTorch executor's `_waiting_requests`): in a step
@@ -196,6 +200,7 @@ impl Default for SchedulerConfig {
             static_padding: false,
             max_concurrent_batches: 1,
             batch_wait: None,
+            recv_interval: 1,
         }
     }
 }
@@ -467,6 +472,12 @@ pub struct Scheduler {
     /// Scratch: the running and the waiting sequences no step in flight holds.
     free_running: Vec<SeqId>,
     free_waiting: VecDeque<SeqId>,
+    /// Arrivals the scheduler has not polled yet (`recv_interval`), in arrival order.
+    inbox: VecDeque<Request>,
+    /// Decode steps since the last poll (`recv_interval`).
+    recv_counter: u32,
+    /// Whether the last planned step computed prompt tokens (it polls after one).
+    last_prefilled: bool,
 }
 
 /// What a padded static batch's padding is computed from: its requests (each keeps `n`
@@ -524,6 +535,9 @@ impl Scheduler {
             free_waiting: VecDeque::new(),
             spec_stats: Vec::new(),
             pad: PadState::default(),
+            inbox: VecDeque::new(),
+            recv_counter: 0,
+            last_prefilled: false,
         })
     }
 
@@ -556,8 +570,37 @@ impl Scheduler {
                 },
             );
         }
-        self.backlog.push_arrival(req, now);
+        if self.cfg.recv_interval > 1 {
+            self.inbox.push_back(req);
+        } else {
+            self.backlog.push_arrival(req, now);
+        }
         None
+    }
+
+    /// SGLang's receive loop under `recv_interval`: at each step the scheduler adds the
+    /// last step's weight to its counter (a decode step 1, a step that prefilled the
+    /// whole interval) and polls once the counter reaches the interval; an idle scheduler
+    /// spins and polls at once. A poll moves every arrival held back into the queue.
+    pub(crate) fn receive(&mut self, now: Nanos) {
+        let interval = self.cfg.recv_interval;
+        if interval <= 1 {
+            return;
+        }
+        let idle = self.running.is_empty() && self.waiting.is_empty() && self.backlog.is_empty();
+        let weight = if idle || self.last_prefilled {
+            interval
+        } else {
+            1
+        };
+        self.recv_counter = self.recv_counter.saturating_add(weight);
+        if self.recv_counter < interval {
+            return;
+        }
+        self.recv_counter = 0;
+        for req in self.inbox.drain(..) {
+            self.backlog.push_arrival(req, now);
+        }
     }
 
     /// The head of the waiting queue at `now`: its first `max_num_seqs + 1` sequences in
@@ -691,6 +734,12 @@ impl Scheduler {
         reason: FinishReason,
         now: Nanos,
     ) -> Option<RequestRecord> {
+        if !self.groups.contains_key(&request) {
+            if let Some(i) = self.inbox.iter().position(|r| r.id == request) {
+                let req = self.inbox.remove(i)?;
+                return Some(never_ran(&req, now.max(req.arrival), reason));
+            }
+        }
         if !self.backlog.keyed() && !self.groups.contains_key(&request) {
             let queued = |r: &Request| r.id == request;
             if let Some(req) = self.backlog.remove_fresh(queued) {
@@ -739,12 +788,16 @@ impl Scheduler {
 
     /// True when some sequence waits or runs.
     pub fn has_work(&self) -> bool {
-        !self.waiting.is_empty() || !self.backlog.is_empty() || !self.running.is_empty()
+        !self.waiting.is_empty()
+            || !self.backlog.is_empty()
+            || !self.running.is_empty()
+            || !self.inbox.is_empty()
     }
 
-    /// Requests waiting (arrivals not yet at the queue's head included).
+    /// Requests waiting (arrivals not yet at the queue's head, or not yet polled,
+    /// included).
     pub fn num_waiting(&self) -> usize {
-        self.waiting.len() + self.backlog.len()
+        self.waiting.len() + self.backlog.len() + self.inbox.len()
     }
 
     /// Sequences running.
@@ -754,7 +807,7 @@ impl Scheduler {
 
     /// Live sequences (waiting or running) and arrivals.
     pub fn num_live(&self) -> usize {
-        self.seqs.len() + self.backlog.len()
+        self.seqs.len() + self.backlog.len() + self.inbox.len()
     }
 
     /// The head of the waiting queue (preempted sequences included) in queue order, as the

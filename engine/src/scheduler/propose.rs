@@ -8,6 +8,7 @@ use super::*;
 impl Scheduler {
     /// Step 1: the policy's reservation request for the block manager.
     pub fn propose(&mut self, now: Nanos) -> ReserveRequest {
+        self.receive(now);
         self.refill_head(now);
         // Queue order: FCFS keeps arrival order (preempted requests in front), the keyed
         // policies' head is sorted by `refill_head`, and lpm sorts a short queue by the

@@ -279,6 +279,30 @@ pub(crate) fn inferencex_dense_settings(
     }
 }
 
+/// What InferenceX's SGLang scripts for B200 (`benchmarks/single_node/dsr1_fp8_b200.sh`,
+/// `dsr1_fp4_b200.sh`, `qwen3.5_bf16_b200.sh`, `qwen3.5_fp8_b200.sh`, unchanged in these
+/// respects from September 2025 to April 2026) set beyond the engine's defaults:
+/// `--scheduler-recv-interval` 30 at 16 clients or more and 10 below (10 for DeepSeek-R1
+/// in fp8 at TP4): while sequences decode, new requests are taken in every 10 or 30 decode
+/// steps, which at 16 clients adds about 15 decode steps to every TTFT. The H200 scripts
+/// do not set it.
+pub(crate) fn inferencex_moe_settings(
+    cfg: &mut crate::scenario::ScenarioConfig,
+    row: &AggregateRow,
+    p: &Planned,
+) {
+    if row.backend != "sglang" || p.gpu != "b200" || p.dp > 1 {
+        return;
+    }
+    let clients = row.concurrency.unwrap_or(1);
+    let deepseek_fp8_tp4 = p.model.starts_with("deepseek") && p.dtype == Dtype::Fp8 && p.tp == 4;
+    cfg.engine.recv_interval = if clients >= 16 && !deepseek_fp8_tp4 {
+        30
+    } else {
+        10
+    };
+}
+
 /// The CPU overheads an engine's rows run with: TensorRT-LLM's C++ runtime, or vLLM V1's
 /// for vLLM and SGLang (both Python schedulers with CUDA graphs).
 pub fn engine_framework(backend: &str) -> crate::cost_model::Framework {
@@ -405,8 +429,12 @@ fn simulate(
     cfg.hardware.dp = p.dp;
     cfg.hardware.ep = p.ep;
     engine_defaults(&mut cfg.engine, &row.backend, gpu, p.tp * p.dp);
-    if row.client == BenchClient::InferenceX && !row.is_moe() {
-        inferencex_dense_settings(&mut cfg, row, p.tp);
+    if row.client == BenchClient::InferenceX {
+        if row.is_moe() {
+            inferencex_moe_settings(&mut cfg, row, p);
+        } else {
+            inferencex_dense_settings(&mut cfg, row, p.tp);
+        }
     }
     cfg.engine.max_num_seqs = cfg.engine.max_num_seqs.max(c);
     // The simulator's prefill-first scheduler prefills whole prompts (SGLang chunks the

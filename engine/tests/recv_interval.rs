@@ -1,0 +1,117 @@
+//! SGLang's `--scheduler-recv-interval` on a cost-free backend of 1 us steps: while a
+//! request decodes, an arrival waits in the socket until the scheduler has run the
+//! interval's decode steps since its last poll; it polls right after a step that prefilled
+//! and at once when idle, so an arrival then starts in the next step, as it does without
+//! the interval.
+
+use engine::block_manager::BlockManager;
+use engine::cores::Cores;
+use engine::record::RequestRecord;
+use engine::request::{FinishReason, Request};
+use engine::scheduler::{Scheduler, SchedulerConfig, SchedulerKind};
+
+const STEP: u64 = 1000;
+
+fn scheduler(kind: SchedulerKind, recv_interval: u32) -> Scheduler {
+    let cfg = SchedulerConfig {
+        kind,
+        max_num_seqs: 8,
+        max_num_batched_tokens: 256,
+        max_model_len: 256,
+        block_size: 4,
+        pool_tokens: 1024,
+        recv_interval,
+        ..SchedulerConfig::default()
+    };
+    Scheduler::new(cfg).expect("config")
+}
+
+/// Replays `requests` under `kind` with `recv_interval`, checking the pool after every
+/// step.
+fn replay(kind: SchedulerKind, requests: Vec<Request>, recv_interval: u32) -> Vec<RequestRecord> {
+    let mut cores = Cores::new(scheduler(kind, recv_interval), BlockManager::new(256, 4));
+    let records = cores.replay(requests, STEP, true).expect("replay");
+    assert_eq!(cores.block_manager.num_used(), 0, "every block comes back");
+    records
+}
+
+/// Whole steps from `r`'s arrival to its first scheduled step's start.
+fn waited(r: &RequestRecord) -> u64 {
+    (r.first_scheduled_ns.expect("scheduled") - r.arrival_ns) / STEP
+}
+
+/// A prefills in step 0 and decodes from step 1 (8-token prompt, 30 tokens); B arrives at
+/// `at` steps.
+fn two(at: f64) -> Vec<Request> {
+    vec![
+        Request::new(0, 0, 8, 30),
+        Request::new(1, (at * STEP as f64) as u64, 8, 4),
+    ]
+}
+
+#[test]
+fn without_the_interval_an_arrival_starts_at_the_next_step() {
+    for kind in [SchedulerKind::Continuous, SchedulerKind::Chunked] {
+        for interval in [0, 1] {
+            let r = replay(kind, two(1.5), interval);
+            assert_eq!(waited(&r[1]), 0, "{kind:?} {interval}: {:?}", r[1]);
+        }
+    }
+}
+
+#[test]
+fn an_arrival_while_others_decode_waits_for_the_next_poll() {
+    // Polls: at step 1 (after A's prefill), then every 5 decode steps: at step 6.
+    // B arrives at 1.5 steps and is taken in at step 6: 4.5 steps later.
+    for kind in [SchedulerKind::Continuous, SchedulerKind::Chunked] {
+        let r = replay(kind, two(1.5), 5);
+        assert_eq!(
+            r[1].first_scheduled_ns,
+            Some(6 * STEP),
+            "{kind:?}: {:?}",
+            r[1]
+        );
+        // Arriving just before the poll, it barely waits.
+        let r = replay(kind, two(5.5), 5);
+        assert_eq!(waited(&r[1]), 0, "{kind:?}: {:?}", r[1]);
+        assert_eq!(r[1].first_scheduled_ns, Some(6 * STEP));
+    }
+}
+
+#[test]
+fn the_scheduler_polls_after_a_prefill_and_when_idle() {
+    // B arrives during A's prefill: polled at the next step.
+    let r = replay(SchedulerKind::Continuous, two(0.5), 30);
+    assert_eq!(r[1].first_scheduled_ns, Some(STEP), "{:?}", r[1]);
+    // An arrival at an idle engine starts at once, even with a long interval.
+    let requests = vec![Request::new(0, 0, 8, 3), Request::new(1, 20 * STEP, 8, 3)];
+    let r = replay(SchedulerKind::Continuous, requests, 30);
+    assert_eq!(r[1].first_scheduled_ns, Some(20 * STEP), "{:?}", r[1]);
+}
+
+#[test]
+fn the_interval_counts_decode_steps_not_arrivals() {
+    // Four arrivals between two polls all start together at the poll, in arrival order.
+    let mut requests = vec![Request::new(0, 0, 8, 40)];
+    for (k, at) in [1.2, 2.2, 3.2, 4.2].iter().enumerate() {
+        requests.push(Request::new(k as u64 + 1, (at * STEP as f64) as u64, 8, 4));
+    }
+    let r = replay(SchedulerKind::Continuous, requests, 5);
+    for rec in &r[1..] {
+        assert_eq!(rec.first_scheduled_ns, Some(6 * STEP), "{rec:?}");
+    }
+}
+
+#[test]
+fn an_arrival_not_yet_polled_can_be_aborted_and_counts_as_waiting() {
+    let mut s = scheduler(SchedulerKind::Continuous, 30);
+    assert!(s.add_request(Request::new(7, 0, 8, 4), 0).is_none());
+    assert_eq!(s.num_waiting(), 1);
+    assert!(s.has_work());
+    let rec = s
+        .abort(7, FinishReason::Abort, 500)
+        .expect("an unpolled request ends at once");
+    assert_eq!(rec.finish_ns, 500);
+    assert_eq!(s.num_waiting(), 0);
+    assert!(!s.has_work());
+}
