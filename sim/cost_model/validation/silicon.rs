@@ -301,6 +301,19 @@ pub(crate) fn inferencex_moe_settings(
     } else {
         10
     };
+    // `--max-prefill-tokens` (a prefill batch's tokens), `--mem-fraction-static`, and
+    // `--kv-cache-dtype fp8_e4m3` but for Qwen3.5 in bf16.
+    let (prefill_tokens, mem_fraction) = match (p.model.starts_with("deepseek"), p.dtype) {
+        (true, Dtype::Fp8) if p.tp == 4 => (8192, 0.95),
+        (true, Dtype::Fp8) => (32_768, 0.82),
+        (true, _) => (16_384, 0.85),
+        (false, _) => (32_768, 0.82),
+    };
+    cfg.engine.max_num_batched_tokens = Some(prefill_tokens);
+    cfg.engine.gpu_memory_utilization = mem_fraction;
+    if p.dtype != Dtype::Bf16 {
+        cfg.model.kv_dtype = Some(Dtype::Fp8);
+    }
 }
 
 /// The CPU overheads an engine's rows run with: TensorRT-LLM's C++ runtime, or vLLM V1's
@@ -440,7 +453,8 @@ fn simulate(
     // The simulator's prefill-first scheduler prefills whole prompts (SGLang chunks the
     // rare prompt beyond its 8,192 tokens): its budget must hold the longest.
     if cfg.engine.scheduler == engine::scheduler::SchedulerKind::Continuous {
-        cfg.engine.max_num_batched_tokens = Some(8192.max(row.isl + row.osl));
+        let budget = cfg.engine.max_num_batched_tokens.unwrap_or(8192);
+        cfg.engine.max_num_batched_tokens = Some(budget.max(row.isl + row.osl));
     }
     // A deployment that does not fit (weights or KV) is skipped, not an error.
     let mut v = match scn.resolve_config(&row.id, cfg.clone()) {
