@@ -133,7 +133,7 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
         static_padding: false,
         max_concurrent_batches: 1,
         batch_wait: None,
-        recv_interval: 1,
+        arrival_poll: None,
     };
     let mut sched = Scheduler::new(cfg).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let mut bm = BlockManager::with_prefix_caching(c.blocks, c.block_size, c.eviction.policy());

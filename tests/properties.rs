@@ -24,8 +24,8 @@ use engine::plan::{StepOutcome, StepPlan, WorkKind};
 use engine::record::{RequestRecord, StepRecord};
 use engine::request::{FinishReason, Nanos, Request, SeqId, SeqStatus};
 use engine::scheduler::{
-    AdmissionPolicy, BatchWait, QueuePolicy, Scheduler, SchedulerConfig, SchedulerKind,
-    VictimPolicy,
+    AdmissionPolicy, ArrivalPoll, BatchWait, QueuePolicy, Scheduler, SchedulerConfig,
+    SchedulerKind, VictimPolicy,
 };
 use engine::spec::{Acceptance, DynamicK, Method, SpecConfig};
 use proptest::prelude::*;
@@ -113,8 +113,9 @@ struct Knobs {
     batches: u32,
     /// TensorRT-LLM's batch waiting `(timeout steps, token ratio)` (chunked runs only).
     batch_wait: Option<(u32, f64)>,
-    /// SGLang's receive interval in decode steps (0: every step).
-    recv_interval: u32,
+    /// Arrivals polled every so many steps, and after each prefill or not (SGLang's
+    /// receive interval, TensorRT-LLM's attention-DP timeout).
+    poll: Option<(u32, bool)>,
 }
 
 impl Knobs {
@@ -147,7 +148,7 @@ impl Knobs {
             offload: None,
             batches: 1,
             batch_wait: None,
-            recv_interval: 0,
+            poll: None,
         }
     }
 }
@@ -241,7 +242,10 @@ impl Knobs {
                     timeout_iters,
                     max_tokens_ratio,
                 }),
-            recv_interval: self.recv_interval,
+            arrival_poll: self.poll.map(|(interval, after_prefill)| ArrivalPoll {
+                interval,
+                after_prefill,
+            }),
         }
     }
 }
@@ -413,8 +417,9 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                     // Batch waiting in every fifth chunked run: up to 5 steps, a
                     // quarter to all of the budget.
                     batch_wait: (r % 5 == 2).then(|| (r % 6, f64::from(1 + r % 4) / 4.0)),
-                    // Arrivals polled every 2 to 6 decode steps in every seventh run.
-                    recv_interval: if r % 7 == 3 { 2 + r % 5 } else { 0 },
+                    // Arrivals polled every 1 to 5 steps in every seventh run, after each
+                    // prefill in half of those.
+                    poll: (r % 7 == 3).then(|| (1 + r % 5, r % 2 == 0)),
                 }
             },
         )

@@ -195,7 +195,7 @@ fn run_fuzz(seed: u64) -> Result<(), String> {
         static_padding: false,
         max_concurrent_batches: 1,
         batch_wait: None,
-        recv_interval: 1,
+        arrival_poll: None,
     };
     let desc = format!("seed {seed} cfg {cfg:?} ev {ev:?} blocks {blocks}");
     let policy: Box<dyn EvictionPolicy> = if ev == EvictionKind::Belady {

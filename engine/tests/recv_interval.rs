@@ -8,11 +8,19 @@ use engine::block_manager::BlockManager;
 use engine::cores::Cores;
 use engine::record::RequestRecord;
 use engine::request::{FinishReason, Request};
-use engine::scheduler::{Scheduler, SchedulerConfig, SchedulerKind};
+use engine::scheduler::{ArrivalPoll, Scheduler, SchedulerConfig, SchedulerKind};
 
 const STEP: u64 = 1000;
 
-fn scheduler(kind: SchedulerKind, recv_interval: u32) -> Scheduler {
+/// SGLang's receive interval (`after_prefill`; 0: off).
+fn sglang(interval: u32) -> Option<ArrivalPoll> {
+    (interval > 0).then_some(ArrivalPoll {
+        interval,
+        after_prefill: true,
+    })
+}
+
+fn scheduler(kind: SchedulerKind, arrival_poll: Option<ArrivalPoll>) -> Scheduler {
     let cfg = SchedulerConfig {
         kind,
         max_num_seqs: 8,
@@ -20,16 +28,19 @@ fn scheduler(kind: SchedulerKind, recv_interval: u32) -> Scheduler {
         max_model_len: 256,
         block_size: 4,
         pool_tokens: 1024,
-        recv_interval,
+        arrival_poll,
         ..SchedulerConfig::default()
     };
     Scheduler::new(cfg).expect("config")
 }
 
-/// Replays `requests` under `kind` with `recv_interval`, checking the pool after every
-/// step.
-fn replay(kind: SchedulerKind, requests: Vec<Request>, recv_interval: u32) -> Vec<RequestRecord> {
-    let mut cores = Cores::new(scheduler(kind, recv_interval), BlockManager::new(256, 4));
+/// Replays `requests` under `kind` with `poll`, checking the pool after every step.
+fn replay(
+    kind: SchedulerKind,
+    requests: Vec<Request>,
+    poll: Option<ArrivalPoll>,
+) -> Vec<RequestRecord> {
+    let mut cores = Cores::new(scheduler(kind, poll), BlockManager::new(256, 4));
     let records = cores.replay(requests, STEP, true).expect("replay");
     assert_eq!(cores.block_manager.num_used(), 0, "every block comes back");
     records
@@ -53,7 +64,7 @@ fn two(at: f64) -> Vec<Request> {
 fn without_the_interval_an_arrival_starts_at_the_next_step() {
     for kind in [SchedulerKind::Continuous, SchedulerKind::Chunked] {
         for interval in [0, 1] {
-            let r = replay(kind, two(1.5), interval);
+            let r = replay(kind, two(1.5), sglang(interval));
             assert_eq!(waited(&r[1]), 0, "{kind:?} {interval}: {:?}", r[1]);
         }
     }
@@ -64,7 +75,7 @@ fn an_arrival_while_others_decode_waits_for_the_next_poll() {
     // Polls: at step 1 (after A's prefill), then every 5 decode steps: at step 6.
     // B arrives at 1.5 steps and is taken in at step 6: 4.5 steps later.
     for kind in [SchedulerKind::Continuous, SchedulerKind::Chunked] {
-        let r = replay(kind, two(1.5), 5);
+        let r = replay(kind, two(1.5), sglang(5));
         assert_eq!(
             r[1].first_scheduled_ns,
             Some(6 * STEP),
@@ -72,7 +83,7 @@ fn an_arrival_while_others_decode_waits_for_the_next_poll() {
             r[1]
         );
         // Arriving just before the poll, it barely waits.
-        let r = replay(kind, two(5.5), 5);
+        let r = replay(kind, two(5.5), sglang(5));
         assert_eq!(waited(&r[1]), 0, "{kind:?}: {:?}", r[1]);
         assert_eq!(r[1].first_scheduled_ns, Some(6 * STEP));
     }
@@ -81,11 +92,11 @@ fn an_arrival_while_others_decode_waits_for_the_next_poll() {
 #[test]
 fn the_scheduler_polls_after_a_prefill_and_when_idle() {
     // B arrives during A's prefill: polled at the next step.
-    let r = replay(SchedulerKind::Continuous, two(0.5), 30);
+    let r = replay(SchedulerKind::Continuous, two(0.5), sglang(30));
     assert_eq!(r[1].first_scheduled_ns, Some(STEP), "{:?}", r[1]);
     // An arrival at an idle engine starts at once, even with a long interval.
     let requests = vec![Request::new(0, 0, 8, 3), Request::new(1, 20 * STEP, 8, 3)];
-    let r = replay(SchedulerKind::Continuous, requests, 30);
+    let r = replay(SchedulerKind::Continuous, requests, sglang(30));
     assert_eq!(r[1].first_scheduled_ns, Some(20 * STEP), "{:?}", r[1]);
 }
 
@@ -96,7 +107,7 @@ fn the_interval_counts_decode_steps_not_arrivals() {
     for (k, at) in [1.2, 2.2, 3.2, 4.2].iter().enumerate() {
         requests.push(Request::new(k as u64 + 1, (at * STEP as f64) as u64, 8, 4));
     }
-    let r = replay(SchedulerKind::Continuous, requests, 5);
+    let r = replay(SchedulerKind::Continuous, requests, sglang(5));
     for rec in &r[1..] {
         assert_eq!(rec.first_scheduled_ns, Some(6 * STEP), "{rec:?}");
     }
@@ -104,7 +115,7 @@ fn the_interval_counts_decode_steps_not_arrivals() {
 
 #[test]
 fn an_arrival_not_yet_polled_can_be_aborted_and_counts_as_waiting() {
-    let mut s = scheduler(SchedulerKind::Continuous, 30);
+    let mut s = scheduler(SchedulerKind::Continuous, sglang(30));
     assert!(s.add_request(Request::new(7, 0, 8, 4), 0).is_none());
     assert_eq!(s.num_waiting(), 1);
     assert!(s.has_work());
@@ -114,4 +125,33 @@ fn an_arrival_not_yet_polled_can_be_aborted_and_counts_as_waiting() {
     assert_eq!(rec.finish_ns, 500);
     assert_eq!(s.num_waiting(), 0);
     assert!(!s.has_work());
+}
+
+#[test]
+fn a_timeout_poll_counts_prefill_steps_too() {
+    // TensorRT-LLM's attention-DP timeout: every step counts, a prefill too. The idle
+    // poll at step 0 restarts the count, which reaches 5 at step 5 and again at step 10:
+    // B arriving at 1.5 steps starts at step 5 (not 6, as after SGLang's prefill poll),
+    // and arriving at 5.5 at step 10.
+    let timeout = Some(ArrivalPoll {
+        interval: 5,
+        after_prefill: false,
+    });
+    let r = replay(SchedulerKind::Chunked, two(1.5), timeout);
+    assert_eq!(r[1].first_scheduled_ns, Some(5 * STEP), "{:?}", r[1]);
+    let r = replay(SchedulerKind::Chunked, two(5.5), timeout);
+    assert_eq!(r[1].first_scheduled_ns, Some(10 * STEP), "{:?}", r[1]);
+}
+
+#[test]
+fn a_zero_interval_is_refused() {
+    let cfg = SchedulerConfig {
+        arrival_poll: Some(ArrivalPoll {
+            interval: 0,
+            after_prefill: false,
+        }),
+        ..SchedulerConfig::default()
+    };
+    let e = Scheduler::new(cfg).err().expect("refused").to_string();
+    assert!(e.contains("interval"), "{e}");
 }

@@ -202,6 +202,12 @@ pub struct EngineConfig {
     /// step that prefilled, or when idle).
     #[serde(default, skip_serializing_if = "is_default")]
     pub recv_interval: u32,
+    /// TensorRT-LLM's attention-DP balancing (`attention_dp_config: {enable_balance: true,
+    /// timeout_iters}`; 0: off): new prompts wait until every rank has one or this many
+    /// steps have passed. One rank is simulated, so the timeout (and the release when the
+    /// rank has nothing to decode) is what is modelled. Needs `hardware.dp > 1`.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub adp_balance_timeout_iters: u32,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -291,6 +297,7 @@ impl Default for EngineConfig {
             batch_wait_timeout_iters: 0,
             batch_wait_max_tokens_ratio: 0.0,
             recv_interval: 0,
+            adp_balance_timeout_iters: 0,
         }
     }
 }

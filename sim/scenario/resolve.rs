@@ -110,6 +110,12 @@ pub(super) fn resolve(
     }
     let e = &config.engine;
     check_engine(e)?;
+    if e.adp_balance_timeout_iters > 0 && config.hardware.dp <= 1 {
+        return Err(format!(
+            "engine.adp_balance_timeout_iters: balances new prompts over attention data-parallel ranks, but hardware.dp is {} (set hardware.dp > 1 or leave it 0)",
+            config.hardware.dp
+        ));
+    }
     let slo = &config.slo;
     for (key, bound) in [
         ("slo.ttft_ms", slo.ttft_ms),
@@ -599,6 +605,12 @@ fn check_engine(e: &EngineConfig) -> Result<(), String> {
             );
         }
     }
+    if e.recv_interval > 1 && e.adp_balance_timeout_iters > 0 {
+        return Err(format!(
+            "engine.adp_balance_timeout_iters: SGLang's receive interval (engine.recv_interval = {}) and TensorRT-LLM's attention-DP balancing ({}) both hold arrivals back; set one",
+            e.recv_interval, e.adp_balance_timeout_iters
+        ));
+    }
     if e.num_gpu_blocks_override == Some(0) {
         return Err("engine.num_gpu_blocks_override: must be at least 1".into());
     }
@@ -645,7 +657,17 @@ fn scheduler_config(
                 timeout_iters: e.batch_wait_timeout_iters,
                 max_tokens_ratio: e.batch_wait_max_tokens_ratio,
             }),
-        recv_interval: e.recv_interval,
+        arrival_poll: if e.recv_interval > 1 {
+            Some(engine::scheduler::ArrivalPoll {
+                interval: e.recv_interval,
+                after_prefill: true,
+            })
+        } else {
+            (e.adp_balance_timeout_iters > 0).then_some(engine::scheduler::ArrivalPoll {
+                interval: e.adp_balance_timeout_iters,
+                after_prefill: false,
+            })
+        },
     }
 }
 

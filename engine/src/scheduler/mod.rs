@@ -146,10 +146,28 @@ pub struct SchedulerConfig {
     /// until enough have gathered or enough steps have passed (`None`: off). Only with
     /// [`SchedulerKind::Chunked`].
     pub batch_wait: Option<BatchWait>,
-    /// SGLang's `--scheduler-recv-interval`: arrivals reach the queue only when the
-    /// scheduler polls its socket, which it does after a step that prefilled or while idle,
-    /// but only every `recv_interval` decode steps otherwise (0 and 1: every step).
-    pub recv_interval: u32,
+    /// Arrivals held back until the scheduler polls for them (`None`: each step takes in
+    /// every arrival so far).
+    pub arrival_poll: Option<ArrivalPoll>,
+}
+
+/// Arrivals reach the waiting queue only when the scheduler polls for them. It counts the
+/// steps it runs and polls when the count reaches `interval` (then restarts it), and at once
+/// when it has nothing to run. Two engines work this way:
+/// - SGLang's `--scheduler-recv-interval`: its loop reads the tokenizer's socket after a
+///   step that prefilled, but only every `interval` decode steps otherwise
+///   (`after_prefill`);
+/// - TensorRT-LLM's attention-DP balancing (`attention_dp_config.enable_balance`,
+///   `timeout_iters`): new prompts wait until every rank of the group has one, or
+///   `timeout_iters` steps have passed, or a rank has nothing to decode. One rank is
+///   simulated, so only the timeout and the idle release are modelled: every step counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArrivalPoll {
+    /// Steps between polls (at least 1).
+    pub interval: u32,
+    /// A step that prefilled is followed by a poll (SGLang), instead of counting as one
+    /// step.
+    pub after_prefill: bool,
 }
 
 /// TensorRT-LLM's batch waiting (its PyTorch executor's `_waiting_requests`): in a step
@@ -200,7 +218,7 @@ impl Default for SchedulerConfig {
             static_padding: false,
             max_concurrent_batches: 1,
             batch_wait: None,
-            recv_interval: 1,
+            arrival_poll: None,
         }
     }
 }
@@ -268,6 +286,12 @@ impl SchedulerConfig {
             if let Err(msg) = spec.validate() {
                 return bad("speculative", msg);
             }
+        }
+        if self.arrival_poll.is_some_and(|p| p.interval == 0) {
+            return bad(
+                "engine.recv_interval",
+                "arrivals must be polled at least every step (interval >= 1)".into(),
+            );
         }
         if self.max_concurrent_batches == 0 {
             return bad("engine.max_concurrent_batches", "must be at least 1".into());
@@ -472,9 +496,9 @@ pub struct Scheduler {
     /// Scratch: the running and the waiting sequences no step in flight holds.
     free_running: Vec<SeqId>,
     free_waiting: VecDeque<SeqId>,
-    /// Arrivals the scheduler has not polled yet (`recv_interval`), in arrival order.
+    /// Arrivals the scheduler has not polled yet (`arrival_poll`), in arrival order.
     inbox: VecDeque<Request>,
-    /// Decode steps since the last poll (`recv_interval`).
+    /// Steps since the last poll (`arrival_poll`).
     recv_counter: u32,
     /// Whether the last planned step computed prompt tokens (it polls after one).
     last_prefilled: bool,
@@ -570,7 +594,7 @@ impl Scheduler {
                 },
             );
         }
-        if self.cfg.recv_interval > 1 {
+        if self.cfg.arrival_poll.is_some() {
             self.inbox.push_back(req);
         } else {
             self.backlog.push_arrival(req, now);
@@ -578,17 +602,16 @@ impl Scheduler {
         None
     }
 
-    /// SGLang's receive loop under `recv_interval`: at each step the scheduler adds the
-    /// last step's weight to its counter (a decode step 1, a step that prefilled the
-    /// whole interval) and polls once the counter reaches the interval; an idle scheduler
-    /// spins and polls at once. A poll moves every arrival held back into the queue.
+    /// The poll of [`ArrivalPoll`]: at each step the last step's weight is added to the
+    /// count (1, or the whole interval after a prefill when `after_prefill`); an idle
+    /// scheduler polls at once. A poll moves every arrival held back into the queue.
     pub(crate) fn receive(&mut self, now: Nanos) {
-        let interval = self.cfg.recv_interval;
-        if interval <= 1 {
+        let Some(poll) = self.cfg.arrival_poll else {
             return;
-        }
+        };
+        let interval = poll.interval;
         let idle = self.running.is_empty() && self.waiting.is_empty() && self.backlog.is_empty();
-        let weight = if idle || self.last_prefilled {
+        let weight = if idle || (poll.after_prefill && self.last_prefilled) {
             interval
         } else {
             1

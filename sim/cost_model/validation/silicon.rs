@@ -285,12 +285,24 @@ pub(crate) fn inferencex_dense_settings(
 /// `--scheduler-recv-interval` 30 at 16 clients or more and 10 below (10 for DeepSeek-R1
 /// in fp8 at TP4): while sequences decode, new requests are taken in every 10 or 30 decode
 /// steps, which at 16 clients adds about 15 decode steps to every TTFT. The H200 scripts
-/// do not set it.
+/// do not set it. Their TensorRT-LLM scripts with attention data parallelism turn on its
+/// balancing (`attention_dp_config.enable_balance`), which holds new prompts back up to 60
+/// steps (50 for gpt-oss) until every rank has one.
 pub(crate) fn inferencex_moe_settings(
     cfg: &mut crate::scenario::ScenarioConfig,
     row: &AggregateRow,
     p: &Planned,
 ) {
+    if row.backend == "trtllm" && p.dp > 1 {
+        // `attention_dp_config: {enable_balance: true, timeout_iters: 60}` for DeepSeek-R1;
+        // `enable_balance: true` alone (TensorRT-LLM's default timeout, 50) for gpt-oss.
+        cfg.engine.adp_balance_timeout_iters = if p.model.starts_with("gpt-oss") {
+            50
+        } else {
+            60
+        };
+        return;
+    }
     if row.backend != "sglang" || p.gpu != "b200" || p.dp > 1 {
         return;
     }

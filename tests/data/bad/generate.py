@@ -162,6 +162,11 @@ case("engine-batch-wait-ratio", "engine.batch_wait_max_tokens_ratio", scenario=s
 m("engine-batch-wait-ratio-alone", "engine.batch_wait_max_tokens_ratio", "-0.5", "engine.batch_wait_max_tokens_ratio")
 s = mutate("engine.batch_wait_timeout_iters", "-1")
 case("engine-batch-wait-negative", "batch_wait_timeout_iters", scenario=s)
+m("engine-recv-interval-negative", "engine.recv_interval", "-30", "recv_interval")
+m("engine-adp-balance-without-dp", "engine.adp_balance_timeout_iters", "60",
+  "engine.adp_balance_timeout_iters: balances")
+s = mutate("engine.recv_interval", "30"); s["engine"]["adp_balance_timeout_iters"] = "60"
+case("engine-recv-interval-and-adp-balance", "set one", scenario=s)
 # --- workload
 for path, v, expect in [("workload.num_requests", "0", "workload.num_requests"),
                         ("workload.duration_s", "-1.0", "workload.duration_s"),
