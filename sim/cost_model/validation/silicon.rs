@@ -293,20 +293,52 @@ pub(crate) fn inferencex_moe_settings(
     row: &AggregateRow,
     p: &Planned,
 ) {
-    if row.backend == "trtllm" && p.dp > 1 {
-        // `attention_dp_config: {enable_balance: true, timeout_iters: 60}` for DeepSeek-R1;
-        // `enable_balance: true` alone (TensorRT-LLM's default timeout, 50) for gpt-oss.
-        cfg.engine.adp_balance_timeout_iters = if p.model.starts_with("gpt-oss") {
-            50
+    let gpt_oss = p.model.starts_with("gpt-oss");
+    let clients = row.concurrency.unwrap_or(1);
+    if row.backend == "vllm" && gpt_oss {
+        // `kv-cache-dtype: fp8` on B200 only; prefix caching off everywhere.
+        cfg.engine.enable_prefix_caching = false;
+        if p.gpu == "b200" {
+            cfg.model.kv_dtype = Some(Dtype::Fp8);
+        }
+        return;
+    }
+    if row.backend == "trtllm" {
+        // `--max_num_tokens`: 20,000 for gpt-oss; for DeepSeek-R1 the clients plus a prompt
+        // (rounded up to 64), at least 8,192.
+        cfg.engine.max_num_batched_tokens = Some(if gpt_oss {
+            20_000
         } else {
-            60
-        };
+            (clients + row.isl + 64)
+                .div_ceil(64)
+                .saturating_mul(64)
+                .max(8192)
+        });
+        // gpt-oss on H200: `kv_cache_config.dtype: auto` (its checkpoint's 16-bit cache).
+        if gpt_oss && p.gpu == "h200" {
+            cfg.model.kv_dtype = None;
+        }
+        if p.dp > 1 {
+            // `attention_dp_config: {enable_balance: true, timeout_iters: 60}` for
+            // DeepSeek-R1; `enable_balance: true` alone (the default timeout, 50) for gpt-oss.
+            cfg.engine.adp_balance_timeout_iters = if gpt_oss { 50 } else { 60 };
+        } else if p.gpu == "b200"
+            && p.dtype == Dtype::Fp8
+            && !gpt_oss
+            && row.isl == 1024
+            && row.osl == 1024
+            && clients >= 64
+        {
+            // DeepSeek-R1 in fp8 on B200, 1k/1k from 64 clients: `batch_wait_timeout_iters:
+            // 40`, `batch_wait_max_tokens_ratio: 0.8`.
+            cfg.engine.batch_wait_timeout_iters = 40;
+            cfg.engine.batch_wait_max_tokens_ratio = 0.8;
+        }
         return;
     }
     if row.backend != "sglang" || p.gpu != "b200" || p.dp > 1 {
         return;
     }
-    let clients = row.concurrency.unwrap_or(1);
     let deepseek_fp8_tp4 = p.model.starts_with("deepseek") && p.dtype == Dtype::Fp8 && p.tp == 4;
     cfg.engine.recv_interval = if clients >= 16 && !deepseek_fp8_tp4 {
         30
@@ -476,7 +508,8 @@ fn simulate(
     if row.backend == "trtllm" {
         // TensorRT-LLM gives the KV cache 0.9 of what weights and activations leave:
         // the same plan with `0.9 + 0.1 x (weights + activations) / memory` of the GPU.
-        cfg.engine.gpu_memory_utilization = trtllm_memory_share(&v.memory);
+        cfg.engine.gpu_memory_utilization =
+            trtllm_memory_share_of(&v.memory, trtllm_free_fraction(row, p));
         v = match scn.resolve_config(&row.id, cfg) {
             Ok(v) => v,
             Err(e) => return Ok(Err(e.msg)),
@@ -510,7 +543,30 @@ fn skip_reason(msg: &str, id: &str, unfit: &str) -> String {
 /// TensorRT-LLM's KV cache takes 0.9 of the memory that weights and activations leave:
 /// the `gpu_memory_utilization` that gives `plan`'s deployment that cache.
 pub(crate) fn trtllm_memory_share(plan: &crate::cost_model::MemoryPlan) -> f64 {
-    0.9 + 0.1 * (plan.weight_bytes + plan.activation_bytes) / plan.gpu_mem_bytes
+    trtllm_memory_share_of(plan, 0.9)
+}
+
+/// The share of the GPU that leaves the KV cache `free_fraction` of what weights and
+/// activations leave (TensorRT-LLM's `kv_cache_config.free_gpu_memory_fraction`).
+fn trtllm_memory_share_of(plan: &crate::cost_model::MemoryPlan, free_fraction: f64) -> f64 {
+    free_fraction
+        + (1.0 - free_fraction) * (plan.weight_bytes + plan.activation_bytes) / plan.gpu_mem_bytes
+}
+
+/// TensorRT-LLM's `free_gpu_memory_fraction` for `row`: 0.9 (its default), or what
+/// InferenceX's MoE scripts set (DeepSeek-R1: 0.8, 0.75 on H200 and for 8k prompts at TP4
+/// on B200; gpt-oss: 0.85).
+fn trtllm_free_fraction(row: &AggregateRow, p: &Planned) -> f64 {
+    if row.client != BenchClient::InferenceX || !row.is_moe() {
+        return 0.9;
+    }
+    if p.model.starts_with("gpt-oss") {
+        0.85
+    } else if p.gpu == "h200" || (p.dtype == Dtype::Fp8 && p.tp * p.dp == 4 && row.isl == 8192) {
+        0.75
+    } else {
+        0.8
+    }
 }
 
 /// Runs `v` on the cost model with the inline driver, writing nothing.
