@@ -686,6 +686,44 @@ pub(crate) fn check_rows<'a, P: Sync>(
 mod tests {
     use super::skip_reason;
 
+    /// The engine keys InferenceX's MoE scripts set, on rows of the shipped `silicon.csv`.
+    #[test]
+    fn inferencex_moe_rows_run_with_their_scripts_settings() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("calibration/serving/aiconfigurator/silicon.csv");
+        let rows = crate::observed::silicon::read(&path).expect("silicon.csv");
+        let settings = |id: &str| {
+            let row = rows.iter().find(|r| r.id == id).expect(id);
+            let p = super::plan(row).expect("planned");
+            let mut cfg = super::template().expect("template").base;
+            super::engine_defaults(&mut cfg.engine, &row.backend, p.gpu, p.tp * p.dp);
+            super::inferencex_moe_settings(&mut cfg, row, &p);
+            cfg
+        };
+        // SGLang on B200: a poll every 10 decode steps below 16 clients, 30 from 16.
+        let low = settings("dsr1_b200_sglang_fp4_agg_1024x1024_c4_cfg202");
+        assert_eq!(low.engine.recv_interval, 10);
+        assert_eq!(low.engine.max_num_batched_tokens, Some(16_384));
+        assert_eq!(low.model.kv_dtype, Some(crate::catalog::Dtype::Fp8));
+        let many = settings("qwen3_5_b200_sglang_fp8_agg_8192x1024_c64_cfg615");
+        assert_eq!(many.engine.recv_interval, 30);
+        assert_eq!(many.engine.adp_balance_timeout_iters, 0);
+        // TensorRT-LLM with attention data parallelism: the balancing's timeout.
+        let adp = rows
+            .iter()
+            .find(|r| {
+                r.backend == "trtllm"
+                    && r.mode == "agg"
+                    && r.attention_dp.unwrap_or(1) > 1
+                    && r.model.contains("DeepSeek")
+                    && r.client == crate::observed::silicon::BenchClient::InferenceX
+            })
+            .expect("an attention-DP DeepSeek row");
+        let cfg = settings(&adp.id);
+        assert_eq!(cfg.engine.adp_balance_timeout_iters, 60, "{}", adp.id);
+        assert_eq!(cfg.engine.recv_interval, 0);
+    }
+
     #[test]
     fn rows_that_do_not_fit_are_told_from_refused_layouts() {
         let unfit = "does not fit the simulator's memory plan";
