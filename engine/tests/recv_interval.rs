@@ -155,3 +155,31 @@ fn a_zero_interval_is_refused() {
     let e = Scheduler::new(cfg).err().expect("refused").to_string();
     assert!(e.contains("interval"), "{e}");
 }
+
+#[test]
+fn a_timeout_poll_releases_when_nothing_decodes() {
+    // TensorRT-LLM's balancing releases held prompts on a rank with no generation request:
+    // A (200 tokens) prefills in chunks of 100 over steps 0 and 1, so B, arriving at 0.5
+    // steps, is taken in at step 1 and starts at step 2, beside A's first decode, not at
+    // the timeout's fifth step.
+    let cfg = SchedulerConfig {
+        kind: SchedulerKind::Chunked,
+        max_num_seqs: 8,
+        max_num_batched_tokens: 100,
+        max_model_len: 256,
+        block_size: 4,
+        pool_tokens: 1024,
+        arrival_poll: Some(ArrivalPoll {
+            interval: 5,
+            after_prefill: false,
+        }),
+        ..SchedulerConfig::default()
+    };
+    let mut cores = Cores::new(
+        Scheduler::new(cfg).expect("config"),
+        BlockManager::new(256, 4),
+    );
+    let requests = vec![Request::new(0, 0, 200, 10), Request::new(1, STEP / 2, 8, 4)];
+    let r = cores.replay(requests, STEP, true).expect("replay");
+    assert_eq!(r[1].first_scheduled_ns, Some(2 * STEP), "{:?}", r[1]);
+}

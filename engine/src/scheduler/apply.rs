@@ -167,6 +167,7 @@ impl Scheduler {
             .sum::<u64>()
             + work.iter().map(|w| u64::from(w.len)).sum::<u64>();
         self.last_prefilled = work.iter().any(|w| w.kind == WorkKind::Prefill);
+        self.last_planned = !work.is_empty();
         self.last = StepStats {
             kv_tokens,
             recomputed_tokens: recomputed,

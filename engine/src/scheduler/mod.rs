@@ -159,14 +159,17 @@ pub struct SchedulerConfig {
 ///   (`after_prefill`);
 /// - TensorRT-LLM's attention-DP balancing (`attention_dp_config.enable_balance`,
 ///   `timeout_iters`): new prompts wait until every rank of the group has one, or
-///   `timeout_iters` steps have passed, or a rank has nothing to decode. One rank is
-///   simulated, so only the timeout and the idle release are modelled: every step counts.
+///   `timeout_iters` steps have passed, or a rank has nothing to decode. Each simulated
+///   rank decides alone (a single-engine run simulates one rank; a fleet's ranks keep a
+///   count each), so the timeout (every step counts) and the release when this rank has
+///   no sequence decoding are modelled, not the group's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArrivalPoll {
     /// Steps between polls (at least 1).
     pub interval: u32,
-    /// A step that prefilled is followed by a poll (SGLang), instead of counting as one
-    /// step.
+    /// SGLang's loop: a step that prefilled is followed by a poll, and the scheduler polls
+    /// when it has nothing to run. Otherwise (TensorRT-LLM's balancing) a prefill counts as
+    /// one step, and the scheduler polls when none of its sequences is decoding.
     pub after_prefill: bool,
 }
 
@@ -502,6 +505,8 @@ pub struct Scheduler {
     recv_counter: u32,
     /// Whether the last planned step computed prompt tokens (it polls after one).
     last_prefilled: bool,
+    /// Whether the last proposal planned any work (only steps count toward a poll).
+    last_planned: bool,
 }
 
 /// What a padded static batch's padding is computed from: its requests (each keeps `n`
@@ -562,6 +567,7 @@ impl Scheduler {
             inbox: VecDeque::new(),
             recv_counter: 0,
             last_prefilled: false,
+            last_planned: false,
         })
     }
 
@@ -611,10 +617,24 @@ impl Scheduler {
         };
         let interval = poll.interval;
         let idle = self.running.is_empty() && self.waiting.is_empty() && self.backlog.is_empty();
-        let weight = if idle || (poll.after_prefill && self.last_prefilled) {
-            interval
+        let release = if poll.after_prefill {
+            idle || self.last_prefilled
         } else {
+            // TensorRT-LLM releases held prompts on a rank with no generation request.
+            let seqs = &self.seqs;
+            !self.running.iter().any(|id| {
+                seqs.get(id)
+                    .is_some_and(|s| s.num_computed >= s.request.prompt_len)
+            })
+        };
+        let weight = if release {
+            interval
+        } else if self.last_planned {
             1
+        } else {
+            // A proposal that planned nothing (a re-plan after a preemption, every running
+            // sequence held by a step in flight) is not a step the engine ran.
+            0
         };
         self.recv_counter = self.recv_counter.saturating_add(weight);
         if self.recv_counter < interval {
@@ -634,7 +654,7 @@ impl Scheduler {
     pub(crate) fn refill_head(&mut self, now: Nanos) {
         let mut want = self.cfg.max_num_seqs as usize + 1;
         if !self.backlog.keyed() {
-            if self.cfg.queue == QueuePolicy::Lpm && self.num_waiting() <= policy::LPM_MAX_QUEUE {
+            if self.cfg.queue == QueuePolicy::Lpm && self.num_queued() <= policy::LPM_MAX_QUEUE {
                 want = usize::MAX;
             }
             while self.waiting.len() < want {
@@ -820,7 +840,13 @@ impl Scheduler {
     /// Requests waiting (arrivals not yet at the queue's head, or not yet polled,
     /// included).
     pub fn num_waiting(&self) -> usize {
-        self.waiting.len() + self.backlog.len() + self.inbox.len()
+        self.num_queued() + self.inbox.len()
+    }
+
+    /// Requests in the waiting queue the scheduler has taken in (not those it has not
+    /// polled yet): what SGLang's lpm policy counts.
+    pub(crate) fn num_queued(&self) -> usize {
+        self.waiting.len() + self.backlog.len()
     }
 
     /// Sequences running.

@@ -14,7 +14,7 @@ impl Scheduler {
         // policies' head is sorted by `refill_head`, and lpm sorts a short queue by the
         // cached prefixes probed last step (beyond `LPM_MAX_QUEUE` it is FCFS).
         let (policy, aging) = (self.cfg.queue, self.cfg.queue_aging_ns);
-        let lpm_fcfs = policy == QueuePolicy::Lpm && self.num_waiting() > policy::LPM_MAX_QUEUE;
+        let lpm_fcfs = policy == QueuePolicy::Lpm && self.num_queued() > policy::LPM_MAX_QUEUE;
         if policy == QueuePolicy::Lpm && !lpm_fcfs && self.waiting.len() > 1 {
             let seqs = &self.seqs;
             self.waiting
