@@ -608,9 +608,10 @@ impl Scheduler {
         None
     }
 
-    /// The poll of [`ArrivalPoll`]: at each step the last step's weight is added to the
-    /// count (1, or the whole interval after a prefill when `after_prefill`); an idle
-    /// scheduler polls at once. A poll moves every arrival held back into the queue.
+    /// The poll of [`ArrivalPoll`]: each step the scheduler ran adds 1 to the count (a
+    /// proposal that planned nothing adds 0), and the scheduler polls when the count reaches
+    /// the interval, or at once when [`ArrivalPoll::after_prefill`]'s release holds. A poll
+    /// moves every arrival held back into the queue and restarts the count.
     pub(crate) fn receive(&mut self, now: Nanos) {
         let Some(poll) = self.cfg.arrival_poll else {
             return;

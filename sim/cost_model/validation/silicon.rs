@@ -285,9 +285,12 @@ pub(crate) fn inferencex_dense_settings(
 /// `--scheduler-recv-interval` 30 at 16 clients or more and 10 below (10 for DeepSeek-R1
 /// in fp8 at TP4): while sequences decode, new requests are taken in every 10 or 30 decode
 /// steps, which at 16 clients adds about 15 decode steps to every TTFT. The H200 scripts
-/// do not set it. Their TensorRT-LLM scripts with attention data parallelism turn on its
+/// do not set it; the B200 scripts also set the prefill budget, memory fraction and an fp8
+/// KV cache. Its TensorRT-LLM scripts with attention data parallelism turn on its
 /// balancing (`attention_dp_config.enable_balance`), which holds new prompts back up to 60
-/// steps (50 for gpt-oss) until every rank has one.
+/// steps (50 for gpt-oss) until every rank has one, and all set `max_num_tokens` (the KV
+/// memory fraction is [`trtllm_free_fraction`]); its vLLM gpt-oss scripts turn prefix
+/// caching off and, on B200, use an fp8 KV cache.
 pub(crate) fn inferencex_moe_settings(
     cfg: &mut crate::scenario::ScenarioConfig,
     row: &AggregateRow,
