@@ -271,12 +271,7 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
             ),
         });
     }
-    // A mixture of experts' operator profile holds its experts' table (moe.csv), which is
-    // not read yet: such a run replays on the roofline unless a profile is named.
-    let profile = match (&opts.profiles, moe) {
-        (ProfileChoice::Auto, true) => None,
-        _ => find_profile(run, opts)?,
-    };
+    let profile = find_profile(run, opts)?;
     let io = |path: &Path, err: std::io::Error| ReplayError::Io {
         path: path.to_path_buf(),
         message: err.to_string(),
@@ -362,7 +357,6 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
             queue_ms: r.queue_ms,
         })
         .collect();
-    // Without the run's own send times its makespan is the duration the client measured.
     // Without the run's own send times its makespan is the duration the client measured;
     // without that either, there is no measured throughput to compare.
     let measured_makespan = match (&note, e.duration_s) {
@@ -370,14 +364,9 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
         (Some(_), Some(d)) => Makespan::Measured(d),
         (Some(_), None) => Makespan::Unknown,
     };
+    // Every data-parallel rank is simulated (a fleet of one replica): the requests are all
+    // there.
     let mut figures = compare(&measured, &simulated, measured_makespan);
-    // Attention data parallelism: one rank was simulated; the deployment served `dp` times
-    // its requests.
-    if dp > 1 {
-        for f in figures.iter_mut().filter(|f| f.metric == "throughput_rps") {
-            f.simulated *= f64::from(dp);
-        }
-    }
     if let Some(m) = e.num_gpu_blocks {
         figures.push(Figure {
             metric: "kv_blocks".into(),
@@ -462,6 +451,15 @@ fn scenario_text(
         if let Some(g) = e.refill_gap_s.filter(|_| e.closed_loop) {
             let _ = writeln!(s, "think_time_s = {g:.6}");
         }
+    }
+    if e.dp.unwrap_or(1) > 1 {
+        // vLLM's data-parallel ranks step in lockstep (each step's MoE layers exchange every
+        // rank's tokens), and its front end sends each request to the rank with the fewest
+        // requests waiting and running: one replica whose ranks are the fleet's engines.
+        let _ = writeln!(
+            s,
+            "\n[cluster]\nrouting = \"least-outstanding\"\n\n[cluster.pools.ranks]\nreplicas = 1"
+        );
     }
     if opts.calibration.is_some() || profile.is_some() {
         let _ = writeln!(s, "\n[cost]");

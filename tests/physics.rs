@@ -736,6 +736,79 @@ fn a_zero_sliding_window_in_config_json_is_full_attention() {
     );
 }
 
+/// A mixture of experts' profile (`moe.csv`) prices each MoE layer's routed experts by the
+/// tokens and the distinct experts they activate: a decode step of 16 sequences of
+/// Qwen3-30B-A3B on one RTX PRO 6000 costs its layers' measured attention projections and
+/// experts (16 tokens on the ~82 of 128 experts that uniform routing touches, interpolated
+/// between the measured 64 and 128), plus the router's small GEMM; and none of the
+/// roofline's fitted MoE floors, prefill or not (the kernels were timed eagerly, launches
+/// included): the overhead is the framework's CPU time alone.
+#[test]
+fn a_profiled_mixture_of_experts_prices_experts_from_moe_csv() {
+    let dir = std::path::Path::new(
+        "calibration/serving/llmservingsim/profiles/RTXPRO6000/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16",
+    );
+    let p = sim::observed::operator_profile::open(dir, 1).expect("profile");
+    assert!(p.moe.is_some());
+    let moe_us = |tokens: u32, experts: u32| -> f64 {
+        let text = std::fs::read_to_string(dir.join("tp1/moe.csv")).expect("csv");
+        let row = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{tokens},{experts},")))
+            .unwrap_or_else(|| panic!("{tokens},{experts}"));
+        row.rsplit(',').next().expect("t").parse().expect("number")
+    };
+    let proj_us = |op: &str| -> f64 {
+        let text = std::fs::read_to_string(dir.join("tp1/dense.csv")).expect("csv");
+        let row = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{op},16,")))
+            .unwrap_or_else(|| panic!("{op}"));
+        row.rsplit(',').next().expect("t").parse().expect("number")
+    };
+    let distinct = 128.0 * (1.0 - (1.0 - 8.0_f64 / 128.0).powi(16));
+    let experts_us = moe_us(16, 64) + (moe_us(16, 128) - moe_us(16, 64)) * (distinct - 64.0) / 64.0;
+    let expected_linear_us = 48.0 * (proj_us("qkv_proj") + proj_us("o_proj") + experts_us);
+    let params = CostParams {
+        moe_routing_skew: 0.0,
+        ..CostParams::default()
+    };
+    let m = CostModel::new(
+        deployment("qwen3-30b-a3b", "rtx-pro-6000", 1, Dtype::Bf16),
+        params,
+    )
+    .with_profile(Some(std::sync::Arc::new(
+        sim::cost_model::profiled::ProfiledCosts::new(&p),
+    )));
+    let c = m.step_cost(std::iter::empty(), (0..16).map(|_| (1024, 1)), 16, 16);
+    // The router: 16 x 2,048 x 128 multiply-adds, a small GEMM's few microseconds a layer.
+    let router_us = c.linear_s * 1e6 - expected_linear_us;
+    assert!(
+        (0.0..48.0 * 5.0).contains(&router_us),
+        "linear {} us, expected {expected_linear_us} us and the router",
+        c.linear_s * 1e6
+    );
+    assert!(
+        (c.overhead_s * 1e6 - (300.0 + 4.0 * 16.0)).abs() < 1e-6,
+        "{c:?}"
+    );
+    let prefill = m.step_cost(std::iter::once((0, 512)), std::iter::empty(), 1, 1);
+    assert!(
+        (prefill.overhead_s * 1e6 - 304.0).abs() < 1e-6,
+        "{prefill:?}"
+    );
+    // Without the profile's experts the roofline adds its fitted floors to a prefill.
+    let roofline = CostModel::new(
+        deployment("qwen3-30b-a3b", "rtx-pro-6000", 1, Dtype::Bf16),
+        CostParams::default(),
+    )
+    .step_cost(std::iter::once((0, 512)), std::iter::empty(), 1, 1);
+    assert!(
+        roofline.overhead_s > prefill.overhead_s + 0.04,
+        "{roofline:?}"
+    );
+}
+
 /// With an operator profile (`[cost] operator_profile`) a step is the profile's own times:
 /// at a measured point, a decode step of 16 sequences of 1,024 tokens on the RTX 4090 costs
 /// exactly the layers' measured operators, the once-a-step kernels, LM head and sampler read

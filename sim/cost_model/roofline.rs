@@ -308,14 +308,16 @@ impl CostModel {
         // expert: the measured floors do not shrink with expert parallelism (an EP8 rank's
         // prefill waits, at each layer's dispatch and combine, for the other ranks').
         let eager = a.multi_token_prefill;
-        let eager_us = if eager && m.is_moe() {
+        // Measured MoE kernels ran eagerly, launches included: no fitted floors on them.
+        let fitted_moe = m.is_moe() && self.profile.as_ref().is_none_or(|p| !p.has_moe());
+        let eager_us = if eager && fitted_moe {
             f64::from(m.moe_layers()) * f64::from(m.num_experts) * self.p.moe_prefill_expert_us
         } else {
             0.0
         };
         // Every step's MoE layers route, sort and permute their tokens: small kernels of a
         // fixed cost.
-        let routing_us = if tokens > 0.0 && m.is_moe() {
+        let routing_us = if tokens > 0.0 && fitted_moe {
             f64::from(m.moe_layers()) * self.p.moe_layer_us
         } else {
             0.0
@@ -338,7 +340,7 @@ impl CostModel {
         let (linear_s, attention_s, elementwise_s, head_s) = match &self.profile {
             // Measured: one layer's operators times the layers, plus what runs once a step.
             Some(p) => (
-                layers * p.linear_s(tokens),
+                self.profiled_linear_s(p, tokens, routed),
                 layers * p.attention_s(a.prefill_tokens, a.pf_attended, a.decodes, a.decode_ctx),
                 layers * p.elementwise_s(tokens) + p.per_step_s(tokens),
                 // The logits' all-gather under TP is not in the profile.
@@ -759,6 +761,44 @@ impl CostModel {
         let width = (l.qkv_width() + l.value_width() + 2.0 * f64::from(l.value_heads)) / tp;
         self.add_gemm(w, tokens, hidden, width, 1.0, 1.0, false);
         self.add_gemm(w, tokens, l.value_width() / tp, hidden, 1.0, 1.0, false);
+    }
+
+    /// Every layer's linear layers from an operator profile: a dense model's layers; or a
+    /// mixture of experts' attention projections, then per MoE layer its routed experts on
+    /// this GPU (`routed / ep` tokens over the rank's share of the distinct experts that
+    /// `routed` tokens activate) with the router and any shared experts on the roofline.
+    fn profiled_linear_s(&self, p: &ProfiledCosts, tokens: f64, routed: f64) -> f64 {
+        let m = &self.d.model;
+        let layers = f64::from(m.layers);
+        if !(m.is_moe() && p.has_moe()) {
+            return layers * p.linear_s(tokens);
+        }
+        let ep = f64::from(self.d.parallel.ep.max(1));
+        let moe_layers = f64::from(m.moe_layers());
+        let experts = p.moe_s(routed / ep, self.routing.distinct(routed) / ep);
+        // The router's GEMM and the shared experts, which the profile does not time.
+        let mut extras = LinearWork::default();
+        if m.arch.shared_expert_intermediate > 0 {
+            self.mlp(
+                &mut extras,
+                tokens,
+                tokens,
+                m.arch.shared_expert_intermediate,
+                false,
+            );
+        }
+        let hidden = f64::from(m.hidden);
+        let (gemm_eff, weight_mem_eff) = self.gemm_effs(self.d.dense_dtype());
+        let router_s = self.roofline(
+            2.0 * tokens * hidden * f64::from(m.num_experts),
+            hidden * f64::from(m.num_experts) * 2.0,
+            gemm_eff,
+            weight_mem_eff,
+            self.d.gpu.peak_flops(self.d.dense_dtype()),
+        );
+        layers * p.attention_linear_s(tokens)
+            + (layers - moe_layers) * (p.linear_s(tokens) - p.attention_linear_s(tokens))
+            + moe_layers * (experts + router_s + extras.seconds)
     }
 
     /// Every layer's linear layers for `tokens` tokens, in all: the attention projections

@@ -9,10 +9,15 @@
 //!   attention over a prefill chunk with its cached KV and `n_decode` decodes of
 //!   `kv_decode` tokens each, run as one kernel;
 //! - `per_sequence.csv` (`layer,sequences,time_us`): `lm_head` and `sampler` by the number
-//!   of sequences sampled.
+//!   of sequences sampled;
+//! - `moe.csv` (`tokens,activated_experts,time_us`), a mixture of experts' only: one MoE
+//!   layer's routed experts over `tokens` tokens whose top-k choices fall on
+//!   `activated_experts` distinct experts (its `dense.csv` then has no `gate_up_proj` or
+//!   `down_proj`: the model has no dense MLP).
 //!
-//! Other files (`moe.csv`, `skew*.csv`) are not read. In: the variant folder and the degree;
-//! out: an [`OperatorProfile`] with every row checked; errors name the file, line and field.
+//! The `skew*.csv` files (attention over unequal contexts) are not read. In: the variant
+//! folder and the degree; out: an [`OperatorProfile`] with every row checked; errors name
+//! the file, line and field.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -44,6 +49,10 @@ const REQUIRED_OPS: [&str; 5] = [
     "down_proj",
     "layernorm",
 ];
+
+/// Linear layers a mixture of experts' profile (one with `moe.csv`) must have: its MLPs are
+/// the experts.
+const REQUIRED_MOE_OPS: [&str; 3] = ["qkv_proj", "o_proj", "layernorm"];
 
 /// What `meta.yaml` says about the profile (other keys are ignored).
 #[derive(Debug, Deserialize)]
@@ -83,6 +92,9 @@ pub struct OperatorProfile {
     pub attention: Vec<([u32; 4], f64)>,
     /// `lm_head` and `sampler` times by sequences, sorted by sequences.
     pub per_sequence: BTreeMap<String, Vec<(u32, f64)>>,
+    /// A mixture of experts' `moe.csv`: `[tokens, activated_experts]` and seconds of one MoE
+    /// layer's routed experts (`None`: a dense model's profile).
+    pub moe: Option<Vec<([u32; 2], f64)>>,
 }
 
 /// Reads the profile in `dir` (the folder of `meta.yaml`) at tensor-parallel degree `tp`.
@@ -117,16 +129,27 @@ pub fn open(dir: &Path, tp: u32) -> Result<OperatorProfile, ObservedError> {
     let dense_path = tp_dir.join("dense.csv");
     let known: Vec<&str> = LAYER_OPS.iter().chain(&STEP_OPS).copied().collect();
     let dense = by_size(&dense_path, "tokens", &known)?;
-    for op in REQUIRED_OPS {
-        if !dense.contains_key(op) {
+    let moe_path = tp_dir.join("moe.csv");
+    let moe = if moe_path.exists() {
+        Some(moe(&moe_path)?)
+    } else {
+        None
+    };
+    let (required, kind): (&[&str], _) = if moe.is_some() {
+        (
+            &REQUIRED_MOE_OPS,
+            "a mixture of experts' profile (with moe.csv)",
+        )
+    } else {
+        (&REQUIRED_OPS, "a dense model's profile (no moe.csv)")
+    };
+    for op in required {
+        if !dense.contains_key(*op) {
             return Err(ObservedError::at(
                 &dense_path,
                 None,
                 "layer",
-                format!(
-                    "no rows of `{op}`: a dense model's profile has {}",
-                    REQUIRED_OPS.join(", ")
-                ),
+                format!("no rows of `{op}`: {kind} has {}", required.join(", ")),
             ));
         }
     }
@@ -152,6 +175,7 @@ pub fn open(dir: &Path, tp: u32) -> Result<OperatorProfile, ObservedError> {
         dense,
         attention,
         per_sequence,
+        moe,
     })
 }
 
@@ -251,6 +275,43 @@ fn by_size(
     }
     for rows in out.values_mut() {
         rows.sort_by_key(|&(n, _)| n);
+    }
+    if out.is_empty() {
+        return Err(ObservedError::new(path, "holds no rows"));
+    }
+    Ok(out)
+}
+
+/// `moe.csv`: tokens and activated experts at least 1, each point once.
+fn moe(path: &Path) -> Result<Vec<([u32; 2], f64)>, ObservedError> {
+    let cols = ["tokens", "activated_experts", "time_us"];
+    let mut rd = reader(path, &cols)?;
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (i, rec) in rd.records().enumerate() {
+        let line = i as u64 + 2;
+        let rec = rec.map_err(|e| ObservedError::at(path, Some(line), "row", e.to_string()))?;
+        let mut k = [0u32; 2];
+        for (j, slot) in k.iter_mut().enumerate() {
+            *slot = size(path, line, cols[j], &rec[j])?;
+            if *slot == 0 {
+                return Err(ObservedError::at(
+                    path,
+                    Some(line),
+                    cols[j],
+                    "must be at least 1",
+                ));
+            }
+        }
+        if !seen.insert(k) {
+            return Err(ObservedError::at(
+                path,
+                Some(line),
+                "row",
+                format!("{} tokens on {} experts is measured twice", k[0], k[1]),
+            ));
+        }
+        out.push((k, time_s(path, line, &rec[2])?));
     }
     if out.is_empty() {
         return Err(ObservedError::new(path, "holds no rows"));

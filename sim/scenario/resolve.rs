@@ -325,12 +325,6 @@ fn operator_profile(
             d.pp
         ));
     }
-    if d.model.is_moe() {
-        return Err(format!(
-            "{key}: {} is a mixture of experts; its profiles' moe.csv is not read yet (issue 18)",
-            d.model.name
-        ));
-    }
     if !d.model.arch.is_plain() {
         return Err(format!(
             "{key}: {} has latent, sliding-window or linear attention, or dense and MoE layers mixed; measured operator times price one uniform layer",
@@ -339,6 +333,23 @@ fn operator_profile(
     }
     let p =
         crate::observed::operator_profile::open(dir, d.tp).map_err(|e| format!("{key}: {e}"))?;
+    match (d.model.is_moe(), p.moe.is_some()) {
+        (true, false) => {
+            return Err(format!(
+                "{key}: {} is a mixture of experts, but {} has no moe.csv to time its experts",
+                d.model.name,
+                p.dir.display()
+            ))
+        }
+        (false, true) => {
+            return Err(format!(
+                "{key}: {} times a mixture of experts (moe.csv), but {} is dense",
+                p.dir.display(),
+                d.model.name
+            ))
+        }
+        _ => {}
+    }
     if let Some(m) = crate::catalog::find_model_by_id(&p.model) {
         if m.name != d.model.name {
             return Err(format!(

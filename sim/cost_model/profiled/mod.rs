@@ -13,6 +13,13 @@
 //! take their mean context, one query each: the profile's `skew*.csv` corrections for
 //! unequal contexts are not applied, nor is a speculative verify's extra queries' cost.
 //!
+//! A mixture of experts' profile times one MoE layer's routed experts by tokens and the
+//! distinct experts they activate (`moe.csv`, every expert on the profiled GPU). An
+//! expert-parallel rank computes `1 / ep` of the step's token-expert pairs on `1 / ep` of the
+//! experts: the time of `routed / ep` tokens on the rank's share of the distinct experts.
+//! The measured kernels run eagerly, launches included, so the cost model's fitted MoE
+//! floors (`moe_prefill_expert_us`, `moe_layer_us`) are not added to them.
+//!
 //! In: an [`OperatorProfile`] and the step's sizes; out: seconds per layer or per step.
 
 pub mod grid;
@@ -28,8 +35,13 @@ use crate::observed::operator_profile::{OperatorProfile, LAYER_OPS, STEP_OPS};
 pub struct ProfiledCosts {
     /// The folder the times came from.
     pub dir: PathBuf,
-    /// Linear layers of one layer, by tokens.
-    linear: Vec<Grid>,
+    /// The attention's linear layers (Q/K/V, O) of one layer, by tokens.
+    attention_linear: Vec<Grid>,
+    /// The dense MLP's linear layers (gate and up, down) of one layer, by tokens (none in
+    /// a mixture of experts' profile).
+    mlp_linear: Vec<Grid>,
+    /// One MoE layer's routed experts by tokens and activated experts (`None`: dense).
+    moe: Option<Grid>,
     /// Element-wise kernels of one layer and how often each runs, by tokens.
     elementwise: Vec<(Grid, f64)>,
     /// Kernels run once a step, by tokens.
@@ -49,10 +61,17 @@ fn grid1(rows: &[(u32, f64)]) -> Grid {
 impl ProfiledCosts {
     /// Builds the interpolation tables of a checked profile.
     pub fn new(p: &OperatorProfile) -> ProfiledCosts {
-        let linear = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"];
         let mut out = ProfiledCosts {
             dir: p.dir.clone(),
-            linear: Vec::new(),
+            attention_linear: Vec::new(),
+            mlp_linear: Vec::new(),
+            moe: p.moe.as_ref().map(|rows| {
+                let rows: Vec<_> = rows
+                    .iter()
+                    .map(|&(k, t)| (k.iter().map(|&x| f64::from(x)).collect(), t))
+                    .collect();
+                Grid::new(2, &rows).unwrap_or_else(|_| unreachable!("points are unique"))
+            }),
             elementwise: Vec::new(),
             per_step: Vec::new(),
             attention: Grid::new(4, &[]).unwrap_or_else(|_| unreachable!("no rows")),
@@ -60,8 +79,10 @@ impl ProfiledCosts {
         };
         for (op, rows) in &p.dense {
             let g = grid1(rows);
-            if linear.contains(&op.as_str()) {
-                out.linear.push(g);
+            if ["qkv_proj", "o_proj"].contains(&op.as_str()) {
+                out.attention_linear.push(g);
+            } else if ["gate_up_proj", "down_proj"].contains(&op.as_str()) {
+                out.mlp_linear.push(g);
             } else if STEP_OPS.contains(&op.as_str()) {
                 out.per_step.push(g);
             } else if LAYER_OPS.contains(&op.as_str()) {
@@ -79,9 +100,34 @@ impl ProfiledCosts {
         out
     }
 
-    /// One layer's linear layers over `tokens` tokens.
+    /// One dense layer's linear layers (attention projections and MLP) over `tokens` tokens.
     pub fn linear_s(&self, tokens: f64) -> f64 {
-        self.linear.iter().map(|g| g.at(&[tokens])).sum()
+        self.attention_linear_s(tokens)
+            + self.mlp_linear.iter().map(|g| g.at(&[tokens])).sum::<f64>()
+    }
+
+    /// One layer's attention projections (Q/K/V and O) over `tokens` tokens.
+    pub fn attention_linear_s(&self, tokens: f64) -> f64 {
+        self.attention_linear.iter().map(|g| g.at(&[tokens])).sum()
+    }
+
+    /// Whether the profile times a mixture of experts' routed experts (`moe.csv`).
+    pub fn has_moe(&self) -> bool {
+        self.moe.is_some()
+    }
+
+    /// Whether the profile times a dense MLP (`gate_up_proj` and `down_proj`).
+    pub fn has_mlp(&self) -> bool {
+        !self.mlp_linear.is_empty()
+    }
+
+    /// One MoE layer's routed experts over `tokens` tokens activating `experts` distinct
+    /// experts (0 without work or without `moe.csv`).
+    pub fn moe_s(&self, tokens: f64, experts: f64) -> f64 {
+        match &self.moe {
+            Some(g) if tokens > 0.0 => g.at(&[tokens, experts.max(1.0)]),
+            _ => 0.0,
+        }
     }
 
     /// One layer's element-wise kernels (norms, RoPE, activation) over `tokens` tokens.
@@ -173,6 +219,7 @@ mod tests {
                 ([16, 0, 1, 16], 12e-6),
             ],
             per_sequence: ops(&["lm_head", "sampler"], 100e-6),
+            moe: None,
         }
     }
 
@@ -185,6 +232,35 @@ mod tests {
         assert!((c.per_step_s(1.0) - 1e-6).abs() < 1e-15);
         assert!((c.head_s(1.0) - 200e-6).abs() < 1e-15);
         assert_eq!(c.head_s(0.0), 0.0);
+    }
+
+    #[test]
+    fn moe_layers_interpolate_by_tokens_and_experts() {
+        let mut p = profile();
+        assert!(!ProfiledCosts::new(&p).has_moe());
+        assert_eq!(ProfiledCosts::new(&p).moe_s(8.0, 8.0), 0.0);
+        p.dense.remove("gate_up_proj");
+        p.dense.remove("down_proj");
+        p.moe = Some(vec![
+            ([1, 8], 50e-6),
+            ([16, 8], 60e-6),
+            ([16, 64], 420e-6),
+            ([64, 8], 70e-6),
+            ([64, 64], 430e-6),
+        ]);
+        let c = ProfiledCosts::new(&p);
+        assert!(c.has_moe() && !c.has_mlp());
+        // Only the attention projections are linear layers now.
+        assert!((c.linear_s(1.0) - 2e-6).abs() < 1e-15);
+        assert!((c.moe_s(16.0, 64.0) - 420e-6).abs() < 1e-15);
+        // Between experts: linear; a slice of one point (1 token) holds its time.
+        assert!((c.moe_s(16.0, 36.0) - 240e-6).abs() < 1e-12);
+        assert!((c.moe_s(1.0, 8.0) - 50e-6).abs() < 1e-15);
+        // Between tokens: each slice at the experts asked, then linear.
+        assert!((c.moe_s(40.0, 64.0) - 425e-6).abs() < 1e-12);
+        // No tokens, no time; fewer experts than measured cost the fewest measured.
+        assert_eq!(c.moe_s(0.0, 8.0), 0.0);
+        assert!((c.moe_s(16.0, 2.0) - 60e-6).abs() < 1e-15);
     }
 
     #[test]

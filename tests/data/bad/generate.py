@@ -308,6 +308,10 @@ PROFILE_CASES = {
     "model-mismatch": ({"model": "Qwen/Qwen3-32B"}, {}, "tp1", "not the scenario's model"),
     "gpu-mismatch": ({"gpu": "NVIDIA GeForce RTX 4090"}, {}, "tp1", "not the scenario's GPU"),
     "variant-fp8": ({"variant": "fp8"}, {}, "tp1", "weights"),
+    "moe-header": ({}, {"moe.csv": "tokens,experts,time_us\n16,8,50\n"}, "tp1", "moe.csv:1: header"),
+    "moe-no-experts": ({}, {"moe.csv": "tokens,activated_experts,time_us\n16,0,50\n"}, "tp1", "moe.csv:2: activated_experts"),
+    "moe-twice": ({}, {"moe.csv": "tokens,activated_experts,time_us\n16,8,50\n16,8,51\n"}, "tp1", "measured twice"),
+    "moe-for-dense": ({}, {"moe.csv": "tokens,activated_experts,time_us\n16,8,50\n"}, "tp1", "is dense"),
 }
 PROFILE_DENSE = "layer,tokens,time_us\n" + "".join(f"{op},{n},{t * n ** 0.5:.3f}\n" for op, t in
     [("qkv_proj", 10), ("o_proj", 5), ("gate_up_proj", 20), ("down_proj", 10), ("layernorm", 2)] for n in (1, 16, 256))
@@ -325,7 +329,8 @@ def profile_files(root):
             with open(os.path.join(d, "meta.yaml"), "w") as fh:
                 fh.write("profiler_version: 1.0.0\n" + "".join(f"{k}: {v}\n" for k, v in m.items()))
         base = {"dense.csv": PROFILE_DENSE, "attention.csv": PROFILE_ATTN, "per_sequence.csv": PROFILE_SEQ}
-        for f, text in base.items():
+        extra = [(f, t) for f, t in files.items() if f not in base]
+        for f, text in list(base.items()) + extra:
             text = files.get(f, text)
             if text is None:
                 continue
@@ -341,8 +346,8 @@ for name, (_, _, _, expect) in PROFILE_CASES.items():
     m(f"cost-operator-profile-{name}", "cost.operator_profile", f'"../data/profiles/{name}"', expect)
 s = mutate("cost.operator_profile", '"../data/profiles/good"'); s["hardware"]["pp"] = "2"
 case("cost-operator-profile-pipeline", "pipeline", scenario=s)
-s = mutate("cost.operator_profile", '"../data/profiles/good"'); s["model"]["name"] = '"mixtral-8x7b"'; s["hardware"]["tp"] = "2"
-case("cost-operator-profile-moe", "mixture of experts", scenario=s)
+s = mutate("cost.operator_profile", '"../data/profiles/good"'); s["model"]["name"] = '"qwen3-30b-a3b"'
+case("cost-operator-profile-moe", "no moe.csv", scenario=s)
 PROFILE_CASES["good"] = ({}, {}, "tp1", "")
 SPEC = {"method": '"synthetic"', "k": "4", "acceptance": "[0.8, 0.6]"}
 for change, expect in [({"method": '"magic"'}, "magic"), ({"k": "0"}, "speculative.k"), ({"k": "100"}, "speculative.k"),
