@@ -5,7 +5,9 @@
 //! the GPU (by the device name the run reports), the engine's arguments (vLLM V1: chunked
 //! prefill with `max_num_seqs`, `max_num_batched_tokens`, `max_model_len`, the block size,
 //! prefix caching, `gpu_memory_utilization`, tensor parallelism), the KV blocks the engine
-//! really allocated when the run records them (`num_gpu_blocks_override`), the client's cap
+//! really allocated when the run records them (`num_gpu_blocks_override`), a mixture of
+//! experts' data and expert parallelism (its data-parallel ranks a `[cluster]` of one
+//! replica, stepping in lockstep behind least-outstanding routing), the client's cap
 //! on requests in flight, and exactly its requests: each sent when the engine saw it, with
 //! its prompt and output lengths (failed requests are left out and counted). The scenario
 //! and its trace are written into the output folder (`replay.toml`, `trace.csv`), so `sim
@@ -267,11 +269,11 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
         return Err(ReplayError::Run {
             path: run.path.clone(),
             message: format!(
-                "data parallelism ({dp}) of a dense model: replay one engine's run (fleets: issue 20)"
+                "data parallelism ({dp}) of a dense model: its engines run independently; replay one engine's run"
             ),
         });
     }
-    let profile = find_profile(run, opts)?;
+    let mut profile = find_profile(run, opts)?;
     let io = |path: &Path, err: std::io::Error| ReplayError::Io {
         path: path.to_path_buf(),
         message: err.to_string(),
@@ -322,7 +324,26 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
         scenario_text(run, model, &gpu_line, opts, None, profile.as_deref()),
     )
     .map_err(|e| io(&path, e))?;
-    let predicted = Scenario::load(&path, None)?.variants[0].memory.clone();
+    let mut profile_note = None;
+    let loaded = match Scenario::load(&path, None) {
+        // The profile found beside the run cannot price this deployment (another layout of
+        // the experts, an architecture it does not time): the roofline does, and says why.
+        Err(err) if profile.is_some() && matches!(opts.profiles, ProfileChoice::Auto) => {
+            let why = format!(
+                "the operator profile beside the run cannot price it, so the roofline does ({err})"
+            );
+            profile_note = Some(why);
+            profile = None;
+            std::fs::write(
+                &path,
+                scenario_text(run, model, &gpu_line, opts, None, None),
+            )
+            .map_err(|e| io(&path, e))?;
+            Scenario::load(&path, None)?
+        }
+        r => r?,
+    };
+    let predicted = loaded.variants[0].memory.clone();
     let mut reserve_gib = None;
     if let Some(blocks) = e.num_gpu_blocks {
         let gib = implied_reserve(run, &predicted, blocks)?;
@@ -384,7 +405,10 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
         failed,
         figures,
         reserve_gib,
-        note,
+        note: match (note, profile_note) {
+            (Some(n), Some(p)) => Some(format!("{n}; {p}")),
+            (n, p) => n.or(p),
+        },
         profile,
     };
     let html_path = opts.out_dir.join("replay.html");
@@ -454,8 +478,9 @@ fn scenario_text(
     }
     if e.dp.unwrap_or(1) > 1 {
         // vLLM's data-parallel ranks step in lockstep (each step's MoE layers exchange every
-        // rank's tokens), and its front end sends each request to the rank with the fewest
-        // requests waiting and running: one replica whose ranks are the fleet's engines.
+        // rank's tokens), and its front end sends each request to the rank with the lowest
+        // score of 4 x waiting + running, which the fewest requests in flight approximates:
+        // one replica whose ranks are the fleet's engines.
         let _ = writeln!(
             s,
             "\n[cluster]\nrouting = \"least-outstanding\"\n\n[cluster.pools.ranks]\nreplicas = 1"

@@ -766,7 +766,9 @@ impl CostModel {
     /// Every layer's linear layers from an operator profile: a dense model's layers; or a
     /// mixture of experts' attention projections, then per MoE layer its routed experts on
     /// this GPU (`routed / ep` tokens over the rank's share of the distinct experts that
-    /// `routed` tokens activate) with the router and any shared experts on the roofline.
+    /// `routed` tokens activate) with the router on the roofline. Shared experts and dense
+    /// MLP layers the profile does not time are priced on the roofline too (the scenario
+    /// checks refuse such models with a profile today: one uniform layer is priced).
     fn profiled_linear_s(&self, p: &ProfiledCosts, tokens: f64, routed: f64) -> f64 {
         let m = &self.d.model;
         let layers = f64::from(m.layers);
@@ -796,8 +798,17 @@ impl CostModel {
             weight_mem_eff,
             self.d.gpu.peak_flops(self.d.dense_dtype()),
         );
+        let dense_mlp_s = if layers > moe_layers && p.has_mlp() {
+            p.linear_s(tokens) - p.attention_linear_s(tokens)
+        } else if layers > moe_layers {
+            let mut w = LinearWork::default();
+            self.mlp(&mut w, tokens, tokens, m.arch.dense_intermediate, false);
+            w.seconds
+        } else {
+            0.0
+        };
         layers * p.attention_linear_s(tokens)
-            + (layers - moe_layers) * (p.linear_s(tokens) - p.attention_linear_s(tokens))
+            + (layers - moe_layers) * dense_mlp_s
             + moe_layers * (experts + router_s + extras.seconds)
     }
 

@@ -327,29 +327,21 @@ fn operator_profile(
     }
     if !d.model.arch.is_plain() {
         return Err(format!(
-            "{key}: {} has latent, sliding-window or linear attention, or dense and MoE layers mixed; measured operator times price one uniform layer",
+            "{key}: {} is not a uniform stack of Llama-style layers (latent, sliding-window or linear attention, shared experts, MTP layers, a gated attention output, or dense and MoE layers mixed); measured operator times price one uniform layer",
             d.model.name
+        ));
+    }
+    // A profile at TP N times one GPU's shard of every layer, experts split N ways: with
+    // expert parallelism the experts are split otherwise.
+    if d.model.is_moe() && d.moe_tp() != d.tp {
+        return Err(format!(
+            "{key}: the profile times each expert split over {} GPUs (its tensor-parallel degree), but this deployment splits each over {} (hardware.tp x dp / ep); measured operator times price experts split as the attention is",
+            d.tp,
+            d.moe_tp()
         ));
     }
     let p =
         crate::observed::operator_profile::open(dir, d.tp).map_err(|e| format!("{key}: {e}"))?;
-    match (d.model.is_moe(), p.moe.is_some()) {
-        (true, false) => {
-            return Err(format!(
-                "{key}: {} is a mixture of experts, but {} has no moe.csv to time its experts",
-                d.model.name,
-                p.dir.display()
-            ))
-        }
-        (false, true) => {
-            return Err(format!(
-                "{key}: {} times a mixture of experts (moe.csv), but {} is dense",
-                p.dir.display(),
-                d.model.name
-            ))
-        }
-        _ => {}
-    }
     if let Some(m) = crate::catalog::find_model_by_id(&p.model) {
         if m.name != d.model.name {
             return Err(format!(
@@ -370,6 +362,34 @@ fn operator_profile(
                 d.gpu.name
             ));
         }
+    }
+    match (d.model.is_moe(), &p.moe) {
+        (true, None) => {
+            return Err(format!(
+                "{key}: {} is a mixture of experts, but {} has no moe.csv to time its experts",
+                d.model.name,
+                p.dir.display()
+            ))
+        }
+        (false, Some(_)) => {
+            return Err(format!(
+                "{key}: {} times a mixture of experts (moe.csv), but {} is dense",
+                p.dir.display(),
+                d.model.name
+            ))
+        }
+        (true, Some(rows)) => {
+            let most = rows.iter().map(|(k, _)| k[1]).max().unwrap_or(0);
+            if most > d.model.num_experts {
+                return Err(format!(
+                    "{key}: {}/moe.csv times up to {most} activated experts, but {} has {}",
+                    p.dir.display(),
+                    d.model.name,
+                    d.model.num_experts
+                ));
+            }
+        }
+        (false, None) => {}
     }
     let sixteen = matches!(d.dtype, Dtype::Bf16 | Dtype::Fp16);
     if let Some(v) = p.variant.as_deref() {

@@ -2,9 +2,9 @@
 //! what Vidur and LLMServingSim price steps with. Where a profile of the model on the GPU
 //! exists (LLMServingSim's profiler for vLLM, read by [`crate::observed::operator_profile`]),
 //! the cost model takes a layer's linear layers, element-wise kernels and attention, and the
-//! LM head and sampler, from it by interpolation ([`grid::Grid`]); the all-reduces, pipeline
-//! hand-offs, KV block moves and the framework's CPU time stay on the roofline, which the
-//! profile does not measure.
+//! LM head and sampler, from it by interpolation ([`grid::Grid`]); the all-reduces and
+//! all-to-alls, a mixture of experts' router GEMM, pipeline hand-offs, KV block moves and the
+//! framework's CPU time stay on the roofline, which the profile does not measure.
 //!
 //! Attention is measured as one kernel over one prefill chunk (with its cached KV) and `n`
 //! decodes of equal context. A step's chunks are summed into one chunk whose cached length
@@ -14,7 +14,9 @@
 //! unequal contexts are not applied, nor is a speculative verify's extra queries' cost.
 //!
 //! A mixture of experts' profile times one MoE layer's routed experts by tokens and the
-//! distinct experts they activate (`moe.csv`, every expert on the profiled GPU). An
+//! distinct experts they activate (`moe.csv`: every expert on the profiled GPU, each split as
+//! the profile's tensor-parallel degree splits the attention; a deployment whose experts are
+//! split otherwise is refused by the scenario checks). An
 //! expert-parallel rank computes `1 / ep` of the step's token-expert pairs on `1 / ep` of the
 //! experts: the time of `routed / ep` tokens on the rank's share of the distinct experts.
 //! The measured kernels run eagerly, launches included, so the cost model's fitted MoE

@@ -289,6 +289,7 @@ for name, expect in [("error", "ttft_error_90"), ("fold", "folds[1]"), ("key", "
 # breaks one thing of a good profile of llama-3-8b on an H100 (written by profile_files).
 PROFILE_META = {"model": "meta-llama/Meta-Llama-3-8B", "gpu": "NVIDIA H100 80GB HBM3", "variant": "bf16",
                 "tp_degrees": "[1]"}
+PROFILE_MOE_DENSE = "layer,tokens,time_us\nqkv_proj,1,10\no_proj,1,5\nlayernorm,1,2\n"
 PROFILE_CASES = {
     # name: (meta changes, {file: text or None to leave it out}, tp folder, expect)
     "no-meta": (None, {}, "tp1", "meta.yaml"),
@@ -312,6 +313,9 @@ PROFILE_CASES = {
     "moe-no-experts": ({}, {"moe.csv": "tokens,activated_experts,time_us\n16,0,50\n"}, "tp1", "moe.csv:2: activated_experts"),
     "moe-twice": ({}, {"moe.csv": "tokens,activated_experts,time_us\n16,8,50\n16,8,51\n"}, "tp1", "measured twice"),
     "moe-for-dense": ({}, {"moe.csv": "tokens,activated_experts,time_us\n16,8,50\n"}, "tp1", "is dense"),
+    # Qwen3-30B-A3B's profiles: with the base scenario's Llama they are another model's.
+    "moe-missing": ({"model": "Qwen/Qwen3-30B-A3B-Instruct-2507"}, {}, "tp1", "not the scenario's model"),
+    "moe-wide": ({"model": "Qwen/Qwen3-30B-A3B-Instruct-2507"}, {"dense.csv": PROFILE_MOE_DENSE, "moe.csv": "tokens,activated_experts,time_us\n16,8,50\n64,256,900\n"}, "tp1", "not the scenario's model"),
 }
 PROFILE_DENSE = "layer,tokens,time_us\n" + "".join(f"{op},{n},{t * n ** 0.5:.3f}\n" for op, t in
     [("qkv_proj", 10), ("o_proj", 5), ("gate_up_proj", 20), ("down_proj", 10), ("layernorm", 2)] for n in (1, 16, 256))
@@ -346,8 +350,11 @@ for name, (_, _, _, expect) in PROFILE_CASES.items():
     m(f"cost-operator-profile-{name}", "cost.operator_profile", f'"../data/profiles/{name}"', expect)
 s = mutate("cost.operator_profile", '"../data/profiles/good"'); s["hardware"]["pp"] = "2"
 case("cost-operator-profile-pipeline", "pipeline", scenario=s)
-s = mutate("cost.operator_profile", '"../data/profiles/good"'); s["model"]["name"] = '"qwen3-30b-a3b"'
-case("cost-operator-profile-moe", "no moe.csv", scenario=s)
+for profile, change, expect in [("moe-missing", {}, "no moe.csv"), ("moe-wide", {}, "up to 256 activated experts"),
+                                ("good", {"tp": "2", "ep": "2"}, "split")]:
+    s = mutate("cost.operator_profile", f'"../data/profiles/{profile}"'); s["model"]["name"] = '"qwen3-30b-a3b"'
+    s["hardware"].update(change)
+    case(f"cost-operator-profile-qwen3-moe-{profile}", expect, scenario=s)
 PROFILE_CASES["good"] = ({}, {}, "tp1", "")
 SPEC = {"method": '"synthetic"', "k": "4", "acceptance": "[0.8, 0.6]"}
 for change, expect in [({"method": '"magic"'}, "magic"), ({"k": "0"}, "speculative.k"), ({"k": "100"}, "speculative.k"),
