@@ -455,6 +455,14 @@ pub fn run_name(path: &Path) -> String {
         .collect()
 }
 
+/// The catalog name in a `gpu = "..."` line (a `gpu_file` line names none).
+fn model_gpu(gpu_line: &str) -> &str {
+    gpu_line
+        .strip_prefix("gpu = \"")
+        .and_then(|r| r.strip_suffix('"'))
+        .unwrap_or("")
+}
+
 /// The replay's scenario file.
 fn scenario_text(
     run: &ObservedRun,
@@ -486,8 +494,33 @@ fn scenario_text(
             "\n[cluster]\nrouting = \"least-outstanding\"\n\n[cluster.pools.ranks]\nreplicas = 1"
         );
     }
-    if opts.calibration.is_some() || profile.is_some() {
+    // The link between the GPUs as the run's hardware description gives it (LLMServingSim's
+    // testbed: PCIe without NVLink), where the deployment spans GPUs: its bandwidth as the
+    // collectives' share of the catalog GPU's link, and its latency.
+    let gpus = e.tp.unwrap_or(1) * e.dp.unwrap_or(1);
+    let link_eff = e
+        .link_gbs
+        .filter(|_| gpus > 1)
+        .zip(crate::catalog::find_gpu(model_gpu(gpu_line)).map(|g| g.link_bw / 1e9))
+        .map(|(gbs, catalog)| (gbs / catalog).min(1.0));
+    let link_latency = e.link_latency_us.filter(|_| gpus > 1);
+    if opts.calibration.is_some()
+        || profile.is_some()
+        || link_eff.is_some()
+        || link_latency.is_some()
+    {
         let _ = writeln!(s, "\n[cost]");
+    }
+    if let Some(eff) = link_eff {
+        let _ = writeln!(
+            s,
+            "# The run's GPUs are linked at {} GB/s ({}), this GPU's link at its datasheet figure.\nallreduce_eff = {eff:.6}",
+            e.link_gbs.unwrap_or(0.0),
+            run.path.join("config.json").display()
+        );
+    }
+    if let Some(us) = link_latency {
+        let _ = writeln!(s, "allreduce_latency_us = {us}");
     }
     if let Some(p) = profile {
         let abs = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());

@@ -44,6 +44,10 @@ fn llmservingsim_runs_read_as_vllm_measured_them() {
         assert_eq!(r.engine.max_num_seqs, Some(seqs));
         assert_eq!(r.engine.max_num_batched_tokens, Some(2048));
         assert_eq!(r.requests[0].send_s, Some(0.0));
+        // The testbed's link, from the cluster description beside the run.
+        assert_eq!(r.engine.link_gbs, Some(16.0));
+        let latency = if gpu == "RTXPRO6000" { 20.0 } else { 1.0 };
+        assert_eq!(r.engine.link_latency_us, Some(latency));
         assert!(r.requests.windows(2).all(|w| w[0].send_s <= w[1].send_s));
         // The means LLMServingSim printed for the same run, to their 0.1 ms rounding.
         let ttft = mean(r.requests.iter().filter_map(|q| q.ttft_ms));
@@ -333,6 +337,22 @@ fn bad_run_files_give_one_line_naming_file_line_and_field() {
         assert!(err.contains(want), "want {want:?} in {err}");
         assert!(!err.contains('\n'), "{err}");
     }
+    // The cluster description's link: a positive bandwidth and latency.
+    std::fs::write(run.join("vllm/requests.jsonl"), line(1.0, 1.1, 1.2, 1.3)).expect("write");
+    for (content, want) in [
+        (
+            "{\"link_bw\": -16}",
+            "config.json: link_bw: expected a positive number",
+        ),
+        ("{\"link_latency\": 0}", "config.json: link_latency"),
+        ("{\"link_bw\": \"fast\"}", "config.json:1: json"),
+    ] {
+        std::fs::write(run.join("config.json"), content).expect("write");
+        let err = observed::open(&run).expect_err(want).to_string();
+        assert!(err.contains(want), "want {want:?} in {err}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+    std::fs::remove_file(run.join("config.json")).expect("rm");
     std::fs::remove_file(run.join("vllm/requests.jsonl")).expect("rm");
     let err = observed::open(&run).expect_err("missing").to_string();
     assert!(err.contains("requests.jsonl: cannot read"), "{err}");

@@ -103,10 +103,11 @@ fn the_rtx_4090_run_replays_within_ten_percent_from_its_operator_profile() {
 /// The Qwen3-30B-A3B run (two RTX PRO 6000s, data parallel 2 with expert parallelism)
 /// priced from its operator profile, experts from the profile's `moe.csv`: both
 /// data-parallel ranks are engines of a one-replica fleet, stepping in lockstep behind vLLM's
-/// least-loaded balancing. TPOT and E2EL land within 5% of vLLM's, throughput too; TTFT,
-/// mostly queueing in a run near saturation, within 20% (on the roofline, whose fitted MoE
-/// floors make every prefilling step slow, it is 181% long). Held out: the profile times
-/// operators, not this run.
+/// least-loaded balancing, their all-to-alls over the link the run's cluster description
+/// gives (16 GB/s, 20 us). TPOT and E2EL land within 5% of vLLM's, throughput too; TTFT,
+/// mostly queueing in a run near saturation, within 15% (issue 18's bar; on the roofline,
+/// whose fitted MoE floors make every prefilling step slow, it is nearly three times the
+/// measured). Nothing was fitted to this run.
 #[test]
 fn the_mixture_of_experts_run_replays_from_its_operator_profile_with_both_ranks() {
     let out = tempfile::tempdir().expect("tempdir");
@@ -126,7 +127,25 @@ fn the_mixture_of_experts_run_replays_from_its_operator_profile_with_both_ranks(
         assert!(e.abs() < 5.0, "{m}: {e:+.1}%");
     }
     let e = error(&r, "ttft_mean_ms");
-    assert!(e.abs() < 20.0, "ttft_mean_ms: {e:+.1}%");
+    assert!(e.abs() < 15.0, "ttft_mean_ms: {e:+.1}%");
+    assert!(text.contains("allreduce_eff = 0.250000"), "{text}");
+}
+
+/// The Qwen3-32B TP2 run priced from its operator profile, its all-reduces over the link the
+/// run's cluster description gives (16 GB/s and 20 us: PCIe between the two cards, a quarter
+/// of the catalog's datasheet 64 GB/s): every figure issue 17 names within 10% (on the
+/// datasheet link it was 25% fast).
+#[test]
+fn the_tensor_parallel_run_replays_within_ten_percent_over_its_described_link() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let dir = "calibration/serving/llmservingsim/RTXPRO6000/Qwen3-32B";
+    let r = run_with(dir, out.path(), ProfileChoice::Auto);
+    let text = std::fs::read_to_string(out.path().join("replay.toml")).expect("toml");
+    assert!(text.contains("allreduce_latency_us = 20"), "{text}");
+    for m in ISSUE_METRICS {
+        let e = error(&r, m);
+        assert!(e.abs() < 10.0, "{m}: {e:+.1}%");
+    }
 }
 
 /// A profile beside the run that cannot price it (here a mixture of experts' profile

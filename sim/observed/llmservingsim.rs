@@ -5,7 +5,8 @@
 //! `first_token_ts`, `last_token_ts`, and `input_toks`, `output_toks`. TTFT is first token
 //! minus queued, E2EL last token minus queued, queueing scheduled minus queued. The
 //! directory's `config.json` is LLMServingSim's cluster description, not the model's: the
-//! model is found by its name. The GPU is `hardware.device_name` or the parent directory's
+//! model is found by its name, and from it the link between the GPUs is read (`link_bw` in
+//! GB/s, `link_latency` in ns), which the testbed's GPUs cross for their collectives. The GPU is `hardware.device_name` or the parent directory's
 //! name. The workload file `meta.json` names (`dataset_path`, relative
 //! to the folder above the GPU folders) gives each prompt's token ids, when present.
 //! Requests are taken in the order of their queue times.
@@ -64,10 +65,49 @@ struct Line {
     last_token_ts: f64,
 }
 
+/// What `config.json` (LLMServingSim's cluster description) says of the link between the
+/// GPUs (other keys are LLMServingSim's own).
+#[derive(Deserialize)]
+struct Cluster {
+    link_bw: Option<f64>,
+    link_latency: Option<f64>,
+}
+
 #[derive(Deserialize)]
 struct WorkloadLine {
     #[serde(default)]
     input_tok_ids: Vec<u32>,
+}
+
+/// The cluster description beside the run, when there is one: its link's bandwidth and
+/// latency, each positive and finite when given.
+fn read_cluster(path: &Path) -> Result<Option<Cluster>, ObservedError> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ObservedError::new(path, format!("cannot read: {e}")))?;
+    let c: Cluster = serde_json::from_str(&text).map_err(|e| {
+        ObservedError::at(
+            path,
+            Some(e.line() as u64),
+            "json",
+            crate::messages::concise(&e.to_string()),
+        )
+    })?;
+    for (field, v) in [("link_bw", c.link_bw), ("link_latency", c.link_latency)] {
+        if let Some(v) = v {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(ObservedError::at(
+                    path,
+                    None,
+                    field,
+                    format!("expected a positive number, got {v}"),
+                ));
+            }
+        }
+    }
+    Ok(Some(c))
 }
 
 /// Reads the run directory `dir`.
@@ -83,6 +123,7 @@ pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
             crate::messages::concise(&e.to_string()),
         )
     })?;
+    let cluster = read_cluster(&dir.join("config.json"))?;
     let kw = meta.engine_kwargs.as_ref();
     let kv = meta.kv_cache.as_ref();
     let gpu = meta.hardware.and_then(|h| h.device_name).or_else(|| {
@@ -114,6 +155,11 @@ pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
         prefix_caching: kv.and_then(|k| k.enable_prefix_caching),
         max_concurrency: None,
         request_rate: None,
+        link_gbs: cluster.as_ref().and_then(|c| c.link_bw),
+        link_latency_us: cluster
+            .as_ref()
+            .and_then(|c| c.link_latency)
+            .map(|ns| ns / 1e3),
         ..ObservedEngine::default()
     };
     let req_path = dir.join("vllm").join("requests.jsonl");

@@ -155,6 +155,11 @@ pub struct ObservedEngine {
     /// The engine's scheduler (`sim` runs: `continuous`, `chunked`, ...; `None`: vLLM's
     /// chunked prefill).
     pub scheduler: Option<String>,
+    /// The bandwidth of the link between the GPUs, GB/s per direction, as the run's
+    /// hardware description gives it (LLMServingSim's `config.json` `link_bw`).
+    pub link_gbs: Option<f64>,
+    /// The same link's latency (us; `link_latency`, given in ns).
+    pub link_latency_us: Option<f64>,
 }
 
 /// A real run: its requests in send order and its deployment.
