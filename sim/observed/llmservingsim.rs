@@ -85,16 +85,7 @@ fn read_cluster(path: &Path) -> Result<Option<Cluster>, ObservedError> {
     if !path.is_file() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ObservedError::new(path, format!("cannot read: {e}")))?;
-    let c: Cluster = serde_json::from_str(&text).map_err(|e| {
-        ObservedError::at(
-            path,
-            Some(e.line() as u64),
-            "json",
-            crate::messages::concise(&e.to_string()),
-        )
-    })?;
+    let c: Cluster = super::read_json(path)?;
     for (field, v) in [("link_bw", c.link_bw), ("link_latency", c.link_latency)] {
         if let Some(v) = v {
             if !(v.is_finite() && v > 0.0) {
@@ -113,16 +104,7 @@ fn read_cluster(path: &Path) -> Result<Option<Cluster>, ObservedError> {
 /// Reads the run directory `dir`.
 pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
     let meta_path = dir.join("vllm").join("meta.json");
-    let text = std::fs::read_to_string(&meta_path)
-        .map_err(|e| ObservedError::new(&meta_path, format!("cannot read: {e}")))?;
-    let meta: Meta = serde_json::from_str(&text).map_err(|e| {
-        ObservedError::at(
-            &meta_path,
-            Some(e.line() as u64),
-            "json",
-            crate::messages::concise(&e.to_string()),
-        )
-    })?;
+    let meta: Meta = super::read_json(&meta_path)?;
     let cluster = read_cluster(&dir.join("config.json"))?;
     let kw = meta.engine_kwargs.as_ref();
     let kv = meta.kv_cache.as_ref();

@@ -67,6 +67,20 @@ impl ObservedError {
     }
 }
 
+/// Reads and parses a JSON file; errors name the file and, for bad JSON, its line.
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ObservedError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ObservedError::new(path, format!("cannot read: {e}")))?;
+    serde_json::from_str(&text).map_err(|e| {
+        ObservedError::at(
+            path,
+            Some(e.line() as u64),
+            "json",
+            crate::messages::concise(&e.to_string()),
+        )
+    })
+}
+
 /// One request of a real run, as the engine (or the benchmark client) measured it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ObservedRequest {

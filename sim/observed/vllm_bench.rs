@@ -33,16 +33,7 @@ struct Bench {
 
 /// Reads a vLLM bench result file.
 pub(super) fn read(path: &Path) -> Result<ObservedRun, ObservedError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ObservedError::new(path, format!("cannot read: {e}")))?;
-    let b: Bench = serde_json::from_str(&text).map_err(|e| {
-        ObservedError::at(
-            path,
-            Some(e.line() as u64),
-            "json",
-            crate::messages::concise(&e.to_string()),
-        )
-    })?;
+    let b: Bench = super::read_json(path)?;
     let need = |field: &str| {
         ObservedError::at(
             path,
