@@ -263,6 +263,7 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
         }
     };
     let gpu = gpu.as_str();
+    let link = described_link(e, opts.gpu_file.is_none().then_some(gpu));
     let moe = crate::catalog::find_model(model).is_some_and(|m| m.is_moe());
     let dp = e.dp.unwrap_or(1);
     if dp > 1 && !moe {
@@ -321,7 +322,7 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
     let path = opts.out_dir.join("replay.toml");
     std::fs::write(
         &path,
-        scenario_text(run, model, &gpu_line, opts, None, profile.as_deref()),
+        scenario_text(run, model, &gpu_line, opts, None, profile.as_deref(), link),
     )
     .map_err(|e| io(&path, e))?;
     let mut profile_note = None;
@@ -336,7 +337,7 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
             profile = None;
             std::fs::write(
                 &path,
-                scenario_text(run, model, &gpu_line, opts, None, None),
+                scenario_text(run, model, &gpu_line, opts, None, None, link),
             )
             .map_err(|e| io(&path, e))?;
             Scenario::load(&path, None)?
@@ -355,6 +356,7 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
             opts,
             Some((blocks, gib)),
             profile.as_deref(),
+            link,
         );
         std::fs::write(&path, text).map_err(|e| io(&path, e))?;
     }
@@ -455,13 +457,22 @@ pub fn run_name(path: &Path) -> String {
         .collect()
 }
 
-/// The catalog name in a `gpu = "..."` line (a `gpu_file` line names none).
-fn model_gpu(gpu_line: &str) -> &str {
-    gpu_line
-        .strip_prefix("gpu = \"")
-        .and_then(|r| r.strip_suffix('"'))
-        .unwrap_or("")
+/// The link between the GPUs as the run's hardware description gives it (LLMServingSim's
+/// testbed: PCIe without NVLink), where the deployment spans GPUs: its bandwidth as the
+/// collectives' share of the catalog GPU's link (`catalog_gpu`; none for a GPU file), and
+/// its latency (us).
+fn described_link(e: &crate::observed::ObservedEngine, catalog_gpu: Option<&str>) -> Link {
+    let spans = e.tp.unwrap_or(1) * e.dp.unwrap_or(1) > 1;
+    let eff = e
+        .link_gbs
+        .filter(|_| spans)
+        .zip(catalog_gpu.and_then(crate::catalog::find_gpu))
+        .map(|(gbs, g)| (gbs / (g.link_bw / 1e9)).min(1.0));
+    (eff, e.link_latency_us.filter(|_| spans))
 }
+
+/// `cost.allreduce_eff` and `cost.allreduce_latency_us` of the run's link, when it says.
+type Link = (Option<f64>, Option<f64>);
 
 /// The replay's scenario file.
 fn scenario_text(
@@ -471,6 +482,7 @@ fn scenario_text(
     opts: &ReplayOptions,
     blocks: Option<(u32, f64)>,
     profile: Option<&Path>,
+    (link_eff, link_latency): Link,
 ) -> String {
     let e = &run.engine;
     let mut s = deployment_text(run, model, gpu_line, blocks);
@@ -494,16 +506,6 @@ fn scenario_text(
             "\n[cluster]\nrouting = \"least-outstanding\"\n\n[cluster.pools.ranks]\nreplicas = 1"
         );
     }
-    // The link between the GPUs as the run's hardware description gives it (LLMServingSim's
-    // testbed: PCIe without NVLink), where the deployment spans GPUs: its bandwidth as the
-    // collectives' share of the catalog GPU's link, and its latency.
-    let gpus = e.tp.unwrap_or(1) * e.dp.unwrap_or(1);
-    let link_eff = e
-        .link_gbs
-        .filter(|_| gpus > 1)
-        .zip(crate::catalog::find_gpu(model_gpu(gpu_line)).map(|g| g.link_bw / 1e9))
-        .map(|(gbs, catalog)| (gbs / catalog).min(1.0));
-    let link_latency = e.link_latency_us.filter(|_| gpus > 1);
     if opts.calibration.is_some()
         || profile.is_some()
         || link_eff.is_some()

@@ -342,7 +342,7 @@ fn bad_run_files_give_one_line_naming_file_line_and_field() {
     for (content, want) in [
         (
             "{\"link_bw\": -16}",
-            "config.json: link_bw: expected a positive number",
+            "config.json: link_bw: must be a positive number",
         ),
         ("{\"link_latency\": 0}", "config.json: link_latency"),
         ("{\"link_bw\": \"fast\"}", "config.json:1: json"),

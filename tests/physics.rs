@@ -750,22 +750,17 @@ fn a_profiled_mixture_of_experts_prices_experts_from_moe_csv() {
     );
     let p = sim::observed::operator_profile::open(dir, 1).expect("profile");
     assert!(p.moe.is_some());
-    let moe_us = |tokens: u32, experts: u32| -> f64 {
-        let text = std::fs::read_to_string(dir.join("tp1/moe.csv")).expect("csv");
+    // The time (us) of the row of `file` that starts with `key`.
+    let time_us = |file: &str, key: String| -> f64 {
+        let text = std::fs::read_to_string(dir.join("tp1").join(file)).expect("csv");
         let row = text
             .lines()
-            .find(|l| l.starts_with(&format!("{tokens},{experts},")))
-            .unwrap_or_else(|| panic!("{tokens},{experts}"));
+            .find(|l| l.starts_with(&format!("{key},")))
+            .unwrap_or_else(|| panic!("{file}: {key}"));
         row.rsplit(',').next().expect("t").parse().expect("number")
     };
-    let proj_us = |op: &str| -> f64 {
-        let text = std::fs::read_to_string(dir.join("tp1/dense.csv")).expect("csv");
-        let row = text
-            .lines()
-            .find(|l| l.starts_with(&format!("{op},16,")))
-            .unwrap_or_else(|| panic!("{op}"));
-        row.rsplit(',').next().expect("t").parse().expect("number")
-    };
+    let moe_us = |tokens: u32, experts: u32| time_us("moe.csv", format!("{tokens},{experts}"));
+    let proj_us = |op: &str| time_us("dense.csv", format!("{op},16"));
     let distinct = 128.0 * (1.0 - (1.0 - 8.0_f64 / 128.0).powi(16));
     let experts_us = moe_us(16, 64) + (moe_us(16, 128) - moe_us(16, 64)) * (distinct - 64.0) / 64.0;
     let expected_linear_us = 48.0 * (proj_us("qkv_proj") + proj_us("o_proj") + experts_us);

@@ -734,20 +734,28 @@ impl CostModel {
             if m.arch.shared_expert_intermediate > 0 {
                 self.mlp(w, tokens, tokens, m.arch.shared_expert_intermediate, false);
             }
-            // The router: a tiny (hidden x experts) GEMM, and a top-k.
-            let (gemm_eff, weight_mem_eff) = self.gemm_effs(self.d.dense_dtype());
-            let e = f64::from(m.num_experts);
-            let (flops, bytes) = (2.0 * tokens * hidden * e, hidden * e * 2.0);
-            w.seconds += self.roofline(
-                flops,
-                bytes,
-                gemm_eff,
-                weight_mem_eff,
-                self.d.gpu.peak_flops(self.d.dense_dtype()),
-            );
+            let (seconds, flops, bytes) = self.router(tokens);
+            w.seconds += seconds;
             w.flops += flops;
             w.bytes += bytes;
         }
+    }
+
+    /// One MoE layer's router over `tokens` tokens: a tiny (hidden x experts) GEMM, and a
+    /// top-k. (seconds, FLOPs, bytes)
+    fn router(&self, tokens: f64) -> (f64, f64, f64) {
+        let m = &self.d.model;
+        let (gemm_eff, weight_mem_eff) = self.gemm_effs(self.d.dense_dtype());
+        let (hidden, e) = (f64::from(m.hidden), f64::from(m.num_experts));
+        let (flops, bytes) = (2.0 * tokens * hidden * e, hidden * e * 2.0);
+        let seconds = self.roofline(
+            flops,
+            bytes,
+            gemm_eff,
+            weight_mem_eff,
+            self.d.gpu.peak_flops(self.d.dense_dtype()),
+        );
+        (seconds, flops, bytes)
     }
 
     /// One linear-attention (Gated DeltaNet) layer's projections on one GPU: q, k, v, the
@@ -766,50 +774,19 @@ impl CostModel {
     /// Every layer's linear layers from an operator profile: a dense model's layers; or a
     /// mixture of experts' attention projections, then per MoE layer its routed experts on
     /// this GPU (`routed / ep` tokens over the rank's share of the distinct experts that
-    /// `routed` tokens activate) with the router on the roofline. Shared experts and dense
-    /// MLP layers the profile does not time are priced on the roofline too (the scenario
-    /// checks refuse such models with a profile today: one uniform layer is priced).
+    /// `routed` tokens activate) and the router on the roofline. The scenario checks admit
+    /// only uniform stacks with a profile, so every layer of a mixture of experts is a MoE
+    /// layer without shared experts.
     fn profiled_linear_s(&self, p: &ProfiledCosts, tokens: f64, routed: f64) -> f64 {
         let m = &self.d.model;
         let layers = f64::from(m.layers);
         if !(m.is_moe() && p.has_moe()) {
             return layers * p.linear_s(tokens);
         }
+        debug_assert!(m.arch.is_plain(), "a profile prices uniform MoE layers");
         let ep = f64::from(self.d.parallel.ep.max(1));
-        let moe_layers = f64::from(m.moe_layers());
         let experts = p.moe_s(routed / ep, self.routing.distinct(routed) / ep);
-        // The router's GEMM and the shared experts, which the profile does not time.
-        let mut extras = LinearWork::default();
-        if m.arch.shared_expert_intermediate > 0 {
-            self.mlp(
-                &mut extras,
-                tokens,
-                tokens,
-                m.arch.shared_expert_intermediate,
-                false,
-            );
-        }
-        let hidden = f64::from(m.hidden);
-        let (gemm_eff, weight_mem_eff) = self.gemm_effs(self.d.dense_dtype());
-        let router_s = self.roofline(
-            2.0 * tokens * hidden * f64::from(m.num_experts),
-            hidden * f64::from(m.num_experts) * 2.0,
-            gemm_eff,
-            weight_mem_eff,
-            self.d.gpu.peak_flops(self.d.dense_dtype()),
-        );
-        let dense_mlp_s = if layers > moe_layers && p.has_mlp() {
-            p.linear_s(tokens) - p.attention_linear_s(tokens)
-        } else if layers > moe_layers {
-            let mut w = LinearWork::default();
-            self.mlp(&mut w, tokens, tokens, m.arch.dense_intermediate, false);
-            w.seconds
-        } else {
-            0.0
-        };
-        layers * p.attention_linear_s(tokens)
-            + (layers - moe_layers) * dense_mlp_s
-            + moe_layers * (experts + router_s + extras.seconds)
+        layers * (p.attention_linear_s(tokens) + experts + self.router(tokens).0)
     }
 
     /// Every layer's linear layers for `tokens` tokens, in all: the attention projections

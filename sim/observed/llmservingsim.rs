@@ -6,9 +6,10 @@
 //! minus queued, E2EL last token minus queued, queueing scheduled minus queued. The
 //! directory's `config.json` is LLMServingSim's cluster description, not the model's: the
 //! model is found by its name, and from it the link between the GPUs is read (`link_bw` in
-//! GB/s, `link_latency` in ns), which the testbed's GPUs cross for their collectives. The GPU is `hardware.device_name` or the parent directory's
-//! name. The workload file `meta.json` names (`dataset_path`, relative
-//! to the folder above the GPU folders) gives each prompt's token ids, when present.
+//! GB/s, `link_latency` in ns), which the testbed's GPUs cross for their collectives. The
+//! GPU is `hardware.device_name` or the parent directory's name. The workload file
+//! `meta.json` names (`dataset_path`, relative to the folder above the GPU folders) gives
+//! each prompt's token ids, when present.
 //! Requests are taken in the order of their queue times.
 
 use std::io::BufRead;
@@ -86,18 +87,10 @@ fn read_cluster(path: &Path) -> Result<Option<Cluster>, ObservedError> {
         return Ok(None);
     }
     let c: Cluster = super::read_json(path)?;
-    for (field, v) in [("link_bw", c.link_bw), ("link_latency", c.link_latency)] {
-        if let Some(v) = v {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(ObservedError::at(
-                    path,
-                    None,
-                    field,
-                    format!("expected a positive number, got {v}"),
-                ));
-            }
-        }
-    }
+    super::check_positive(
+        path,
+        &[("link_bw", c.link_bw), ("link_latency", c.link_latency)],
+    )?;
     Ok(Some(c))
 }
 

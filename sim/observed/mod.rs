@@ -81,6 +81,24 @@ pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T
     })
 }
 
+/// Checks that each field given (`(name, value)`) is a positive, finite number.
+pub(crate) fn check_positive(
+    path: &Path,
+    fields: &[(&str, Option<f64>)],
+) -> Result<(), ObservedError> {
+    for &(field, v) in fields {
+        if let Some(x) = v.filter(|x| !(x.is_finite() && *x > 0.0)) {
+            return Err(ObservedError::at(
+                path,
+                None,
+                field,
+                format!("must be a positive number, got {x}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// One request of a real run, as the engine (or the benchmark client) measured it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ObservedRequest {

@@ -282,78 +282,25 @@ fn by_size(
     Ok(out)
 }
 
-/// `moe.csv`: tokens and activated experts at least 1, each point once.
-fn moe(path: &Path) -> Result<Vec<([u32; 2], f64)>, ObservedError> {
-    let cols = ["tokens", "activated_experts", "time_us"];
-    let mut rd = reader(path, &cols)?;
+/// A table of measured points: `N` size columns (`cols`, then `time_us`), each row checked
+/// by `check` (its sizes and line) and each point measured once, at least one row.
+fn points<const N: usize>(
+    path: &Path,
+    cols: [&str; N],
+    check: impl Fn([u32; N], u64) -> Result<(), ObservedError>,
+) -> Result<Vec<([u32; N], f64)>, ObservedError> {
+    let header: Vec<&str> = cols.iter().copied().chain(["time_us"]).collect();
+    let mut rd = reader(path, &header)?;
     let mut out = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (i, rec) in rd.records().enumerate() {
         let line = i as u64 + 2;
         let rec = rec.map_err(|e| ObservedError::at(path, Some(line), "row", e.to_string()))?;
-        let mut k = [0u32; 2];
-        for (j, slot) in k.iter_mut().enumerate() {
-            *slot = size(path, line, cols[j], &rec[j])?;
-            if *slot == 0 {
-                return Err(ObservedError::at(
-                    path,
-                    Some(line),
-                    cols[j],
-                    "must be at least 1",
-                ));
-            }
-        }
-        if !seen.insert(k) {
-            return Err(ObservedError::at(
-                path,
-                Some(line),
-                "row",
-                format!("{} tokens on {} experts is measured twice", k[0], k[1]),
-            ));
-        }
-        out.push((k, time_s(path, line, &rec[2])?));
-    }
-    if out.is_empty() {
-        return Err(ObservedError::new(path, "holds no rows"));
-    }
-    Ok(out)
-}
-
-/// `attention.csv`: rows with some work, each point once.
-fn attention(path: &Path) -> Result<Vec<([u32; 4], f64)>, ObservedError> {
-    let cols = [
-        "prefill_chunk",
-        "kv_prefill",
-        "n_decode",
-        "kv_decode",
-        "time_us",
-    ];
-    let mut rd = reader(path, &cols)?;
-    let mut out = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    for (i, rec) in rd.records().enumerate() {
-        let line = i as u64 + 2;
-        let rec = rec.map_err(|e| ObservedError::at(path, Some(line), "row", e.to_string()))?;
-        let mut k = [0u32; 4];
+        let mut k = [0u32; N];
         for (j, slot) in k.iter_mut().enumerate() {
             *slot = size(path, line, cols[j], &rec[j])?;
         }
-        if k[0] == 0 && k[2] == 0 {
-            return Err(ObservedError::at(
-                path,
-                Some(line),
-                "prefill_chunk",
-                "a row needs a prefill chunk or decodes",
-            ));
-        }
-        if k[2] > 0 && k[3] == 0 {
-            return Err(ObservedError::at(
-                path,
-                Some(line),
-                "kv_decode",
-                "decodes attend at least one token",
-            ));
-        }
+        check(k, line)?;
         if !seen.insert(k) {
             return Err(ObservedError::at(
                 path,
@@ -362,10 +309,51 @@ fn attention(path: &Path) -> Result<Vec<([u32; 4], f64)>, ObservedError> {
                 format!("the point {k:?} is measured twice"),
             ));
         }
-        out.push((k, time_s(path, line, &rec[4])?));
+        out.push((k, time_s(path, line, &rec[N])?));
     }
     if out.is_empty() {
         return Err(ObservedError::new(path, "holds no rows"));
     }
     Ok(out)
+}
+
+/// `moe.csv`: tokens and activated experts at least 1, each point once.
+fn moe(path: &Path) -> Result<Vec<([u32; 2], f64)>, ObservedError> {
+    let cols = ["tokens", "activated_experts"];
+    points(path, cols, |k, line| match k.iter().position(|&n| n == 0) {
+        Some(j) => Err(ObservedError::at(
+            path,
+            Some(line),
+            cols[j],
+            "must be at least 1",
+        )),
+        None => Ok(()),
+    })
+}
+
+/// `attention.csv`: rows with some work, each point once.
+fn attention(path: &Path) -> Result<Vec<([u32; 4], f64)>, ObservedError> {
+    points(
+        path,
+        ["prefill_chunk", "kv_prefill", "n_decode", "kv_decode"],
+        |k, line| {
+            if k[0] == 0 && k[2] == 0 {
+                return Err(ObservedError::at(
+                    path,
+                    Some(line),
+                    "prefill_chunk",
+                    "a row needs a prefill chunk or decodes",
+                ));
+            }
+            if k[2] > 0 && k[3] == 0 {
+                return Err(ObservedError::at(
+                    path,
+                    Some(line),
+                    "kv_decode",
+                    "decodes attend at least one token",
+                ));
+            }
+            Ok(())
+        },
+    )
 }

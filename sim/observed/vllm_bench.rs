@@ -143,18 +143,10 @@ pub(super) fn read(path: &Path) -> Result<ObservedRun, ObservedError> {
         }
         requests = sorted;
     }
-    for (field, v) in [("burstiness", b.burstiness), ("duration", b.duration)] {
-        if let Some(x) = v {
-            if !(x.is_finite() && x > 0.0) {
-                return Err(ObservedError::at(
-                    path,
-                    None,
-                    field,
-                    format!("must be a positive number, got {x}"),
-                ));
-            }
-        }
-    }
+    super::check_positive(
+        path,
+        &[("burstiness", b.burstiness), ("duration", b.duration)],
+    )?;
     let rate = match &b.request_rate {
         Some(serde_json::Value::Number(x)) => x.as_f64().filter(|r| r.is_finite() && *r > 0.0),
         _ => None,

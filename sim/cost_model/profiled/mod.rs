@@ -118,11 +118,6 @@ impl ProfiledCosts {
         self.moe.is_some()
     }
 
-    /// Whether the profile times a dense MLP (`gate_up_proj` and `down_proj`).
-    pub fn has_mlp(&self) -> bool {
-        !self.mlp_linear.is_empty()
-    }
-
     /// One MoE layer's routed experts over `tokens` tokens activating `experts` distinct
     /// experts (0 without work or without `moe.csv`).
     pub fn moe_s(&self, tokens: f64, experts: f64) -> f64 {
@@ -251,7 +246,7 @@ mod tests {
             ([64, 64], 430e-6),
         ]);
         let c = ProfiledCosts::new(&p);
-        assert!(c.has_moe() && !c.has_mlp());
+        assert!(c.has_moe());
         // Only the attention projections are linear layers now.
         assert!((c.linear_s(1.0) - 2e-6).abs() < 1e-15);
         assert!((c.moe_s(16.0, 64.0) - 420e-6).abs() < 1e-15);
