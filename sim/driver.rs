@@ -613,6 +613,10 @@ pub struct Client {
     /// scheduler this long after it is sent; its arrival, which latencies count from,
     /// stays the send.
     pub frontend_ns: Nanos,
+    /// Spread of the think time: each pause adds a uniform draw in `[0, jitter_ns)`.
+    pub jitter_ns: Nanos,
+    /// Seed of those draws (the scenario's).
+    pub seed: u64,
 }
 
 /// The client's slots: clients not started yet (the `k`-th of `cap` starts `k x ramp / cap`
@@ -624,6 +628,9 @@ struct Slots {
     ramp_ns: Nanos,
     freed: BinaryHeap<Reverse<Nanos>>,
     think_ns: Nanos,
+    jitter_ns: Nanos,
+    /// Draws the think times' jitter (`None` without jitter).
+    jitter: Option<rand_chacha::ChaCha8Rng>,
     frontend_ns: Nanos,
     /// Pulled from the workload, waiting for a slot.
     held: Option<Request>,
@@ -642,6 +649,11 @@ impl Slots {
             ramp_ns: client.ramp_ns,
             freed: BinaryHeap::new(),
             think_ns: client.think_ns,
+            jitter_ns: client.jitter_ns,
+            jitter: (client.jitter_ns > 0).then(|| {
+                // A stream of its own, apart from the workload's draws.
+                rand::SeedableRng::seed_from_u64(client.seed ^ 0x7468_696e_6b5f_6a69)
+            }),
             frontend_ns: client.frontend_ns,
             held: None,
             scheduled: false,
@@ -653,7 +665,12 @@ impl Slots {
     /// A request ended at `now`: its slot frees after the think time.
     fn release(&mut self, now: Nanos) {
         if self.cap.is_some() {
-            self.freed.push(Reverse(now.saturating_add(self.think_ns)));
+            let jitter = self
+                .jitter
+                .as_mut()
+                .map_or(0, |rng| rand::Rng::random_range(rng, 0..self.jitter_ns));
+            self.freed
+                .push(Reverse(now.saturating_add(self.think_ns + jitter)));
         }
     }
 

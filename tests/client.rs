@@ -171,6 +171,35 @@ fn a_ramp_starts_the_clients_one_by_one() {
     assert_eq!(peak_in_flight(&rows), 4);
 }
 
+/// `think_jitter_s`: each pause is the think time plus a uniform draw below the jitter, from
+/// the scenario's seed: every later send falls in `[end + think, end + think + jitter)` of
+/// some request's end, hardly any exactly at `end + think`, and the same seed gives the same
+/// sends.
+#[test]
+fn a_closed_loop_jitters_each_pause_from_the_seed() {
+    let workload = r#"arrival = { process = "closed-loop", concurrency = 4, think_time_s = 0.1, think_jitter_s = 0.05 }"#;
+    let dir = run(workload, "");
+    let rows = requests(&dir.path().join("out"), "base");
+    assert_eq!(rows.len(), 300);
+    assert!(peak_in_flight(&rows) <= 4);
+    let ends = finishes(&rows);
+    let (think, jitter) = (100_000_000u64, 50_000_000u64);
+    let mut exact = 0;
+    for r in &rows[4..] {
+        assert!(
+            ends.iter()
+                .any(|&e| r.1 + 1 >= e + think && r.1 < e + think + jitter + 1),
+            "request {} sent at {} outside every end's pause",
+            r.0,
+            r.1
+        );
+        exact += usize::from(ends.iter().any(|&e| r.1.abs_diff(e + think) <= 1));
+    }
+    assert!(exact < 10, "{exact} sends at exactly the think time");
+    let again = run(workload, "");
+    assert_eq!(requests(&again.path().join("out"), "base"), rows);
+}
+
 /// `cost.request_overhead_ms`: the engine's front end delays every request on its way to
 /// the scheduler; its arrival stays the send, so TTFT includes the delay, and a closed
 /// loop's clients still send at once.

@@ -116,6 +116,9 @@ struct Knobs {
     /// Arrivals polled every so many steps, and after each prefill or not (SGLang's
     /// receive interval, TensorRT-LLM's attention-DP timeout).
     poll: Option<(u32, bool)>,
+    /// Whole prompts only (`chunked_prefill = false`; chunked runs only, whose budget is
+    /// then raised to the longest sequence).
+    whole_prompts: bool,
 }
 
 impl Knobs {
@@ -149,6 +152,7 @@ impl Knobs {
             batches: 1,
             batch_wait: None,
             poll: None,
+            whole_prompts: false,
         }
     }
 }
@@ -185,7 +189,8 @@ fn block_manager(k: &Knobs) -> BlockManager {
 impl Knobs {
     /// The scheduler configuration for `kind`, valid by construction.
     fn config(&self, kind: SchedulerKind) -> SchedulerConfig {
-        let floor = if kind.chunks_prefill() {
+        let whole = self.whole_prompts && kind == SchedulerKind::Chunked;
+        let floor = if kind.chunks_prefill() && !whole {
             self.max_num_seqs
         } else {
             self.max_num_seqs.max(self.max_model_len)
@@ -246,6 +251,7 @@ impl Knobs {
                 interval,
                 after_prefill,
             }),
+            chunked_prefill: !whole,
         }
     }
 }
@@ -420,6 +426,8 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                     // Arrivals polled every 1 to 5 steps in every seventh run, after each
                     // prefill in half of those.
                     poll: (r % 7 == 3).then(|| (1 + r % 5, r % 2 == 0)),
+                    // Whole prompts only in every third run (chunked runs only).
+                    whole_prompts: r % 3 == 1,
                 }
             },
         )
@@ -500,6 +508,8 @@ struct StepTrace {
     running_after: Vec<SeqId>,
     /// Budget in force.
     budget: u32,
+    /// Whole prompts only (`chunked_prefill = false`).
+    whole: bool,
     /// Running sequences of requests no step in flight held that sat the step out without
     /// being preempted (`defer_stuck`: out of blocks with pipelined micro-batches).
     deferred: bool,
@@ -731,6 +741,7 @@ impl<'a> Harness<'a> {
                 running_before,
                 running_after: self.sched.running().to_vec(),
                 budget: self.cfg.max_num_batched_tokens,
+                whole: !self.cfg.chunked_prefill,
                 deferred: deferred && !held.is_empty(),
             });
             prop_assert!(
@@ -1317,7 +1328,8 @@ fn check_continuous_trace(run: &Run) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// Chunked prefill: within budget; a partial prefill chunk means the budget was used up
+/// Chunked prefill: within budget; without chunking, every prefill is a whole prompt (it
+/// samples in the step that starts it); with it, a partial prefill chunk means the budget was used up
 /// (in steps without preemption or a sequence waiting for a step in flight), up to the tokens prefix-cache hits of newly admitted
 /// sequences saved (the budget is planned before the block manager's lookup).
 fn check_chunked_trace(run: &Run) -> Result<(), TestCaseError> {
@@ -1325,6 +1337,14 @@ fn check_chunked_trace(run: &Run) -> Result<(), TestCaseError> {
         let tokens = s.plan.num_batched_tokens();
         prop_assert!(tokens <= s.budget);
         let partial = s.plan.work.iter().any(|w| !w.sample);
+        if s.whole {
+            prop_assert!(
+                !partial,
+                "step {}: a prompt split without chunked prefill: {:?}",
+                s.plan.step,
+                s.plan.work
+            );
+        }
         let admitted = s.admitted();
         let hit: u32 = s
             .plan

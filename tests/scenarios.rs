@@ -54,6 +54,17 @@ fn mixed_continuous_and_chunked_beat_static() {
     assert!(get("chunked").p99_itl_ms < get("continuous").p99_itl_ms);
     // ... and meets the TTFT/TPOT SLO for more requests.
     assert!(get("chunked").request_goodput > get("continuous").request_goodput);
+    // Whole prompts mixed into decode steps (no chunking, an 8,192-token budget) stall
+    // the decodes beside them for a whole prompt: worse tail gaps than 2,048-token chunks.
+    let whole = get("whole-prompts");
+    assert_eq!(whole.completed, st.completed);
+    assert_eq!(whole.leaked_blocks, 0);
+    assert!(
+        get("chunked").p99_itl_ms < whole.p99_itl_ms,
+        "chunked {} vs whole prompts {}",
+        get("chunked").p99_itl_ms,
+        whole.p99_itl_ms
+    );
 }
 
 /// Every file under `dir` but the wall-clock timings, by relative path.

@@ -196,6 +196,7 @@ fn run_fuzz(seed: u64) -> Result<(), String> {
         max_concurrent_batches: 1,
         batch_wait: None,
         arrival_poll: None,
+        chunked_prefill: true,
     };
     let desc = format!("seed {seed} cfg {cfg:?} ev {ev:?} blocks {blocks}");
     let policy: Box<dyn EvictionPolicy> = if ev == EvictionKind::Belady {

@@ -48,6 +48,7 @@ pub(super) fn evaluate(ctx: &Ctx<'_>) -> Result<Vec<ClaimRow>, SimError> {
                 concurrency: v.scheduler.max_num_seqs,
                 think_time_s: 0.0,
                 ramp_up_s: 0.0,
+                think_jitter_s: 0.0,
             });
             w.num_requests = Some(4 * ctx.requests().or(w.num_requests).unwrap_or(400));
             w.duration_s = None;

@@ -259,6 +259,7 @@ pub(super) fn run_fleet_variant(
     };
     let client = crate::driver::Client {
         frontend_ns: variant.config.cost.request_overhead_ns(),
+        seed: scenario.seed,
         ..variant.config.workload.client()
     };
     let mut last = 0;

@@ -188,6 +188,7 @@ fn run_variant_into(
     let dp = variant.deployment.parallel.dp.max(1);
     let mut client = crate::driver::Client {
         frontend_ns: variant.config.cost.request_overhead_ns(),
+        seed: scenario.seed,
         ..variant.config.workload.client()
     };
     client.max_in_flight = client.max_in_flight.map(|n| n.div_ceil(dp));

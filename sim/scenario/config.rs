@@ -192,6 +192,11 @@ pub struct EngineConfig {
     /// only.
     #[serde(default, skip_serializing_if = "is_default")]
     pub batch_wait_timeout_iters: u32,
+    /// Split new prompts into chunks that fit a step's budget (vLLM's and TensorRT-LLM's
+    /// `enable_chunked_prefill`; default on). `false`: a prompt joins a step of the chunked
+    /// scheduler only whole, so `max_num_batched_tokens` must hold `max_model_len`.
+    #[serde(default = "yes")]
+    pub enable_chunked_prefill: bool,
     /// TensorRT-LLM's `batch_wait_max_tokens_ratio`: waiting prompts start at once when the
     /// step's tokens (theirs and one per decode) reach this share of
     /// `max_num_batched_tokens`.
@@ -295,6 +300,7 @@ impl Default for EngineConfig {
             kv_disk_gib: 0.0,
             kv_disk_gbs: default_kv_disk_gbs(),
             batch_wait_timeout_iters: 0,
+            enable_chunked_prefill: true,
             batch_wait_max_tokens_ratio: 0.0,
             recv_interval: 0,
             adp_balance_timeout_iters: 0,

@@ -133,8 +133,10 @@ pub(super) fn resolve(
     if max_model_len == 0 {
         return Err("engine.max_model_len: must be at least 1".into());
     }
+    // vLLM's defaults: 2,048 tokens a step with chunked prefill, else room for the longest
+    // sequence.
     let max_num_batched_tokens = e.max_num_batched_tokens.unwrap_or(match e.scheduler {
-        SchedulerKind::Chunked => 2048,
+        SchedulerKind::Chunked if e.enable_chunked_prefill => 2048,
         _ => max_model_len.max(2048),
     });
     // The KV cache stays 16-bit unless asked otherwise (vLLM's kv_cache_dtype = "auto" for
@@ -688,6 +690,7 @@ fn scheduler_config(
                 timeout_iters: e.batch_wait_timeout_iters,
                 max_tokens_ratio: e.batch_wait_max_tokens_ratio,
             }),
+        chunked_prefill: e.enable_chunked_prefill,
         arrival_poll: if e.recv_interval > 1 {
             Some(engine::scheduler::ArrivalPoll {
                 interval: e.recv_interval,

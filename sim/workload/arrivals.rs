@@ -43,6 +43,13 @@ pub enum ArrivalConfig {
         /// so that with fixed lengths their requests run in lockstep, wave after wave).
         #[serde(default)]
         ramp_up_s: f64,
+        /// Spread of a client's turnaround (seconds; default 0): each pause is `think_time_s`
+        /// plus a uniform draw in `[0, think_jitter_s)` from the scenario's seed. A real
+        /// client's turnaround (its own bookkeeping, HTTP, the server's tokenizer) varies
+        /// by milliseconds, which is what lets fixed-length clients drift in and out of
+        /// step.
+        #[serde(default)]
+        think_jitter_s: f64,
     },
 }
 
@@ -70,7 +77,15 @@ impl ArrivalConfig {
                 concurrency,
                 think_time_s,
                 ramp_up_s,
+                think_jitter_s,
             } => {
+                if !(think_jitter_s.is_finite() && *think_jitter_s >= 0.0 && *think_jitter_s <= 1e6)
+                {
+                    return Err(WorkloadError::config(
+                        "workload.arrival.think_jitter_s",
+                        format!("must be 0 to 1e6 seconds, got {think_jitter_s}"),
+                    ));
+                }
                 if !(ramp_up_s.is_finite() && *ramp_up_s >= 0.0 && *ramp_up_s <= 1e6) {
                     return Err(WorkloadError::config(
                         "workload.arrival.ramp_up_s",

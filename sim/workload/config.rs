@@ -148,17 +148,18 @@ impl WorkloadConfig {
                 concurrency,
                 think_time_s,
                 ramp_up_s,
+                think_jitter_s,
             }) => crate::driver::Client {
                 max_in_flight: Some(concurrency),
                 think_ns: (think_time_s * 1e9).round() as u64,
                 ramp_ns: (ramp_up_s * 1e9).round() as u64,
-                frontend_ns: 0,
+                jitter_ns: (think_jitter_s * 1e9).round() as u64,
+                ..crate::driver::Client::default()
             },
             _ => crate::driver::Client {
                 max_in_flight: self.max_in_flight,
                 think_ns: (self.think_time_s.unwrap_or(0.0) * 1e9).round() as u64,
-                ramp_ns: 0,
-                frontend_ns: 0,
+                ..crate::driver::Client::default()
             },
         }
     }

@@ -1,11 +1,13 @@
-//! Chunked prefill (vLLM V1, Sarathi-Serve), optionally with TensorRT-LLM's batch waiting.
+//! Chunked prefill (vLLM V1, Sarathi-Serve), optionally with TensorRT-LLM's batch waiting,
+//! or mixed batches of whole prompts and decodes (`chunked_prefill = false`).
 
 use super::{Proposal, Queues, SchedulePolicy, SchedulerConfig};
 use crate::block_manager::{EntryKind, ReserveOrder};
 
 /// One token budget per step: running sequences first (a decode costs one token, an
 /// unfinished prefill takes what is left of the budget), then waiting requests in FCFS
-/// order, their prompts split into chunks that fit. New requests are admitted only in
+/// order, their prompts split into chunks that fit (or, without chunked prefill, whole
+/// prompts up to the first that does not fit). New requests are admitted only in
 /// steps without preemption. Under [`super::BatchWait`], new prompts that would join
 /// decodes wait until enough gather or enough steps pass.
 #[derive(Debug, Default, Clone, Copy)]
@@ -42,6 +44,9 @@ impl SchedulePolicy for Chunked {
                 break;
             }
             let s = q.seq(id);
+            if !cfg.chunked_prefill && s.remaining() > budget {
+                break;
+            }
             let n = s.remaining().min(budget);
             budget -= n;
             p.push(id, EntryKind::Waiting, n, s.num_computed + n);

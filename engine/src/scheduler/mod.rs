@@ -149,6 +149,11 @@ pub struct SchedulerConfig {
     /// Arrivals held back until the scheduler polls for them (`None`: each step takes in
     /// every arrival so far).
     pub arrival_poll: Option<ArrivalPoll>,
+    /// Split a new prompt into chunks that fit the step's budget (vLLM's and TensorRT-LLM's
+    /// `enable_chunked_prefill`). `false`: a waiting prompt joins a step only whole, and
+    /// the first that does not fit what is left of the budget ends the step's admissions
+    /// (FCFS, as both engines do). Only with [`SchedulerKind::Chunked`].
+    pub chunked_prefill: bool,
 }
 
 /// Arrivals reach the waiting queue only when the scheduler polls for them. It counts the
@@ -222,6 +227,7 @@ impl Default for SchedulerConfig {
             max_concurrent_batches: 1,
             batch_wait: None,
             arrival_poll: None,
+            chunked_prefill: true,
         }
     }
 }
@@ -333,6 +339,26 @@ impl SchedulerConfig {
                     format!(
                         "batch waiting holds new prompts back from steps that mix them with decodes, which only the chunked scheduler runs (the scheduler is {})",
                         self.kind.as_str()
+                    ),
+                );
+            }
+        }
+        if !self.chunked_prefill {
+            if self.kind != SchedulerKind::Chunked {
+                return bad(
+                    "engine.enable_chunked_prefill",
+                    format!(
+                        "false mixes whole prompts into decode steps, which only the chunked scheduler runs (the scheduler is {}; continuous and static prefill whole prompts anyway)",
+                        self.kind.as_str()
+                    ),
+                );
+            }
+            if self.max_num_batched_tokens < self.max_model_len {
+                return bad(
+                    "engine.max_num_batched_tokens",
+                    format!(
+                        "({}) must hold the longest sequence (engine.max_model_len, {}) when prompts are not chunked (engine.enable_chunked_prefill = false), or it would never be scheduled",
+                        self.max_num_batched_tokens, self.max_model_len
                     ),
                 );
             }

@@ -451,6 +451,7 @@ pub(crate) fn base_config(
         concurrency: clients,
         think_time_s: 0.0,
         ramp_up_s: 0.0,
+        think_jitter_s: 0.0,
     });
     let lengths = |l: u32| match row.client {
         // InferenceX's random dataset: lengths uniform in [0.8 L, L].

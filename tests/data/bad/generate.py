@@ -163,6 +163,11 @@ m("engine-batch-wait-ratio-alone", "engine.batch_wait_max_tokens_ratio", "-0.5",
 s = mutate("engine.batch_wait_timeout_iters", "-1")
 case("engine-batch-wait-negative", "batch_wait_timeout_iters", scenario=s)
 m("engine-recv-interval-negative", "engine.recv_interval", "-30", "recv_interval")
+s = mutate("engine.scheduler", '"continuous"'); s["engine"]["enable_chunked_prefill"] = "false"
+case("engine-whole-prompts-continuous", "engine.enable_chunked_prefill", scenario=s)
+s = mutate("engine.enable_chunked_prefill", "false"); s["engine"]["max_num_batched_tokens"] = "1024"
+case("engine-whole-prompts-small-budget", "must hold the longest sequence", scenario=s)
+m("engine-whole-prompts-not-bool", "engine.enable_chunked_prefill", '"no"', "enable_chunked_prefill")
 m("engine-adp-balance-without-dp", "engine.adp_balance_timeout_iters", "60",
   "engine.adp_balance_timeout_iters: balances")
 s = mutate("engine.recv_interval", "30"); s["engine"]["adp_balance_timeout_iters"] = "60"
@@ -211,7 +216,9 @@ for i, (v, expect) in enumerate([('{ process = "closed-loop", concurrency = 0 }'
                   ('{ process = "closed-loop", concurrency = 4, think_time_s = -1.0 }', "think_time_s"),
                   ('{ process = "closed-loop", concurrency = 4, think_time_s = nan }', "think_time_s"),
                   ('{ process = "closed-loop", concurrency = 4, rate = 2.0 }', "rate"),
-                  ('{ process = "closed-loop", concurrency = 4, ramp_up_s = -1.0 }', "ramp_up_s")]):
+                  ('{ process = "closed-loop", concurrency = 4, ramp_up_s = -1.0 }', "ramp_up_s"),
+                  ('{ process = "closed-loop", concurrency = 4, think_jitter_s = -0.01 }', "think_jitter_s"),
+                  ('{ process = "closed-loop", concurrency = 4, think_jitter_s = inf }', "think_jitter_s")]):
     m("workload-closed-loop-%d-%s" % (i, expect), "workload.arrival", v, expect)
 for v in ["0", "-1", "2000000"]:
     m("workload-max-in-flight-" + v, "workload.max_in_flight", v, "max_in_flight")
