@@ -572,6 +572,9 @@ fn deployment_text(
     if let Some(v) = e.max_num_batched_tokens {
         let _ = writeln!(s, "max_num_batched_tokens = {v}");
     }
+    if e.chunked_prefill == Some(false) {
+        let _ = writeln!(s, "enable_chunked_prefill = false");
+    }
     if let Some(v) = e.max_model_len {
         let _ = writeln!(s, "max_model_len = {v}");
     }

@@ -72,6 +72,7 @@ fn llmservingsim_runs_read_as_vllm_measured_them() {
     assert_eq!(r.engine.block_size, Some(16));
     assert_eq!(r.engine.gpu_memory_utilization, Some(0.9));
     assert_eq!(r.engine.prefix_caching, Some(true));
+    assert_eq!(r.engine.chunked_prefill, Some(true));
     assert_eq!(r.engine.version.as_deref(), Some("0.19.0"));
 }
 

@@ -275,3 +275,36 @@ fn vllm_bench_runs_without_send_times_replay_from_their_settings() {
     let e = replay_of(&json, "none").expect_err("no rate, no send times");
     assert!(e.to_string().contains("no request_rate"), "{e}");
 }
+
+/// A `sim run` of whole prompts (`enable_chunked_prefill = false`) replays as one: the
+/// replay's scenario keeps the setting (plan.json records it).
+#[test]
+fn a_run_without_chunked_prefill_replays_without_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let scn =
+        sim::scenario::Scenario::load(Path::new("scenarios/mixed.toml"), None).expect("loads");
+    let opts = sim::run::RunOptions {
+        out_dir: Some(dir.path().join("run")),
+        driver: DriverKind::Inline,
+        only: vec!["whole-prompts".into()],
+        requests: Some(200),
+        ..sim::run::RunOptions::default()
+    };
+    sim::run::run_scenario(&scn, &opts).expect("runs");
+    let run = dir.path().join("run").join("whole-prompts");
+    let observed = sim::observed::open(&run).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(observed.engine.chunked_prefill, Some(false));
+    let out = dir.path().join("replay");
+    let opts = ReplayOptions {
+        out_dir: out.clone(),
+        calibration: None,
+        model: None,
+        gpu: None,
+        gpu_file: None,
+        driver: DriverKind::Inline,
+        profiles: ProfileChoice::Off,
+    };
+    replay(&observed, &opts).unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(out.join("replay.toml")).expect("replay.toml");
+    assert!(text.contains("enable_chunked_prefill = false"), "{text}");
+}

@@ -27,6 +27,18 @@ struct Meta {
     dataset_path: Option<String>,
     kv_cache: Option<KvCache>,
     hardware: Option<Hardware>,
+    resolved_config: Option<ResolvedConfig>,
+}
+
+/// vLLM's resolved configuration (only what the replay needs).
+#[derive(Deserialize)]
+struct ResolvedConfig {
+    scheduler_config: Option<SchedulerSettings>,
+}
+
+#[derive(Deserialize)]
+struct SchedulerSettings {
+    enable_chunked_prefill: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -40,6 +52,7 @@ struct EngineKwargs {
     max_num_batched_tokens: Option<u32>,
     max_model_len: Option<u32>,
     dtype: Option<String>,
+    enable_chunked_prefill: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -122,6 +135,12 @@ pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
         expert_parallel: kw.is_some_and(|k| k.enable_expert_parallel),
         max_num_seqs: kw.and_then(|k| k.max_num_seqs),
         max_num_batched_tokens: kw.and_then(|k| k.max_num_batched_tokens),
+        chunked_prefill: kw.and_then(|k| k.enable_chunked_prefill).or_else(|| {
+            meta.resolved_config
+                .as_ref()
+                .and_then(|r| r.scheduler_config.as_ref())
+                .and_then(|c| c.enable_chunked_prefill)
+        }),
         max_model_len: kw.and_then(|k| k.max_model_len),
         dtype: kw.and_then(|k| k.dtype.clone()),
         num_gpu_blocks: kv.and_then(|k| k.num_gpu_blocks),

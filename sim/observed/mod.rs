@@ -187,6 +187,9 @@ pub struct ObservedEngine {
     /// The engine's scheduler (`sim` runs: `continuous`, `chunked`, ...; `None`: vLLM's
     /// chunked prefill).
     pub scheduler: Option<String>,
+    /// Whether prompts were split into chunks (`enable_chunked_prefill`; `None`: not
+    /// recorded, vLLM's default, on).
+    pub chunked_prefill: Option<bool>,
     /// The bandwidth of the link between the GPUs, GB/s per direction, as the run's
     /// hardware description gives it (LLMServingSim's `config.json` `link_bw`).
     pub link_gbs: Option<f64>,

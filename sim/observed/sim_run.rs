@@ -109,6 +109,9 @@ pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
             .get("scheduler")
             .and_then(Value::as_str)
             .map(str::to_string),
+        chunked_prefill: engine_cfg
+            .get("enable_chunked_prefill")
+            .and_then(Value::as_bool),
         ..ObservedEngine::default()
     };
     // A model read from a GGUF is named by its file's metadata: the catalog model of the

@@ -55,7 +55,8 @@ pub enum SchedulerKind {
     Continuous,
     /// Chunked prefill (vLLM V1, Sarathi): one token budget per step, spent on running
     /// sequences first (decodes and ongoing prefill chunks), then on new prompts, whose
-    /// prefill is split into chunks that fit the budget.
+    /// prefill is split into chunks that fit the budget (or, with
+    /// [`SchedulerConfig::chunked_prefill`] off, mixed in whole).
     Chunked,
 }
 
@@ -76,7 +77,8 @@ impl SchedulerKind {
         }
     }
 
-    /// Whether a prompt may be split over several steps.
+    /// Whether the kind can split a prompt over several steps (the chunked scheduler does
+    /// unless [`SchedulerConfig::chunked_prefill`] is off).
     pub fn chunks_prefill(self) -> bool {
         matches!(self, SchedulerKind::Chunked)
     }
@@ -152,7 +154,11 @@ pub struct SchedulerConfig {
     /// Split a new prompt into chunks that fit the step's budget (vLLM's and TensorRT-LLM's
     /// `enable_chunked_prefill`). `false`: a waiting prompt joins a step only whole, and
     /// the first that does not fit what is left of the budget ends the step's admissions
-    /// (FCFS, as both engines do). Only with [`SchedulerKind::Chunked`].
+    /// (FCFS, as both engines do; a long prompt at the head holds back the shorter ones
+    /// behind it until the decodes beside it leave room). The fit is judged on the whole
+    /// prompt, before prefix-cache hits, where vLLM counts only the uncached tokens: with
+    /// prefix caching the simulator may hold a long, mostly cached prompt back longer.
+    /// Only with [`SchedulerKind::Chunked`].
     pub chunked_prefill: bool,
 }
 
