@@ -47,6 +47,7 @@ fn admit(bm: &mut BlockManager, id: u64) -> Live {
             hashes: Some(hashes.clone()),
             write_from: 0,
             lookahead: 0,
+            whole: false,
         }],
         ..ReserveRequest::default()
     });
@@ -86,6 +87,7 @@ fn bench(c: &mut Criterion) {
                         hashes: None,
                         write_from: s.len,
                         lookahead: 0,
+                        whole: false,
                     })
                     .collect();
                 let victims = live.iter().rev().map(|s| s.id).collect();

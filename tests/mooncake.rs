@@ -152,6 +152,7 @@ fn whole_trace_hits_its_repeated_blocks() {
                 hashes: Some(hashes.clone().into()),
                 write_from: 0,
                 lookahead: 0,
+                whole: false,
             }],
             ..ReserveRequest::default()
         });

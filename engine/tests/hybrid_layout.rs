@@ -22,6 +22,7 @@ fn entry(seq: SeqId, kind: EntryKind, from: u32, slots: u32) -> ReserveEntry {
         hashes: None,
         write_from: from,
         lookahead: 0,
+        whole: false,
     }
 }
 

@@ -29,6 +29,7 @@ fn waiting(seq: u64, tokens: &[u32], bs: u32) -> ReserveEntry {
         hashes: Some(block_hashes(tokens, bs).into()),
         write_from: 0,
         lookahead: 0,
+        whole: false,
     }
 }
 
@@ -170,10 +171,13 @@ fn run_fuzz(seed: u64) -> Result<(), String> {
             ..Request::new(i, t, p, o).with_tokens(toks)
         });
     }
+    // Every third chunked case mixes whole prompts only (its budget then holds the longest
+    // sequence): a prompt is admitted when its uncached part fits what decodes leave.
+    let whole = kind == SchedulerKind::Chunked && seed.is_multiple_of(3);
     let cfg = SchedulerConfig {
         kind,
         max_num_seqs: 8,
-        max_num_batched_tokens: if kind == SchedulerKind::Chunked {
+        max_num_batched_tokens: if kind == SchedulerKind::Chunked && !whole {
             24
         } else {
             MAX_LEN
@@ -196,7 +200,7 @@ fn run_fuzz(seed: u64) -> Result<(), String> {
         max_concurrent_batches: 1,
         batch_wait: None,
         arrival_poll: None,
-        chunked_prefill: true,
+        chunked_prefill: !whole,
     };
     let desc = format!("seed {seed} cfg {cfg:?} ev {ev:?} blocks {blocks}");
     let policy: Box<dyn EvictionPolicy> = if ev == EvictionKind::Belady {

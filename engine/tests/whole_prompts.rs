@@ -2,11 +2,13 @@
 //! TensorRT-LLM's `enable_chunked_prefill: false`), on a cost-free backend of 1 us steps: a
 //! new prompt joins a step beside the decodes only whole, the first prompt that does not fit
 //! what is left of the budget ends the step's admissions (FCFS: a shorter one behind it
-//! waits too), and every prompt is prefilled in one step. The configuration checks refuse
-//! the setting under another scheduler and a budget that cannot hold the longest sequence.
+//! waits too), and every prompt is prefilled in one step; with prefix caching, only its
+//! uncached tokens must fit (as vLLM counts them). The configuration checks refuse the
+//! setting under another scheduler and a budget that cannot hold the longest sequence.
 
 use engine::block_manager::BlockManager;
 use engine::cores::Cores;
+use engine::eviction::Lru;
 use engine::record::RequestRecord;
 use engine::request::Request;
 use engine::scheduler::{Scheduler, SchedulerConfig, SchedulerKind};
@@ -93,4 +95,47 @@ fn whole_prompts_need_the_chunked_scheduler_and_room_for_the_longest() {
         e.contains("engine.max_num_batched_tokens") && e.contains("(99)") && e.contains("100"),
         "{e}"
     );
+}
+
+/// E (a 60-token prompt) and three short requests start together and decode for 40 steps
+/// (4 tokens a step); D arrives at 5.5 steps with E's 60 tokens and 39 more: 99 tokens do
+/// not fit the 96 the decodes leave, the 39 beyond E's cached blocks do.
+fn cached_head(prefix_caching: bool) -> Vec<RequestRecord> {
+    let cfg = SchedulerConfig {
+        prefix_caching,
+        ..config(false)
+    };
+    let bm = if prefix_caching {
+        BlockManager::with_prefix_caching(256, 4, Box::<Lru>::default())
+    } else {
+        BlockManager::new(256, 4)
+    };
+    let mut cores = Cores::new(Scheduler::new(cfg).expect("config"), bm);
+    let e_tokens: Vec<u32> = (1000..1060).collect();
+    let d_tokens: Vec<u32> = e_tokens.iter().copied().chain(2000..2039).collect();
+    let short = |id: u64| {
+        Request::new(id, 0, 10, 40).with_tokens((0..10).map(|t| t + 100 * id as u32).collect())
+    };
+    let requests = vec![
+        Request::new(0, 0, 60, 40).with_tokens(e_tokens),
+        short(1),
+        short(2),
+        short(3),
+        Request::new(4, 5 * STEP + STEP / 2, 99, 1).with_tokens(d_tokens),
+    ];
+    let records = cores.replay(requests, STEP, true).expect("replay");
+    assert_eq!(cores.block_manager.num_used(), 0, "every block comes back");
+    records
+}
+
+#[test]
+fn with_prefix_caching_only_the_uncached_tokens_must_fit() {
+    let hit = cached_head(true);
+    let d = hit.iter().find(|r| r.request_id == 4).expect("D");
+    assert_eq!(d.first_scheduled_ns, Some(6 * STEP), "{d:?}");
+    assert_eq!(d.cached_tokens, 60, "{d:?}");
+    let miss = cached_head(false);
+    let d = miss.iter().find(|r| r.request_id == 4).expect("D");
+    // Without the cache D waits until the decodes beside it end (40 steps).
+    assert!(d.first_scheduled_ns >= Some(40 * STEP), "{d:?}");
 }

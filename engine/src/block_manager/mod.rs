@@ -76,6 +76,10 @@ pub struct ReserveEntry {
     /// Of `slots`, the speculative drafts' lookahead slots: blocks grown only for them are
     /// released again by [`BlockManager::rollback`] when drafts are rejected.
     pub lookahead: u32,
+    /// A waiting prompt that must be prefilled whole in this step (the chunked scheduler
+    /// without chunked prefill): refused, ending the step's admissions, unless its tokens
+    /// not found in the prefix cache fit `tokens`.
+    pub whole: bool,
 }
 
 /// In which order the block manager considers running and waiting entries.
@@ -452,6 +456,7 @@ mod tests {
             hashes: None,
             write_from: 0,
             lookahead: 0,
+            whole: false,
         }
     }
 
@@ -548,6 +553,7 @@ mod prefix_tests {
             hashes: Some(block_hashes(tokens, 4).into()),
             write_from: 0,
             lookahead: 0,
+            whole: false,
         }
     }
 
@@ -687,6 +693,7 @@ mod contiguous_tests {
             hashes: None,
             write_from: from,
             lookahead: 0,
+            whole: false,
         }
     }
 

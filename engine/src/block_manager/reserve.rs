@@ -86,6 +86,20 @@ impl BlockManager {
         true
     }
 
+    /// Whether a whole-only prompt (`e.whole`) cannot run this step: the tokens the prefix
+    /// cache (and its offload tier) does not hold exceed the step's `tokens`. Freeing blocks
+    /// would not help, so it is checked before admission and priority preemption.
+    fn whole_blocked(&self, e: &ReserveEntry) -> bool {
+        if !e.whole || self.is_swapped(e.seq) {
+            return false;
+        }
+        let hit = self.usable_hashes(e).map_or(0, |hashes| {
+            let (hits, _) = self.prefix_hits(hashes);
+            (hits + self.offload_hits(hashes, hits)) * self.block_size
+        });
+        hit + e.tokens < e.total
+    }
+
     /// Admits waiting entry `i` (`e`): through the prefix cache, by swapping it back in, or
     /// with fresh blocks; false (and no change) if it does not fit or would break the
     /// watermark.
@@ -259,6 +273,11 @@ impl BlockManager {
                     // running sequences of lower priority, lowest first, if all of them
                     // together would make room (decided once, before evicting anyone).
                     let mut may_preempt = None;
+                    if bm.whole_blocked(e) {
+                        // FCFS: a prompt that must run whole and does not fit the step
+                        // stops admission (no preemption would make it fit).
+                        return;
+                    }
                     loop {
                         if bm.try_admit(i, e, watermark, resp) {
                             break;

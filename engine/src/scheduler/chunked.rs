@@ -7,7 +7,7 @@ use crate::block_manager::{EntryKind, ReserveOrder};
 /// One token budget per step: running sequences first (a decode costs one token, an
 /// unfinished prefill takes what is left of the budget), then waiting requests in FCFS
 /// order, their prompts split into chunks that fit (or, without chunked prefill, whole
-/// prompts up to the first that does not fit). New requests are admitted only in
+/// prompts up to the first whose uncached tokens do not fit). New requests are admitted only in
 /// steps without preemption. Under [`super::BatchWait`], new prompts that would join
 /// decodes wait until enough gather or enough steps pass.
 #[derive(Debug, Default, Clone, Copy)]
@@ -44,12 +44,17 @@ impl SchedulePolicy for Chunked {
                 break;
             }
             let s = q.seq(id);
-            if !cfg.chunked_prefill && s.remaining() > budget {
-                break;
-            }
             let n = s.remaining().min(budget);
             budget -= n;
             p.push(id, EntryKind::Waiting, n, s.num_computed + n);
+            if !cfg.chunked_prefill && n < s.remaining() {
+                // Whole prompts only: this one is admitted only if the prefix cache holds
+                // what does not fit (the block manager decides, and a refusal ends the
+                // step's admissions, FCFS); the budget is spent either way.
+                if let Some(e) = p.entries.last_mut() {
+                    e.whole = true;
+                }
+            }
         }
         if let Some(wait) = &cfg.batch_wait {
             // TensorRT-LLM decides per step, and only while something decodes (else the

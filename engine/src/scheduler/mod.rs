@@ -155,10 +155,10 @@ pub struct SchedulerConfig {
     /// `enable_chunked_prefill`). `false`: a waiting prompt joins a step only whole, and
     /// the first that does not fit what is left of the budget ends the step's admissions
     /// (FCFS, as both engines do; a long prompt at the head holds back the shorter ones
-    /// behind it until the decodes beside it leave room). The fit is judged on the whole
-    /// prompt, before prefix-cache hits, where vLLM counts only the uncached tokens: with
-    /// prefix caching the simulator may hold a long, mostly cached prompt back longer.
-    /// Only with [`SchedulerKind::Chunked`].
+    /// behind it until the decodes beside it leave room). With prefix caching only the
+    /// tokens the cache does not hold must fit, as vLLM counts them (the block manager
+    /// decides, [`crate::block_manager::ReserveEntry::whole`]). Only with
+    /// [`SchedulerKind::Chunked`].
     pub chunked_prefill: bool,
 }
 
@@ -448,6 +448,7 @@ impl Proposal {
             hashes: None,
             write_from: slots.saturating_sub(tokens),
             lookahead: 0,
+            whole: false,
         });
         self.tokens.push(tokens);
     }
