@@ -628,9 +628,8 @@ struct Slots {
     ramp_ns: Nanos,
     freed: BinaryHeap<Reverse<Nanos>>,
     think_ns: Nanos,
-    jitter_ns: Nanos,
-    /// Draws the think times' jitter (`None` without jitter).
-    jitter: Option<rand_chacha::ChaCha8Rng>,
+    /// Draws the think times' jitter below its bound (`None` without jitter).
+    jitter: Option<(rand_chacha::ChaCha8Rng, Nanos)>,
     frontend_ns: Nanos,
     /// Pulled from the workload, waiting for a slot.
     held: Option<Request>,
@@ -649,10 +648,10 @@ impl Slots {
             ramp_ns: client.ramp_ns,
             freed: BinaryHeap::new(),
             think_ns: client.think_ns,
-            jitter_ns: client.jitter_ns,
             jitter: (client.jitter_ns > 0).then(|| {
                 // A stream of its own, apart from the workload's draws.
-                rand::SeedableRng::seed_from_u64(client.seed ^ 0x7468_696e_6b5f_6a69)
+                let rng = rand::SeedableRng::seed_from_u64(client.seed ^ 0x7468_696e_6b5f_6a69);
+                (rng, client.jitter_ns)
             }),
             frontend_ns: client.frontend_ns,
             held: None,
@@ -668,7 +667,7 @@ impl Slots {
             let jitter = self
                 .jitter
                 .as_mut()
-                .map_or(0, |rng| rand::Rng::random_range(rng, 0..self.jitter_ns));
+                .map_or(0, |(rng, bound)| rand::Rng::random_range(rng, 0..*bound));
             self.freed
                 .push(Reverse(now.saturating_add(self.think_ns + jitter)));
         }

@@ -239,6 +239,12 @@ impl Default for SchedulerConfig {
 }
 
 impl SchedulerConfig {
+    /// Whether a prompt may be split over several steps: the chunked scheduler with
+    /// chunked prefill on.
+    pub fn chunks_prefill(&self) -> bool {
+        self.kind.chunks_prefill() && self.chunked_prefill
+    }
+
     /// KV tokens a sequence with `computed` tokens holds: all of them, or under a sliding
     /// window those not yet freed (whole blocks before the window are).
     pub fn held_tokens(&self, computed: u32) -> u32 {
@@ -271,14 +277,26 @@ impl SchedulerConfig {
                 ),
             );
         }
-        if !self.kind.chunks_prefill() && self.max_num_batched_tokens < self.max_model_len {
+        if !self.chunked_prefill && self.kind != SchedulerKind::Chunked {
+            return bad(
+                "engine.enable_chunked_prefill",
+                format!(
+                    "false mixes whole prompts into decode steps, which only the chunked scheduler runs (the scheduler is {}; continuous and static prefill whole prompts anyway)",
+                    self.kind.as_str()
+                ),
+            );
+        }
+        if !self.chunks_prefill() && self.max_num_batched_tokens < self.max_model_len {
+            let who = if self.kind.chunks_prefill() {
+                "without chunked prefill the chunked".to_string()
+            } else {
+                format!("the {}", self.kind.as_str())
+            };
             return bad(
                 "engine.max_num_batched_tokens",
                 format!(
-                    "({}) is smaller than max_model_len ({}): the {} scheduler prefills whole prompts, so a prompt of max length could never run (use the chunked scheduler or raise the budget)",
-                    self.max_num_batched_tokens,
-                    self.max_model_len,
-                    self.kind.as_str()
+                    "({}) must hold the longest sequence (max_model_len, {}): {who} scheduler prefills whole prompts (use chunked prefill or raise the budget)",
+                    self.max_num_batched_tokens, self.max_model_len
                 ),
             );
         }
@@ -345,26 +363,6 @@ impl SchedulerConfig {
                     format!(
                         "batch waiting holds new prompts back from steps that mix them with decodes, which only the chunked scheduler runs (the scheduler is {})",
                         self.kind.as_str()
-                    ),
-                );
-            }
-        }
-        if !self.chunked_prefill {
-            if self.kind != SchedulerKind::Chunked {
-                return bad(
-                    "engine.enable_chunked_prefill",
-                    format!(
-                        "false mixes whole prompts into decode steps, which only the chunked scheduler runs (the scheduler is {}; continuous and static prefill whole prompts anyway)",
-                        self.kind.as_str()
-                    ),
-                );
-            }
-            if self.max_num_batched_tokens < self.max_model_len {
-                return bad(
-                    "engine.max_num_batched_tokens",
-                    format!(
-                        "({}) must hold the longest sequence (engine.max_model_len, {}) when prompts are not chunked (engine.enable_chunked_prefill = false), or it would never be scheduled",
-                        self.max_num_batched_tokens, self.max_model_len
                     ),
                 );
             }
