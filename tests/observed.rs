@@ -139,6 +139,154 @@ fn silicon_rows_read_with_their_concurrency() {
         .any(|r| r.mode == "disagg" && r.id.contains("_c_tp") && r.concurrency.is_none()));
 }
 
+/// The InferenceX rows measured with multi-token prediction, which silicon.csv does not
+/// record: `inferencex-speculative.csv` beside it names 200 aggregated rows of DeepSeek-R1
+/// and Qwen3.5-397B, TensorRT-LLM's with 3 drafts (1 under attention data parallelism, as
+/// its scripts set), SGLang's with 2 (DeepSeek-R1) or 3 (Qwen3.5); none of aiconfigurator's
+/// own (aiperf) rows. The same deployment measured without them is left unmarked.
+#[test]
+fn silicon_rows_measured_with_mtp_are_marked() {
+    use sim::observed::silicon::BenchClient;
+    let rows = observed::silicon::read(Path::new("calibration/serving/aiconfigurator/silicon.csv"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mtp: Vec<_> = rows.iter().filter(|r| r.mtp_drafts.is_some()).collect();
+    assert_eq!(mtp.len(), 200);
+    for r in &mtp {
+        assert!(
+            r.mode == "agg" && r.client == BenchClient::InferenceX && r.is_moe(),
+            "{}",
+            r.id
+        );
+        let want = match r.backend.as_str() {
+            "trtllm" if r.attention_dp.unwrap_or(1) > 1 => 1,
+            "trtllm" => 3,
+            "sglang" if r.model.contains("Qwen3.5") => 3,
+            "sglang" => 2,
+            other => panic!("{}: {other}", r.id),
+        };
+        assert_eq!(r.mtp_drafts, Some(want), "{}", r.id);
+    }
+    let tpot = |id: &str| {
+        let r = rows.iter().find(|r| r.id == id).expect(id);
+        (r.mtp_drafts, r.tpot_ms)
+    };
+    // DeepSeek-R1 in NVFP4 on B200, 1k/8k from 4 clients: TP8 with MTP (InferenceX #642)
+    // at 3.6 ms a token, TP4 without (a sweep on TensorRT-LLM 1.2.0rc6.post2) at 7.9.
+    let (k, with) = tpot("2026_04_06_deepseek_r1_b200_sxm_trtllm_fp4_agg_1024x8192_c4_tp8_ep1_19");
+    let (none, without) =
+        tpot("2026_04_06_deepseek_r1_b200_sxm_trtllm_fp4_agg_1024x8192_c4_tp4_ep1_47");
+    assert_eq!((k, none), (Some(3), None));
+    assert!(with < 0.5 * without, "{with} {without}");
+}
+
+/// InferenceX's dumps overlap (its 2026-03-25 and 2026-04-06 CSVs and its database export
+/// hold many of the same benchmarks): 603 rows repeat an earlier row's measurement, each
+/// naming that row, which has the same engine, GPU, lengths, TTFT and TPOT, is not itself a
+/// repeat and ran with the same speculative decoding. None of them is a dense model's
+/// aggregated row or one of aiconfigurator's own (aiperf) rows.
+#[test]
+fn repeated_measurements_name_their_first_row() {
+    use sim::observed::silicon::BenchClient;
+    let rows = observed::silicon::read(Path::new("calibration/serving/aiconfigurator/silicon.csv"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let by_id: std::collections::HashMap<&str, _> =
+        rows.iter().map(|r| (r.id.as_str(), r)).collect();
+    let repeats: Vec<_> = rows.iter().filter(|r| r.repeats.is_some()).collect();
+    assert_eq!(repeats.len(), 603);
+    for r in &repeats {
+        let first = by_id[r.repeats.as_deref().expect("id")];
+        assert!(first.line < r.line && first.repeats.is_none(), "{}", r.id);
+        assert_eq!(
+            (
+                &first.backend,
+                &first.system,
+                first.isl,
+                first.osl,
+                first.mtp_drafts
+            ),
+            (&r.backend, &r.system, r.isl, r.osl, r.mtp_drafts),
+            "{}",
+            r.id
+        );
+        assert!(
+            (first.ttft_ms - r.ttft_ms).abs() < 1e-6 && (first.tpot_ms - r.tpot_ms).abs() < 1e-6
+        );
+        assert!(
+            r.client == BenchClient::InferenceX && (r.is_moe() || r.mode == "disagg"),
+            "{}",
+            r.id
+        );
+    }
+}
+
+/// A bad `inferencex-speculative.csv` is one line naming the file, the line and the field.
+#[test]
+fn bad_speculative_files_name_the_line_and_field() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let silicon = std::fs::read_to_string("tests/data/observed/silicon-small.csv").expect("csv");
+    let id = "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_trtllm_agg_1024x128_c8_tp1_epnone_1";
+    let head = "id,method,num_speculative_tokens,evidence\n";
+    for (i, (body, expect)) in [
+        (
+            format!("{head}{id},mtp,3,x\nnot_a_row,mtp,3,x\n"),
+            ":3: id: \"not_a_row\" is not a row",
+        ),
+        (
+            format!("{head}{id},eagle,3,x\n"),
+            ":2: method: expected mtp",
+        ),
+        (
+            format!("{head}{id},mtp,0,x\n"),
+            ":2: num_speculative_tokens: expected 1 to 8",
+        ),
+        (
+            format!("{head}{id},mtp,three,x\n"),
+            ":2: num_speculative_tokens",
+        ),
+        (format!("{head}{id},mtp,3,\n"), ":2: evidence: empty"),
+        (format!("{head}{id},mtp,3,x\n{id},mtp,1,y\n"), ":3: id: "),
+        (
+            format!("id,method,num_speculative_tokens,evidence,acceptance\n{id},mtp,3,x,0.7\n"),
+            ":1: acceptance: unknown column",
+        ),
+        (
+            format!("id,method,evidence\n{id},mtp,x\n"),
+            ":1: num_speculative_tokens",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let sub = dir.path().join(i.to_string());
+        std::fs::create_dir_all(&sub).expect("mkdir");
+        std::fs::write(sub.join("silicon.csv"), &silicon).expect("write");
+        std::fs::write(sub.join(observed::silicon::SPECULATIVE_FILE), body).expect("write");
+        let e = observed::silicon::read(&sub.join("silicon.csv")).expect_err(expect);
+        let msg = e.to_string();
+        assert!(
+            msg.contains(expect)
+                && msg.contains("inferencex-speculative.csv")
+                && !msg.contains('\n'),
+            "{msg}"
+        );
+    }
+    // A good one marks the row.
+    let sub = dir.path().join("good");
+    std::fs::create_dir_all(&sub).expect("mkdir");
+    std::fs::write(sub.join("silicon.csv"), &silicon).expect("write");
+    std::fs::write(
+        sub.join(observed::silicon::SPECULATIVE_FILE),
+        format!("{head}{id},mtp,2,a script\n"),
+    )
+    .expect("write");
+    let rows = observed::silicon::read(&sub.join("silicon.csv")).expect("rows");
+    let marked: Vec<_> = rows
+        .iter()
+        .filter_map(|r| r.mtp_drafts.map(|k| (r.id.as_str(), k)))
+        .collect();
+    assert_eq!(marked, [(id, 2)]);
+}
+
 /// A disaggregated deployment replayed as the fleet it ran as (DeepSeek-R1 in NVFP4 on
 /// B200: one prefill worker of 4 attention-DP ranks, five decode workers of 8 GPUs), at 10 and
 /// 90 clients. Nothing was fitted to these rows: at 10 clients the replay is within 25% of

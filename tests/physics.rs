@@ -870,6 +870,25 @@ fn a_profiled_step_is_the_sum_of_its_measured_operators() {
     );
 }
 
+/// `sim validate-model` simulates the InferenceX rows measured with multi-token prediction
+/// at the draft acceptance `sim calibrate --observed` fitted to them (the file it wrote,
+/// with the held-out errors), and that file is a `[speculative]` table a scenario can use.
+#[test]
+fn the_mtp_acceptance_is_its_fit() {
+    let text = std::fs::read_to_string("calibration/mtp-acceptance.toml").expect("file");
+    assert!(text.contains("held-out"), "{text}");
+    let table: toml::Table = text.parse().expect("toml");
+    let spec = table["speculative"].as_table().expect("[speculative]");
+    assert_eq!(spec["method"].as_str(), Some("mtp"));
+    assert_eq!(
+        spec["acceptance"][0].as_float(),
+        Some(sim::cost_model::validation::silicon::MTP_ACCEPTANCE)
+    );
+    let _: sim::scenario::SpeculativeConfig = toml::Value::Table(spec.clone())
+        .try_into()
+        .expect("a [speculative] table");
+}
+
 /// The kernel efficiencies' defaults are the values `sim calibrate --observed` fitted to
 /// aiconfigurator's rows (the files it wrote, which also record the held-out errors): fp8
 /// GEMMs run below the 16-bit GEMMs' fraction of their own peak, and a mixture of experts'

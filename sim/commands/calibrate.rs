@@ -56,7 +56,7 @@ pub struct Args {
     #[arg(long, default_value_t = 5)]
     pub folds: usize,
     /// With --observed measured deployments: fit only these stages (`fp8`, `fp4`, `moe`,
-    /// `moe-prefill`, `moe-layer`, `moe-skew`, `engines`; default: all, in that order). A stage left out keeps its
+    /// `moe-prefill`, `moe-layer`, `moe-skew`, `mtp-acceptance`, `engines`; default: all, in that order). A stage left out keeps its
     /// default.
     #[arg(long, value_delimiter = ',', value_enum)]
     pub only: Vec<Stage>,
@@ -77,6 +77,8 @@ pub enum Stage {
     MoeLayer,
     /// The routers' expert popularity skew.
     MoeSkew,
+    /// The acceptance of multi-token-prediction drafts (the rows measured with them).
+    MtpAcceptance,
     /// Each engine's step, all-reduce, eager-step and front-end costs.
     Engines,
 }
@@ -247,6 +249,7 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
         (Term::MoePrefill, Stage::MoePrefill),
         (Term::MoeLayer, Stage::MoeLayer),
         (Term::MoeSkew, Stage::MoeSkew),
+        (Term::MtpAcceptance, Stage::MtpAcceptance),
     ] {
         if !wanted(stage) {
             continue;

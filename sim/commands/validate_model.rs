@@ -214,6 +214,7 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
                     || n == "moe-prefill.toml"
                     || n == "moe-layer.toml"
                     || n == "moe-skew.toml"
+                    || n == "mtp-acceptance.toml"
                     || n == "memory-reserve.toml"
             })
         })
@@ -244,6 +245,7 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
                     "moe_layer_us",
                     "moe_routing_skew",
                     "runtime_overhead_gib",
+                    "acceptance",
                     "[cost.by_gpu.",
                 ]
                 .iter()

@@ -6,6 +6,11 @@
 //! and decode on the same GPUs; `disagg` rows split them over a prefill and a decode pool
 //! (their `prefill_*`/`decode_*` columns: workers, batch and parallelism of each phase),
 //! which `sim validate-model` replays as fleets.
+//!
+//! What a row does not record but its benchmark ran with comes from files beside it:
+//! `inferencex-speculative.csv` (`id`, `method`, `num_speculative_tokens`, `evidence`) names
+//! the InferenceX rows measured with multi-token-prediction speculative decoding, as the
+//! InferenceX commit whose merge triggered the row's sweep configured it (its `evidence`).
 
 use std::path::Path;
 
@@ -58,6 +63,15 @@ pub struct AggregateRow {
     pub ttft_ms: f64,
     /// Measured mean TPOT (ms).
     pub tpot_ms: f64,
+    /// Drafts per verify step of the multi-token-prediction speculative decoding the row
+    /// ran with (`inferencex-speculative.csv` beside the file; `None`: none).
+    pub mtp_drafts: Option<u32>,
+    /// The id of an earlier row holding the same measurement (same engine, GPU, mode and
+    /// lengths, TTFT and TPOT equal to a nanosecond): InferenceX's 2026-03-25 and
+    /// 2026-04-06 dumps and its database export overlap, so one benchmark can appear up to
+    /// three times; counting it once keeps a k-fold's held-out rows apart from its training
+    /// rows.
+    pub repeats: Option<String>,
 }
 
 /// One engine's parallelism as a row records it (empty or 0: not given).
@@ -276,10 +290,105 @@ pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
             ttft_ms: ms(ttft, "silicon_ttft_ms")?,
             tpot_ms: ms(tpot, "silicon_tpot_ms")?,
             mode: mode_text,
+            mtp_drafts: None,
+            repeats: None,
         });
     }
     if rows.is_empty() {
         return Err(ObservedError::new(path, "no rows"));
     }
+    mark_repeats(&mut rows);
+    let speculative = path.with_file_name(SPECULATIVE_FILE);
+    if speculative.is_file() {
+        read_speculative(&speculative, &mut rows)?;
+    }
     Ok(rows)
+}
+
+/// Marks each row whose measurement an earlier row already holds ([`AggregateRow::repeats`]).
+fn mark_repeats(rows: &mut [AggregateRow]) {
+    let mut first: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    for r in rows.iter_mut() {
+        // The dumps print the same float with different digits past the 12th.
+        let key = format!(
+            "{}|{}|{}|{}|{}|{:.6}|{:.6}",
+            r.backend, r.system, r.mode, r.isl, r.osl, r.ttft_ms, r.tpot_ms
+        );
+        match first.get(&key) {
+            Some(id) => r.repeats = Some(id.clone()),
+            None => {
+                first.insert(key, r.id.clone());
+            }
+        }
+    }
+}
+
+/// The file beside `silicon.csv` that names the rows measured with speculative decoding.
+pub const SPECULATIVE_FILE: &str = "inferencex-speculative.csv";
+
+/// Marks the rows `path` names as measured with multi-token prediction: every id must be a
+/// row of the file beside it, once, with `method = mtp`, 1 to 8 drafts and its evidence.
+pub fn read_speculative(path: &Path, rows: &mut [AggregateRow]) -> Result<(), ObservedError> {
+    let (mut rdr, cols) = super::open_csv(path)?;
+    let known = ["id", "method", "num_speculative_tokens", "evidence"];
+    if let Some(h) = cols.names().find(|h| !known.contains(h)) {
+        return Err(ObservedError::at(
+            path,
+            Some(1),
+            h,
+            format!("unknown column (known: {})", known.join(", ")),
+        ));
+    }
+    let (id, method, drafts, evidence) = (
+        cols.need("id")?,
+        cols.need("method")?,
+        cols.need("num_speculative_tokens")?,
+        cols.need("evidence")?,
+    );
+    let index: std::collections::HashMap<String, usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.id.clone(), i))
+        .collect();
+    for (i, rec) in rdr.records().enumerate() {
+        let line = i as u64 + 2;
+        let rec = rec.map_err(|e| super::malformed(path, line, &e))?;
+        let text = |c: usize| rec.get(c).map(str::trim).unwrap_or("");
+        let at = |field: &str, msg: String| ObservedError::at(path, Some(line), field, msg);
+        let row = *index.get(text(id)).ok_or_else(|| {
+            at(
+                "id",
+                format!("{:?} is not a row of the silicon.csv beside it", text(id)),
+            )
+        })?;
+        if text(method) != "mtp" {
+            return Err(at(
+                "method",
+                format!(
+                    "expected mtp (the model's multi-token-prediction layers as the draft), got {:?}",
+                    text(method)
+                ),
+            ));
+        }
+        let k = text(drafts)
+            .parse::<u32>()
+            .ok()
+            .filter(|k| (1..=8).contains(k))
+            .ok_or_else(|| {
+                at(
+                    "num_speculative_tokens",
+                    format!("expected 1 to 8 drafts, got {:?}", text(drafts)),
+                )
+            })?;
+        if text(evidence).is_empty() {
+            return Err(at(
+                "evidence",
+                "empty: say where the setting comes from".to_string(),
+            ));
+        }
+        if rows[row].mtp_drafts.replace(k).is_some() {
+            return Err(at("id", format!("{:?} is listed twice", text(id))));
+        }
+    }
+    Ok(())
 }

@@ -22,6 +22,11 @@
 //! - `cost.moe_routing_skew` ([`Term::MoeSkew`]): how unevenly the routers spread tokens
 //!   over the experts (fewer distinct experts read per decode step). Fitted to the
 //!   mixture-of-experts rows with the two fits above in place.
+//! - The acceptance of multi-token-prediction drafts ([`Term::MtpAcceptance`]) in the
+//!   InferenceX rows measured with speculative decoding, which record neither it nor a
+//!   dataset it could be measured on (random tokens): fitted to those rows, the value
+//!   `sim validate-model` simulates them with
+//!   ([`crate::cost_model::validation::silicon::MTP_ACCEPTANCE`]), not a `[cost]` default.
 //!
 //! Each is a property of the kernels, not of one engine. Every row is simulated under each
 //! candidate, under its engine's serving defaults; per fold the candidate with the smallest
@@ -58,6 +63,9 @@ pub const MOE_LAYER_CANDIDATES: [f64; 7] = [0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 7
 /// The routing skews tried (Zipf exponents; 0: uniform routing).
 pub const MOE_SKEW_CANDIDATES: [f64; 6] = [0.0, 0.25, 0.5, 0.75, 1.0, 1.5];
 
+/// The draft acceptance rates tried (0: the rows simulated without speculative decoding).
+pub const MTP_ACCEPTANCE_CANDIDATES: [f64; 8] = [0.0, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9];
+
 /// A fitted efficiency (or, for [`Term::MoePrefill`], a cost; for [`Term::MoeSkew`], a
 /// routing skew).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +82,8 @@ pub enum Term {
     MoeLayer,
     /// `cost.moe_routing_skew`, on mixtures of experts' rows.
     MoeSkew,
+    /// The acceptance of multi-token-prediction drafts, on the rows measured with them.
+    MtpAcceptance,
 }
 
 impl Term {
@@ -86,10 +96,11 @@ impl Term {
             Term::MoePrefill => &MOE_PREFILL_CANDIDATES,
             Term::MoeLayer => &MOE_LAYER_CANDIDATES,
             Term::MoeSkew => &MOE_SKEW_CANDIDATES,
+            Term::MtpAcceptance => &MTP_ACCEPTANCE_CANDIDATES,
         }
     }
 
-    /// The `[cost]` key.
+    /// The key (under `[cost]`; `[speculative]` for [`Term::MtpAcceptance`]).
     pub fn key(self) -> &'static str {
         match self {
             Term::Fp8 => "fp8_compute_eff",
@@ -98,6 +109,7 @@ impl Term {
             Term::MoePrefill => "moe_prefill_expert_us",
             Term::MoeLayer => "moe_layer_us",
             Term::MoeSkew => "moe_routing_skew",
+            Term::MtpAcceptance => "acceptance",
         }
     }
 
@@ -110,6 +122,7 @@ impl Term {
             Term::MoePrefill => "moe-prefill.toml",
             Term::MoeLayer => "moe-layer.toml",
             Term::MoeSkew => "moe-skew.toml",
+            Term::MtpAcceptance => "mtp-acceptance.toml",
         }
     }
 
@@ -122,6 +135,7 @@ impl Term {
             Term::MoePrefill => "The fixed cost per expert of the model and MoE layer of a step that prefills, microseconds",
             Term::MoeLayer => "The fixed cost per MoE layer of every step (routing, sorting and permuting tokens), microseconds",
             Term::MoeSkew => "The routers' expert popularity skew (Zipf exponent; 0: uniform routing)",
+            Term::MtpAcceptance => "The acceptance rate of each multi-token-prediction draft given the ones before it, in the InferenceX rows measured with speculative decoding",
         }
     }
 
@@ -131,6 +145,7 @@ impl Term {
             Term::Fp8 => !r.is_moe() && matches!(r.gemm_quant.as_str(), "fp8" | "fp8_block"),
             Term::Fp4 => !r.is_moe() && r.gemm_quant == "nvfp4",
             Term::Moe | Term::MoePrefill | Term::MoeLayer | Term::MoeSkew => r.is_moe(),
+            Term::MtpAcceptance => r.mtp_drafts.is_some(),
         }
     }
 
@@ -145,6 +160,7 @@ impl Term {
             Term::MoePrefill => c.moe_prefill_expert_us = Some(eff),
             Term::MoeLayer => c.moe_layer_us = Some(eff),
             Term::MoeSkew => c.moe_routing_skew = Some(eff),
+            Term::MtpAcceptance => c.mtp_acceptance = Some(eff),
         }
         c
     }
@@ -247,16 +263,20 @@ impl EfficiencyFit {
     /// One line: the value, its folds and the held-out errors against the baseline.
     pub fn summary(&self, folds: usize) -> String {
         let folds_list: Vec<String> = self.fold_values.iter().map(|v| format!("{v}")).collect();
-        let base = self.term.candidates()[0];
+        let base = match self.term {
+            Term::MtpAcceptance => "without speculative decoding".to_string(),
+            t => format!("at {}", t.candidates()[0]),
+        };
         let rows = match self.term {
             Term::Fp8 => "fp8 rows of dense models",
             Term::Fp4 => "NVFP4 rows of dense models",
             Term::Moe | Term::MoePrefill | Term::MoeLayer | Term::MoeSkew => {
                 "mixture-of-experts rows"
             }
+            Term::MtpAcceptance => "rows measured with multi-token prediction",
         };
         format!(
-            "{} = {} fitted to {} {rows} of every engine; {folds}-fold held-out: TTFT median |err| {:.1}%, p90 {:.1}% (at {base}: {:.1}%, {:.1}%), TPOT median |err| {:.1}%, p90 {:.1}% (at {base}: {:.1}%, {:.1}%); the folds' values: {}",
+            "{} = {} fitted to {} {rows} of every engine; {folds}-fold held-out: TTFT median |err| {:.1}%, p90 {:.1}% ({base}: {:.1}%, {:.1}%), TPOT median |err| {:.1}%, p90 {:.1}% ({base}: {:.1}%, {:.1}%); the folds' values: {}",
             self.term.key(),
             self.value,
             self.rows,
@@ -291,6 +311,19 @@ impl EfficiencyFit {
             "# Median |err| of TTFT / TPOT over every row at each value tried: {}.",
             shape.join(", ")
         );
+        if self.term == Term::MtpAcceptance {
+            let _ = writeln!(
+                s,
+                "# `sim validate-model` simulates those rows with this value (a test ties them); a scenario may use the table as it is."
+            );
+            let _ = writeln!(
+                s,
+                "[speculative]\nmethod = \"mtp\"\n{} = [{:?}]",
+                self.term.key(),
+                self.value
+            );
+            return s;
+        }
         let _ = writeln!(
             s,
             "# The shipped default of `cost.{}` is this value (a test ties them).",

@@ -48,6 +48,9 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
     let d = row
         .disagg
         .ok_or_else(|| "aggregated (one engine, not a fleet)".to_string())?;
+    if row.repeats.is_some() {
+        return Err(super::silicon::REPEATED.into());
+    }
     let (model, gpu, dtype) = catalog_of(row)?;
     let moe = crate::catalog::find_model(model).is_some_and(|m| m.is_moe());
     let pool = |s: &Stage| -> Result<(u32, u32, u32, u32), String> {

@@ -49,6 +49,10 @@ pub struct EngineCost {
     pub moe_layer_us: Option<f64>,
     /// `cost.moe_routing_skew`.
     pub moe_routing_skew: Option<f64>,
+    /// The conditional acceptance rate of each multi-token-prediction draft in the rows
+    /// measured with speculative decoding (`None`: [`MTP_ACCEPTANCE`]; 0: simulated
+    /// without speculative decoding, as before the rows' settings were known).
+    pub mtp_acceptance: Option<f64>,
 }
 
 /// `(why, rows)` of the rows not simulated.
@@ -83,6 +87,13 @@ impl SiliconCheck {
 /// Requests each closed loop runs, in multiples of its concurrency (InferenceX's
 /// `--num-prompts $((CONC*10))`).
 pub const WAVES: u64 = 10;
+
+/// The conditional acceptance rate of each draft of the InferenceX rows measured with
+/// multi-token prediction (`speculative.acceptance = [MTP_ACCEPTANCE]`: draft i is accepted
+/// with probability `MTP_ACCEPTANCE^i`): none of them records it, and their prompts are random
+/// tokens, so it is fitted to their TPOT (`calibration/mtp-acceptance.toml`, which a test
+/// ties to this value).
+pub const MTP_ACCEPTANCE: f64 = 0.6;
 
 const TEMPLATE: &str = r#"
 name = "silicon"
@@ -124,10 +135,17 @@ pub struct Planned {
     pub ep: u32,
 }
 
+/// Why a row that repeats an earlier row's measurement is not simulated again.
+pub(crate) const REPEATED: &str =
+    "the same measurement as an earlier row (InferenceX's dumps overlap; counted once)";
+
 /// What a row resolves to, or why it is not simulated.
 fn plan(row: &AggregateRow) -> Result<Planned, String> {
     if row.mode != "agg" {
         return Err("disaggregated (`sim validate-model` replays them as fleets)".into());
+    }
+    if row.repeats.is_some() {
+        return Err(REPEATED.into());
     }
     if row.pp.unwrap_or(1) > 1 {
         return Err("pipeline parallelism".into());
@@ -363,6 +381,60 @@ pub(crate) fn inferencex_moe_settings(
     }
 }
 
+/// What InferenceX's scripts with multi-token prediction set (the row's `k` drafts a verify
+/// step, from `inferencex-speculative.csv`), over [`inferencex_moe_settings`]:
+/// - TensorRT-LLM (`dsr1_*_trt_mtp*.sh`): `speculative_config: {decoding_type: MTP,
+///   num_nextn_predict_layers: k}` and `--max_num_tokens` of `(k + 1)` tokens for each of
+///   `max_batch_size` sequences plus a prompt and 64, rounded up to 64 (the batch size is
+///   the clients, a rank's share under attention data parallelism), with no 8,192 floor,
+///   and no batch waiting;
+/// - SGLang (`dsr1_fp8_b200_mtp.sh`, `qwen3.5_fp8_b200_mtp.sh`): EAGLE over the model's MTP
+///   layer (`--speculative-num-steps k`, top-k 1), DeepSeek-R1 with 16,384 prefill tokens,
+///   Qwen3.5 with `--mem-fraction-static 0.8`.
+///
+/// Acceptance is not recorded: every draft is accepted with probability `acceptance`
+/// given the ones before it.
+fn mtp_settings(
+    cfg: &mut crate::scenario::ScenarioConfig,
+    row: &AggregateRow,
+    p: &Planned,
+    k: u32,
+    acceptance: f64,
+) {
+    cfg.speculative = Some(crate::scenario::SpeculativeConfig {
+        method: crate::scenario::SpecMethod::Mtp,
+        k,
+        draft_model: None,
+        draft_config: None,
+        draft_tp: None,
+        self_draft_layers: None,
+        acceptance: Some(vec![acceptance]),
+        mean_acceptance_length: None,
+        min_n: 1,
+        max_n: 4,
+        dynamic_k: None,
+    });
+    let clients = row.concurrency.unwrap_or(1);
+    match row.backend.as_str() {
+        "trtllm" => {
+            let batch = if p.dp > 1 {
+                clients.div_ceil(p.dp)
+            } else {
+                clients
+            };
+            cfg.engine.max_num_batched_tokens =
+                Some(((k + 1) * batch + row.isl + 64).div_ceil(64) * 64);
+            // The scripts with MTP set no batch waiting.
+            cfg.engine.batch_wait_timeout_iters = 0;
+        }
+        "sglang" if p.model.starts_with("deepseek") => {
+            cfg.engine.max_num_batched_tokens = Some(16_384);
+        }
+        "sglang" => cfg.engine.gpu_memory_utilization = 0.8,
+        _ => {}
+    }
+}
+
 /// The CPU overheads an engine's rows run with: TensorRT-LLM's C++ runtime, or vLLM V1's
 /// for vLLM and SGLang (both Python schedulers with CUDA graphs).
 pub fn engine_framework(backend: &str) -> crate::cost_model::Framework {
@@ -496,6 +568,10 @@ fn simulate(
         } else {
             inferencex_dense_settings(&mut cfg, row, p.tp);
         }
+    }
+    let acceptance = engine.mtp_acceptance.unwrap_or(MTP_ACCEPTANCE);
+    if let Some(k) = row.mtp_drafts.filter(|_| acceptance > 0.0) {
+        mtp_settings(&mut cfg, row, p, k, acceptance);
     }
     cfg.engine.max_num_seqs = cfg.engine.max_num_seqs.max(c);
     // The simulator's prefill-first scheduler prefills whole prompts (SGLang chunks the
