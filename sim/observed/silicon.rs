@@ -66,11 +66,11 @@ pub struct AggregateRow {
     /// Drafts per verify step of the multi-token-prediction speculative decoding the row
     /// ran with (`inferencex-speculative.csv` beside the file; `None`: none).
     pub mtp_drafts: Option<u32>,
-    /// The id of an earlier row holding the same measurement (same engine, GPU, mode and
-    /// lengths, TTFT and TPOT equal to a nanosecond): InferenceX's 2026-03-25 and
-    /// 2026-04-06 dumps and its database export overlap, so one benchmark can appear up to
-    /// three times; counting it once keeps a k-fold's held-out rows apart from its training
-    /// rows.
+    /// The id of an earlier row holding the same measurement (same engine, GPU, mode,
+    /// lengths and clients, TTFT and TPOT within 0.0051 ms): InferenceX's 2026-03-25 and
+    /// 2026-04-06 dumps and its database export overlap, and one gap-analysis file copies its
+    /// rows rounded, so one benchmark can appear up to three times; counting it once keeps a
+    /// k-fold's held-out rows apart from its training rows.
     pub repeats: Option<String>,
 }
 
@@ -305,20 +305,26 @@ pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
     Ok(rows)
 }
 
-/// Marks each row whose measurement an earlier row already holds ([`AggregateRow::repeats`]).
+/// Marks each row whose measurement an earlier row already holds ([`AggregateRow::repeats`]):
+/// the same engine, GPU, mode, lengths and clients, and TTFT and TPOT within 0.0051 ms
+/// (the dumps print one float with different digits past the 12th, and
+/// `qwen3.5-397b-gap-analysis.csv` copies InferenceX's Qwen3.5 rows rounded to 0.01 ms).
 fn mark_repeats(rows: &mut [AggregateRow]) {
-    let mut first: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    const SAME_MS: f64 = 0.0051;
+    type Bucket = Vec<(f64, f64, String)>;
+    let mut seen: std::collections::HashMap<String, Bucket> = std::collections::HashMap::new();
     for r in rows.iter_mut() {
-        // The dumps print the same float with different digits past the 12th.
         let key = format!(
-            "{}|{}|{}|{}|{}|{:.6}|{:.6}",
-            r.backend, r.system, r.mode, r.isl, r.osl, r.ttft_ms, r.tpot_ms
+            "{}|{}|{}|{}|{}|{:?}",
+            r.backend, r.system, r.mode, r.isl, r.osl, r.concurrency
         );
-        match first.get(&key) {
-            Some(id) => r.repeats = Some(id.clone()),
-            None => {
-                first.insert(key, r.id.clone());
-            }
+        let bucket = seen.entry(key).or_default();
+        match bucket
+            .iter()
+            .find(|(t, p, _)| (t - r.ttft_ms).abs() <= SAME_MS && (p - r.tpot_ms).abs() <= SAME_MS)
+        {
+            Some((_, _, id)) => r.repeats = Some(id.clone()),
+            None => bucket.push((r.ttft_ms, r.tpot_ms, r.id.clone())),
         }
     }
 }
@@ -326,8 +332,9 @@ fn mark_repeats(rows: &mut [AggregateRow]) {
 /// The file beside `silicon.csv` that names the rows measured with speculative decoding.
 pub const SPECULATIVE_FILE: &str = "inferencex-speculative.csv";
 
-/// Marks the rows `path` names as measured with multi-token prediction: every id must be a
-/// row of the file beside it, once, with `method = mtp`, 1 to 8 drafts and its evidence.
+/// Marks the rows `path` names as measured with multi-token prediction: every id must be an
+/// aggregated row of the file beside it, once, with `method = mtp`, 1 to 8 drafts and its
+/// evidence, and a row that repeats another's measurement must be listed as that one is.
 pub fn read_speculative(path: &Path, rows: &mut [AggregateRow]) -> Result<(), ObservedError> {
     let (mut rdr, cols) = super::open_csv(path)?;
     let known = ["id", "method", "num_speculative_tokens", "evidence"];
@@ -350,6 +357,7 @@ pub fn read_speculative(path: &Path, rows: &mut [AggregateRow]) -> Result<(), Ob
         .enumerate()
         .map(|(i, r)| (r.id.clone(), i))
         .collect();
+    let mut listed = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         let line = i as u64 + 2;
         let rec = rec.map_err(|e| super::malformed(path, line, &e))?;
@@ -386,8 +394,36 @@ pub fn read_speculative(path: &Path, rows: &mut [AggregateRow]) -> Result<(), Ob
                 "empty: say where the setting comes from".to_string(),
             ));
         }
+        if rows[row].mode != "agg" {
+            return Err(at(
+                "id",
+                format!(
+                    "{:?} is a disaggregated row (only aggregated rows are simulated with speculative decoding)",
+                    text(id)
+                ),
+            ));
+        }
         if rows[row].mtp_drafts.replace(k).is_some() {
             return Err(at("id", format!("{:?} is listed twice", text(id))));
+        }
+        listed.push((row, line));
+    }
+    // A repeat is skipped and its first row simulated: listing the one without the other
+    // would leave the measurement simulated without the drafts it ran with.
+    for (row, line) in listed {
+        let r = &rows[row];
+        if let Some(first) = r.repeats.as_deref().and_then(|f| index.get(f)) {
+            if rows[*first].mtp_drafts != r.mtp_drafts {
+                return Err(ObservedError::at(
+                    path,
+                    Some(line),
+                    "id",
+                    format!(
+                        "{:?} repeats the measurement of {:?}, which is not listed with the same drafts",
+                        r.id, rows[*first].id
+                    ),
+                ));
+            }
         }
     }
     Ok(())

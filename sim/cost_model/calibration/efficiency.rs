@@ -202,17 +202,29 @@ pub fn fit_efficiency(
     let folds = folds.max(2);
     let mine: Vec<AggregateRow> = rows.iter().filter(|r| term.applies(r)).cloned().collect();
     // (TTFT, TPOT) errors of every simulated row under each candidate.
-    let mut errors: Vec<Vec<(f64, f64)>> = Vec::new();
+    // A row may be simulated under one candidate and not another (the acceptance's 0 is
+    // another deployment: no drafts, other budgets), so rows are matched by id and only
+    // those every candidate simulated are compared.
+    let mut by_candidate: Vec<std::collections::HashMap<String, (f64, f64)>> = Vec::new();
     let candidates = term.candidates();
     for &eff in candidates {
         let (done, _) = silicon_checks_with(&mine, None, &|_, _| term.cost(eff, prior))?;
-        errors.push(
+        by_candidate.push(
             done.iter()
-                .map(|k| (k.ttft_error(), k.tpot_error()))
+                .map(|k| (k.row.id.clone(), (k.ttft_error(), k.tpot_error())))
                 .collect(),
         );
     }
-    let n = errors[0].len();
+    let ids: Vec<&String> = mine
+        .iter()
+        .map(|r| &r.id)
+        .filter(|id| by_candidate.iter().all(|m| m.contains_key(*id)))
+        .collect();
+    let errors: Vec<Vec<(f64, f64)>> = by_candidate
+        .iter()
+        .map(|m| ids.iter().map(|id| m[*id]).collect())
+        .collect();
+    let n = ids.len();
     if n < folds {
         return Ok(None);
     }
@@ -314,14 +326,19 @@ impl EfficiencyFit {
         if self.term == Term::MtpAcceptance {
             let _ = writeln!(
                 s,
-                "# `sim validate-model` simulates those rows with this value (a test ties them); a scenario may use the table as it is."
+                "# `sim validate-model` simulates those rows with this value (a test ties them); a scenario may use the table with `k` set to the drafts its engine runs."
             );
-            let _ = writeln!(
-                s,
-                "[speculative]\nmethod = \"mtp\"\n{} = [{:?}]",
-                self.term.key(),
-                self.value
-            );
+            if self.value > 0.0 {
+                let _ = writeln!(
+                    s,
+                    "[speculative]\nmethod = \"mtp\"\n{} = [{:?}]",
+                    self.term.key(),
+                    self.value
+                );
+            } else {
+                // 0 is the rows simulated without speculative decoding.
+                let _ = writeln!(s, "[speculative]\nmethod = \"none\"");
+            }
             return s;
         }
         let _ = writeln!(

@@ -386,8 +386,10 @@ pub(crate) fn inferencex_moe_settings(
 /// - TensorRT-LLM (`dsr1_*_trt_mtp*.sh`): `speculative_config: {decoding_type: MTP,
 ///   num_nextn_predict_layers: k}` and `--max_num_tokens` of `(k + 1)` tokens for each of
 ///   `max_batch_size` sequences plus a prompt and 64, rounded up to 64 (the batch size is
-///   the clients, a rank's share under attention data parallelism), with no 8,192 floor,
-///   and no batch waiting;
+///   the clients, a rank's share under attention data parallelism: the NVFP4 script of
+///   2026-02-06 takes a quarter of the clients there, and the fp8 one of 2026-02-05 leaves
+///   the KV cache 0.7 of the memory rather than 0.8, which three rows' budgets and the
+///   latter's memory plan do not follow), with no 8,192 floor, and no batch waiting;
 /// - SGLang (`dsr1_fp8_b200_mtp.sh`, `qwen3.5_fp8_b200_mtp.sh`): EAGLE over the model's MTP
 ///   layer (`--speculative-num-steps k`, top-k 1), DeepSeek-R1 with 16,384 prefill tokens,
 ///   Qwen3.5 with `--mem-fraction-static 0.8`.
@@ -426,6 +428,7 @@ fn mtp_settings(
                 Some(((k + 1) * batch + row.isl + 64).div_ceil(64) * 64);
             // The scripts with MTP set no batch waiting.
             cfg.engine.batch_wait_timeout_iters = 0;
+            cfg.engine.batch_wait_max_tokens_ratio = 0.0;
         }
         "sglang" if p.model.starts_with("deepseek") => {
             cfg.engine.max_num_batched_tokens = Some(16_384);
