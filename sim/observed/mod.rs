@@ -287,6 +287,19 @@ impl Columns<'_> {
     pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
         self.header.iter().map(str::trim)
     }
+
+    /// An error naming the first column not in `known` (a file's unknown keys are errors).
+    pub(crate) fn only(&self, known: &[&str]) -> Result<(), ObservedError> {
+        match self.names().find(|h| !known.contains(h)) {
+            Some(h) => Err(ObservedError::at(
+                self.path,
+                Some(1),
+                h,
+                format!("unknown column (known: {})", known.join(", ")),
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Opens a run CSV: its reader and its header.

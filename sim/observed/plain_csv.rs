@@ -29,14 +29,7 @@ pub(super) fn read(path: &Path) -> Result<ObservedRun, ObservedError> {
         "queue_ms",
         "status",
     ];
-    if let Some(h) = cols.names().find(|h| !known.contains(h)) {
-        return Err(ObservedError::at(
-            path,
-            Some(1),
-            h,
-            format!("unknown column (known: {})", known.join(", ")),
-        ));
-    }
+    cols.only(&known)?;
     let (send, prompt, output, ttft, e2el) = (
         cols.need("send_s")?,
         cols.need("prompt_len")?,

@@ -338,14 +338,7 @@ pub const SPECULATIVE_FILE: &str = "inferencex-speculative.csv";
 pub fn read_speculative(path: &Path, rows: &mut [AggregateRow]) -> Result<(), ObservedError> {
     let (mut rdr, cols) = super::open_csv(path)?;
     let known = ["id", "method", "num_speculative_tokens", "evidence"];
-    if let Some(h) = cols.names().find(|h| !known.contains(h)) {
-        return Err(ObservedError::at(
-            path,
-            Some(1),
-            h,
-            format!("unknown column (known: {})", known.join(", ")),
-        ));
-    }
+    cols.only(&known)?;
     let (id, method, drafts, evidence) = (
         cols.need("id")?,
         cols.need("method")?,

@@ -426,6 +426,27 @@ pub struct DynamicKConfig {
     pub zero_at: Option<u32>,
 }
 
+impl SpeculativeConfig {
+    /// The model's own multi-token-prediction layers drafting `k` tokens a step, each
+    /// accepted with probability `acceptance` given the ones before it; every other key at
+    /// its default.
+    pub fn mtp(k: u32, acceptance: f64) -> Self {
+        SpeculativeConfig {
+            method: SpecMethod::Mtp,
+            k,
+            draft_model: None,
+            draft_config: None,
+            draft_tp: None,
+            self_draft_layers: None,
+            acceptance: Some(vec![acceptance]),
+            mean_acceptance_length: None,
+            min_n: one(),
+            max_n: default_max_n(),
+            dynamic_k: None,
+        }
+    }
+}
+
 fn default_spec_k() -> u32 {
     4
 }

@@ -403,19 +403,7 @@ fn mtp_settings(
     k: u32,
     acceptance: f64,
 ) {
-    cfg.speculative = Some(crate::scenario::SpeculativeConfig {
-        method: crate::scenario::SpecMethod::Mtp,
-        k,
-        draft_model: None,
-        draft_config: None,
-        draft_tp: None,
-        self_draft_layers: None,
-        acceptance: Some(vec![acceptance]),
-        mean_acceptance_length: None,
-        min_n: 1,
-        max_n: 4,
-        dynamic_k: None,
-    });
+    cfg.speculative = Some(crate::scenario::SpeculativeConfig::mtp(k, acceptance));
     let clients = row.concurrency.unwrap_or(1);
     match row.backend.as_str() {
         "trtllm" => {
