@@ -755,3 +755,50 @@ fn sglang_waves_queue_their_prefills() {
         );
     }
 }
+
+/// The engines' mixture-of-experts fits ship as calibration files: each sets the engine's
+/// grouped-GEMM efficiency on the GPUs it fitted, which a scenario of a mixture of experts
+/// on that GPU then runs with, records its five folds for `sim run`'s bands, and lists every
+/// row it held out.
+#[test]
+fn shipped_moe_engine_fits_set_each_gpus_expert_efficiency() {
+    for engine in ["sglang", "trtllm", "vllm"] {
+        let path = PathBuf::from(format!("calibration/observed-moe-{engine}.toml"));
+        let text = std::fs::read_to_string(&path).expect("shipped fit");
+        let table: toml::Table = toml::from_str(&text).expect("calibration file parses");
+        let record = sim::cost_model::calibration::uncertainty::FitRecord::from_file_table(&table)
+            .expect("valid [fit]")
+            .expect("[fit] present");
+        assert_eq!(record.folds.len(), 5, "{}", path.display());
+        let rows = std::fs::read_to_string(path.with_extension("rows.csv")).expect("rows file");
+        let fitted = text
+            .split(" mixture-of-experts rows of ")
+            .next()
+            .and_then(|h| h.rsplit(' ').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .expect("the header counts the rows");
+        assert_eq!(rows.lines().count(), fitted + 1, "{}", path.display());
+        let by_gpu = table["cost"].get("by_gpu").and_then(|v| v.as_table());
+        for (gpu, keys) in by_gpu.into_iter().flatten() {
+            let eff = keys["moe_gemm_eff"].as_float().expect("moe_gemm_eff");
+            let dir = tempfile::tempdir().expect("tempdir");
+            let scenario = dir.path().join("s.toml");
+            std::fs::write(
+                &scenario,
+                format!(
+                    "name = \"moe\"\n[model]\nname = \"gpt-oss-120b\"\n[hardware]\ngpu = \"{gpu}\"\ntp = 8\n[cost]\ncalibration = {:?}\n[workload]\nnum_requests = 4\narrival = {{ process = \"closed-loop\", concurrency = 4 }}\n[[workload.class]]\nname = \"fixed\"\nprompt = {{ dist = \"fixed\", value = 1024 }}\noutput = {{ dist = \"fixed\", value = 64 }}\n",
+                    std::path::absolute(&path).expect("path").display().to_string()
+                ),
+            )
+            .expect("write");
+            let scn = sim::scenario::Scenario::load(&scenario, None).expect("scenario");
+            let v = &scn.variants[0];
+            assert_eq!(
+                v.config.cost.on_gpu(gpu).moe_gemm_eff,
+                eff,
+                "{engine} {gpu}"
+            );
+            assert!(v.fit.is_some());
+        }
+    }
+}

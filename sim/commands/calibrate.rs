@@ -42,12 +42,13 @@ pub struct Args {
     pub gpu: Option<String>,
     /// Fit the fp8 and fp4 GEMM efficiencies (every engine's fp8 and NVFP4 rows of dense
     /// models), the mixture of experts' grouped-GEMM efficiency and eager prefill cost
-    /// (their rows), then each engine's step overhead, all-reduce latency, eager step floor
-    /// and per-request front-end cost to measured deployments (aiconfigurator's
-    /// silicon.csv), with k-fold held-out errors; writes `<out folder>/fp8-gemm.toml`,
-    /// `fp4-gemm.toml`, `moe-gemm.toml`, `moe-prefill.toml`, `observed-<engine>.toml` and
-    /// `observed-<engine>.rows.csv` (every row's held-out errors; default folder:
-    /// calibration/). A folder of engine runs that record the KV blocks the engine
+    /// (their rows), each engine's grouped-GEMM efficiency on each GPU (its mixture-of-experts
+    /// rows), then each engine's step overhead, all-reduce latency, eager step floor and
+    /// per-request front-end cost to measured deployments (aiconfigurator's silicon.csv),
+    /// with k-fold held-out errors; writes `<out folder>/fp8-gemm.toml`, `fp4-gemm.toml`,
+    /// `moe-gemm.toml`, `moe-prefill.toml`, `observed-moe-<engine>.toml`,
+    /// `observed-<engine>.toml` and their `.rows.csv` (every row's held-out errors; default
+    /// folder: calibration/). A folder of engine runs that record the KV blocks the engine
     /// allocated (LLMServingSim's) fits the memory plan's runtime reserve instead and writes
     /// `<out folder>/memory-reserve.toml`. One of each may be given.
     #[arg(long, num_args = 1..)]
@@ -56,7 +57,8 @@ pub struct Args {
     #[arg(long, default_value_t = 5)]
     pub folds: usize,
     /// With --observed measured deployments: fit only these stages (`fp8`, `fp4`, `moe`,
-    /// `moe-prefill`, `moe-layer`, `moe-skew`, `mtp-acceptance`, `engines`; default: all, in that order). A stage left out keeps its
+    /// `moe-prefill`, `moe-layer`, `moe-skew`, `mtp-acceptance`, `moe-engines`, `engines`; default:
+    /// all, in that order). A stage left out keeps its
     /// default.
     #[arg(long, value_delimiter = ',', value_enum)]
     pub only: Vec<Stage>,
@@ -79,6 +81,8 @@ pub enum Stage {
     MoeSkew,
     /// The acceptance of multi-token-prediction drafts (the rows measured with them).
     MtpAcceptance,
+    /// Each engine's grouped-GEMM efficiency on each GPU, on its mixture-of-experts rows.
+    MoeEngines,
     /// Each engine's step, all-reduce, eager-step and front-end costs.
     Engines,
 }
@@ -265,6 +269,21 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
         outln!(out, "wrote {}", file.display());
         if term == Term::Fp8 {
             fp8 = Some(f.value);
+        }
+    }
+    if wanted(Stage::MoeEngines) {
+        use sim::cost_model::calibration::moe_engines;
+        let fits = moe_engines::fit_moe_engines(&rows, args.folds, &prior)?;
+        out.push_str(&moe_engines::fit_table(&fits));
+        for f in &fits {
+            let file = dir.join(format!("observed-moe-{}.toml", f.engine));
+            let text = moe_engines::fit_toml(f, &path.display().to_string(), args.folds);
+            std::fs::write(&file, text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            outln!(out, "wrote {}", file.display());
+            let rows_file = dir.join(format!("observed-moe-{}.rows.csv", f.engine));
+            std::fs::write(&rows_file, moe_engines::fit_rows_csv(f)?)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", rows_file.display()))?;
+            outln!(out, "wrote {}", rows_file.display());
         }
     }
     if !wanted(Stage::Engines) {

@@ -63,6 +63,7 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         report.disagg = disagg;
         report.disagg_skipped = disagg_skipped;
         report.observed_fits = observed_fits(&data)?;
+        report.moe_engines_held_out = moe_engines_held_out(&data)?;
         let served = data.join("served-closed-loop.csv");
         if served.is_file() {
             report.served = Some(
@@ -257,6 +258,48 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
             f.display().to_string(),
             format!("{}. {}", values.join(", "), header.join(" ")),
         ));
+    }
+    Ok(out)
+}
+
+/// Every row's held-out `(TTFT, TPOT)` errors in the shipped
+/// `calibration/observed-moe-<engine>.rows.csv` files, all engines together.
+fn moe_engines_held_out(data: &std::path::Path) -> anyhow::Result<Vec<(f64, f64)>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(data)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", data.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("observed-moe-") && n.ends_with(".rows.csv"))
+        })
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        let mut r =
+            csv::Reader::from_path(&f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
+        let headers = r
+            .headers()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?
+            .clone();
+        let col = |name: &str| {
+            headers
+                .iter()
+                .position(|h| h == name)
+                .ok_or_else(|| anyhow::anyhow!("{}: no `{name}` column", f.display()))
+        };
+        let (t, p) = (col("ttft_error")?, col("tpot_error")?);
+        for (i, rec) in r.records().enumerate() {
+            let rec = rec.map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
+            let num = |c: usize| -> anyhow::Result<f64> {
+                rec.get(c).unwrap_or("").parse().map_err(|_| {
+                    anyhow::anyhow!("{}: line {}: expected a number", f.display(), i + 2)
+                })
+            };
+            out.push((num(t)?, num(p)?));
+        }
     }
     Ok(out)
 }

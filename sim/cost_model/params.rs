@@ -28,6 +28,9 @@ pub struct GpuCost {
     /// `allreduce_eff` on this GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allreduce_eff: Option<f64>,
+    /// `moe_gemm_eff` on this GPU (an engine's own expert kernels there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_gemm_eff: Option<f64>,
 }
 
 impl GpuCost {
@@ -38,6 +41,7 @@ impl GpuCost {
             ("fp8_compute_eff", self.fp8_compute_eff),
             ("fp4_compute_eff", self.fp4_compute_eff),
             ("allreduce_eff", self.allreduce_eff),
+            ("moe_gemm_eff", self.moe_gemm_eff),
         ]
         .into_iter()
         .filter_map(|(k, v)| v.map(|v| (k, v)))
@@ -250,6 +254,9 @@ impl CostParams {
             }
             if o.allreduce_eff.is_some() {
                 p.allreduce_eff = o.allreduce_eff;
+            }
+            if let Some(e) = o.moe_gemm_eff {
+                p.moe_gemm_eff = e;
             }
         }
         p

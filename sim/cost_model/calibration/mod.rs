@@ -22,6 +22,7 @@ use crate::catalog::{find_gpu, Dtype};
 
 pub mod efficiency;
 pub mod memory;
+pub mod moe_engines;
 pub mod observed;
 pub mod served;
 pub mod splitwise;

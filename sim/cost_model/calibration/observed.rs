@@ -283,7 +283,7 @@ fn pass(
 
 /// [`pass`], with the ids and GPUs of the rows simulated (the same rows, in the same order,
 /// under every candidate: the terms fitted here do not change what fits in memory).
-fn pass_with_ids(
+pub(super) fn pass_with_ids(
     rows: &[AggregateRow],
     cost: &(dyn Fn(&str) -> EngineCost + Sync),
 ) -> Result<(Vec<String>, Vec<&'static str>, Errors), crate::SimError> {
@@ -303,7 +303,7 @@ fn pass_with_ids(
 /// move (rows without fp8 weights do not feel an fp8 efficiency, nor rows at TP 1 an
 /// all-reduce's); 0 (the default) where no row moves. Returns the choice per GPU (`gpus`'
 /// distinct names, sorted) and every row's errors under its GPU's choice.
-fn per_gpu(
+pub(super) fn per_gpu(
     by_fp8: &[Errors],
     gpus: &[&'static str],
     train: &[usize],
@@ -334,7 +334,11 @@ fn per_gpu(
 
 /// Every row's errors under its GPU's candidate in `choice` (0 for a GPU not named): what
 /// one pass with those per-GPU candidates gives, since a row feels only its own GPU's.
-fn under(by: &[Errors], choice: &[(&'static str, usize)], gpus: &[&'static str]) -> Errors {
+pub(super) fn under(
+    by: &[Errors],
+    choice: &[(&'static str, usize)],
+    gpus: &[&'static str],
+) -> Errors {
     let of = |g: &str| choice.iter().find(|(n, _)| *n == g).map_or(0, |c| c.1);
     (0..gpus.len()).map(|i| by[of(gpus[i])][i]).collect()
 }
@@ -607,10 +611,7 @@ pub fn fit_engine_costs(
 
 /// The calibration file of one engine's fit.
 pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
-    let framework = toml::Value::try_from(silicon::engine_framework(&fit.engine))
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default();
+    let framework = framework_name(&fit.engine);
     let folds_text: Vec<String> = fit.fold_fits.iter().map(FoldFit::describe).collect();
     // The header's line break sits before the last key, as the shipped files have it.
     let engine_keys = silicon::engine_keys(&fit.engine).replacen(
@@ -654,9 +655,28 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
 /// relative errors, in the rows' order), so a user sees which of the engine's deployments
 /// the fit misses.
 pub fn fit_rows_csv(fit: &EngineFit) -> Result<String, crate::SimError> {
+    held_out_csv(
+        &format!("observed-{}.rows.csv", fit.engine),
+        &fit.ids,
+        &fit.held_out_rows,
+        (&fit.held_out_ttft, &fit.held_out_tpot),
+        (&fit.baseline_ttft, &fit.baseline_tpot),
+    )
+}
+
+/// Rows' held-out errors as CSV (`id,fold,ttft_error,tpot_error,default_ttft_error,
+/// default_tpot_error`), sorted by row: `rows[k] = (row index, fold)` of the `k`-th held-out
+/// `(TTFT, TPOT)` error, `baseline` by row index; `name` names the file in errors.
+pub(super) fn held_out_csv(
+    name: &str,
+    ids: &[String],
+    rows: &[(usize, usize)],
+    (ttft, tpot): (&[f64], &[f64]),
+    (base_ttft, base_tpot): (&[f64], &[f64]),
+) -> Result<String, crate::SimError> {
     let mut w = csv::Writer::from_writer(Vec::new());
     let io = |e: String| crate::SimError::Io {
-        path: format!("observed-{}.rows.csv", fit.engine),
+        path: name.to_string(),
         source: std::io::Error::other(e),
     };
     w.write_record([
@@ -668,17 +688,17 @@ pub fn fit_rows_csv(fit: &EngineFit) -> Result<String, crate::SimError> {
         "default_tpot_error",
     ])
     .map_err(|e| io(e.to_string()))?;
-    let mut order: Vec<usize> = (0..fit.held_out_rows.len()).collect();
-    order.sort_by_key(|&k| fit.held_out_rows[k].0);
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by_key(|&k| rows[k].0);
     for k in order {
-        let (i, fold) = fit.held_out_rows[k];
+        let (i, fold) = rows[k];
         w.write_record([
-            fit.ids[i].clone(),
+            ids[i].clone(),
             fold.to_string(),
-            format!("{:.4}", fit.held_out_ttft[k]),
-            format!("{:.4}", fit.held_out_tpot[k]),
-            format!("{:.4}", fit.baseline_ttft[i]),
-            format!("{:.4}", fit.baseline_tpot[i]),
+            format!("{:.4}", ttft[k]),
+            format!("{:.4}", tpot[k]),
+            format!("{:.4}", base_ttft[i]),
+            format!("{:.4}", base_tpot[i]),
         ])
         .map_err(|e| io(e.to_string()))?;
     }
@@ -690,6 +710,21 @@ pub fn fit_rows_csv(fit: &EngineFit) -> Result<String, crate::SimError> {
 /// run` and `sim plan` draw their bands
 /// ([`FitRecord`](super::uncertainty::FitRecord)).
 fn fit_section(fit: &EngineFit, source: &str, folds: usize) -> String {
+    let folds_list: Vec<String> = fit.fold_fits.iter().map(FoldFit::inline_table).collect();
+    fit_record_toml(
+        &format!(
+            "sim calibrate --observed {source}: step overhead, all-reduce latency, eager step floor, fp8 GEMM efficiency and front-end cost of {}, {folds}-fold on {} rows",
+            fit.engine, fit.rows
+        ),
+        &folds_list,
+        &fit.held_out_ttft,
+        &fit.held_out_tpot,
+    )
+}
+
+/// A `[fit]` table: what was fitted (`what`), each fold's `[cost]` keys as an inline table,
+/// and the held-out signed errors' central 50% and 90% intervals.
+pub(super) fn fit_record_toml(what: &str, folds: &[String], ttft: &[f64], tpot: &[f64]) -> String {
     let interval = |v: &[f64], lo: f64, hi: f64| {
         format!(
             "[{:.4}, {:.4}]",
@@ -697,25 +732,26 @@ fn fit_section(fit: &EngineFit, source: &str, folds: usize) -> String {
             analysis::percentile(v, hi)
         )
     };
-    let folds_list: Vec<String> = fit
-        .fold_fits
-        .iter()
-        .map(|f| format!("  {},", f.inline_table()))
-        .collect();
-    let what = toml::Value::String(format!(
-        "sim calibrate --observed {source}: step overhead, all-reduce latency, eager step floor, fp8 GEMM efficiency and front-end cost of {}, {folds}-fold on {} rows",
-        fit.engine, fit.rows
-    ));
+    let folds_list: Vec<String> = folds.iter().map(|f| format!("  {f},")).collect();
     format!(
         "\n# Each fold's fit, and the held-out signed error's central 50% and 90% intervals.\n\
-         [fit]\nsource = {what}\nfolds = [\n{}\n]\n\
+         [fit]\nsource = {}\nfolds = [\n{}\n]\n\
          ttft_error_50 = {}\nttft_error_90 = {}\ntpot_error_50 = {}\ntpot_error_90 = {}\n",
+        toml::Value::String(what.to_string()),
         folds_list.join("\n"),
-        interval(&fit.held_out_ttft, 25.0, 75.0),
-        interval(&fit.held_out_ttft, 5.0, 95.0),
-        interval(&fit.held_out_tpot, 25.0, 75.0),
-        interval(&fit.held_out_tpot, 5.0, 95.0),
+        interval(ttft, 25.0, 75.0),
+        interval(ttft, 5.0, 95.0),
+        interval(tpot, 25.0, 75.0),
+        interval(tpot, 5.0, 95.0),
     )
+}
+
+/// The `[cost] framework` name of an engine's serving framework.
+pub(super) fn framework_name(engine: &str) -> String {
+    toml::Value::try_from(silicon::engine_framework(engine))
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 /// The fits as a table (held-out errors in percent).

@@ -139,6 +139,26 @@ pub struct Planned {
 pub(crate) const REPEATED: &str =
     "the same measurement as an earlier row (InferenceX's dumps overlap; counted once)";
 
+/// Why an InferenceX GB200 row labelled `agg` is not simulated.
+pub(crate) const MULTINODE: &str = "an InferenceX GB200 run labelled agg: a multi-node disaggregated deployment, tp_size its GPU count (pools not recorded)";
+
+/// The GPUs of one GB200 compute tray: an aggregated engine of InferenceX's runs spans no
+/// more.
+const GB200_TRAY_GPUS: u32 = 4;
+
+/// Whether a row is one of InferenceX's GB200 runs recorded as aggregated with more GPUs
+/// than a tray holds. InferenceX ran GB200 only through Dynamo's multi-node disaggregated
+/// launcher then (`runners/launch_gb200-nv.sh`, "launches multi-node benchmarks", for
+/// Dynamo with TensorRT-LLM and with SGLang); its 2026-04-06 dump labels 44 DeepSeek-R1
+/// runs of 2025-11 (27 TensorRT-LLM, 17 SGLang) `agg` with the deployment's GPU count, 20
+/// to 72, as `tp_size`, and does not record the pools.
+pub(crate) fn is_mislabelled_multinode(row: &AggregateRow) -> bool {
+    row.mode == "agg"
+        && row.client == BenchClient::InferenceX
+        && row.system.starts_with("gb200")
+        && row.tp.unwrap_or(1) > GB200_TRAY_GPUS
+}
+
 /// What a row resolves to, or why it is not simulated.
 fn plan(row: &AggregateRow) -> Result<Planned, String> {
     if row.mode != "agg" {
@@ -146,6 +166,9 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
     }
     if row.repeats.is_some() {
         return Err(REPEATED.into());
+    }
+    if is_mislabelled_multinode(row) {
+        return Err(MULTINODE.into());
     }
     if row.pp.unwrap_or(1) > 1 {
         return Err("pipeline parallelism".into());
@@ -793,6 +816,38 @@ mod tests {
         let cfg = settings(&adp.id);
         assert_eq!(cfg.engine.adp_balance_timeout_iters, 60, "{}", adp.id);
         assert_eq!(cfg.engine.recv_interval, 0);
+    }
+
+    /// InferenceX's GB200 rows labelled agg are the 44 multi-node disaggregated runs, all
+    /// skipped with that reason; no other aggregated row is.
+    #[test]
+    fn inferencex_gb200_multinode_rows_are_skipped_as_such() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("calibration/serving/aiconfigurator/silicon.csv");
+        let rows = crate::observed::silicon::read(&path).expect("silicon.csv");
+        let flagged: Vec<_> = rows
+            .iter()
+            .filter(|r| super::is_mislabelled_multinode(r))
+            .collect();
+        assert_eq!(flagged.len(), 44);
+        let trt = flagged.iter().filter(|r| r.backend == "trtllm").count();
+        assert_eq!((trt, flagged.len() - trt), (27, 17));
+        for r in &flagged {
+            assert!(
+                r.id.starts_with("2026_04_06_deepseek_r1_gb200_"),
+                "{}",
+                r.id
+            );
+            assert!(r.tp.is_some_and(|tp| tp >= 20), "{}", r.id);
+            if r.repeats.is_none() {
+                assert_eq!(super::plan(r).unwrap_err(), super::MULTINODE, "{}", r.id);
+            }
+        }
+        // GB200 rows of aiconfigurator's own runs (aiperf) are single-node engines.
+        assert!(rows.iter().any(|r| r.system.starts_with("gb200")
+            && r.mode == "agg"
+            && !super::is_mislabelled_multinode(r)
+            && super::plan(r).is_ok()));
     }
 
     #[test]
