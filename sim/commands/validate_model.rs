@@ -202,25 +202,20 @@ fn write_silicon_csv<'a>(
 /// The shipped `calibration/observed-<engine>.toml` fits, each with its header comment
 /// joined into one line.
 fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(data)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", data.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                (n.starts_with("observed-") && n.ends_with(".toml"))
-                    || n == "fp8-gemm.toml"
-                    || n == "fp4-gemm.toml"
-                    || n == "moe-gemm.toml"
-                    || n == "moe-prefill.toml"
-                    || n == "moe-layer.toml"
-                    || n == "moe-skew.toml"
-                    || n == "mtp-acceptance.toml"
-                    || n == "memory-reserve.toml"
-            })
-        })
-        .collect();
-    files.sort();
+    let files = files_in(data, |n| {
+        (n.starts_with("observed-") && n.ends_with(".toml"))
+            || [
+                "fp8-gemm.toml",
+                "fp4-gemm.toml",
+                "moe-gemm.toml",
+                "moe-prefill.toml",
+                "moe-layer.toml",
+                "moe-skew.toml",
+                "mtp-acceptance.toml",
+                "memory-reserve.toml",
+            ]
+            .contains(&n)
+    })?;
     let mut out = Vec::new();
     for f in files {
         let text =
@@ -265,17 +260,9 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
 /// Every row's held-out `(TTFT, TPOT)` errors in the shipped
 /// `calibration/observed-moe-<engine>.rows.csv` files, all engines together.
 fn moe_engines_held_out(data: &std::path::Path) -> anyhow::Result<Vec<(f64, f64)>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(data)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", data.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("observed-moe-") && n.ends_with(".rows.csv"))
-        })
-        .collect();
-    files.sort();
+    let files = files_in(data, |n| {
+        n.starts_with("observed-moe-") && n.ends_with(".rows.csv")
+    })?;
     let mut out = Vec::new();
     for f in files {
         let mut r =
@@ -302,4 +289,16 @@ fn moe_engines_held_out(data: &std::path::Path) -> anyhow::Result<Vec<(f64, f64)
         }
     }
     Ok(out)
+}
+
+/// The files of `data` whose names `keep` takes, sorted.
+fn files_in(data: &std::path::Path, keep: impl Fn(&str) -> bool) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(data)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", data.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(&keep))
+        .collect();
+    files.sort();
+    Ok(files)
 }
