@@ -757,11 +757,11 @@ fn sglang_waves_queue_their_prefills() {
 }
 
 /// The engines' mixture-of-experts fits ship as calibration files: each sets the engine's
-/// grouped-GEMM efficiency on the GPUs it fitted, which a scenario of a mixture of experts
+/// grouped-GEMM efficiency and prefill floor on the GPUs it fitted, which a scenario of a mixture of experts
 /// on that GPU then runs with, records its five folds for `sim run`'s bands, and lists every
 /// row it held out.
 #[test]
-fn shipped_moe_engine_fits_set_each_gpus_expert_efficiency() {
+fn shipped_moe_engine_fits_set_each_gpus_expert_kernels() {
     for engine in ["sglang", "trtllm", "vllm"] {
         let path = PathBuf::from(format!("calibration/observed-moe-{engine}.toml"));
         let text = std::fs::read_to_string(&path).expect("shipped fit");
@@ -780,7 +780,9 @@ fn shipped_moe_engine_fits_set_each_gpus_expert_efficiency() {
         assert_eq!(rows.lines().count(), fitted + 1, "{}", path.display());
         let by_gpu = table["cost"].get("by_gpu").and_then(|v| v.as_table());
         for (gpu, keys) in by_gpu.into_iter().flatten() {
-            let eff = keys["moe_gemm_eff"].as_float().expect("moe_gemm_eff");
+            let eff = keys.get("moe_gemm_eff").and_then(|v| v.as_float());
+            let floor = keys.get("moe_prefill_expert_us").and_then(|v| v.as_float());
+            assert!(eff.is_some() || floor.is_some(), "{engine} {gpu}: no key");
             let dir = tempfile::tempdir().expect("tempdir");
             let scenario = dir.path().join("s.toml");
             std::fs::write(
@@ -793,9 +795,16 @@ fn shipped_moe_engine_fits_set_each_gpus_expert_efficiency() {
             .expect("write");
             let scn = sim::scenario::Scenario::load(&scenario, None).expect("scenario");
             let v = &scn.variants[0];
+            let there = v.config.cost.on_gpu(gpu);
+            let shared = sim::cost_model::CostParams::default();
             assert_eq!(
-                v.config.cost.on_gpu(gpu).moe_gemm_eff,
-                eff,
+                there.moe_gemm_eff,
+                eff.unwrap_or(shared.moe_gemm_eff),
+                "{engine} {gpu}"
+            );
+            assert_eq!(
+                there.moe_prefill_expert_us,
+                floor.unwrap_or(shared.moe_prefill_expert_us),
                 "{engine} {gpu}"
             );
             assert!(v.fit.is_some());

@@ -1465,4 +1465,21 @@ fn efficiencies_scoped_to_a_gpu_apply_on_that_gpu_only() {
     assert!(bad("z100", 0.5, None).contains("cost.by_gpu.z100"));
     assert!(bad("b200", 1.5, None).contains("cost.by_gpu.b200.fp8_compute_eff"));
     assert!(bad("b200", 0.5, Some("hgx-b200")).contains("given twice"));
+    // A GPU's prefill floor is microseconds, not an efficiency: 18 is taken, a negative
+    // one refused with the key.
+    let floor = |us: f64| {
+        let mut p = CostParams::default();
+        p.by_gpu.insert(
+            "h200".to_string(),
+            sim::cost_model::GpuCost {
+                moe_prefill_expert_us: Some(us),
+                ..Default::default()
+            },
+        );
+        p.validate()
+    };
+    floor(18.0).expect("a floor in microseconds");
+    assert!(floor(-1.0)
+        .expect_err("refused")
+        .contains("cost.by_gpu.h200.moe_prefill_expert_us"));
 }

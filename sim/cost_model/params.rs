@@ -31,10 +31,14 @@ pub struct GpuCost {
     /// `moe_gemm_eff` on this GPU (an engine's own expert kernels there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe_gemm_eff: Option<f64>,
+    /// `moe_prefill_expert_us` on this GPU (an engine's own expert kernels' floor in a
+    /// prefill there), microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_prefill_expert_us: Option<f64>,
 }
 
 impl GpuCost {
-    /// The keys it sets, with their values (`("fp8_compute_eff", 0.5)`).
+    /// The efficiencies it sets, with their values (`("fp8_compute_eff", 0.5)`).
     fn keys(&self) -> impl Iterator<Item = (&'static str, f64)> {
         [
             ("gemm_compute_eff", self.gemm_compute_eff),
@@ -258,6 +262,9 @@ impl CostParams {
             if let Some(e) = o.moe_gemm_eff {
                 p.moe_gemm_eff = e;
             }
+            if let Some(us) = o.moe_prefill_expert_us {
+                p.moe_prefill_expert_us = us;
+            }
         }
         p
     }
@@ -330,6 +337,13 @@ impl CostParams {
                 if !(v > 0.0 && v <= 1.0) {
                     return Err(format!(
                         "cost.by_gpu.{name}.{k}: must be in (0, 1], got {v}"
+                    ));
+                }
+            }
+            if let Some(us) = o.moe_prefill_expert_us {
+                if !(us.is_finite() && us >= 0.0) {
+                    return Err(format!(
+                        "cost.by_gpu.{name}.moe_prefill_expert_us: must be a finite number of microseconds >= 0, got {us}"
                     ));
                 }
             }

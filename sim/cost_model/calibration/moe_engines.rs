@@ -1,16 +1,19 @@
 //! Each engine's own mixture-of-experts kernels (part of `sim calibrate --observed`, stage
 //! `moe-engines`): the grouped-GEMM efficiency it reaches on each GPU
-//! (`[cost.by_gpu.<gpu>] moe_gemm_eff`), fitted per engine to its mixture-of-experts rows
-//! with the shared MoE terms (`moe-*.toml`, the defaults) in place.
+//! (`[cost.by_gpu.<gpu>] moe_gemm_eff`) and its fixed cost per expert and MoE layer of a
+//! step that prefills there (`moe_prefill_expert_us`), fitted per engine to its
+//! mixture-of-experts rows with the shared MoE terms (`moe-*.toml`, the defaults) in place.
 //!
-//! The shared `cost.moe_gemm_eff` is one value over every engine's rows, but the engines run
+//! The shared terms are one value each over every engine's rows, but the engines run
 //! different expert kernels: vLLM's block-fp8 Triton MoE on Hoppers streams Qwen3-235B's
 //! experts at a fraction of what TensorRT-LLM's do, vLLM's Marlin MXFP4 MoE runs gpt-oss
-//! faster than the shared fit prices it. Per engine, every MoE row is simulated under each
-//! candidate (one candidate applies to every GPU in a pass; a row feels only its own GPU's,
-//! so per-GPU choices come from the same passes); per fold each GPU takes the candidate with
-//! the smallest sum of the median absolute TTFT and TPOT errors on its rows of the other
-//! folds, and the held-out fold's errors under those choices are kept.
+//! faster than the shared fit prices it, and the per-expert work of a prefill's grouped
+//! GEMMs (tile scheduling, scales, launches outside the CUDA graphs) differs from kernel
+//! to kernel. Per engine, every MoE row is simulated under each candidate pair (one pair
+//! applies to every GPU in a pass; a row feels only its own GPU's, so per-GPU choices come
+//! from the same passes); per fold each GPU takes the pair with the smallest sum of the
+//! median absolute TTFT and TPOT errors on its rows of the other folds, and the held-out
+//! fold's errors under those choices are kept.
 //!
 //! In: aiconfigurator's rows; out: a [`MoeEngineFit`] per engine, written as
 //! `observed-moe-<engine>.toml` (a scenario's `cost.calibration` for a mixture of experts
@@ -28,8 +31,33 @@ use crate::cost_model::validation::silicon::{self, EngineCost};
 use crate::observed::silicon::AggregateRow;
 
 /// The grouped-GEMM efficiencies tried on each GPU (`None`: the shared fit's, the prior's).
-pub const CANDIDATES: [Option<f64>; 5] = [None, Some(0.3), Some(0.45), Some(0.8), Some(1.0)];
-const _: () = assert!(CANDIDATES[0].is_none());
+pub const GEMM_CANDIDATES: [Option<f64>; 5] = [None, Some(0.3), Some(0.45), Some(0.8), Some(1.0)];
+
+/// The prefill floors per expert and MoE layer tried on each GPU, microseconds (`None`: the
+/// shared fit's).
+pub const PREFILL_CANDIDATES: [Option<f64>; 4] = [None, Some(4.0), Some(12.0), Some(18.0)];
+
+/// Candidate `c` as `(moe_gemm_eff, moe_prefill_expert_us)`: every pair of the two lists,
+/// the shared pair first.
+fn candidate(c: usize) -> (Option<f64>, Option<f64>) {
+    (
+        GEMM_CANDIDATES[c % GEMM_CANDIDATES.len()],
+        PREFILL_CANDIDATES[c / GEMM_CANDIDATES.len()],
+    )
+}
+
+/// How many candidates each GPU chooses from.
+const CANDIDATES: usize = GEMM_CANDIDATES.len() * PREFILL_CANDIDATES.len();
+const _: () = assert!(GEMM_CANDIDATES[0].is_none() && PREFILL_CANDIDATES[0].is_none());
+
+/// What one GPU's fit departs from the shared terms by.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeKernels {
+    /// `moe_gemm_eff` there (`None`: the shared value).
+    pub gemm_eff: Option<f64>,
+    /// `moe_prefill_expert_us` there (`None`: the shared value).
+    pub prefill_expert_us: Option<f64>,
+}
 
 /// One engine's fit.
 #[derive(Debug, Clone)]
@@ -38,12 +66,12 @@ pub struct MoeEngineFit {
     pub engine: String,
     /// Rows fitted.
     pub rows: usize,
-    /// The shared grouped-GEMM efficiency the candidates replace.
-    pub shared: f64,
-    /// `(GPU, moe_gemm_eff)` fitted on every row, where it departs from the shared value.
-    pub by_gpu: Vec<(&'static str, f64)>,
-    /// Each fold's `(GPU, moe_gemm_eff)`.
-    pub fold_fits: Vec<Vec<(&'static str, f64)>>,
+    /// The shared `(moe_gemm_eff, moe_prefill_expert_us)` the candidates replace.
+    pub shared: (f64, f64),
+    /// Each GPU's terms fitted on every row, where they depart from the shared values.
+    pub by_gpu: Vec<(&'static str, MoeKernels)>,
+    /// Each fold's choices.
+    pub fold_fits: Vec<Vec<(&'static str, MoeKernels)>>,
     /// Held-out signed TTFT errors (one per row).
     pub held_out_ttft: Vec<f64>,
     /// Held-out signed TPOT errors (one per row).
@@ -58,11 +86,21 @@ pub struct MoeEngineFit {
     pub ids: Vec<String>,
 }
 
-/// The non-default choices as `(GPU, value)`.
-fn values(choice: &[(&'static str, usize)]) -> Vec<(&'static str, f64)> {
+/// The non-default choices as `(GPU, terms)`.
+fn values(choice: &[(&'static str, usize)]) -> Vec<(&'static str, MoeKernels)> {
     choice
         .iter()
-        .filter_map(|&(g, c)| CANDIDATES[c].map(|e| (g, e)))
+        .filter(|&&(_, c)| c != 0)
+        .map(|&(g, c)| {
+            let (gemm_eff, prefill_expert_us) = candidate(c);
+            (
+                g,
+                MoeKernels {
+                    gemm_eff,
+                    prefill_expert_us,
+                },
+            )
+        })
         .collect()
 }
 
@@ -81,9 +119,13 @@ pub fn fit_moe_engines(
         .collect();
     engines.sort();
     engines.dedup();
-    let shared = prior
-        .moe_gemm_eff
-        .unwrap_or(crate::cost_model::CostParams::default().moe_gemm_eff);
+    let defaults = crate::cost_model::CostParams::default();
+    let shared = (
+        prior.moe_gemm_eff.unwrap_or(defaults.moe_gemm_eff),
+        prior
+            .moe_prefill_expert_us
+            .unwrap_or(defaults.moe_prefill_expert_us),
+    );
     let mut fits = Vec::new();
     for engine in engines {
         let mine: Vec<AggregateRow> = rows
@@ -95,9 +137,11 @@ pub fn fit_moe_engines(
         // (the efficiency does not change what fits in memory, so all of them), in the
         // first pass's order.
         let mut passes = Vec::new();
-        for eff in CANDIDATES {
+        for c in 0..CANDIDATES {
+            let (eff, us) = candidate(c);
             passes.push(pass_with_ids(&mine, &|_| EngineCost {
                 moe_gemm_eff: eff.or(prior.moe_gemm_eff),
+                moe_prefill_expert_us: us.or(prior.moe_prefill_expert_us),
                 ..*prior
             })?);
         }
@@ -157,19 +201,40 @@ pub fn fit_moe_engines(
     Ok(fits)
 }
 
-/// `b200 0.80, h200 0.45` (or `shared 0.6 everywhere`).
-fn describe(v: &[(&'static str, f64)], shared: f64) -> String {
+/// `b200 0.80 / 12 us, h200 0.45` (or `shared 0.6 / 8 us everywhere`): each GPU's efficiency, then its
+/// prefill floor where that departs.
+fn describe(v: &[(&'static str, MoeKernels)], shared: (f64, f64)) -> String {
     if v.is_empty() {
-        return format!("shared {shared} everywhere");
+        return format!("shared {} / {} us everywhere", shared.0, shared.1);
     }
     v.iter()
-        .map(|(g, e)| format!("{g} {e:.2}"))
+        .map(|(g, k)| {
+            let eff = k
+                .gemm_eff
+                .map_or_else(|| "-".to_string(), |e| format!("{e:.2}"));
+            match k.prefill_expert_us {
+                Some(us) => format!("{g} {eff} / {us} us"),
+                None => format!("{g} {eff}"),
+            }
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
 
-/// The calibration file of one engine's fit: `[cost.by_gpu.<gpu>] moe_gemm_eff` and the
-/// `[fit]` table.
+/// A GPU's keys as TOML `key = value` pairs.
+fn keys(k: &MoeKernels) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(e) = k.gemm_eff {
+        out.push(format!("moe_gemm_eff = {e:.2}"));
+    }
+    if let Some(us) = k.prefill_expert_us {
+        out.push(format!("moe_prefill_expert_us = {us:.1}"));
+    }
+    out
+}
+
+/// The calibration file of one engine's fit: `[cost.by_gpu.<gpu>] moe_gemm_eff` and
+/// `moe_prefill_expert_us`, and the `[fit]` table.
 pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
     let folds_text: Vec<String> = fit
         .fold_fits
@@ -178,14 +243,16 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
         .collect();
     let framework = framework_name(&fit.engine);
     let mut text = format!(
-        "# {engine}: the grouped-GEMM efficiency of its mixture-of-experts kernels on each GPU, fitted by\n\
-         # `sim calibrate --observed {source}` to {rows} mixture-of-experts rows of {engine} (aiconfigurator\n\
-         # silicon.csv) with the shared MoE terms (moe-*.toml, the defaults) in place. {folds}-fold held-out: TTFT median |err| {t:.1}%,\n\
-         # p90 {t90:.1}% (shared: {bt:.1}%), TPOT median |err| {p:.1}%, p90 {p90:.1}% (shared: {bp:.1}%); the folds' fits: {ff}.\n\
+        "# {engine}: the grouped-GEMM efficiency of its mixture-of-experts kernels and their fixed cost per expert\n\
+         # and MoE layer of a prefill on each GPU, fitted by `sim calibrate --observed {source}`\n\
+         # to {rows} mixture-of-experts rows of {engine} (aiconfigurator silicon.csv) with the shared MoE terms (moe-*.toml,\n\
+         # the defaults) in place. {folds}-fold held-out: TTFT median |err| {t:.1}%, p90 {t90:.1}% (shared: {bt:.1}%),\n\
+         # TPOT median |err| {p:.1}%, p90 {p90:.1}% (shared: {bp:.1}%); the folds' fits (efficiency / floor): {ff}.\n\
          # Held out of this fit only: the shared terms under it were fitted to every engine's rows, these included.\n\
          # For a mixture of experts served by {engine}: `cost.calibration` = this file (not with observed-{engine}.toml,\n\
          # whose terms were fitted to dense models and not used here). GPUs not listed keep the shared\n\
-         # `moe_gemm_eff` ({shared}). Fitted under the engine's serving defaults (`sim validate-model`): [engine] {keys}.\n\
+         # `moe_gemm_eff` ({eff}) and `moe_prefill_expert_us` ({us}). Fitted under the engine's serving defaults\n\
+         # (`sim validate-model`): [engine] {keys}.\n\
          [cost]\nframework = \"{framework}\"\n",
         keys = silicon::engine_keys(&fit.engine),
         engine = fit.engine,
@@ -197,22 +264,27 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
         p90 = 100.0 * p90_abs(&fit.held_out_tpot),
         bp = 100.0 * median_abs(&fit.baseline_tpot),
         ff = folds_text.join(" / "),
-        shared = fit.shared,
+        eff = fit.shared.0,
+        us = fit.shared.1,
     );
-    let table = |v: &[(&'static str, f64)]| -> String {
+    let table = |v: &[(&'static str, MoeKernels)]| -> String {
         let entries: Vec<String> = v
             .iter()
-            .map(|(g, e)| format!("{g} = {{ moe_gemm_eff = {e:.2} }}"))
+            .map(|(g, k)| format!("{g} = {{ {} }}", keys(k).join(", ")))
             .collect();
         format!("{{ by_gpu = {{ {} }} }}", entries.join(", "))
     };
-    for (g, e) in &fit.by_gpu {
-        text.push_str(&format!("[cost.by_gpu.{g}]\nmoe_gemm_eff = {e:.2}\n"));
+    for (g, k) in &fit.by_gpu {
+        text.push_str(&format!("[cost.by_gpu.{g}]\n"));
+        for line in keys(k) {
+            text.push_str(&line);
+            text.push('\n');
+        }
     }
     let folds_list: Vec<String> = fit.fold_fits.iter().map(|f| table(f)).collect();
     text.push_str(&fit_record_toml(
         &format!(
-            "sim calibrate --observed {source}: grouped-GEMM efficiency per GPU of {}, {folds}-fold on {} mixture-of-experts rows",
+            "sim calibrate --observed {source}: grouped-GEMM efficiency and prefill floor per GPU of {}, {folds}-fold on {} mixture-of-experts rows",
             fit.engine, fit.rows
         ),
         &folds_list,
@@ -236,7 +308,7 @@ pub fn fit_rows_csv(fit: &MoeEngineFit) -> Result<String, crate::SimError> {
 /// The fits as a table, with every engine's rows together (held-out errors in percent).
 pub fn fit_table(fits: &[MoeEngineFit]) -> String {
     let mut s = String::from(
-        "engine   rows  moe_gemm_eff by GPU                  TTFT |err| held out p50 / p90 (shared p50)   TPOT |err| held out p50 / p90 (shared p50)\n",
+        "engine   rows  moe_gemm_eff / prefill by GPU        TTFT |err| held out p50 / p90 (shared p50)   TPOT |err| held out p50 / p90 (shared p50)\n",
     );
     let mut all = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut line = |name: &str,
@@ -279,7 +351,7 @@ pub fn fit_table(fits: &[MoeEngineFit]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{describe, fit_toml, MoeEngineFit};
+    use super::{candidate, describe, fit_toml, MoeEngineFit, MoeKernels, CANDIDATES};
 
     /// The file a fit writes is a calibration file a scenario reads: its `[cost]` and
     /// `[fit]` tables parse, and each GPU's efficiency lands under `by_gpu`.
@@ -288,9 +360,40 @@ mod tests {
         let fit = MoeEngineFit {
             engine: "vllm".into(),
             rows: 4,
-            shared: 0.6,
-            by_gpu: vec![("h100-sxm", 1.0), ("h200", 0.45)],
-            fold_fits: vec![vec![("h200", 0.45)], vec![]],
+            shared: (0.6, 8.0),
+            by_gpu: vec![
+                (
+                    "h100-sxm",
+                    MoeKernels {
+                        gemm_eff: Some(1.0),
+                        prefill_expert_us: None,
+                    },
+                ),
+                (
+                    "h200",
+                    MoeKernels {
+                        gemm_eff: Some(0.45),
+                        prefill_expert_us: Some(12.0),
+                    },
+                ),
+                (
+                    "b200",
+                    MoeKernels {
+                        gemm_eff: None,
+                        prefill_expert_us: Some(4.0),
+                    },
+                ),
+            ],
+            fold_fits: vec![
+                vec![(
+                    "h200",
+                    MoeKernels {
+                        gemm_eff: Some(0.45),
+                        prefill_expert_us: Some(12.0),
+                    },
+                )],
+                vec![],
+            ],
             held_out_ttft: vec![0.1, -0.2, 0.05, 0.3],
             held_out_tpot: vec![0.02, -0.1, 0.04, 0.0],
             held_out_rows: vec![(0, 0), (1, 0), (2, 1), (3, 1)],
@@ -304,14 +407,37 @@ mod tests {
             toml::Value::Table(table["cost"].as_table().unwrap().clone())
                 .try_into()
                 .expect("[cost]");
+        cost.validate().expect("valid");
         assert_eq!(cost.on_gpu("h200").moe_gemm_eff, 0.45);
+        assert_eq!(cost.on_gpu("h200").moe_prefill_expert_us, 12.0);
         assert_eq!(cost.on_gpu("h100-sxm").moe_gemm_eff, 1.0);
+        assert_eq!(
+            cost.on_gpu("h100-sxm").moe_prefill_expert_us,
+            cost.moe_prefill_expert_us
+        );
         assert_eq!(cost.on_gpu("b200").moe_gemm_eff, cost.moe_gemm_eff);
+        assert_eq!(cost.on_gpu("b200").moe_prefill_expert_us, 4.0);
+        assert_eq!(cost.on_gpu("gb200").moe_gemm_eff, cost.moe_gemm_eff);
         let record =
             crate::cost_model::calibration::uncertainty::FitRecord::from_file_table(&table)
                 .expect("[fit]")
                 .expect("present");
         assert_eq!(record.folds.len(), 2);
-        assert_eq!(describe(&[], 0.6), "shared 0.6 everywhere");
+        assert_eq!(describe(&[], (0.6, 8.0)), "shared 0.6 / 8 us everywhere");
+    }
+
+    /// The candidates are every pair of the two lists, each once, the shared pair first.
+    #[test]
+    fn the_candidates_are_every_pair_once() {
+        assert_eq!(candidate(0), (None, None));
+        let mut seen: Vec<(Option<f64>, Option<f64>)> = (0..CANDIDATES).map(candidate).collect();
+        let n = seen.len();
+        seen.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+        seen.dedup();
+        assert_eq!(seen.len(), n);
+        assert_eq!(
+            n,
+            super::GEMM_CANDIDATES.len() * super::PREFILL_CANDIDATES.len()
+        );
     }
 }
