@@ -24,8 +24,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use super::observed::{
-    fit_record_toml, framework_name, held_out_csv, median_abs, p90_abs, pass_with_ids, per_gpu,
-    under,
+    fit_record_toml, framework_name, held_out_csv, held_out_figures, pass_with_ids, per_gpu, under,
 };
 use crate::cost_model::validation::silicon::{self, EngineCost};
 use crate::observed::silicon::AggregateRow;
@@ -242,12 +241,16 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
         .map(|f| describe(f, fit.shared))
         .collect();
     let framework = framework_name(&fit.engine);
+    let held = held_out_figures(
+        (&fit.held_out_ttft, &fit.held_out_tpot),
+        (&fit.baseline_ttft, &fit.baseline_tpot),
+    )
+    .quote("shared", [" ", "\n# "]);
     let mut text = format!(
         "# {engine}: the grouped-GEMM efficiency of its mixture-of-experts kernels and their fixed cost per expert\n\
          # and MoE layer of a prefill on each GPU, fitted by `sim calibrate --observed {source}`\n\
          # to {rows} mixture-of-experts rows of {engine} (aiconfigurator silicon.csv) with the shared MoE terms (moe-*.toml,\n\
-         # the defaults) in place. {folds}-fold held-out: TTFT median |err| {t:.1}%, p90 {t90:.1}% (shared: {bt:.1}%),\n\
-         # TPOT median |err| {p:.1}%, p90 {p90:.1}% (shared: {bp:.1}%); the folds' fits (efficiency / floor): {ff}.\n\
+         # the defaults) in place. {folds}-fold held-out: {held}; the folds' fits (efficiency / floor): {ff}.\n\
          # Held out of this fit only: the shared terms under it were fitted to every engine's rows, these included.\n\
          # For a mixture of experts served by {engine}: `cost.calibration` = this file (not with observed-{engine}.toml,\n\
          # whose terms were fitted to dense models and not used here). GPUs not listed keep the shared\n\
@@ -257,12 +260,6 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
         keys = silicon::engine_keys(&fit.engine),
         engine = fit.engine,
         rows = fit.rows,
-        t = 100.0 * median_abs(&fit.held_out_ttft),
-        t90 = 100.0 * p90_abs(&fit.held_out_ttft),
-        bt = 100.0 * median_abs(&fit.baseline_ttft),
-        p = 100.0 * median_abs(&fit.held_out_tpot),
-        p90 = 100.0 * p90_abs(&fit.held_out_tpot),
-        bp = 100.0 * median_abs(&fit.baseline_tpot),
         ff = folds_text.join(" / "),
         eff = fit.shared.0,
         us = fit.shared.1,
@@ -318,14 +315,10 @@ pub fn fit_table(fits: &[MoeEngineFit]) -> String {
                     p: &[f64],
                     bt: &[f64],
                     bp: &[f64]| {
+        let h = held_out_figures((t, p), (bt, bp));
         s.push_str(&format!(
             "{name:<8} {rows:>4}  {effs:<36} {:>8.1}% / {:>6.1}% ({:>5.1}%)              {:>8.1}% / {:>6.1}% ({:>5.1}%)\n",
-            100.0 * median_abs(t),
-            100.0 * p90_abs(t),
-            100.0 * median_abs(bt),
-            100.0 * median_abs(p),
-            100.0 * p90_abs(p),
-            100.0 * median_abs(bp),
+            h.t, h.t90, h.bt, h.p, h.p90, h.bp,
         ));
     };
     for f in fits {

@@ -263,6 +263,45 @@ pub fn p90_abs(v: &[f64]) -> f64 {
     analysis::percentile(&a, 90.0)
 }
 
+/// What a fit file's header quotes, in percent: the held-out TTFT median and 90th-percentile
+/// |error| and the baseline's (the defaults' or the shared terms') median, then the same of
+/// TPOT.
+pub(crate) struct HeldOutFigures {
+    pub t: f64,
+    pub t90: f64,
+    pub bt: f64,
+    pub p: f64,
+    pub p90: f64,
+    pub bp: f64,
+}
+
+impl HeldOutFigures {
+    /// The header's sentence: "TTFT median |err| 10.7%, p90 55.2%`gap[0]`(defaults: 19.6%),
+    /// `gap[1]`TPOT median |err| ...", `baseline` naming what the parentheses hold and the
+    /// gaps where each file breaks its lines.
+    pub(crate) fn quote(&self, baseline: &str, gap: [&str; 2]) -> String {
+        format!(
+            "TTFT median |err| {:.1}%, p90 {:.1}%{}({baseline}: {:.1}%),{}TPOT median |err| {:.1}%, p90 {:.1}% ({baseline}: {:.1}%)",
+            self.t, self.t90, gap[0], self.bt, gap[1], self.p, self.p90, self.bp
+        )
+    }
+}
+
+/// [`HeldOutFigures`] of held-out `(TTFT, TPOT)` signed errors beside the baseline's.
+pub(crate) fn held_out_figures(
+    (ttft, tpot): (&[f64], &[f64]),
+    (base_ttft, base_tpot): (&[f64], &[f64]),
+) -> HeldOutFigures {
+    HeldOutFigures {
+        t: 100.0 * median_abs(ttft),
+        t90: 100.0 * p90_abs(ttft),
+        bt: 100.0 * median_abs(base_ttft),
+        p: 100.0 * median_abs(tpot),
+        p90: 100.0 * p90_abs(tpot),
+        bp: 100.0 * median_abs(base_tpot),
+    }
+}
+
 /// `(TTFT, TPOT)` signed errors of an engine's rows under one candidate.
 type Errors = Vec<(f64, f64)>;
 
@@ -624,11 +663,15 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
     } else {
         ""
     };
+    let held = held_out_figures(
+        (&fit.held_out_ttft, &fit.held_out_tpot),
+        (&fit.baseline_ttft, &fit.baseline_tpot),
+    )
+    .quote("defaults", ["\n# ", " "]);
     format!(
         "# {engine}: the step overhead, tensor-parallel all-reduce latency, eager step floor, fp8 GEMM efficiency and per-request front-end cost\n\
          # fitted by `sim calibrate --observed {source}` to {rows} measured closed-loop deployments of {engine}\n\
-         # (aiconfigurator silicon.csv), one term at a time. {folds}-fold held-out: TTFT median |err| {t:.1}%, p90 {t90:.1}%\n\
-         # (defaults: {bt:.1}%), TPOT median |err| {p:.1}%, p90 {p90:.1}% (defaults: {bp:.1}%); the folds' fits: {ff}.{edge}\n\
+         # (aiconfigurator silicon.csv), one term at a time. {folds}-fold held-out: {held}; the folds' fits: {ff}.{edge}\n\
          # Fitted under the engine's serving defaults (`sim validate-model`): [engine] {engine_keys}.\n\
          [cost]\nframework = \"{framework}\"\nstep_overhead_us = {us:.1}\n{ar}eager_layer_us = {eager:.1}\nrequest_overhead_ms = {ms:.1}\n{fp8}",
         ar = fit
@@ -637,12 +680,6 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
         fp8 = fit.by_gpu.toml_tables(),
         engine = fit.engine,
         rows = fit.rows,
-        t = 100.0 * median_abs(&fit.held_out_ttft),
-        t90 = 100.0 * p90_abs(&fit.held_out_ttft),
-        p90 = 100.0 * p90_abs(&fit.held_out_tpot),
-        bt = 100.0 * median_abs(&fit.baseline_ttft),
-        p = 100.0 * median_abs(&fit.held_out_tpot),
-        bp = 100.0 * median_abs(&fit.baseline_tpot),
         ff = folds_text.join(", "),
         us = fit.step_overhead_us,
         eager = fit.eager_layer_us,
@@ -760,8 +797,10 @@ pub fn fit_table(fits: &[EngineFit]) -> String {
         "engine   rows  step us  all-reduce us  eager us/layer  front ms  efficiencies by GPU                                TTFT |err| held out p50 / p90 (defaults p50)   TPOT |err| held out p50 / p90 (defaults p50)\n",
     );
     for f in fits {
-        let abs = |v: &[f64]| v.iter().map(|x| 100.0 * x.abs()).collect::<Vec<f64>>();
-        let (t, p) = (abs(&f.held_out_ttft), abs(&f.held_out_tpot));
+        let h = held_out_figures(
+            (&f.held_out_ttft, &f.held_out_tpot),
+            (&f.baseline_ttft, &f.baseline_tpot),
+        );
         s.push_str(&format!(
             "{:<8} {:>4} {:>8.0} {:>14} {:>15.0} {:>9.0}  {:<50} {:>8.1}% / {:>6.1}% ({:>5.1}%)                {:>8.1}% / {:>6.1}% ({:>5.1}%)\n",
             f.engine,
@@ -772,12 +811,12 @@ pub fn fit_table(fits: &[EngineFit]) -> String {
             f.eager_layer_us,
             f.request_overhead_ms,
             f.by_gpu.describe(),
-            analysis::median(&t),
-            analysis::percentile(&t, 90.0),
-            100.0 * median_abs(&f.baseline_ttft),
-            analysis::median(&p),
-            analysis::percentile(&p, 90.0),
-            100.0 * median_abs(&f.baseline_tpot),
+            h.t,
+            h.t90,
+            h.bt,
+            h.p,
+            h.p90,
+            h.bp,
         ));
     }
     s
