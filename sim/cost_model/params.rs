@@ -340,13 +340,6 @@ impl CostParams {
                     ));
                 }
             }
-            if let Some(us) = o.moe_prefill_expert_us {
-                if !(us.is_finite() && us >= 0.0) {
-                    return Err(format!(
-                        "cost.by_gpu.{name}.moe_prefill_expert_us: must be a finite number of microseconds >= 0, got {us}"
-                    ));
-                }
-            }
         }
         if let Some(p) = self.overlap_exponent {
             // `inf` is the plain maximum.
@@ -366,7 +359,13 @@ impl CostParams {
             ("cost.per_seq_overhead_us", self.per_seq_overhead_us()),
             ("cost.moe_prefill_expert_us", self.moe_prefill_expert_us),
             ("cost.moe_layer_us", self.moe_layer_us),
-        ];
+        ]
+        .map(|(k, v)| (k.to_string(), v));
+        // A GPU's own prefill floor is microseconds like the shared one, not an efficiency.
+        let gpu_floors = self.by_gpu.iter().filter_map(|(name, o)| {
+            o.moe_prefill_expert_us
+                .map(|us| (format!("cost.by_gpu.{name}.moe_prefill_expert_us"), us))
+        });
         if !(0.0..=4.0).contains(&self.moe_routing_skew) {
             return Err(format!(
                 "cost.moe_routing_skew: must be a Zipf exponent from 0 (uniform routing) to 4, got {}",
@@ -403,7 +402,7 @@ impl CostParams {
                 ));
             }
         }
-        for (k, v) in overheads {
+        for (k, v) in overheads.into_iter().chain(gpu_floors) {
             if !(v >= 0.0 && v.is_finite()) {
                 return Err(format!("{k}: must be a non-negative number, got {v}"));
             }
