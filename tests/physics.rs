@@ -717,6 +717,13 @@ fn custom_all_reduce_needs_peer_to_peer_links() {
     assert!(small("h100-sxm", 4) < 15e-6);
     assert!(small("l40s", 2) < 15e-6);
     assert!(small("l40s", 4) > 45e-6);
+    // TP16 of H100s spans two 8-GPU nodes: no peer access between them, so NCCL's 30 us
+    // (and the scale-out network's bandwidth), not the custom kernel's 10 us.
+    let cross = small("h100-sxm", 16);
+    let expected = 2.0 * 15.0 / 16.0 * 16384.0 / (50e9 * 0.8) + 30e-6;
+    assert!((cross - expected).abs() < 1e-12, "{cross} vs {expected}");
+    // A GB200 NVL72 rack is one NVLink domain: TP16 there keeps the custom kernel.
+    assert!(small("gb200", 16) < 15e-6);
 }
 
 #[test]

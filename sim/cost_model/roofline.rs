@@ -245,8 +245,11 @@ impl CostModel {
             return 0.0;
         }
         let eff = self.p.allreduce_eff.unwrap_or(self.d.gpu.allreduce_eff);
-        // vLLM enables its custom all-reduce over NVLink, or on two PCIe GPUs.
-        let peer_to_peer = self.d.gpu.link_bw > self.d.gpu.pcie_bw || self.d.tp == 2;
+        // vLLM enables its custom all-reduce over NVLink, or on two PCIe GPUs; the engines'
+        // custom all-reduces need peer access, so a group beyond one NVLink domain (TP16
+        // over two 8-GPU nodes) runs NCCL's.
+        let peer_to_peer = self.d.tp <= self.d.gpu.nvlink_domain
+            && (self.d.gpu.link_bw > self.d.gpu.pcie_bw || self.d.tp == 2);
         let custom = self
             .p
             .custom_allreduce
