@@ -231,11 +231,16 @@ impl CostModel {
     /// Bandwidth per GPU and direction among `gpus` GPUs: the GPU link (NVLink) inside
     /// its domain, the scale-out network beyond.
     fn link_bw(&self, gpus: u32) -> f64 {
-        if gpus > self.d.gpu.nvlink_domain {
-            self.d.gpu.link_bw.min(self.d.gpu.network_bw)
-        } else {
+        if self.one_domain(gpus) {
             self.d.gpu.link_bw
+        } else {
+            self.d.gpu.link_bw.min(self.d.gpu.network_bw)
         }
+    }
+
+    /// Whether `gpus` GPUs fit in one NVLink domain (one node, or a GB200 NVL72 rack).
+    fn one_domain(&self, gpus: u32) -> bool {
+        gpus <= self.d.gpu.nvlink_domain
     }
 
     /// Time of one ring all-reduce of `bytes` over `tp` GPUs.
@@ -248,7 +253,7 @@ impl CostModel {
         // vLLM enables its custom all-reduce over NVLink, or on two PCIe GPUs; the engines'
         // custom all-reduces need peer access, so a group beyond one NVLink domain (TP16
         // over two 8-GPU nodes) runs NCCL's.
-        let peer_to_peer = self.d.tp <= self.d.gpu.nvlink_domain
+        let peer_to_peer = self.one_domain(self.d.tp)
             && (self.d.gpu.link_bw > self.d.gpu.pcie_bw || self.d.tp == 2);
         let custom = self
             .p
