@@ -85,6 +85,14 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
     })
 }
 
+/// The GPUs of a replayed disaggregated row's prefill pool (workers x attention TP x
+/// attention-DP ranks); `None` for a row that is not replayed.
+pub(crate) fn prefill_gpus(row: &AggregateRow) -> Option<u64> {
+    let p = plan(row).ok()?;
+    let (w, tp, dp, _) = p.prefill;
+    Some(u64::from(w) * u64::from(tp) * u64::from(dp))
+}
+
 /// One pool's `[cluster.pools.<name>]`: its workers, the layout, and the engine's keys
 /// that depend on it.
 fn pool(

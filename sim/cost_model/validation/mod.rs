@@ -13,6 +13,7 @@ pub use super::measurements::ValidationError;
 
 pub mod disagg;
 pub mod fidelity;
+mod fleet_notes;
 mod profiles;
 mod published;
 pub mod silicon;
@@ -407,30 +408,7 @@ fn fleets_section(s: &mut String, r: &Replays) {
     for (why, n) in &r.disagg_skipped {
         let _ = writeln!(s, "- {n}: {why}");
     }
-    // The closed loop's throughput: clients over one request's time, the first token and
-    // the mean output's other tokens (InferenceX's lengths average 0.9 of the row's).
-    let throughput = |c: &silicon::SiliconCheck, ttft: f64, tpot: f64| {
-        let out = match c.row.client {
-            crate::observed::silicon::BenchClient::InferenceX => 0.9 * f64::from(c.row.osl),
-            crate::observed::silicon::BenchClient::Aiperf => f64::from(c.row.osl),
-        };
-        f64::from(c.row.concurrency.unwrap_or(1)) / (ttft + (out - 1.0).max(0.0) * tpot)
-    };
-    let errors: Vec<f64> = all
-        .iter()
-        .map(|c| {
-            100.0
-                * (throughput(c, c.ttft_ms, c.tpot_ms)
-                    / throughput(c, c.row.ttft_ms, c.row.tpot_ms)
-                    - 1.0)
-                    .abs()
-        })
-        .collect();
-    let _ = writeln!(
-        s,
-        "\nTPOT, the decode pool's steady state, is as close as the aggregated rows' (the decode engines run the same mixture-of-experts terms). TTFT is not. Beyond a few clients per prefill rank, a closed loop's TTFT is mostly the wait at the prefill pool, and that wait magnifies any error in throughput: the loop's throughput (clients / (TTFT + (mean output - 1) x TPOT)) comes out within {:.1}% median |error|, while TTFT, about a tenth of a request's time in these rows, is off by several times that. At 16 clients or fewer, where TTFT is one prefill and a transfer, the signed median is small but the spread is wide, because some measured TTFTs are seconds for a handful of prompts: TensorRT-LLM with DeepSeek-R1 in fp8 on GB200 measures 1.6-39 s at 3-36 clients where the replay's prefills take 0.1-1.2 s, and on H100 5-14 s at 6-60 clients (the replay: 0.6-4.7 s). Those H100 rows decode at TP16 over two 8-GPU nodes, whose all-reduces run NCCL's over the scale-out network (an engine's custom all-reduce needs peer access inside one NVLink domain): pricing them so took their TPOT from 56% to 42% short. Start-up costs inside short runs (ten requests per client), or settings the rows do not record, would explain such figures; the roofline does not. Most of SGLang's fp8 rows on B200 with 8,192-token prompts measure 10-25 s at 64-1,024 clients, a prefill pool moving 3,000-5,000 prompt tokens/s per GPU, where the replay's pools move several times that and queue far less. The three dense rows (Qwen3-32B in NVFP4, 15,000-token prompts on 40 one-GPU prefill workers) go the other way: the replay's prefill pool saturates (TTFT 4.1 s against 0.7-1.4 s) and its decode is too fast (TPOT 38-46% short). What the replay leaves out: the engines' KV-transfer queues and bootstrap handshakes, the idle ranks' dummy batches (a rank without work waits for its worker's step at no cost), and multi-token prediction, which the rows do not record.",
-        analysis::median(&errors)
-    );
+    s.push_str(&fleet_notes::disagg_paragraph(&r.disagg));
 }
 
 /// Signed median, median and 90th-percentile absolute errors (%) of the checks' mean TTFT,
