@@ -17,14 +17,17 @@ fn span_s(values: impl Iterator<Item = f64>) -> Option<String> {
     span(values.map(|ms| ms / 1e3))
 }
 
-/// `lo-hi` (or `x` when equal) of `values`, two significant figures.
-fn span(values: impl Iterator<Item = f64>) -> Option<String> {
+/// The least and greatest of `values`; `None` when empty.
+fn bounds(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
         (lo.min(v), hi.max(v))
     });
-    if !lo.is_finite() {
-        return None;
-    }
+    (lo <= hi).then_some((lo, hi))
+}
+
+/// `lo-hi` (or `x` when equal) of `values`, two significant figures.
+fn span(values: impl Iterator<Item = f64>) -> Option<String> {
+    let (lo, hi) = bounds(values)?;
     let (lo, hi) = (sig2(lo), sig2(hi));
     Some(if lo == hi { lo } else { format!("{lo}-{hi}") })
 }
@@ -54,14 +57,7 @@ fn thousands(text: &str) -> String {
 
 /// A span of signed errors (%) in words: `38-46% short`, `5-9% long`, or `-3% to +8% off`.
 fn signed_span(values: &[f64]) -> Option<String> {
-    let (lo, hi) = values
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
-            (lo.min(v), hi.max(v))
-        });
-    if !lo.is_finite() {
-        return None;
-    }
+    let (lo, hi) = bounds(values.iter().copied())?;
     Some(if hi < 0.0 {
         format!("{}% short", span([-hi, -lo].into_iter())?)
     } else if lo > 0.0 {
@@ -117,6 +113,22 @@ fn slow_trtllm<'a>(checks: &'a [SiliconCheck], gpu: &str) -> Vec<&'a SiliconChec
         .collect()
 }
 
+/// The rows' models as their files name them, without the organisation
+/// (`DeepSeek-R1 and DeepSeek-V3`).
+fn names(rows: &[&SiliconCheck]) -> String {
+    let mut names: Vec<&str> = rows
+        .iter()
+        .map(|c| c.row.model.rsplit('/').next().unwrap_or(&c.row.model))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    match names.split_last() {
+        Some((last, [])) => (*last).to_string(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
 /// Measured TTFT, clients and replayed TTFT ranges of `rows`: `(measured s, clients,
 /// replay s)`.
 fn ranges(rows: &[&SiliconCheck]) -> Option<(String, String, String)> {
@@ -147,12 +159,16 @@ pub(super) fn disagg_paragraph(checks: &[SiliconCheck]) -> String {
     let mut s = format!(
         "\nTPOT, the decode pool's steady state, is as close as the aggregated rows' (the decode engines run the same mixture-of-experts terms). TTFT is not. Beyond a few clients per prefill rank, a closed loop's TTFT is mostly the wait at the prefill pool, and that wait magnifies any error in throughput: the loop's throughput (clients / (TTFT + (mean output - 1) x TPOT)) comes out within {throughput_err:.1}% median |error|, while TTFT, about a tenth of a request's time in these rows, is off by several times that. At 16 clients or fewer, where TTFT is one prefill and a transfer, the signed median is small but the spread is wide, because some measured TTFTs are seconds for a handful of prompts"
     );
-    let gb200 = ranges(&slow_trtllm(checks, "gb200"));
-    let h100 = ranges(&slow_trtllm(checks, "h100-sxm"));
-    match (&gb200, &h100) {
+    let (gb200, h100) = (
+        slow_trtllm(checks, "gb200"),
+        slow_trtllm(checks, "h100-sxm"),
+    );
+    let both: Vec<&SiliconCheck> = gb200.iter().chain(&h100).copied().collect();
+    match (ranges(&gb200), ranges(&h100)) {
         (Some((m, c, r)), h) => {
             s.push_str(&format!(
-                ": TensorRT-LLM with DeepSeek-R1 in fp8 on GB200 measures {m} s at {c} clients where the replay's TTFT is {r} s"
+                ": TensorRT-LLM with {} in fp8 on GB200 measures {m} s at {c} clients where the replay's TTFT is {r} s",
+                names(&both)
             ));
             if let Some((m, c, r)) = h {
                 s.push_str(&format!(", and on H100 {m} s at {c} clients (the replay: {r} s)"));
@@ -160,7 +176,8 @@ pub(super) fn disagg_paragraph(checks: &[SiliconCheck]) -> String {
             s.push('.');
         }
         (None, Some((m, c, r))) => s.push_str(&format!(
-            ": TensorRT-LLM with DeepSeek-R1 in fp8 on H100 measures {m} s at {c} clients (the replay: {r} s)."
+            ": TensorRT-LLM with {} in fp8 on H100 measures {m} s at {c} clients (the replay: {r} s).",
+            names(&both)
         )),
         (None, None) => s.push('.'),
     }
@@ -229,16 +246,13 @@ pub(super) fn disagg_paragraph(checks: &[SiliconCheck]) -> String {
         middle(replayed),
     ) {
         s.push_str(&format!(
-            " Most of SGLang's {} fp8 rows on B200 with 8,192-token prompts at 64 clients or more (the 10th to 90th percentiles) measure {t} s at {c} clients, a prefill pool moving {m} prompt tokens/s per GPU (the loop's throughput), where the replay's pools move {r} and queue less.",
+            " SGLang's {} fp8 rows on B200 with 8,192-token prompts at 64 clients or more measure {t} s (10th to 90th percentile) at {c} clients, a prefill pool moving {m} prompt tokens/s per GPU (the loop's throughput, the same percentiles), where the replay's pools move {r} and queue less.",
             sglang.len()
         ));
     }
     // The dense rows.
     let dense: Vec<&SiliconCheck> = checks.iter().filter(|c| !c.row.is_moe()).collect();
     let tpot: Vec<f64> = dense.iter().map(|c| 100.0 * c.tpot_error()).collect();
-    let mut models: Vec<&str> = dense.iter().map(|c| c.model).collect();
-    models.sort_unstable();
-    models.dedup();
     if let (Some(sim), Some(meas), Some(tpot)) = (
         span_s(dense.iter().map(|c| c.ttft_ms)),
         span_s(dense.iter().map(|c| c.row.ttft_ms)),
@@ -247,7 +261,7 @@ pub(super) fn disagg_paragraph(checks: &[SiliconCheck]) -> String {
         s.push_str(&format!(
             " The {n} dense rows ({models}) replay at a TTFT of {sim} s against {meas} s measured, and a TPOT {tpot}.",
             n = dense.len(),
-            models = models.join(", "),
+            models = names(&dense),
         ));
     }
     s.push_str(" What the replay leaves out: the engines' KV-transfer queues and bootstrap handshakes, the idle ranks' dummy batches (a rank without work waits for its worker's step at no cost), and multi-token prediction, which the rows do not record.\n");
