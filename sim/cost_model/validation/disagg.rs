@@ -67,9 +67,8 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
     let clients = row
         .concurrency
         .ok_or_else(|| "clients not recorded".to_string())?;
-    let gpus = |(w, tp, dp, _): (u32, u32, u32, u32)| u64::from(w) * u64::from(tp) * u64::from(dp);
     let domain = crate::catalog::find_gpu(gpu).map_or(8, |g| g.nvlink_domain);
-    let link = if gpus(prefill) + gpus(decode) <= u64::from(domain) {
+    let link = if pool_gpus(prefill) + pool_gpus(decode) <= u64::from(domain) {
         Link::Nvlink
     } else {
         Link::Rdma
@@ -88,9 +87,12 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
 /// The GPUs of a replayed disaggregated row's prefill pool (workers x attention TP x
 /// attention-DP ranks); `None` for a row that is not replayed.
 pub(crate) fn prefill_gpus(row: &AggregateRow) -> Option<u64> {
-    let p = plan(row).ok()?;
-    let (w, tp, dp, _) = p.prefill;
-    Some(u64::from(w) * u64::from(tp) * u64::from(dp))
+    plan(row).ok().map(|p| pool_gpus(p.prefill))
+}
+
+/// A pool's GPUs: workers x attention TP x attention-DP ranks.
+fn pool_gpus((workers, tp, dp, _): (u32, u32, u32, u32)) -> u64 {
+    u64::from(workers) * u64::from(tp) * u64::from(dp)
 }
 
 /// One pool's `[cluster.pools.<name>]`: its workers, the layout, and the engine's keys
