@@ -110,8 +110,8 @@ impl Dtype {
     }
 
     /// Whether the format is a 4-bit float (NVFP4, MXFP4): in a mixture of experts only
-    /// the routed experts are stored so (gpt-oss, NVIDIA's FP4 DeepSeek-R1), the other
-    /// linear layers in 16 bits.
+    /// the MLPs are stored so (gpt-oss's experts; NVIDIA's FP4 DeepSeek-R1's routed and
+    /// shared experts and dense layers), the attention projections and routers in 16 bits.
     pub fn is_fp4(self) -> bool {
         matches!(self, Dtype::Nvfp4 | Dtype::Mxfp4)
     }

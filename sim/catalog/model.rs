@@ -447,10 +447,18 @@ impl ModelSpec {
         if !self.is_moe() {
             return f64::from(self.layers) * self.mlp_of(self.intermediate);
         }
-        let router = f64::from(self.hidden) * f64::from(self.num_experts);
         f64::from(self.arch.dense_layers) * self.mlp_of(self.arch.dense_intermediate)
-            + f64::from(self.moe_layers())
-                * (router + self.mlp_of(self.arch.shared_expert_intermediate))
+            + f64::from(self.moe_layers()) * self.mlp_of(self.arch.shared_expert_intermediate)
+            + self.router_params_total()
+    }
+
+    /// Parameters of a mixture of experts' routers (`hidden x experts` a MoE layer); 0 for
+    /// a dense model.
+    pub fn router_params_total(&self) -> f64 {
+        if !self.is_moe() {
+            return 0.0;
+        }
+        f64::from(self.moe_layers()) * f64::from(self.hidden) * f64::from(self.num_experts)
     }
 
     /// Parameters of every layer's linear layers (attention, MLPs, experts, routers).

@@ -67,13 +67,17 @@ impl Deployment {
         let replicated = m.arch.mla.map_or(0.0, |mla| {
             f64::from(m.layers) * mla.replicated_params(f64::from(m.hidden))
         });
-        // Routed experts in the deployment's format, the rest in `dense_dtype`.
+        // The MLPs (routed and shared experts, dense layers) in the deployment's format;
+        // the attention projections and the routers in `attention_dtype`.
         let experts = m.expert_params_total();
-        let dense = self.dense_dtype().bytes();
+        let attention_bytes = self.attention_dtype().bytes();
+        let mlps = m.dense_mlp_params_total() - m.router_params_total();
+        let attention = m.linear_params_total() - replicated - experts - mlps;
         // Routed experts are split over the stage's GPUs (`moe_tp x ep`), the rest over TP
         // (replicated over attention data-parallel ranks).
         let experts_share = f64::from(self.stage_gpus()) / tp;
-        let per_layer = ((m.linear_params_total() - replicated - experts) * dense
+        let per_layer = (attention * attention_bytes
+            + mlps * self.dtype.bytes()
             + experts * self.dtype.bytes() / experts_share)
             / f64::from(m.layers);
         let per_layer_replicated = replicated / f64::from(m.layers);
@@ -86,7 +90,7 @@ impl Deployment {
         let embeddings = stage_heads * m.embedding_params() * self.dtype.embedding_bytes();
         // Norm weights stay in 16 bits (and are negligible).
         let norms = (m.params() - m.linear_params_total() - heads * m.embedding_params()) * 2.0;
-        (linear + embeddings) / tp + stage * per_layer_replicated * dense + norms
+        (linear + embeddings) / tp + stage * per_layer_replicated * attention_bytes + norms
     }
 
     /// Bytes of the embedding and LM head on each GPU (split over TP; a pipeline stage
@@ -100,10 +104,12 @@ impl Deployment {
         heads * m.embedding_params() * self.dtype.embedding_bytes() / f64::from(self.tp)
     }
 
-    /// The format of the linear layers other than routed experts: the deployment's,
-    /// except that a mixture of experts in fp4 keeps them in 16 bits (gpt-oss's MXFP4
-    /// checkpoint, NVIDIA's NVFP4 DeepSeek-R1 quantize the experts only).
-    pub fn dense_dtype(&self) -> Dtype {
+    /// The format of the attention projections and the MoE routers: the deployment's,
+    /// except that a mixture of experts in fp4 keeps them in 16 bits. gpt-oss's MXFP4
+    /// checkpoint quantizes its experts only; NVIDIA's NVFP4 DeepSeek-R1 (TensorRT Model
+    /// Optimizer's `examples/deepseek/ptq.py`) leaves `*attn*` and the LM head unquantized
+    /// and every MLP (dense layers, shared and routed experts) in NVFP4.
+    pub fn attention_dtype(&self) -> Dtype {
         if self.model.is_moe() && self.dtype.is_fp4() {
             Dtype::Bf16
         } else {

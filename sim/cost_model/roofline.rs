@@ -68,6 +68,17 @@ struct AttentionWork {
     decode_ctx: f64,
 }
 
+/// Which of a layer's GEMMs [`CostModel::add_gemm`] prices: its format and efficiency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gemm {
+    /// Attention projections (softmax, latent or linear attention).
+    Attention,
+    /// A dense MLP: a dense model's or layer's, or a mixture's shared experts.
+    Mlp,
+    /// A mixture's routed experts (a grouped GEMM).
+    Experts,
+}
+
 /// One layer's linear layers in a step: seconds, FLOPs and bytes, with the per-GPU Q and
 /// KV widths and the experts each token runs (the element-wise kernels' sizes).
 #[derive(Debug, Default)]
@@ -633,8 +644,8 @@ impl CostModel {
 
     /// Adds one layer's GEMM of `tokens x k` by `k x n` to `w`, run `runs` times per token
     /// (a token's experts) over weights read `reads` times (the experts the step touches);
-    /// `grouped`: an MoE grouped GEMM, at `moe_gemm_eff` of a dense GEMM's efficiency (a
-    /// few tokens per expert, gathered and scattered).
+    /// `kind` [`Gemm::Experts`]: an MoE grouped GEMM, at `moe_gemm_eff` of a dense GEMM's
+    /// efficiency (a few tokens per expert, gathered and scattered).
     #[allow(clippy::too_many_arguments)]
     fn add_gemm(
         &self,
@@ -644,18 +655,21 @@ impl CostModel {
         n: f64,
         runs: f64,
         reads: f64,
-        grouped: bool,
+        kind: Gemm,
     ) {
         let act = 2.0; // 16-bit activations
-                       // The routed experts in the deployment's format; the other linear layers may be
-                       // kept in 16 bits (fp4 mixtures of experts).
-        let dtype = if grouped {
-            self.d.dtype
-        } else {
-            self.d.dense_dtype()
+                       // The MLPs in the deployment's format; the attention projections may be kept in 16
+                       // bits (fp4 mixtures of experts).
+        let dtype = match kind {
+            Gemm::Attention => self.d.attention_dtype(),
+            Gemm::Mlp | Gemm::Experts => self.d.dtype,
         };
         let (gemm_eff, weight_mem_eff) = self.gemm_effs(dtype);
-        let scale = if grouped { self.p.moe_gemm_eff } else { 1.0 };
+        let scale = if kind == Gemm::Experts {
+            self.p.moe_gemm_eff
+        } else {
+            1.0
+        };
         let flops = 2.0 * tokens * k * n * runs;
         let bytes = k * n * dtype.bytes() * reads + tokens * (k + n) * act * runs;
         w.seconds += self.roofline(
@@ -681,7 +695,7 @@ impl CostModel {
                 let heads = f64::from(m.heads) / tp;
                 let q_in = if mla.q_lora_rank > 0 {
                     let r = f64::from(mla.q_lora_rank);
-                    self.add_gemm(w, tokens, hidden, r, 1.0, 1.0, false);
+                    self.add_gemm(w, tokens, hidden, r, 1.0, 1.0, Gemm::Attention);
                     r
                 } else {
                     hidden
@@ -695,18 +709,34 @@ impl CostModel {
                     heads * f64::from(mla.qk_head_dim()),
                     1.0,
                     1.0,
-                    false,
+                    Gemm::Attention,
                 );
-                self.add_gemm(w, tokens, hidden, cache, 1.0, 1.0, false);
+                self.add_gemm(w, tokens, hidden, cache, 1.0, 1.0, Gemm::Attention);
                 // kv_b: the new tokens' keys and values in prefill; absorbed into the query
                 // and output in decode, at the same FLOPs per token.
-                self.add_gemm(w, tokens, kv_lora, heads * (nope + v), 1.0, 1.0, false);
-                self.add_gemm(w, tokens, heads * v, hidden, 1.0, 1.0, false);
+                self.add_gemm(
+                    w,
+                    tokens,
+                    kv_lora,
+                    heads * (nope + v),
+                    1.0,
+                    1.0,
+                    Gemm::Attention,
+                );
+                self.add_gemm(w, tokens, heads * v, hidden, 1.0, 1.0, Gemm::Attention);
             }
             None => {
                 let gate = if m.arch.attn_output_gate { 2.0 } else { 1.0 };
-                self.add_gemm(w, tokens, hidden, gate * w.q + 2.0 * w.kv, 1.0, 1.0, false);
-                self.add_gemm(w, tokens, w.q, hidden, 1.0, 1.0, false);
+                self.add_gemm(
+                    w,
+                    tokens,
+                    hidden,
+                    gate * w.q + 2.0 * w.kv,
+                    1.0,
+                    1.0,
+                    Gemm::Attention,
+                );
+                self.add_gemm(w, tokens, w.q, hidden, 1.0, 1.0, Gemm::Attention);
             }
         }
     }
@@ -735,8 +765,9 @@ impl CostModel {
         };
         // Gate and up together when gated, the up projection alone otherwise.
         let up = (m.mlp_matrices() - 1.0) * inter;
-        self.add_gemm(w, routed, hidden, up, runs, reads, experts);
-        self.add_gemm(w, routed, inter, hidden, runs, reads, experts);
+        let kind = if experts { Gemm::Experts } else { Gemm::Mlp };
+        self.add_gemm(w, routed, hidden, up, runs, reads, kind);
+        self.add_gemm(w, routed, inter, hidden, runs, reads, kind);
         if experts {
             // The shared experts: a dense MLP of the rank's own tokens.
             if m.arch.shared_expert_intermediate > 0 {
@@ -753,7 +784,7 @@ impl CostModel {
     /// top-k. (seconds, FLOPs, bytes)
     fn router(&self, tokens: f64) -> (f64, f64, f64) {
         let m = &self.d.model;
-        let (gemm_eff, weight_mem_eff) = self.gemm_effs(self.d.dense_dtype());
+        let (gemm_eff, weight_mem_eff) = self.gemm_effs(self.d.attention_dtype());
         let (hidden, e) = (f64::from(m.hidden), f64::from(m.num_experts));
         let (flops, bytes) = (2.0 * tokens * hidden * e, hidden * e * 2.0);
         let seconds = self.roofline(
@@ -761,7 +792,7 @@ impl CostModel {
             bytes,
             gemm_eff,
             weight_mem_eff,
-            self.d.gpu.peak_flops(self.d.dense_dtype()),
+            self.d.gpu.peak_flops(self.d.attention_dtype()),
         );
         (seconds, flops, bytes)
     }
@@ -775,8 +806,16 @@ impl CostModel {
         let tp = f64::from(self.d.tp);
         let hidden = f64::from(self.d.model.hidden);
         let width = (l.qkv_width() + l.value_width() + 2.0 * f64::from(l.value_heads)) / tp;
-        self.add_gemm(w, tokens, hidden, width, 1.0, 1.0, false);
-        self.add_gemm(w, tokens, l.value_width() / tp, hidden, 1.0, 1.0, false);
+        self.add_gemm(w, tokens, hidden, width, 1.0, 1.0, Gemm::Attention);
+        self.add_gemm(
+            w,
+            tokens,
+            l.value_width() / tp,
+            hidden,
+            1.0,
+            1.0,
+            Gemm::Attention,
+        );
     }
 
     /// Every layer's linear layers from an operator profile: a dense model's layers; or a
