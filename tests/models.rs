@@ -230,10 +230,10 @@ fn weights_and_caches_of_todays_formats() {
     // and the LM head stay in bf16, every MLP is NVFP4 (4 bits and an fp8 scale per 16):
     // 653.9 B routed-expert, 2.55 B shared-expert and 1.19 B dense-layer parameters at
     // 0.5625 bytes (369.9 GB); 11.41 B attention and 0.11 B router parameters and the
-    // 1.85 B of the embedding and LM head at 2 bytes (26.8 GB): 396.7 GB. Each of the 8
-    // GPUs also holds its own copy of latent attention's down-projections (q_a and kv_a,
-    // 0.92 B parameters, 1.85 GB): 409.6 GB over the 8. (With the dense MLPs and shared
-    // experts in bf16, 415.0.)
+    // 1.85 B of the embedding and LM head at 2 bytes (26.7 GB): 396.7 GB counted once. Every
+    // GPU holds a whole copy of latent attention's down-projections (q_a and kv_a, 0.92 B
+    // parameters, 1.85 GB), so the 8 hold 7 copies more: 409.6 GB. (With the dense MLPs and
+    // shared experts in bf16, 415.0.)
     let fp4 = at("deepseek-r1", Dtype::Nvfp4, 8, Parallel::default());
     let all = fp4.weight_bytes_per_gpu() * 8.0 / 1e9;
     assert!(
