@@ -8,8 +8,7 @@
 //! left out when no row matches it).
 
 use super::disagg::prefill_gpus;
-use super::silicon::SiliconCheck;
-use crate::observed::silicon::BenchClient;
+use super::silicon::{mean_length_fraction, SiliconCheck};
 
 /// `lo-hi` of `values` in seconds from milliseconds, two significant figures (`1.6-39`);
 /// `None` when empty.
@@ -88,15 +87,6 @@ fn sig2(x: f64) -> String {
     }
 }
 
-/// The mean of a length drawn as `client` draws it, over the row's: InferenceX's uniform
-/// in `[0.8 L, L]`, aiperf's exact.
-fn mean_length(client: BenchClient) -> f64 {
-    match client {
-        BenchClient::InferenceX => 0.9,
-        BenchClient::Aiperf => 1.0,
-    }
-}
-
 /// The rows of TensorRT-LLM's DeepSeek model in fp8 on `gpu` at up to 64 clients whose
 /// measured TTFT is a second or more.
 fn slow_trtllm<'a>(checks: &'a [SiliconCheck], gpu: &str) -> Vec<&'a SiliconCheck> {
@@ -139,10 +129,10 @@ fn ranges(rows: &[&SiliconCheck]) -> Option<(String, String, String)> {
     ))
 }
 
-/// The closed loop's throughput (requests/s): clients over one request's time, the first
-/// token and the mean output's other tokens.
+/// The closed loop's throughput (requests per ms, from TTFT and TPOT in ms): clients over
+/// one request's time, the first token and the mean output's other tokens.
 fn throughput(c: &SiliconCheck, ttft: f64, tpot: f64) -> f64 {
-    let out = mean_length(c.row.client) * f64::from(c.row.osl);
+    let out = mean_length_fraction(c.row.client) * f64::from(c.row.osl);
     f64::from(c.row.concurrency.unwrap_or(1)) / (ttft + (out - 1.0).max(0.0) * tpot)
 }
 
@@ -215,10 +205,8 @@ pub(super) fn disagg_paragraph(checks: &[SiliconCheck]) -> String {
         .collect();
     let per_gpu = |c: &SiliconCheck, ttft: f64, tpot: f64| -> Option<f64> {
         let gpus = prefill_gpus(&c.row)? as f64;
-        let clients = f64::from(c.row.concurrency?);
-        let mean = mean_length(c.row.client);
-        let cycle_s = (ttft + (f64::from(c.row.osl) * mean - 1.0).max(0.0) * tpot) / 1e3;
-        Some(clients * f64::from(c.row.isl) * mean / cycle_s / gpus)
+        let prompt = f64::from(c.row.isl) * mean_length_fraction(c.row.client);
+        Some(1e3 * throughput(c, ttft, tpot) * prompt / gpus)
     };
     let middle = |v: Vec<f64>| -> Option<String> {
         if v.is_empty() {

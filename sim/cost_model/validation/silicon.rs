@@ -95,6 +95,19 @@ pub const WAVES: u64 = 10;
 /// ties to this value).
 pub const MTP_ACCEPTANCE: f64 = 0.6;
 
+/// InferenceX's client (`--random-range-ratio 0.8`) draws each length uniform in
+/// `[RANGE_RATIO x L, L]` for the row's `L`.
+pub(crate) const INFERENCEX_RANGE_RATIO: f64 = 0.8;
+
+/// The mean of a length drawn as `client` draws it, as a fraction of the row's: InferenceX's
+/// uniform range, aiperf's exact lengths.
+pub(crate) fn mean_length_fraction(client: BenchClient) -> f64 {
+    match client {
+        BenchClient::InferenceX => (1.0 + INFERENCEX_RANGE_RATIO) / 2.0,
+        BenchClient::Aiperf => 1.0,
+    }
+}
+
 const TEMPLATE: &str = r#"
 name = "silicon"
 seed = 0
@@ -542,7 +555,7 @@ pub(crate) fn base_config(
     let lengths = |l: u32| match row.client {
         // InferenceX's random dataset: lengths uniform in [0.8 L, L].
         BenchClient::InferenceX => LengthDist::Uniform {
-            min: (f64::from(l) * 0.8) as u32,
+            min: (f64::from(l) * INFERENCEX_RANGE_RATIO) as u32,
             max: l,
         },
         // aiperf with zero spread: every request the same, so the clients stay in step.
