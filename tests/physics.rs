@@ -896,6 +896,29 @@ fn the_mtp_acceptance_is_its_fit() {
         .expect("a [speculative] table");
 }
 
+/// `sim validate-model` simulates the rows aiconfigurator measured with aiperf at the
+/// clients' turnaround spread `sim calibrate --observed` fitted to them (the file it wrote,
+/// with the held-out errors).
+#[test]
+fn the_aiperf_turnaround_is_its_fit() {
+    let text = std::fs::read_to_string("calibration/aiperf-turnaround.toml").expect("file");
+    assert!(text.contains("held-out"), "{text}");
+    let table: toml::Table = text.parse().expect("toml");
+    let fitted = table["aiperf_turnaround_ms"]
+        .as_table()
+        .expect("[aiperf_turnaround_ms]");
+    assert_eq!(fitted.len(), 3, "{fitted:?}");
+    for (engine, ms) in fitted {
+        assert_eq!(
+            ms.as_float(),
+            Some(sim::cost_model::validation::silicon::aiperf_turnaround_ms(
+                engine
+            )),
+            "{engine}"
+        );
+    }
+}
+
 /// The kernel efficiencies' defaults are the values `sim calibrate --observed` fitted to
 /// aiconfigurator's rows (the files it wrote, which also record the held-out errors): fp8
 /// GEMMs run below the 16-bit GEMMs' fraction of their own peak, and a mixture of experts'

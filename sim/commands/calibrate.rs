@@ -40,12 +40,13 @@ pub struct Args {
     /// --backend cuda it defaults to the catalog entry of the device found.
     #[arg(long)]
     pub gpu: Option<String>,
-    /// Fit the fp8 and fp4 GEMM efficiencies (every engine's fp8 and NVFP4 rows of dense
-    /// models), the mixture of experts' grouped-GEMM efficiency and eager prefill cost
+    /// Fit the spread of the aiperf clients' turnaround (the rows aiperf measured), the fp8
+    /// and fp4 GEMM efficiencies (every engine's fp8 and NVFP4 rows of dense models), the mixture of experts' grouped-GEMM efficiency and eager prefill cost
     /// (their rows), each engine's grouped-GEMM efficiency on each GPU (its mixture-of-experts
     /// rows), then each engine's step overhead, all-reduce latency, eager step floor and
     /// per-request front-end cost to measured deployments (aiconfigurator's silicon.csv),
-    /// with k-fold held-out errors; writes `<out folder>/fp8-gemm.toml`, `fp4-gemm.toml`,
+    /// with k-fold held-out errors; writes `<out folder>/aiperf-turnaround.toml`,
+    /// `fp8-gemm.toml`, `fp4-gemm.toml`,
     /// `moe-gemm.toml`, `moe-prefill.toml`, `observed-moe-<engine>.toml`,
     /// `observed-<engine>.toml` and their `.rows.csv` (every row's held-out errors; default
     /// folder: calibration/). A folder of engine runs that record the KV blocks the engine
@@ -56,8 +57,8 @@ pub struct Args {
     /// Folds of the cross-validation (--observed).
     #[arg(long, default_value_t = 5)]
     pub folds: usize,
-    /// With --observed measured deployments: fit only these stages (`fp8`, `fp4`, `moe`,
-    /// `moe-prefill`, `moe-layer`, `moe-skew`, `mtp-acceptance`, `moe-engines`, `engines`; default:
+    /// With --observed measured deployments: fit only these stages (`aiperf-turnaround`,
+    /// `fp8`, `fp4`, `moe`, `moe-prefill`, `moe-layer`, `moe-skew`, `mtp-acceptance`, `moe-engines`, `engines`; default:
     /// all, in that order). A stage left out keeps its
     /// default.
     #[arg(long, value_delimiter = ',', value_enum)]
@@ -67,6 +68,8 @@ pub struct Args {
 /// A stage of `sim calibrate --observed` on measured deployments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Stage {
+    /// Each engine's spread of the aiperf clients' turnaround (the rows aiperf measured).
+    AiperfTurnaround,
     /// The fp8 GEMM efficiency.
     Fp8,
     /// The fp4 GEMM efficiency.
@@ -246,6 +249,19 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
     let mut fp8 = None;
     let mut prior = sim::cost_model::validation::silicon::EngineCost::default();
     let wanted = |s: Stage| args.only.is_empty() || args.only.contains(&s);
+    if wanted(Stage::AiperfTurnaround) {
+        use sim::cost_model::calibration::turnaround;
+        let fits = turnaround::fit_turnaround(&rows, args.folds, &prior)?;
+        for f in &fits {
+            outln!(out, "{}", f.summary(args.folds));
+        }
+        if !fits.is_empty() {
+            let file = dir.join(turnaround::FILE);
+            let text = turnaround::toml(&fits, &path.display().to_string(), args.folds);
+            std::fs::write(&file, text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            outln!(out, "wrote {}", file.display());
+        }
+    }
     for (term, stage) in [
         (Term::Fp8, Stage::Fp8),
         (Term::Fp4, Stage::Fp4),

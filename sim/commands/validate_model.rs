@@ -212,6 +212,7 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
                 "moe-layer.toml",
                 "moe-skew.toml",
                 "mtp-acceptance.toml",
+                "aiperf-turnaround.toml",
                 "memory-reserve.toml",
             ]
             .contains(&n)
@@ -242,6 +243,10 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
                     "moe_routing_skew",
                     "runtime_overhead_gib",
                     "acceptance",
+                    "[aiperf_turnaround_ms]",
+                    "sglang = ",
+                    "trtllm = ",
+                    "vllm = ",
                     "[cost.by_gpu.",
                 ]
                 .iter()

@@ -228,47 +228,75 @@ pub fn fit_efficiency(
     if n < folds {
         return Ok(None);
     }
+    let k = kfold(&errors, folds);
+    let fit = EfficiencyFit {
+        term,
+        rows: n,
+        value: candidates[k.best],
+        fold_values: k.fold_choices.iter().map(|&c| candidates[c]).collect(),
+        held_out_ttft: k.held_out.iter().map(|e| e.0).collect(),
+        held_out_tpot: k.held_out.iter().map(|e| e.1).collect(),
+        baseline_ttft: errors[0].iter().map(|e| e.0).collect(),
+        baseline_tpot: errors[0].iter().map(|e| e.1).collect(),
+        landscape: landscape(candidates, &errors),
+    };
+    Ok(Some(fit))
+}
+
+/// A k-fold choice among candidates: per fold, the candidate with the smallest sum of the
+/// median |TTFT| and |TPOT| errors on the other folds, scored on the held-out one.
+pub(crate) struct KFold {
+    /// The candidate chosen on every row.
+    pub best: usize,
+    /// Each fold's candidate.
+    pub fold_choices: Vec<usize>,
+    /// Each row's held-out (TTFT, TPOT) errors, fold by fold.
+    pub held_out: Vec<(f64, f64)>,
+}
+
+/// Chooses among candidates `folds`-fold; `errors[c][i]` is row `i`'s (TTFT, TPOT) error
+/// under candidate `c`. The rows are shuffled with a fixed seed first (the engines' fits'
+/// too), so folds mix GPUs, models and loads.
+pub(crate) fn kfold(errors: &[Vec<(f64, f64)>], folds: usize) -> KFold {
+    let n = errors.first().map_or(0, Vec::len);
     let score = |c: usize, on: &[usize]| {
         let ttft: Vec<f64> = on.iter().map(|&i| errors[c][i].0).collect();
         let tpot: Vec<f64> = on.iter().map(|&i| errors[c][i].1).collect();
         median_abs(&ttft) + median_abs(&tpot)
     };
     let best = |on: &[usize]| {
-        (0..candidates.len())
+        (0..errors.len())
             .min_by(|&a, &b| score(a, on).total_cmp(&score(b, on)))
             .unwrap_or(0)
     };
-    // The same fixed shuffle as the engines' fits, so folds mix GPUs, models and loads.
     let mut idx: Vec<usize> = (0..n).collect();
     idx.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(17));
-    let mut fit = EfficiencyFit {
-        term,
-        rows: n,
-        value: candidates[best(&idx)],
-        fold_values: Vec::new(),
-        held_out_ttft: Vec::new(),
-        held_out_tpot: Vec::new(),
-        baseline_ttft: errors[0].iter().map(|e| e.0).collect(),
-        baseline_tpot: errors[0].iter().map(|e| e.1).collect(),
-        landscape: candidates
-            .iter()
-            .zip(&errors)
-            .map(|(&v, e)| {
-                let (ttft, tpot): (Vec<f64>, Vec<f64>) = e.iter().copied().unzip();
-                (v, median_abs(&ttft), median_abs(&tpot))
-            })
-            .collect(),
+    let mut k = KFold {
+        best: best(&idx),
+        fold_choices: Vec::new(),
+        held_out: Vec::new(),
     };
     for f in 0..folds {
         let train: Vec<usize> = (0..n).filter(|j| j % folds != f).map(|j| idx[j]).collect();
         let c = best(&train);
-        fit.fold_values.push(candidates[c]);
+        k.fold_choices.push(c);
         for j in (f..n).step_by(folds) {
-            fit.held_out_ttft.push(errors[c][idx[j]].0);
-            fit.held_out_tpot.push(errors[c][idx[j]].1);
+            k.held_out.push(errors[c][idx[j]]);
         }
     }
-    Ok(Some(fit))
+    k
+}
+
+/// Each candidate with its median |TTFT| and |TPOT| errors over every row (in-sample).
+pub(crate) fn landscape(candidates: &[f64], errors: &[Vec<(f64, f64)>]) -> Vec<(f64, f64, f64)> {
+    candidates
+        .iter()
+        .zip(errors)
+        .map(|(&v, e)| {
+            let (ttft, tpot): (Vec<f64>, Vec<f64>) = e.iter().copied().unzip();
+            (v, median_abs(&ttft), median_abs(&tpot))
+        })
+        .collect()
 }
 
 impl EfficiencyFit {

@@ -27,6 +27,7 @@ pub mod observed;
 pub mod served;
 pub mod splitwise;
 pub mod steps;
+pub mod turnaround;
 pub mod uncertainty;
 
 pub use splitwise::{

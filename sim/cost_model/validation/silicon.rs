@@ -7,8 +7,11 @@
 //! the measured ones. The request stream is the client's:
 //! [`BenchClient::InferenceX`] rows (a fork of vLLM's `benchmark_serving`,
 //! `--random-range-ratio 0.8`) draw prompt and output lengths uniform in `[0.8 L, L]`;
-//! [`BenchClient::Aiperf`] rows (aiconfigurator's gap analysis) send exactly `isl`/`osl`,
-//! so the clients stay in step and each wave's prefills queue behind one another. Rows the
+//! [`BenchClient::Aiperf`] rows (aiconfigurator's gap analysis) send exactly `isl`/`osl`
+//! under the settings aiconfigurator's generator gives those deployments
+//! ([`aiperf_settings`]), each client's next request reaching the engine a fitted spread of
+//! milliseconds after its last ended ([`aiperf_turnaround_ms`]): how the identical requests
+//! bunch into steps, and so how long each prompt queues, follows from it. Rows the
 //! simulator cannot take yet are counted by reason (MoE and MLA models, fp4, pipeline or
 //! attention data parallelism: issue 18).
 //!
@@ -53,6 +56,9 @@ pub struct EngineCost {
     /// measured with speculative decoding (`None`: [`MTP_ACCEPTANCE`]; 0: simulated
     /// without speculative decoding, as before the rows' settings were known).
     pub mtp_acceptance: Option<f64>,
+    /// The spread of the aiperf clients' turnaround, milliseconds (`None`: the engine's,
+    /// [`aiperf_turnaround_ms`]).
+    pub aiperf_turnaround_ms: Option<f64>,
 }
 
 /// `(why, rows)` of the rows not simulated.
@@ -94,6 +100,25 @@ pub const WAVES: u64 = 10;
 /// tokens, so it is fitted to their TPOT (`calibration/mtp-acceptance.toml`, which a test
 /// ties to this value).
 pub const MTP_ACCEPTANCE: f64 = 0.6;
+
+/// The spread of the turnaround of aiconfigurator's aiperf clients with `backend`'s server,
+/// milliseconds: each client's next request reaches the engine a uniform draw in
+/// `[0, this)` past the step that ended its last (`workload.arrival.think_jitter_s`).
+/// aiperf hands a freed slot to a worker process, the worker sends the request, and the
+/// engine's HTTP server tokenizes it before the scheduler sees it: milliseconds that differ
+/// from request to request and that neither the rows nor aiperf record. That spread
+/// decides how the clients' requests bunch into steps, which is most of a closed loop's
+/// TTFT. The draw is taken before the request is sent, so TTFT does not count it (a fixed
+/// front-end cost inside TTFT is `cost.request_overhead_ms`). Fitted per engine to the aiperf rows
+/// ([`crate::cost_model::calibration::turnaround`], `calibration/aiperf-turnaround.toml`,
+/// which a test ties to these values).
+pub fn aiperf_turnaround_ms(backend: &str) -> f64 {
+    match backend {
+        "sglang" => 0.0,
+        "trtllm" => 30.0,
+        _ => 10.0,
+    }
+}
 
 /// InferenceX's client (`--random-range-ratio 0.8`) draws each length uniform in
 /// `[RANGE_RATIO x L, L]` for the row's `L`.
@@ -301,6 +326,47 @@ pub(crate) fn engine_defaults(
         _ => {
             engine.scheduler = SchedulerKind::Chunked;
         }
+    }
+}
+
+/// What aiconfigurator's generator sets for the deployments its gap analysis measured with
+/// aiperf (ai-dynamo/aiconfigurator, `generator/rule_plugin/benchmark/{vllm,trtllm}.rule` and
+/// `generator/config/backend_templates/trtllm/extra_engine_args.1.0.0rc3.yaml.j2`, the
+/// versions of the rows' campaigns: TensorRT-LLM 1.0.0rc3, vLLM 0.12.0), and how its
+/// clients send:
+/// - vLLM and TensorRT-LLM: the row's `batch_size` as the most sequences (`max_batch_size`,
+///   `--max-num-seqs`) and `batch_size + isl + 1500` tokens a step (`max_num_tokens`,
+///   `--max-num-batched-tokens`; TensorRT-LLM's rounded up to 32): a step holds about one
+///   prompt;
+/// - TensorRT-LLM 1.0: `enable_chunked_prefill: false` (a prompt joins a step whole) and
+///   `free_gpu_memory_fraction` 0.80 ([`trtllm_free_fraction`]);
+/// - SGLang keeps its defaults here: the generator's rule for it
+///   (`max_prefill_tokens = isl + 1500` with `enable_mixed_chunk`, prefill chunks riding in
+///   decode batches) is another
+///   scheduler than the prefill-first one the simulator runs SGLang with, and its H100 rows
+///   (0.5.1) match that scheduler's waves at 8,192 tokens;
+/// - aiperf (`--concurrency`, exact lengths): each client sends its next request when its
+///   last ends, reaching the engine `turnaround_ms` x U[0, 1) later.
+pub(crate) fn aiperf_settings(
+    cfg: &mut crate::scenario::ScenarioConfig,
+    row: &AggregateRow,
+    clients: u32,
+    turnaround_ms: f64,
+) {
+    if row.backend != "sglang" {
+        let budget = clients + row.isl + 1500;
+        cfg.engine.max_num_batched_tokens = Some(if row.backend == "trtllm" {
+            budget.div_ceil(32) * 32
+        } else {
+            budget
+        });
+        cfg.engine.max_num_seqs = clients;
+    }
+    if row.backend == "trtllm" {
+        cfg.engine.enable_chunked_prefill = false;
+    }
+    if let Some(ArrivalConfig::ClosedLoop { think_jitter_s, .. }) = cfg.workload.arrival.as_mut() {
+        *think_jitter_s = turnaround_ms / 1000.0;
     }
 }
 
@@ -589,12 +655,17 @@ fn simulate(
     cfg.hardware.dp = p.dp;
     cfg.hardware.ep = p.ep;
     engine_defaults(&mut cfg.engine, &row.backend, gpu, p.tp * p.dp);
-    if row.client == BenchClient::InferenceX {
-        if row.is_moe() {
-            inferencex_moe_settings(&mut cfg, row, p);
-        } else {
-            inferencex_dense_settings(&mut cfg, row, p.tp);
-        }
+    match row.client {
+        BenchClient::InferenceX if row.is_moe() => inferencex_moe_settings(&mut cfg, row, p),
+        BenchClient::InferenceX => inferencex_dense_settings(&mut cfg, row, p.tp),
+        BenchClient::Aiperf => aiperf_settings(
+            &mut cfg,
+            row,
+            c,
+            engine
+                .aiperf_turnaround_ms
+                .unwrap_or_else(|| aiperf_turnaround_ms(&row.backend)),
+        ),
     }
     let acceptance = engine.mtp_acceptance.unwrap_or(MTP_ACCEPTANCE);
     if let Some(k) = row.mtp_drafts.filter(|_| acceptance > 0.0) {
@@ -660,11 +731,14 @@ fn trtllm_memory_share_of(plan: &crate::cost_model::MemoryPlan, free_fraction: f
         + (1.0 - free_fraction) * (plan.weight_bytes + plan.activation_bytes) / plan.gpu_mem_bytes
 }
 
-/// TensorRT-LLM's `free_gpu_memory_fraction` for `row`: 0.9 (its default), or what
-/// InferenceX's MoE scripts set (DeepSeek-R1: 0.8, 0.75 on H200 and for 8k prompts at TP4
+/// TensorRT-LLM's `free_gpu_memory_fraction` for `row`: 0.9 (its default), 0.8 in
+/// aiconfigurator's aiperf rows (its template's), or what InferenceX's MoE scripts set (DeepSeek-R1: 0.8, 0.75 on H200 and for 8k prompts at TP4
 /// on B200; gpt-oss: 0.85).
 fn trtllm_free_fraction(row: &AggregateRow, p: &Planned) -> f64 {
-    if row.client != BenchClient::InferenceX || !row.is_moe() {
+    if row.client == BenchClient::Aiperf {
+        return 0.8;
+    }
+    if !row.is_moe() {
         return 0.9;
     }
     if p.model.starts_with("gpt-oss") {
