@@ -59,8 +59,9 @@ pub struct Args {
     pub folds: usize,
     /// With --observed measured deployments: fit only these stages (`aiperf-turnaround`,
     /// `fp8`, `fp4`, `moe`, `moe-prefill`, `moe-layer`, `moe-skew`, `mtp-acceptance`, `moe-engines`, `engines`; default:
-    /// all, in that order). A stage left out keeps its
-    /// default.
+    /// all, in that order). A stage left out keeps its default. The later stages run under
+    /// the compiled-in turnaround spreads (`aiperf_turnaround_ms`), not ones this run fits:
+    /// ship a moved spread before refitting the rest.
     #[arg(long, value_delimiter = ',', value_enum)]
     pub only: Vec<Stage>,
 }

@@ -116,7 +116,9 @@ pub fn aiperf_turnaround_ms(backend: &str) -> f64 {
     match backend {
         "sglang" => 0.0,
         "trtllm" => 30.0,
-        _ => 10.0,
+        "vllm" => 10.0,
+        // An engine not fitted: its clients' requests reach it as their last ends.
+        _ => 0.0,
     }
 }
 
@@ -332,13 +334,15 @@ pub(crate) fn engine_defaults(
 /// What aiconfigurator's generator sets for the deployments its gap analysis measured with
 /// aiperf (ai-dynamo/aiconfigurator, `generator/rule_plugin/benchmark/{vllm,trtllm}.rule` and
 /// `generator/config/backend_templates/trtllm/extra_engine_args.1.0.0rc3.yaml.j2`, the
-/// versions of the rows' campaigns: TensorRT-LLM 1.0.0rc3, vLLM 0.12.0), and how its
-/// clients send:
+/// versions of most of the rows: TensorRT-LLM 1.0.0rc3, vLLM 0.12.0; the 1.3.0rc1 template
+/// sets the same), and how its clients send:
 /// - vLLM and TensorRT-LLM: the row's `batch_size` as the most sequences (`max_batch_size`,
 ///   `--max-num-seqs`) and `batch_size + isl + 1500` tokens a step (`max_num_tokens`,
-///   `--max-num-batched-tokens`; TensorRT-LLM's rounded up to 32): a step holds about one
-///   prompt;
-/// - TensorRT-LLM 1.0: `enable_chunked_prefill: false` (a prompt joins a step whole) and
+///   `--max-num-batched-tokens`; TensorRT-LLM's rounded up to a multiple of 32, as the
+///   generator's rules do since January 2026, which the 1.0 runs may not have: at most 31
+///   tokens): a step holds about one prompt;
+/// - TensorRT-LLM (every aiperf row, 1.0.0rc3 to 1.3.0rc5): `enable_chunked_prefill: false`
+///   (a prompt joins a step whole) and
 ///   `free_gpu_memory_fraction` 0.80 ([`trtllm_free_fraction`]);
 /// - SGLang keeps its defaults here: the generator's rule for it
 ///   (`max_prefill_tokens = isl + 1500` with `enable_mixed_chunk`, prefill chunks riding in
@@ -624,7 +628,8 @@ pub(crate) fn base_config(
             min: (f64::from(l) * INFERENCEX_RANGE_RATIO) as u32,
             max: l,
         },
-        // aiperf with zero spread: every request the same, so the clients stay in step.
+        // aiperf with zero spread: every request the same, so how the clients' requests
+        // bunch into steps follows from their turnaround (`aiperf_settings`).
         BenchClient::Aiperf => LengthDist::Fixed { value: l },
     };
     cfg.workload.classes[0].prompt = Some(lengths(row.isl));
@@ -658,10 +663,12 @@ fn simulate(
     match row.client {
         BenchClient::InferenceX if row.is_moe() => inferencex_moe_settings(&mut cfg, row, p),
         BenchClient::InferenceX => inferencex_dense_settings(&mut cfg, row, p.tp),
+        // The generator's settings are per engine (per rank under attention data
+        // parallelism, which no aiperf row has).
         BenchClient::Aiperf => aiperf_settings(
             &mut cfg,
             row,
-            c,
+            row.batch_size.unwrap_or(c),
             engine
                 .aiperf_turnaround_ms
                 .unwrap_or_else(|| aiperf_turnaround_ms(&row.backend)),
