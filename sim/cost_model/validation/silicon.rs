@@ -7,9 +7,9 @@
 //! the measured ones. The request stream is the client's:
 //! [`BenchClient::InferenceX`] rows (a fork of vLLM's `benchmark_serving`,
 //! `--random-range-ratio 0.8`) draw prompt and output lengths uniform in `[0.8 L, L]`;
-//! [`BenchClient::Aiperf`] rows (aiconfigurator's gap analysis) send exactly `isl`/`osl`
-//! under the settings aiconfigurator's generator gives those deployments
-//! ([`aiperf_settings`]), each client's next request reaching the engine a fitted spread of
+//! [`BenchClient::Aiperf`] rows (aiconfigurator's gap analysis) send exactly `isl`/`osl`,
+//! vLLM's and TensorRT-LLM's under the settings aiconfigurator's generator gives those
+//! deployments (`aiperf_settings`), each client's next request reaching the engine a fitted spread of
 //! milliseconds after its last ended ([`aiperf_turnaround_ms`]): how the identical requests
 //! bunch into steps, and so how long each prompt queues, follows from it. Rows the
 //! simulator cannot take yet are counted by reason (MoE and MLA models, fp4, pipeline or
