@@ -574,20 +574,26 @@ fn the_aiperf_turnaround_is_fitted_per_engine_with_held_out_errors() {
     let fits = fit_turnaround(&rows, 3, &EngineCost::default()).expect("fits");
     assert_eq!(fits.len(), 1);
     let f = &fits[0];
-    assert_eq!((f.engine.as_str(), f.rows), ("trtllm", 12));
-    assert!(CANDIDATES.contains(&f.value));
-    assert_eq!(f.fold_values.len(), 3);
-    assert!(f.fold_values.iter().all(|v| CANDIDATES.contains(v)));
-    assert_eq!((f.held_out_ttft.len(), f.baseline_ttft.len()), (12, 12));
-    assert_eq!(f.landscape.len(), CANDIDATES.len());
-    let (lockstep, spread) = (f.landscape[0].1, f.landscape[CANDIDATES.len() - 1].1);
-    assert!((lockstep - spread).abs() > 1e-3, "{:?}", f.landscape);
+    assert_eq!((f.engine.as_str(), f.fit.rows), ("trtllm", 12));
+    assert!(CANDIDATES.contains(&f.fit.value));
+    assert_eq!(f.fit.fold_values.len(), 3);
+    assert!(f.fit.fold_values.iter().all(|v| CANDIDATES.contains(v)));
+    assert_eq!(
+        (f.fit.held_out_ttft.len(), f.fit.baseline_ttft.len()),
+        (12, 12)
+    );
+    assert_eq!(f.fit.landscape.len(), CANDIDATES.len());
+    let (lockstep, spread) = (
+        f.fit.landscape[0].1,
+        f.fit.landscape[CANDIDATES.len() - 1].1,
+    );
+    assert!((lockstep - spread).abs() > 1e-3, "{:?}", f.fit.landscape);
     let text = file_text(&fits, "silicon-small.csv", 3);
     assert!(text.contains("held-out"), "{text}");
     let table: toml::Table = text.parse().expect("toml");
     assert_eq!(
         table["aiperf_turnaround_ms"]["trtllm"].as_float(),
-        Some(f.value),
+        Some(f.fit.value),
         "{text}"
     );
 }

@@ -278,14 +278,14 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
         let Some(f) = fit_efficiency(&rows, args.folds, term, &prior)? else {
             continue;
         };
-        prior = term.cost(f.value, &prior);
+        prior = term.cost(f.fit.value, &prior);
         outln!(out, "{}", f.summary(args.folds));
         let file = dir.join(term.file());
         std::fs::write(&file, f.toml(&path.display().to_string(), args.folds))
             .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
         outln!(out, "wrote {}", file.display());
         if term == Term::Fp8 {
-            fp8 = Some(f.value);
+            fp8 = Some(f.fit.value);
         }
     }
     if wanted(Stage::MoeEngines) {

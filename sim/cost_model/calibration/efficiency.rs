@@ -171,23 +171,8 @@ impl Term {
 pub struct EfficiencyFit {
     /// The term fitted.
     pub term: Term,
-    /// Rows simulated.
-    pub rows: usize,
-    /// The value fitted on every row.
-    pub value: f64,
-    /// Each fold's value.
-    pub fold_values: Vec<f64>,
-    /// Held-out signed TTFT and TPOT errors (one per row).
-    pub held_out_ttft: Vec<f64>,
-    /// See `held_out_ttft`.
-    pub held_out_tpot: Vec<f64>,
-    /// Errors at the first candidate (1: as efficient as dense 16-bit GEMMs; 0 us).
-    pub baseline_ttft: Vec<f64>,
-    /// See `baseline_ttft`.
-    pub baseline_tpot: Vec<f64>,
-    /// Each candidate with its median |TTFT| and |TPOT| errors over every row (in-sample:
-    /// the shape of the fit, not its held-out error).
-    pub landscape: Vec<(f64, f64, f64)>,
+    /// Its candidates' k-fold choice and errors.
+    pub fit: Folded,
 }
 
 /// Fits `term` to the rows of `rows` it applies to, `folds`-fold, with the terms fitted
@@ -228,36 +213,40 @@ pub fn fit_efficiency(
     if n < folds {
         return Ok(None);
     }
-    let k = kfold(&errors, folds);
-    let fit = EfficiencyFit {
+    Ok(Some(EfficiencyFit {
         term,
-        rows: n,
-        value: candidates[k.best],
-        fold_values: k.fold_choices.iter().map(|&c| candidates[c]).collect(),
-        held_out_ttft: k.held_out.iter().map(|e| e.0).collect(),
-        held_out_tpot: k.held_out.iter().map(|e| e.1).collect(),
-        baseline_ttft: errors[0].iter().map(|e| e.0).collect(),
-        baseline_tpot: errors[0].iter().map(|e| e.1).collect(),
-        landscape: landscape(candidates, &errors),
-    };
-    Ok(Some(fit))
+        fit: folded(candidates, &errors, folds),
+    }))
 }
 
-/// A k-fold choice among candidates: per fold, the candidate with the smallest sum of the
-/// median |TTFT| and |TPOT| errors on the other folds, scored on the held-out one.
-pub(crate) struct KFold {
-    /// The candidate chosen on every row.
-    pub best: usize,
-    /// Each fold's candidate.
-    pub fold_choices: Vec<usize>,
-    /// Each row's held-out (TTFT, TPOT) errors, fold by fold.
-    pub held_out: Vec<(f64, f64)>,
+/// A k-fold choice among candidates and the errors it leaves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Folded {
+    /// Rows simulated under every candidate.
+    pub rows: usize,
+    /// The value chosen on every row.
+    pub value: f64,
+    /// Each fold's value.
+    pub fold_values: Vec<f64>,
+    /// Held-out signed TTFT errors (one per row, fold by fold).
+    pub held_out_ttft: Vec<f64>,
+    /// See `held_out_ttft`.
+    pub held_out_tpot: Vec<f64>,
+    /// Errors at the first candidate (the baseline: 1 for an efficiency, 0 for a cost).
+    pub baseline_ttft: Vec<f64>,
+    /// See `baseline_ttft`.
+    pub baseline_tpot: Vec<f64>,
+    /// Each candidate with its median |TTFT| and |TPOT| errors over every row (in-sample:
+    /// the shape of the fit, not its held-out error).
+    pub landscape: Vec<(f64, f64, f64)>,
 }
 
-/// Chooses among candidates `folds`-fold; `errors[c][i]` is row `i`'s (TTFT, TPOT) error
-/// under candidate `c`. The rows are shuffled with a fixed seed first (the engines' fits'
-/// too), so folds mix GPUs, models and loads.
-pub(crate) fn kfold(errors: &[Vec<(f64, f64)>], folds: usize) -> KFold {
+/// Chooses among `candidates` `folds`-fold: per fold, the candidate with the smallest sum
+/// of the median |TTFT| and |TPOT| errors on the other folds, scored on the held-out one.
+/// `errors[c][i]` is row `i`'s (TTFT, TPOT) error under candidate `c`. The rows are
+/// shuffled with a fixed seed first (the engines' fits' too), so folds mix GPUs, models
+/// and loads.
+pub(crate) fn folded(candidates: &[f64], errors: &[Vec<(f64, f64)>], folds: usize) -> Folded {
     let n = errors.first().map_or(0, Vec::len);
     let score = |c: usize, on: &[usize]| {
         let ttft: Vec<f64> = on.iter().map(|&i| errors[c][i].0).collect();
@@ -271,38 +260,45 @@ pub(crate) fn kfold(errors: &[Vec<(f64, f64)>], folds: usize) -> KFold {
     };
     let mut idx: Vec<usize> = (0..n).collect();
     idx.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(17));
-    let mut k = KFold {
-        best: best(&idx),
-        fold_choices: Vec::new(),
-        held_out: Vec::new(),
+    let (baseline_ttft, baseline_tpot) = errors[0].iter().copied().unzip();
+    let mut fit = Folded {
+        rows: n,
+        value: candidates[best(&idx)],
+        fold_values: Vec::new(),
+        held_out_ttft: Vec::new(),
+        held_out_tpot: Vec::new(),
+        baseline_ttft,
+        baseline_tpot,
+        landscape: candidates
+            .iter()
+            .zip(errors)
+            .map(|(&v, e)| {
+                let (ttft, tpot): (Vec<f64>, Vec<f64>) = e.iter().copied().unzip();
+                (v, median_abs(&ttft), median_abs(&tpot))
+            })
+            .collect(),
     };
     for f in 0..folds {
         let train: Vec<usize> = (0..n).filter(|j| j % folds != f).map(|j| idx[j]).collect();
         let c = best(&train);
-        k.fold_choices.push(c);
+        fit.fold_values.push(candidates[c]);
         for j in (f..n).step_by(folds) {
-            k.held_out.push(errors[c][idx[j]]);
+            fit.held_out_ttft.push(errors[c][idx[j]].0);
+            fit.held_out_tpot.push(errors[c][idx[j]].1);
         }
     }
-    k
-}
-
-/// Each candidate with its median |TTFT| and |TPOT| errors over every row (in-sample).
-pub(crate) fn landscape(candidates: &[f64], errors: &[Vec<(f64, f64)>]) -> Vec<(f64, f64, f64)> {
-    candidates
-        .iter()
-        .zip(errors)
-        .map(|(&v, e)| {
-            let (ttft, tpot): (Vec<f64>, Vec<f64>) = e.iter().copied().unzip();
-            (v, median_abs(&ttft), median_abs(&tpot))
-        })
-        .collect()
+    fit
 }
 
 impl EfficiencyFit {
     /// One line: the value, its folds and the held-out errors against the baseline.
     pub fn summary(&self, folds: usize) -> String {
-        let folds_list: Vec<String> = self.fold_values.iter().map(|v| format!("{v}")).collect();
+        let folds_list: Vec<String> = self
+            .fit
+            .fold_values
+            .iter()
+            .map(|v| format!("{v}"))
+            .collect();
         let base = match self.term {
             Term::MtpAcceptance => "without speculative decoding".to_string(),
             t => format!("at {}", t.candidates()[0]),
@@ -318,16 +314,16 @@ impl EfficiencyFit {
         format!(
             "{} = {} fitted to {} {rows} of every engine; {folds}-fold held-out: TTFT median |err| {:.1}%, p90 {:.1}% ({base}: {:.1}%, {:.1}%), TPOT median |err| {:.1}%, p90 {:.1}% ({base}: {:.1}%, {:.1}%); the folds' values: {}",
             self.term.key(),
-            self.value,
-            self.rows,
-            100.0 * median_abs(&self.held_out_ttft),
-            100.0 * p90_abs(&self.held_out_ttft),
-            100.0 * median_abs(&self.baseline_ttft),
-            100.0 * p90_abs(&self.baseline_ttft),
-            100.0 * median_abs(&self.held_out_tpot),
-            100.0 * p90_abs(&self.held_out_tpot),
-            100.0 * median_abs(&self.baseline_tpot),
-            100.0 * p90_abs(&self.baseline_tpot),
+            self.fit.value,
+            self.fit.rows,
+            100.0 * median_abs(&self.fit.held_out_ttft),
+            100.0 * p90_abs(&self.fit.held_out_ttft),
+            100.0 * median_abs(&self.fit.baseline_ttft),
+            100.0 * p90_abs(&self.fit.baseline_ttft),
+            100.0 * median_abs(&self.fit.held_out_tpot),
+            100.0 * p90_abs(&self.fit.held_out_tpot),
+            100.0 * median_abs(&self.fit.baseline_tpot),
+            100.0 * p90_abs(&self.fit.baseline_tpot),
             folds_list.join(", ")
         )
     }
@@ -342,6 +338,7 @@ impl EfficiencyFit {
         );
         let _ = writeln!(s, "# {}.", self.summary(folds));
         let shape: Vec<String> = self
+            .fit
             .landscape
             .iter()
             .map(|(v, ttft, tpot)| format!("{v}: {:.1}% / {:.1}%", 100.0 * ttft, 100.0 * tpot))
@@ -356,12 +353,12 @@ impl EfficiencyFit {
                 s,
                 "# `sim validate-model` simulates those rows with this value (a test ties them); a scenario may use the table with `k` set to the drafts its engine runs."
             );
-            if self.value > 0.0 {
+            if self.fit.value > 0.0 {
                 let _ = writeln!(
                     s,
                     "[speculative]\nmethod = \"mtp\"\n{} = [{:?}]",
                     self.term.key(),
-                    self.value
+                    self.fit.value
                 );
             } else {
                 // 0 is the rows simulated without speculative decoding.
@@ -374,7 +371,7 @@ impl EfficiencyFit {
             "# The shipped default of `cost.{}` is this value (a test ties them).",
             self.term.key()
         );
-        let _ = writeln!(s, "[cost]\n{} = {:?}", self.term.key(), self.value);
+        let _ = writeln!(s, "[cost]\n{} = {:?}", self.term.key(), self.fit.value);
         s
     }
 }

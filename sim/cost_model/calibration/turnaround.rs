@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
-use super::efficiency::{kfold, landscape};
+use super::efficiency::{folded, Folded};
 use super::observed::{median_abs, p90_abs};
 use crate::cost_model::validation::silicon::{silicon_checks_with, EngineCost};
 use crate::observed::silicon::{AggregateRow, BenchClient};
@@ -36,22 +36,9 @@ pub const FILE: &str = "aiperf-turnaround.toml";
 pub struct TurnaroundFit {
     /// The engine (`sglang`, `trtllm`, `vllm`).
     pub engine: String,
-    /// Its rows simulated under every candidate.
-    pub rows: usize,
-    /// The spread fitted on every row, milliseconds.
-    pub value: f64,
-    /// Each fold's spread.
-    pub fold_values: Vec<f64>,
-    /// Held-out signed TTFT errors (one per row).
-    pub held_out_ttft: Vec<f64>,
-    /// Held-out signed TPOT errors.
-    pub held_out_tpot: Vec<f64>,
-    /// Errors at 0 ms (the clients in lockstep).
-    pub baseline_ttft: Vec<f64>,
-    /// See `baseline_ttft`.
-    pub baseline_tpot: Vec<f64>,
-    /// Each candidate with its median |TTFT| and |TPOT| errors over every row (in-sample).
-    pub landscape: Vec<(f64, f64, f64)>,
+    /// Its spreads' k-fold choice (milliseconds) and errors, 0 ms the baseline (the clients
+    /// in lockstep).
+    pub fit: Folded,
 }
 
 /// Fits each engine's spread to the aiperf rows of `rows`, `folds`-fold, with the other
@@ -101,17 +88,9 @@ pub fn fit_turnaround(
             .iter()
             .map(|m| ids.iter().map(|id| (m[*id].1, m[*id].2)).collect())
             .collect();
-        let k = kfold(&errors, folds);
         let fit = TurnaroundFit {
             engine,
-            rows: n,
-            value: CANDIDATES[k.best],
-            fold_values: k.fold_choices.iter().map(|&c| CANDIDATES[c]).collect(),
-            held_out_ttft: k.held_out.iter().map(|e| e.0).collect(),
-            held_out_tpot: k.held_out.iter().map(|e| e.1).collect(),
-            baseline_ttft: errors[0].iter().map(|e| e.0).collect(),
-            baseline_tpot: errors[0].iter().map(|e| e.1).collect(),
-            landscape: landscape(&CANDIDATES, &errors),
+            fit: folded(&CANDIDATES, &errors, folds),
         };
         fits.push(fit);
     }
@@ -126,16 +105,21 @@ fn pct(v: &[f64]) -> (f64, f64) {
 impl TurnaroundFit {
     /// One line: the spread, its folds and the held-out errors against lockstep's.
     pub fn summary(&self, folds: usize) -> String {
-        let (t, t90) = pct(&self.held_out_ttft);
-        let (b, b90) = pct(&self.baseline_ttft);
-        let (p, p90) = pct(&self.held_out_tpot);
-        let (bp, bp90) = pct(&self.baseline_tpot);
-        let list: Vec<String> = self.fold_values.iter().map(|v| format!("{v}")).collect();
+        let (t, t90) = pct(&self.fit.held_out_ttft);
+        let (b, b90) = pct(&self.fit.baseline_ttft);
+        let (p, p90) = pct(&self.fit.held_out_tpot);
+        let (bp, bp90) = pct(&self.fit.baseline_tpot);
+        let list: Vec<String> = self
+            .fit
+            .fold_values
+            .iter()
+            .map(|v| format!("{v}"))
+            .collect();
         format!(
             "{}: {} ms fitted to {} aiperf rows; {folds}-fold held-out: TTFT median |err| {t:.1}%, p90 {t90:.1}% (at 0 ms: {b:.1}%, {b90:.1}%), TPOT median |err| {p:.1}%, p90 {p90:.1}% (at 0 ms: {bp:.1}%, {bp90:.1}%); the folds' values: {}",
             self.engine,
-            self.value,
-            self.rows,
+            self.fit.value,
+            self.fit.rows,
             list.join(", ")
         )
     }
@@ -147,10 +131,10 @@ pub fn pooled(fits: &[TurnaroundFit]) -> ([f64; 4], [f64; 4]) {
     let cat = |f: fn(&TurnaroundFit) -> &Vec<f64>| -> Vec<f64> {
         fits.iter().flat_map(|x| f(x).iter().copied()).collect()
     };
-    let (t, t90) = pct(&cat(|f| &f.held_out_ttft));
-    let (p, p90) = pct(&cat(|f| &f.held_out_tpot));
-    let (bt, bt90) = pct(&cat(|f| &f.baseline_ttft));
-    let (bp, bp90) = pct(&cat(|f| &f.baseline_tpot));
+    let (t, t90) = pct(&cat(|f| &f.fit.held_out_ttft));
+    let (p, p90) = pct(&cat(|f| &f.fit.held_out_tpot));
+    let (bt, bt90) = pct(&cat(|f| &f.fit.baseline_ttft));
+    let (bp, bp90) = pct(&cat(|f| &f.fit.baseline_tpot));
     ([t, t90, p, p90], [bt, bt90, bp, bp90])
 }
 
@@ -163,7 +147,7 @@ pub fn toml(fits: &[TurnaroundFit], source: &str, folds: usize) -> String {
         "# The spread of the turnaround of aiconfigurator's aiperf clients per engine (each request reaches the engine a uniform draw in [0, this) milliseconds past the step that ended its client's last: aiperf's hand-off of a freed slot, the HTTP request, the server's tokenizer), fitted by `sim calibrate --observed {source}` to the rows aiperf measured."
     );
     let (h, b) = pooled(fits);
-    let rows: usize = fits.iter().map(|f| f.rows).sum();
+    let rows: usize = fits.iter().map(|f| f.fit.rows).sum();
     let _ = writeln!(
         s,
         "# Every engine's {rows} rows together, {folds}-fold held-out: TTFT median |err| {:.1}%, p90 {:.1}% (at 0 ms: {:.1}%, {:.1}%), TPOT median |err| {:.1}%, p90 {:.1}% (at 0 ms: {:.1}%, {:.1}%).",
@@ -172,6 +156,7 @@ pub fn toml(fits: &[TurnaroundFit], source: &str, folds: usize) -> String {
     for f in fits {
         let _ = writeln!(s, "# {}.", f.summary(folds));
         let shape: Vec<String> = f
+            .fit
             .landscape
             .iter()
             .map(|(v, ttft, tpot)| format!("{v}: {:.1}% / {:.1}%", 100.0 * ttft, 100.0 * tpot))
@@ -189,7 +174,7 @@ pub fn toml(fits: &[TurnaroundFit], source: &str, folds: usize) -> String {
     );
     let _ = writeln!(s, "[aiperf_turnaround_ms]");
     for f in fits {
-        let _ = writeln!(s, "{} = {:?}", f.engine, f.value);
+        let _ = writeln!(s, "{} = {:?}", f.engine, f.fit.value);
     }
     s
 }
