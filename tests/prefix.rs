@@ -135,6 +135,7 @@ fn run(c: &Case) -> Result<Vec<RequestRecord>, TestCaseError> {
         batch_wait: None,
         arrival_poll: None,
         chunked_prefill: true,
+        max_prefill_tokens: None,
     };
     let mut sched = Scheduler::new(cfg).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let mut bm = BlockManager::with_prefix_caching(c.blocks, c.block_size, c.eviction.policy());

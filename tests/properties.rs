@@ -119,6 +119,8 @@ struct Knobs {
     /// Whole prompts only (`chunked_prefill = false`; chunked runs only, whose budget is
     /// then raised to the longest sequence).
     whole_prompts: bool,
+    /// SGLang's mixed chunks under this `max_prefill_tokens` (chunked runs only).
+    prefill_limit: Option<u32>,
 }
 
 impl Knobs {
@@ -153,6 +155,7 @@ impl Knobs {
             batch_wait: None,
             poll: None,
             whole_prompts: false,
+            prefill_limit: None,
         }
     }
 }
@@ -252,6 +255,9 @@ impl Knobs {
                 after_prefill,
             }),
             chunked_prefill: !whole,
+            max_prefill_tokens: self
+                .prefill_limit
+                .filter(|_| kind == SchedulerKind::Chunked),
         }
     }
 }
@@ -428,6 +434,9 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                     poll: (r % 7 == 3).then(|| (1 + r % 5, r % 2 == 0)),
                     // Whole prompts only in every third run (chunked runs only).
                     whole_prompts: r % 3 == 1,
+                    // SGLang's mixed chunks in every eleventh run, the limit from one
+                    // token to twice the longest sequence.
+                    prefill_limit: (r % 11 == 4).then(|| 1 + r % (2 * max_model_len)),
                 }
             },
         )
@@ -510,6 +519,8 @@ struct StepTrace {
     budget: u32,
     /// Whole prompts only (`chunked_prefill = false`).
     whole: bool,
+    /// SGLang's `max_prefill_tokens`.
+    prefill_limit: Option<u32>,
     /// Running sequences of requests no step in flight held that sat the step out without
     /// being preempted (`defer_stuck`: out of blocks with pipelined micro-batches).
     deferred: bool,
@@ -742,6 +753,7 @@ impl<'a> Harness<'a> {
                 running_after: self.sched.running().to_vec(),
                 budget: self.cfg.max_num_batched_tokens,
                 whole: !self.cfg.chunked_prefill,
+                prefill_limit: self.cfg.max_prefill_tokens,
                 deferred: deferred && !held.is_empty(),
             });
             prop_assert!(
@@ -1337,6 +1349,23 @@ fn check_chunked_trace(run: &Run) -> Result<(), TestCaseError> {
         let tokens = s.plan.num_batched_tokens();
         prop_assert!(tokens <= s.budget);
         let partial = s.plan.work.iter().any(|w| !w.sample);
+        if let Some(limit) = s.prefill_limit {
+            // Every new prompt after the step's first prefill fitted what was left (of the
+            // tokens planned before drafts join their verify steps).
+            let drafted: u32 = s
+                .plan
+                .work
+                .iter()
+                .filter_map(|w| w.drafts.as_ref().map(|d| d.k))
+                .sum();
+            prop_assert!(
+                s.admitted().len() < 2 || tokens - drafted < limit,
+                "step {}: {} new prompts in {tokens} tokens past max_prefill_tokens {limit}: {:?}",
+                s.plan.step,
+                s.admitted().len(),
+                s.plan.work
+            );
+        }
         if s.whole {
             prop_assert!(
                 !partial,

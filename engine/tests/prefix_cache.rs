@@ -201,6 +201,7 @@ fn run_fuzz(seed: u64) -> Result<(), String> {
         batch_wait: None,
         arrival_poll: None,
         chunked_prefill: !whole,
+        max_prefill_tokens: None,
     };
     let desc = format!("seed {seed} cfg {cfg:?} ev {ev:?} blocks {blocks}");
     let policy: Box<dyn EvictionPolicy> = if ev == EvictionKind::Belady {

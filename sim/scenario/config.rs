@@ -213,6 +213,12 @@ pub struct EngineConfig {
     /// rank has nothing to decode) is what is modelled. Needs `hardware.dp > 1`.
     #[serde(default, skip_serializing_if = "is_default")]
     pub adp_balance_timeout_iters: u32,
+    /// SGLang's `--max-prefill-tokens` with `--enable-mixed-chunk` (unset: off; chunked
+    /// scheduler only): each step's decodes ride with one prefill chunk of up to
+    /// `max_num_batched_tokens` (SGLang's `chunked_prefill_size`) less the decodes, and a
+    /// further new prompt joins only if it fits this many tokens less the step's so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_prefill_tokens: Option<u32>,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -304,6 +310,7 @@ impl Default for EngineConfig {
             batch_wait_max_tokens_ratio: 0.0,
             recv_interval: 0,
             adp_balance_timeout_iters: 0,
+            max_prefill_tokens: None,
         }
     }
 }

@@ -691,6 +691,7 @@ fn scheduler_config(
                 max_tokens_ratio: e.batch_wait_max_tokens_ratio,
             }),
         chunked_prefill: e.enable_chunked_prefill,
+        max_prefill_tokens: e.max_prefill_tokens,
         arrival_poll: if e.recv_interval > 1 {
             Some(engine::scheduler::ArrivalPoll {
                 interval: e.recv_interval,

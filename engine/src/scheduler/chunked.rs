@@ -1,5 +1,6 @@
 //! Chunked prefill (vLLM V1, Sarathi-Serve), optionally with TensorRT-LLM's batch waiting,
-//! or mixed batches of whole prompts and decodes (`chunked_prefill = false`).
+//! or mixed batches of whole prompts and decodes (`chunked_prefill = false`), or SGLang's
+//! mixed chunks (`max_prefill_tokens`).
 
 use super::{Proposal, Queues, SchedulePolicy, SchedulerConfig};
 use crate::block_manager::{EntryKind, ReserveOrder};
@@ -7,7 +8,8 @@ use crate::block_manager::{EntryKind, ReserveOrder};
 /// One token budget per step: running sequences first (a decode costs one token, an
 /// unfinished prefill takes what is left of the budget), then waiting requests in FCFS
 /// order, their prompts split into chunks that fit (or, without chunked prefill, whole
-/// prompts up to the first whose uncached tokens do not fit). New requests are admitted only in
+/// prompts up to the first whose uncached tokens do not fit; or, under SGLang's
+/// `max_prefill_tokens`, a first prompt and then whole ones that fit it). New requests are admitted only in
 /// steps without preemption. Under [`super::BatchWait`], new prompts that would join
 /// decodes wait until enough gather or enough steps pass.
 #[derive(Debug, Default, Clone, Copy)]
@@ -28,22 +30,35 @@ impl SchedulePolicy for Chunked {
         };
         let mut budget = cfg.max_num_batched_tokens;
         let mut decodes = false;
+        let mut prefills = false;
         for &id in q.running {
             if budget == 0 {
                 break;
             }
             let s = q.seq(id);
             decodes |= s.is_decode();
+            prefills |= !s.is_decode();
             let n = s.remaining().min(budget);
             budget -= n;
             p.push(id, EntryKind::Running, n, s.num_computed + n);
         }
         let running = p.entries.len();
+        // SGLang's mixed chunks: what is left of `max_prefill_tokens` for new prompts.
+        let mut room = cfg
+            .max_prefill_tokens
+            .map(|m| m.saturating_sub(cfg.max_num_batched_tokens - budget));
         for id in q.seated(cfg.max_num_seqs) {
             if budget == 0 {
                 break;
             }
             let s = q.seq(id);
+            if let Some(r) = room.as_mut() {
+                if prefills && s.remaining() >= *r {
+                    break;
+                }
+                *r = r.saturating_sub(s.remaining().min(budget));
+            }
+            prefills = true;
             let n = s.remaining().min(budget);
             budget -= n;
             p.push(id, EntryKind::Waiting, n, s.num_computed + n);

@@ -160,6 +160,16 @@ pub struct SchedulerConfig {
     /// decides, [`crate::block_manager::ReserveEntry::whole`]). Only with
     /// [`SchedulerKind::Chunked`].
     pub chunked_prefill: bool,
+    /// SGLang's `--max-prefill-tokens` as its mixed chunks (`--enable-mixed-chunk`) spend
+    /// it (`None`: off). Only with [`SchedulerKind::Chunked`]. The step's first prefill (a
+    /// running prompt's next chunk or, failing one, the first new prompt) takes what
+    /// `max_num_batched_tokens` leaves beside the decodes, as SGLang's chunk budget does;
+    /// a later new prompt joins only if its remaining tokens are fewer than this many less
+    /// the step's tokens so far (SGLang's `PrefillAdder`: `rem_input_tokens` starts at
+    /// `max_prefill_tokens` less one per running decode, and a request that does not fit
+    /// it ends the step's admissions unless nothing prefills yet). Cached prefix tokens
+    /// are counted as not cached.
+    pub max_prefill_tokens: Option<u32>,
 }
 
 /// Arrivals reach the waiting queue only when the scheduler polls for them. It counts the
@@ -234,6 +244,7 @@ impl Default for SchedulerConfig {
             batch_wait: None,
             arrival_poll: None,
             chunked_prefill: true,
+            max_prefill_tokens: None,
         }
     }
 }
@@ -285,6 +296,24 @@ impl SchedulerConfig {
                     self.kind.as_str()
                 ),
             );
+        }
+        if let Some(m) = self.max_prefill_tokens {
+            if m == 0 {
+                return bad(
+                    "engine.max_prefill_tokens",
+                    "must be at least 1 token (omit it for no limit beyond max_num_batched_tokens)"
+                        .into(),
+                );
+            }
+            if self.kind != SchedulerKind::Chunked {
+                return bad(
+                    "engine.max_prefill_tokens",
+                    format!(
+                        "limits the prompts mixed into decode steps (SGLang's --enable-mixed-chunk), which only the chunked scheduler runs (the scheduler is {}; its prefill budget is max_num_batched_tokens)",
+                        self.kind.as_str()
+                    ),
+                );
+            }
         }
         if !self.chunks_prefill() && self.max_num_batched_tokens < self.max_model_len {
             let who = if self.kind.chunks_prefill() {

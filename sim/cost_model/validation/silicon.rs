@@ -8,10 +8,11 @@
 //! [`BenchClient::InferenceX`] rows (a fork of vLLM's `benchmark_serving`,
 //! `--random-range-ratio 0.8`) draw prompt and output lengths uniform in `[0.8 L, L]`;
 //! [`BenchClient::Aiperf`] rows (aiconfigurator's gap analysis) send exactly `isl`/`osl`,
-//! vLLM's and TensorRT-LLM's under the settings aiconfigurator's generator gives those
-//! deployments (`aiperf_settings`), each client's next request reaching the engine a fitted spread of
-//! milliseconds after its last ended ([`aiperf_turnaround_ms`]): how the identical requests
-//! bunch into steps, and so how long each prompt queues, follows from it. Rows the
+//! vLLM's, TensorRT-LLM's and (from 0.5.6, with mixed chunks) SGLang's under the settings
+//! aiconfigurator's generator gives those deployments (`aiperf_settings`), each client's
+//! next request reaching the engine a fitted spread of milliseconds after its last ended
+//! ([`aiperf_turnaround_ms`]): how the identical requests bunch into steps, and so how long
+//! each prompt queues, follows from it. Rows the
 //! simulator cannot take yet are counted by reason (MoE and MLA models, fp4, pipeline or
 //! attention data parallelism: issue 18).
 //!
@@ -114,7 +115,7 @@ pub const MTP_ACCEPTANCE: f64 = 0.6;
 /// which a test ties to these values).
 pub fn aiperf_turnaround_ms(backend: &str) -> f64 {
     match backend {
-        "sglang" => 0.0,
+        "sglang" => 40.0,
         "trtllm" => 30.0,
         "vllm" => 10.0,
         // An engine not fitted: its clients' requests reach it as their last ends.
@@ -344,11 +345,13 @@ pub(crate) fn engine_defaults(
 /// - TensorRT-LLM (every aiperf row, 1.0.0rc3 to 1.3.0rc5): `enable_chunked_prefill: false`
 ///   (a prompt joins a step whole) and
 ///   `free_gpu_memory_fraction` 0.80 ([`trtllm_free_fraction`]);
-/// - SGLang keeps its defaults here: the generator's rule for it
-///   (`max_prefill_tokens = isl + 1500` with `enable_mixed_chunk`, prefill chunks riding in
-///   decode batches) is another
-///   scheduler than the prefill-first one the simulator runs SGLang with, and its H100 rows
-///   (0.5.1) match that scheduler's waves at 8,192 tokens;
+/// - SGLang from 0.5.6 on ([`sglang_mixes_chunks`]): the generator's rule
+///   (`generator/rule_plugin/benchmark/sglang.rule`) sets `max_prefill_tokens = isl + 1500`,
+///   `enable_mixed_chunk` and the row's `batch_size` as `max_running_requests`: each step's
+///   decodes ride with a prefill (the chunked scheduler under `max_prefill_tokens`, 8,192
+///   tokens a chunk). Its earlier rows (0.5.1.post1, H100) keep the prefill-first defaults:
+///   the generator emitted the flag only from 19 January 2026 (aiconfigurator #257, #258),
+///   and those rows match prefill-first waves at 8,192 tokens;
 /// - aiperf (`--concurrency`, exact lengths): each client sends its next request when its
 ///   last ends, reaching the engine `turnaround_ms` x U[0, 1) later.
 pub(crate) fn aiperf_settings(
@@ -365,12 +368,35 @@ pub(crate) fn aiperf_settings(
             budget
         });
         cfg.engine.max_num_seqs = clients;
+    } else if sglang_mixes_chunks(&row.backend_version) {
+        cfg.engine.scheduler = engine::scheduler::SchedulerKind::Chunked;
+        cfg.engine.max_prefill_tokens = Some(row.isl + 1500);
+        cfg.engine.max_num_seqs = clients;
     }
     if row.backend == "trtllm" {
         cfg.engine.enable_chunked_prefill = false;
     }
     if let Some(ArrivalConfig::ClosedLoop { think_jitter_s, .. }) = cfg.workload.arrival.as_mut() {
         *think_jitter_s = turnaround_ms / 1000.0;
+    }
+}
+
+/// Whether aiconfigurator's generator ran an SGLang `version` with mixed chunks: from
+/// 0.5.6 on (its `cli_args.0.5.6.post2.j2` template came on 23 January 2026, after the flag
+/// reached the generator on the 19th; the 0.5.6.post2 H100 rows are dated 23-25 January),
+/// and the nightly builds (February to April 2026). Earlier versions and unknown ones: no.
+pub(crate) fn sglang_mixes_chunks(version: &str) -> bool {
+    if version.starts_with("nightly") {
+        return true;
+    }
+    let mut parts = version
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(Some(major)), Some(Some(minor)), patch) => {
+            (major, minor, patch.flatten().unwrap_or(0)) >= (0, 5, 6)
+        }
+        _ => false,
     }
 }
 
@@ -910,6 +936,54 @@ mod tests {
         let cfg = settings(&adp.id);
         assert_eq!(cfg.engine.adp_balance_timeout_iters, 60, "{}", adp.id);
         assert_eq!(cfg.engine.recv_interval, 0);
+    }
+
+    /// aiconfigurator's SGLang rows run prefill-first before 0.5.6 and with mixed chunks
+    /// from it on, under the generator's `max_prefill_tokens = isl + 1500`.
+    #[test]
+    fn aiperf_sglang_rows_mix_chunks_from_0_5_6() {
+        use engine::scheduler::SchedulerKind;
+        for (version, mixes) in [
+            ("0.5.1.post1", false),
+            ("0.5.1-rc0.pre1", false),
+            ("0.5.5.post2", false),
+            ("0.5.6", true),
+            ("0.5.6.post2", true),
+            ("0.5.10.post1", true),
+            ("1.0", true),
+            ("nightly-dev-20260216-d3bae71e", true),
+            ("", false),
+        ] {
+            assert_eq!(super::sglang_mixes_chunks(version), mixes, "{version:?}");
+        }
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("calibration/serving/aiconfigurator/silicon.csv");
+        let rows = crate::observed::silicon::read(&path).expect("silicon.csv");
+        let settings = |version: &str| {
+            let row = rows
+                .iter()
+                .find(|r| {
+                    r.backend == "sglang"
+                        && r.backend_version == version
+                        && r.client == crate::observed::silicon::BenchClient::Aiperf
+                        && r.mode == "agg"
+                })
+                .expect(version);
+            let p = super::plan(row).expect("planned");
+            let mut cfg = super::template().expect("template").base;
+            super::engine_defaults(&mut cfg.engine, &row.backend, p.gpu, p.tp * p.dp);
+            let clients = row.batch_size.expect("batch_size");
+            super::aiperf_settings(&mut cfg, row, clients, 0.0);
+            (row.clone(), cfg)
+        };
+        let (_, old) = settings("0.5.1.post1");
+        assert_eq!(old.engine.scheduler, SchedulerKind::Continuous);
+        assert_eq!(old.engine.max_prefill_tokens, None);
+        let (row, new) = settings("0.5.6.post2");
+        assert_eq!(new.engine.scheduler, SchedulerKind::Chunked);
+        assert_eq!(new.engine.max_prefill_tokens, Some(row.isl + 1500));
+        assert_eq!(new.engine.max_num_seqs, row.batch_size.expect("batch_size"));
+        assert_eq!(new.engine.max_num_batched_tokens, Some(8192));
     }
 
     /// InferenceX's GB200 rows labelled agg are the 44 multi-node disaggregated runs, all

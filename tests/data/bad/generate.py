@@ -172,6 +172,10 @@ m("engine-adp-balance-without-dp", "engine.adp_balance_timeout_iters", "60",
   "engine.adp_balance_timeout_iters: balances")
 s = mutate("engine.recv_interval", "30"); s["engine"]["adp_balance_timeout_iters"] = "60"
 case("engine-recv-interval-and-adp-balance", "set one", scenario=s)
+m("engine-max-prefill-tokens-zero", "engine.max_prefill_tokens", "0", "engine.max_prefill_tokens: must be at least 1")
+s = mutate("engine.scheduler", '"continuous"'); s["engine"]["max_prefill_tokens"] = "2524"
+case("engine-max-prefill-tokens-continuous", "engine.max_prefill_tokens: limits the prompts mixed", scenario=s)
+m("engine-max-prefill-tokens-negative", "engine.max_prefill_tokens", "-1", "max_prefill_tokens")
 # --- workload
 for path, v, expect in [("workload.num_requests", "0", "workload.num_requests"),
                         ("workload.duration_s", "-1.0", "workload.duration_s"),
