@@ -241,6 +241,18 @@ pub struct Folded {
     pub landscape: Vec<(f64, f64, f64)>,
 }
 
+impl Folded {
+    /// The landscape as text: `value: TTFT% / TPOT%`, comma-separated.
+    pub fn landscape_text(&self) -> String {
+        let shape: Vec<String> = self
+            .landscape
+            .iter()
+            .map(|(v, ttft, tpot)| format!("{v}: {:.1}% / {:.1}%", 100.0 * ttft, 100.0 * tpot))
+            .collect();
+        shape.join(", ")
+    }
+}
+
 /// Chooses among `candidates` `folds`-fold: per fold, the candidate with the smallest sum
 /// of the median |TTFT| and |TPOT| errors on the other folds, scored on the held-out one.
 /// `errors[c][i]` is row `i`'s (TTFT, TPOT) error under candidate `c`. The rows are
@@ -337,16 +349,10 @@ impl EfficiencyFit {
             self.term.what()
         );
         let _ = writeln!(s, "# {}.", self.summary(folds));
-        let shape: Vec<String> = self
-            .fit
-            .landscape
-            .iter()
-            .map(|(v, ttft, tpot)| format!("{v}: {:.1}% / {:.1}%", 100.0 * ttft, 100.0 * tpot))
-            .collect();
         let _ = writeln!(
             s,
             "# Median |err| of TTFT / TPOT over every row at each value tried: {}.",
-            shape.join(", ")
+            self.fit.landscape_text()
         );
         if self.term == Term::MtpAcceptance {
             let _ = writeln!(

@@ -155,17 +155,11 @@ pub fn toml(fits: &[TurnaroundFit], source: &str, folds: usize) -> String {
     );
     for f in fits {
         let _ = writeln!(s, "# {}.", f.summary(folds));
-        let shape: Vec<String> = f
-            .fit
-            .landscape
-            .iter()
-            .map(|(v, ttft, tpot)| format!("{v}: {:.1}% / {:.1}%", 100.0 * ttft, 100.0 * tpot))
-            .collect();
         let _ = writeln!(
             s,
             "# {}: median |err| of TTFT / TPOT over its rows at each spread tried: {}.",
             f.engine,
-            shape.join(", ")
+            f.fit.landscape_text()
         );
     }
     let _ = writeln!(
