@@ -470,6 +470,44 @@ fn fp8_raises_the_compute_roof_on_hopper_only() {
 }
 
 #[test]
+fn fp8_and_fp4_weights_stream_at_their_own_fraction_of_the_bandwidth() {
+    // A batch-1 decode of a 70B model is memory-bound: its linear layers take the weight
+    // bytes over `mem_bw x gemm_memory_eff x fpN_memory_eff` (fitted: fp8 GEMMs stream
+    // their weights further from the roof than 16-bit ones), not the bytes alone.
+    let decode = |dtype, p: CostParams| {
+        CostModel::new(deployment("llama-3-70b", "b200", 1, dtype), p)
+            .step_cost(std::iter::empty(), std::iter::once((1024, 1)), 1, 1)
+            .linear_s
+    };
+    let p = CostParams::default();
+    let roof = |eff: f64| CostParams {
+        fp8_memory_eff: eff,
+        fp4_memory_eff: eff,
+        ..p.clone()
+    };
+    for (dtype, eff) in [
+        (Dtype::Fp8, p.fp8_memory_eff),
+        (Dtype::Nvfp4, p.fp4_memory_eff),
+    ] {
+        // Nearly all of the step is the weight read (the compute and the launches are
+        // small at one token), so it scales by nearly 1 / eff: all but the LM head, which
+        // stays in 16 bits (2.1 GB of NVFP4 Llama-3-70B's 41.8 GB).
+        let scales = |eff: f64| {
+            let r = decode(dtype, roof(eff)) / decode(dtype, roof(1.0));
+            let full = 1.0 / eff;
+            assert!(
+                r <= full + 1e-9 && r >= 1.0 + 0.85 * (full - 1.0),
+                "{dtype:?}: x{r} at eff {eff} (1 / eff = {full})"
+            );
+        };
+        scales(eff);
+        scales(0.5);
+    }
+    // 16-bit weights are untouched.
+    assert_eq!(decode(Dtype::Bf16, roof(0.5)), decode(Dtype::Bf16, p));
+}
+
+#[test]
 fn mixtral_reads_the_experts_its_tokens_pick() {
     use sim::catalog::ModelSpec;
     // The catalog entry and the HF config.json describe the same model.
@@ -937,6 +975,14 @@ fn the_efficiency_defaults_are_their_fits() {
         fitted("fp8-gemm.toml", "fp8_compute_eff")
     );
     assert_eq!(p.moe_gemm_eff, fitted("moe-gemm.toml", "moe_gemm_eff"));
+    assert_eq!(
+        p.fp8_memory_eff,
+        fitted("fp8-memory.toml", "fp8_memory_eff")
+    );
+    assert_eq!(
+        p.fp4_memory_eff,
+        fitted("fp4-memory.toml", "fp4_memory_eff")
+    );
     assert_eq!(
         p.fp4_compute_eff,
         fitted("fp4-gemm.toml", "fp4_compute_eff")

@@ -41,12 +41,13 @@ pub struct Args {
     #[arg(long)]
     pub gpu: Option<String>,
     /// Fit the spread of the aiperf clients' turnaround (the rows aiperf measured), the fp8
-    /// and fp4 GEMM efficiencies (every engine's fp8 and NVFP4 rows of dense models), the mixture of experts' grouped-GEMM efficiency and eager prefill cost
+    /// and fp4 GEMMs' weight-streaming and compute efficiencies (every engine's fp8 and
+    /// NVFP4 rows of dense models), the mixture of experts' grouped-GEMM efficiency and eager prefill cost
     /// (their rows), each engine's grouped-GEMM efficiency on each GPU (its mixture-of-experts
     /// rows), then each engine's step overhead, all-reduce latency, eager step floor and
     /// per-request front-end cost to measured deployments (aiconfigurator's silicon.csv),
     /// with k-fold held-out errors; writes `<out folder>/aiperf-turnaround.toml`,
-    /// `fp8-gemm.toml`, `fp4-gemm.toml`,
+    /// `fp8-memory.toml`, `fp8-gemm.toml`, `fp4-memory.toml`, `fp4-gemm.toml`,
     /// `moe-gemm.toml`, `moe-prefill.toml`, `observed-moe-<engine>.toml`,
     /// `observed-<engine>.toml` and their `.rows.csv` (every row's held-out errors; default
     /// folder: calibration/). A folder of engine runs that record the KV blocks the engine
@@ -58,7 +59,7 @@ pub struct Args {
     #[arg(long, default_value_t = 5)]
     pub folds: usize,
     /// With --observed measured deployments: fit only these stages (`aiperf-turnaround`,
-    /// `fp8`, `fp4`, `moe`, `moe-prefill`, `moe-layer`, `moe-skew`, `mtp-acceptance`, `moe-engines`, `engines`; default:
+    /// `fp8-memory`, `fp8`, `fp4-memory`, `fp4`, `moe`, `moe-prefill`, `moe-layer`, `moe-skew`, `mtp-acceptance`, `moe-engines`, `engines`; default:
     /// all, in that order). A stage left out keeps its default. The later stages run under
     /// the compiled-in turnaround spreads (`aiperf_turnaround_ms`), not ones this run fits:
     /// ship a moved spread before refitting the rest.
@@ -71,8 +72,12 @@ pub struct Args {
 pub enum Stage {
     /// Each engine's spread of the aiperf clients' turnaround (the rows aiperf measured).
     AiperfTurnaround,
+    /// The fp8 GEMMs' weight-streaming efficiency.
+    Fp8Memory,
     /// The fp8 GEMM efficiency.
     Fp8,
+    /// The fp4 GEMMs' weight-streaming efficiency.
+    Fp4Memory,
     /// The fp4 GEMM efficiency.
     Fp4,
     /// The grouped-GEMM efficiency of mixtures of experts.
@@ -264,7 +269,9 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
         }
     }
     for (term, stage) in [
+        (Term::Fp8Memory, Stage::Fp8Memory),
         (Term::Fp8, Stage::Fp8),
+        (Term::Fp4Memory, Stage::Fp4Memory),
         (Term::Fp4, Stage::Fp4),
         (Term::Moe, Stage::Moe),
         (Term::MoePrefill, Stage::MoePrefill),

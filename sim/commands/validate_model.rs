@@ -205,7 +205,9 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
     let files = files_in(data, |n| {
         (n.starts_with("observed-") && n.ends_with(".toml"))
             || [
+                "fp8-memory.toml",
                 "fp8-gemm.toml",
+                "fp4-memory.toml",
                 "fp4-gemm.toml",
                 "moe-gemm.toml",
                 "moe-prefill.toml",
@@ -237,6 +239,8 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
                     "fp8_compute_eff",
                     "allreduce_eff",
                     "fp4_compute_eff",
+                    "fp8_memory_eff",
+                    "fp4_memory_eff",
                     "moe_gemm_eff",
                     "moe_prefill_expert_us",
                     "moe_layer_us",

@@ -25,6 +25,12 @@ pub struct GpuCost {
     /// `fp4_compute_eff` on this GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fp4_compute_eff: Option<f64>,
+    /// `fp8_memory_eff` on this GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_memory_eff: Option<f64>,
+    /// `fp4_memory_eff` on this GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp4_memory_eff: Option<f64>,
     /// `allreduce_eff` on this GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allreduce_eff: Option<f64>,
@@ -44,6 +50,8 @@ impl GpuCost {
             ("gemm_compute_eff", self.gemm_compute_eff),
             ("fp8_compute_eff", self.fp8_compute_eff),
             ("fp4_compute_eff", self.fp4_compute_eff),
+            ("fp8_memory_eff", self.fp8_memory_eff),
+            ("fp4_memory_eff", self.fp4_memory_eff),
             ("allreduce_eff", self.allreduce_eff),
             ("moe_gemm_eff", self.moe_gemm_eff),
         ]
@@ -144,6 +152,17 @@ pub struct CostParams {
     /// of theirs). The default is `sim calibrate --observed`'s fit to aiconfigurator's
     /// NVFP4 deployments on Blackwell (`calibration/fp4-gemm.toml`).
     pub fp4_compute_eff: f64,
+    /// Weight-streaming efficiency of fp8 GEMMs relative to `gemm_memory_eff`: at a decode
+    /// step's few rows an fp8 kernel (per-tensor or per-block scales, activations quantized
+    /// on the fly, tiles sized for the fp8 tensor cores) reads its weights further from the
+    /// bandwidth roof than a 16-bit one. The default is `sim calibrate --observed`'s fit to
+    /// aiconfigurator's fp8 deployments of dense models (`calibration/fp8-memory.toml`).
+    pub fp8_memory_eff: f64,
+    /// The same for fp4 (NVFP4, MXFP4) GEMMs on fp4 tensor cores (4-bit values with an
+    /// 8-bit scale per 16: 0.5625 bytes a weight, unpacked in the kernel). The default is
+    /// `sim calibrate --observed`'s fit to aiconfigurator's NVFP4 deployments of dense
+    /// models on Blackwell (`calibration/fp4-memory.toml`).
+    pub fp4_memory_eff: f64,
     /// Efficiency of a mixture of experts' grouped GEMMs relative to dense ones (compute and
     /// memory alike). The default is `sim calibrate --observed`'s fit to aiconfigurator's
     /// mixture-of-experts deployments (`calibration/moe-gemm.toml`).
@@ -189,6 +208,12 @@ const FP8_EFF: f64 = 0.6;
 /// `fp4_compute_eff`'s default: the value in `calibration/fp4-gemm.toml` (a test ties them).
 const FP4_EFF: f64 = 0.4;
 
+/// `fp8_memory_eff`'s default: the value in `calibration/fp8-memory.toml` (a test ties them).
+const FP8_MEMORY_EFF: f64 = 0.8;
+
+/// `fp4_memory_eff`'s default: the value in `calibration/fp4-memory.toml` (a test ties them).
+const FP4_MEMORY_EFF: f64 = 0.6;
+
 /// `moe_prefill_expert_us`'s default: the value in `calibration/moe-prefill.toml` (a test
 /// ties them).
 const MOE_PREFILL_US: f64 = 8.0;
@@ -227,6 +252,8 @@ impl Default for CostParams {
             w4_memory_eff: 0.56,
             fp8_compute_eff: FP8_EFF,
             fp4_compute_eff: FP4_EFF,
+            fp8_memory_eff: FP8_MEMORY_EFF,
+            fp4_memory_eff: FP4_MEMORY_EFF,
             moe_gemm_eff: MOE_EFF,
             moe_prefill_expert_us: MOE_PREFILL_US,
             moe_layer_us: MOE_LAYER_US,
@@ -255,6 +282,12 @@ impl CostParams {
             }
             if let Some(e) = o.fp4_compute_eff {
                 p.fp4_compute_eff = e;
+            }
+            if let Some(e) = o.fp8_memory_eff {
+                p.fp8_memory_eff = e;
+            }
+            if let Some(e) = o.fp4_memory_eff {
+                p.fp4_memory_eff = e;
             }
             if o.allreduce_eff.is_some() {
                 p.allreduce_eff = o.allreduce_eff;
@@ -310,6 +343,8 @@ impl CostParams {
             ("cost.w4_memory_eff", self.w4_memory_eff),
             ("cost.fp8_compute_eff", self.fp8_compute_eff),
             ("cost.fp4_compute_eff", self.fp4_compute_eff),
+            ("cost.fp8_memory_eff", self.fp8_memory_eff),
+            ("cost.fp4_memory_eff", self.fp4_memory_eff),
             ("cost.moe_gemm_eff", self.moe_gemm_eff),
         ];
         for (k, v) in effs {

@@ -210,7 +210,7 @@ impl CostModel {
             flops,
             bytes,
             eff_c,
-            eff_m,
+            eff_m * self.dense_stream_eff(self.d.dtype),
             self.d.gpu.peak_flops(self.d.dtype),
         )
     }
@@ -615,7 +615,7 @@ impl CostModel {
     fn gemm_effs(&self, dtype: Dtype) -> (f64, f64) {
         match dtype {
             // fp8 and fp4 GEMMs reach their own fractions of their peaks (scales, narrower
-            // tiles).
+            // tiles); their weight streaming is `dense_stream_eff`'s.
             d if d.is_fp8() && self.d.gpu.flops_fp8.is_some() => (
                 self.p.gemm_compute_eff * self.p.fp8_compute_eff,
                 self.p.gemm_memory_eff,
@@ -642,6 +642,21 @@ impl CostModel {
         }
     }
 
+    /// The weight-streaming efficiency of a dense GEMM in `dtype` relative to a 16-bit
+    /// one's: `fp8_memory_eff` and `fp4_memory_eff` on their tensor cores (fitted to the
+    /// dense models' fp8 and NVFP4 rows), 1 otherwise. The routed experts' grouped GEMMs
+    /// do not take it: `moe_gemm_eff`, fitted to the mixture-of-experts rows, is their
+    /// streaming, and applying both made those rows' fp4 decodes slower still where they
+    /// were already slow (TensorRT-LLM's gpt-oss-120b on B200: TPOT +19% -> +53% signed
+    /// median; BENCHMARKS, stop 53).
+    fn dense_stream_eff(&self, dtype: Dtype) -> f64 {
+        match dtype {
+            d if d.is_fp8() && self.d.gpu.flops_fp8.is_some() => self.p.fp8_memory_eff,
+            d if d.is_fp4() && self.d.gpu.flops_fp4.is_some() => self.p.fp4_memory_eff,
+            _ => 1.0,
+        }
+    }
+
     /// Adds one layer's GEMM of `tokens x k` by `k x n` to `w`, run `runs` times per token
     /// (a token's experts) over weights read `reads` times (the experts the step touches);
     /// `kind` [`Gemm::Experts`]: an MoE grouped GEMM, at `moe_gemm_eff` of a dense GEMM's
@@ -665,10 +680,10 @@ impl CostModel {
             Gemm::Mlp | Gemm::Experts => self.d.dtype,
         };
         let (gemm_eff, weight_mem_eff) = self.gemm_effs(dtype);
-        let scale = if kind == Gemm::Experts {
-            self.p.moe_gemm_eff
+        let (scale, stream) = if kind == Gemm::Experts {
+            (self.p.moe_gemm_eff, self.p.moe_gemm_eff)
         } else {
-            1.0
+            (1.0, self.dense_stream_eff(dtype))
         };
         let flops = 2.0 * tokens * k * n * runs;
         let bytes = k * n * dtype.bytes() * reads + tokens * (k + n) * act * runs;
@@ -676,7 +691,7 @@ impl CostModel {
             flops,
             bytes,
             gemm_eff * scale,
-            weight_mem_eff * scale,
+            weight_mem_eff * stream,
             self.d.gpu.peak_flops(dtype),
         );
         w.flops += flops;

@@ -2,12 +2,18 @@
 //! held-out errors (part of `sim calibrate --observed`): one value per [`Term`], over every
 //! engine's rows that the term touches.
 //!
+//! - `cost.fp8_memory_eff` ([`Term::Fp8Memory`]): fp8 GEMMs at a decode step's few rows
+//!   stream their weights further from the bandwidth roof than 16-bit ones (small-batch
+//!   decodes of fp8 models run slower than their weight bytes at `gemm_memory_eff`).
+//!   Fitted first, to the dense models' fp8 rows; the compute efficiency is then refitted
+//!   with it in place.
 //! - `cost.fp8_compute_eff` ([`Term::Fp8`]): fp8 GEMMs reach a smaller fraction of the fp8
 //!   tensor-core peak than 16-bit GEMMs reach of theirs (scales applied per tensor or per
 //!   block, narrower tiles, activations quantized on the fly), so the 16-bit efficiency makes
 //!   fp8 deployments too fast. Fitted to the dense models' fp8 rows.
-//! - `cost.fp4_compute_eff` ([`Term::Fp4`]): the same for NVFP4 GEMMs on Blackwell's fp4
-//!   tensor cores. Fitted to the dense models' NVFP4 rows.
+//! - `cost.fp4_memory_eff` ([`Term::Fp4Memory`]) and `cost.fp4_compute_eff`
+//!   ([`Term::Fp4`]): the same for NVFP4 GEMMs on Blackwell's fp4 tensor cores. Fitted in
+//!   that order to the dense models' NVFP4 rows.
 //! - `cost.moe_gemm_eff` ([`Term::Moe`]): a mixture of experts' grouped GEMMs run a few
 //!   tokens per expert, gathered and scattered, below a dense GEMM's efficiency. Fitted to
 //!   the mixture-of-experts rows (with the fp8 fit in place).
@@ -47,6 +53,14 @@ use crate::observed::silicon::AggregateRow;
 /// The fp8 efficiencies tried, relative to the 16-bit GEMMs'.
 pub const FP8_CANDIDATES: [f64; 7] = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4];
 
+/// The fp8 weight-streaming efficiencies tried, relative to the 16-bit GEMMs'.
+pub const FP8_MEMORY_CANDIDATES: [f64; 10] = [1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.5];
+
+/// The fp4 weight-streaming efficiencies tried, relative to the 16-bit GEMMs'.
+pub const FP4_MEMORY_CANDIDATES: [f64; 12] = [
+    1.0, 0.9, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35,
+];
+
 /// The fp4 efficiencies tried, relative to the 16-bit GEMMs'.
 pub const FP4_CANDIDATES: [f64; 9] = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.25];
 
@@ -70,8 +84,12 @@ pub const MTP_ACCEPTANCE_CANDIDATES: [f64; 8] = [0.0, 0.4, 0.5, 0.6, 0.7, 0.8, 0
 /// routing skew).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Term {
+    /// `cost.fp8_memory_eff`, on dense models' fp8 rows.
+    Fp8Memory,
     /// `cost.fp8_compute_eff`, on dense models' fp8 rows.
     Fp8,
+    /// `cost.fp4_memory_eff`, on dense models' NVFP4 rows.
+    Fp4Memory,
     /// `cost.fp4_compute_eff`, on dense models' NVFP4 rows.
     Fp4,
     /// `cost.moe_gemm_eff`, on mixtures of experts' rows.
@@ -90,7 +108,9 @@ impl Term {
     /// The values tried.
     pub fn candidates(self) -> &'static [f64] {
         match self {
+            Term::Fp8Memory => &FP8_MEMORY_CANDIDATES,
             Term::Fp8 => &FP8_CANDIDATES,
+            Term::Fp4Memory => &FP4_MEMORY_CANDIDATES,
             Term::Fp4 => &FP4_CANDIDATES,
             Term::Moe => &MOE_CANDIDATES,
             Term::MoePrefill => &MOE_PREFILL_CANDIDATES,
@@ -103,7 +123,9 @@ impl Term {
     /// The key (under `[cost]`; `[speculative]` for [`Term::MtpAcceptance`]).
     pub fn key(self) -> &'static str {
         match self {
+            Term::Fp8Memory => "fp8_memory_eff",
             Term::Fp8 => "fp8_compute_eff",
+            Term::Fp4Memory => "fp4_memory_eff",
             Term::Fp4 => "fp4_compute_eff",
             Term::Moe => "moe_gemm_eff",
             Term::MoePrefill => "moe_prefill_expert_us",
@@ -116,7 +138,9 @@ impl Term {
     /// The file `sim calibrate --observed` writes.
     pub fn file(self) -> &'static str {
         match self {
+            Term::Fp8Memory => "fp8-memory.toml",
             Term::Fp8 => "fp8-gemm.toml",
+            Term::Fp4Memory => "fp4-memory.toml",
             Term::Fp4 => "fp4-gemm.toml",
             Term::Moe => "moe-gemm.toml",
             Term::MoePrefill => "moe-prefill.toml",
@@ -129,7 +153,9 @@ impl Term {
     /// What the value is, for the file's header.
     fn what(self) -> &'static str {
         match self {
+            Term::Fp8Memory => "The fp8 GEMMs' weight-streaming efficiency relative to gemm_memory_eff",
             Term::Fp8 => "The fp8 GEMM efficiency relative to gemm_compute_eff",
+            Term::Fp4Memory => "The fp4 (NVFP4) GEMMs' weight-streaming efficiency relative to gemm_memory_eff",
             Term::Fp4 => "The fp4 (NVFP4) GEMM efficiency relative to gemm_compute_eff",
             Term::Moe => "The mixture of experts' grouped-GEMM efficiency relative to dense GEMMs'",
             Term::MoePrefill => "The fixed cost per expert of the model and MoE layer of a step that prefills, microseconds",
@@ -142,8 +168,10 @@ impl Term {
     /// The rows the term is fitted to.
     fn applies(self, r: &AggregateRow) -> bool {
         match self {
-            Term::Fp8 => !r.is_moe() && matches!(r.gemm_quant.as_str(), "fp8" | "fp8_block"),
-            Term::Fp4 => !r.is_moe() && r.gemm_quant == "nvfp4",
+            Term::Fp8 | Term::Fp8Memory => {
+                !r.is_moe() && matches!(r.gemm_quant.as_str(), "fp8" | "fp8_block")
+            }
+            Term::Fp4 | Term::Fp4Memory => !r.is_moe() && r.gemm_quant == "nvfp4",
             Term::Moe | Term::MoePrefill | Term::MoeLayer | Term::MoeSkew => r.is_moe(),
             Term::MtpAcceptance => r.mtp_drafts.is_some(),
         }
@@ -154,7 +182,9 @@ impl Term {
     pub fn cost(self, eff: f64, prior: &EngineCost) -> EngineCost {
         let mut c = *prior;
         match self {
+            Term::Fp8Memory => c.fp8_memory_eff = Some(eff),
             Term::Fp8 => c.fp8_compute_eff = Some(eff),
+            Term::Fp4Memory => c.fp4_memory_eff = Some(eff),
             Term::Fp4 => c.fp4_compute_eff = Some(eff),
             Term::Moe => c.moe_gemm_eff = Some(eff),
             Term::MoePrefill => c.moe_prefill_expert_us = Some(eff),
@@ -316,8 +346,8 @@ impl EfficiencyFit {
             t => format!("at {}", t.candidates()[0]),
         };
         let rows = match self.term {
-            Term::Fp8 => "fp8 rows of dense models",
-            Term::Fp4 => "NVFP4 rows of dense models",
+            Term::Fp8 | Term::Fp8Memory => "fp8 rows of dense models",
+            Term::Fp4 | Term::Fp4Memory => "NVFP4 rows of dense models",
             Term::Moe | Term::MoePrefill | Term::MoeLayer | Term::MoeSkew => {
                 "mixture-of-experts rows"
             }

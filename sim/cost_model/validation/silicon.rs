@@ -45,6 +45,10 @@ pub struct EngineCost {
     pub allreduce_eff: Option<f64>,
     /// `cost.fp4_compute_eff`.
     pub fp4_compute_eff: Option<f64>,
+    /// `cost.fp8_memory_eff`.
+    pub fp8_memory_eff: Option<f64>,
+    /// `cost.fp4_memory_eff`.
+    pub fp4_memory_eff: Option<f64>,
     /// `cost.moe_gemm_eff`.
     pub moe_gemm_eff: Option<f64>,
     /// `cost.moe_prefill_expert_us`.
@@ -619,6 +623,12 @@ pub(crate) fn base_config(
     }
     if let Some(e) = engine.fp4_compute_eff {
         cfg.cost.fp4_compute_eff = e;
+    }
+    if let Some(e) = engine.fp8_memory_eff {
+        cfg.cost.fp8_memory_eff = e;
+    }
+    if let Some(e) = engine.fp4_memory_eff {
+        cfg.cost.fp4_memory_eff = e;
     }
     if let Some(e) = engine.moe_gemm_eff {
         cfg.cost.moe_gemm_eff = e;
