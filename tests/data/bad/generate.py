@@ -277,7 +277,7 @@ case("trace-with-classes", "workload.class", text=text)
 for key, v, expect in [("ttft_ms", "-1.0", "slo.ttft_ms"), ("tpot_ms", "nan", "slo.tpot_ms"), ("e2el_ms", "0.0", "slo.e2el_ms"),
                        ("itl_ms", "5.0", "itl_ms")]:
     m(f"slo-{key}-{v.replace('.', '_').replace('-', 'neg')}", f"slo.{key}", v, expect)
-for key, v, expect in [("gemm_compute_eff", "0.0", "gemm_compute_eff"), ("gemm_memory_eff", "1.5", "gemm_memory_eff"),
+for key, v, expect in [("gemm_compute_eff", "0.0", "gemm_compute_eff"), ("gemm_memory_eff", "1.5", "gemm_memory_eff"), ("fp8_memory_eff", "0.0", "cost.fp8_memory_eff"), ("fp4_memory_eff", "1.2", "cost.fp4_memory_eff"),
                        ("overlap_exponent", "0.5", "overlap_exponent"), ("step_overhead_us", "-1.0", "step_overhead_us"),
                        ("framework", '"tgi"', "tgi"), ("calibration", '"../data/missing-calibration.toml"', "missing-calibration.toml"),
                        ("calibration", '"../data/calibration-bad.toml"', "gemm_memory_eff"), ("warp_eff", "0.5", "warp_eff"),
@@ -291,6 +291,7 @@ for key, v, expect in [("gemm_compute_eff", "0.0", "gemm_compute_eff"), ("gemm_m
 for name, v, expect in [("gpu", '{ z100 = { fp8_compute_eff = 0.5 } }', "cost.by_gpu.z100"),
                         ("key", '{ b200 = { step_overhead_us = 5.0 } }', "step_overhead_us"),
                         ("range", '{ b200 = { fp8_compute_eff = 1.5 } }', "cost.by_gpu.b200.fp8_compute_eff"),
+                        ("memory-range", '{ b200 = { fp4_memory_eff = 0.0 } }', "cost.by_gpu.b200.fp4_memory_eff"),
                         ("twice", '{ b200 = { fp8_compute_eff = 0.5 }, hgx-b200 = { fp4_compute_eff = 0.5 } }', "given twice")]:
     m(f"cost-by-gpu-{name}", "cost.by_gpu", v, expect)
 # A calibration's [fit] record (sim calibrate --observed): a bad error interval, fold or key.
