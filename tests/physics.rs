@@ -199,10 +199,12 @@ fn tensor_parallel_all_reduce_grows_with_tokens() {
     let small = m.allreduce_s(8192.0 * 2.0);
     let big = m.allreduce_s(8192.0 * 2.0 * 4096.0);
     // Ring all-reduce: 2 (tp - 1) / tp x bytes / (link x efficiency) + latency: H100's
-    // NCCL figures (0.8, 30 us) for 64 MiB, vLLM's custom all-reduce (10 us) for 16 KiB.
+    // NCCL figures (0.8, 30 us) for 64 MiB, vLLM's custom all-reduce (10 us a pair, and
+    // `allreduce_peer_us` for each of the 2 GPUs beyond) for 16 KiB.
     let expected_big = 1.5 * 8192.0 * 2.0 * 4096.0 / (450e9 * 0.8) + 30.0 * 1e-6;
     assert!((big - expected_big).abs() < 1e-12);
-    let expected_small = 1.5 * 8192.0 * 2.0 / (450e9 * 0.8) + 10.0 * 1e-6;
+    let peer = CostParams::default().allreduce_peer_us;
+    let expected_small = 1.5 * 8192.0 * 2.0 / (450e9 * 0.8) + (10.0 + 2.0 * peer) * 1e-6;
     assert!((small - expected_small).abs() < 1e-12);
     let single = CostModel::new(
         deployment("llama-3-8b", "h100-sxm", 1, Dtype::Bf16),
@@ -742,6 +744,40 @@ fn calibrating_on_measured_gemms_fits_their_efficiency() {
 }
 
 #[test]
+fn a_one_shot_all_reduce_pays_for_every_gpu_beyond_a_pair() {
+    // Each rank of a one-shot all-reduce reads every peer's buffer and waits on every
+    // peer's flag: a decode step's small message costs `allreduce_peer_us` more per GPU
+    // beyond two (fitted: the dense TP8 rows' TPOT was 15-28% short under a flat latency),
+    // while NCCL's ring for a prefill's large message keeps its own fixed cost.
+    let at = |tp: u32, peer: f64, bytes: f64| {
+        CostModel::new(
+            deployment("llama-3-70b", "h100-sxm", tp, Dtype::Bf16),
+            CostParams {
+                allreduce_peer_us: peer,
+                ..CostParams::default()
+            },
+        )
+        .allreduce_s(bytes)
+    };
+    let small = 8192.0 * 2.0;
+    let big = small * 4096.0;
+    for tp in [2, 4, 8] {
+        let extra = at(tp, 3.0, small) - at(tp, 0.0, small);
+        let beyond = f64::from(tp - 2);
+        assert!(
+            (extra - 3.0 * beyond * 1e-6).abs() < 1e-12,
+            "tp {tp}: {extra}"
+        );
+        assert_eq!(at(tp, 3.0, big), at(tp, 0.0, big), "tp {tp}");
+    }
+    assert!(CostParams::default().allreduce_peer_us > 0.0);
+    assert!(
+        at(8, CostParams::default().allreduce_peer_us, small)
+            > at(2, CostParams::default().allreduce_peer_us, small)
+    );
+}
+
+#[test]
 fn custom_all_reduce_needs_peer_to_peer_links() {
     // vLLM's custom all-reduce runs over NVLink (or two PCIe GPUs); four L40S over PCIe
     // pay NCCL's fixed cost even for a small message.
@@ -752,7 +788,8 @@ fn custom_all_reduce_needs_peer_to_peer_links() {
         )
         .allreduce_s(16384.0)
     };
-    assert!(small("h100-sxm", 4) < 15e-6);
+    let peer = CostParams::default().allreduce_peer_us;
+    assert!(small("h100-sxm", 4) < (15.0 + 2.0 * peer) * 1e-6);
     assert!(small("l40s", 2) < 15e-6);
     assert!(small("l40s", 4) > 45e-6);
     // TP16 of H100s spans two 8-GPU nodes: no peer access between them, so NCCL's 30 us
@@ -760,8 +797,12 @@ fn custom_all_reduce_needs_peer_to_peer_links() {
     let cross = small("h100-sxm", 16);
     let expected = 2.0 * 15.0 / 16.0 * 16384.0 / (50e9 * 0.8) + 30e-6;
     assert!((cross - expected).abs() < 1e-12, "{cross} vs {expected}");
-    // A GB200 NVL72 rack is one NVLink domain: TP16 there keeps the custom kernel.
-    assert!(small("gb200", 16) < 15e-6);
+    // A GB200 NVL72 rack is one NVLink domain, but the engines' custom kernels take at
+    // most 8 GPUs: TP16 there runs NCCL's ring, at the NVLink bandwidth, GB200's 0.6 of it and 20 us.
+    let rack = small("gb200", 16);
+    let expected = 2.0 * 15.0 / 16.0 * 16384.0 / (900e9 * 0.6) + 20e-6;
+    assert!((rack - expected).abs() < 1e-9, "{rack} vs {expected}");
+    assert!(small("gb200", 8) < (10.0 + 6.0 * peer + 1.0) * 1e-6);
 }
 
 #[test]
@@ -992,6 +1033,10 @@ fn the_efficiency_defaults_are_their_fits() {
         fitted("moe-prefill.toml", "moe_prefill_expert_us")
     );
     assert_eq!(p.moe_layer_us, fitted("moe-layer.toml", "moe_layer_us"));
+    assert_eq!(
+        p.allreduce_peer_us,
+        fitted("allreduce-peer.toml", "allreduce_peer_us")
+    );
     assert_eq!(
         p.moe_routing_skew,
         fitted("moe-skew.toml", "moe_routing_skew")

@@ -59,7 +59,7 @@ pub struct Args {
     #[arg(long, default_value_t = 5)]
     pub folds: usize,
     /// With --observed measured deployments: fit only these stages (`aiperf-turnaround`,
-    /// `fp8-memory`, `fp8`, `fp4-memory`, `fp4`, `moe`, `moe-prefill`, `moe-layer`, `moe-skew`, `mtp-acceptance`, `moe-engines`, `engines`; default:
+    /// `allreduce-peer`, `fp8-memory`, `fp8`, `fp4-memory`, `fp4`, `moe`, `moe-prefill`, `moe-layer`, `moe-skew`, `mtp-acceptance`, `moe-engines`, `engines`; default:
     /// all, in that order). A stage left out keeps its default. The later stages run under
     /// the compiled-in turnaround spreads (`aiperf_turnaround_ms`), not ones this run fits:
     /// ship a moved spread before refitting the rest.
@@ -72,6 +72,8 @@ pub struct Args {
 pub enum Stage {
     /// Each engine's spread of the aiperf clients' turnaround (the rows aiperf measured).
     AiperfTurnaround,
+    /// The one-shot all-reduce's cost per GPU beyond a pair.
+    AllreducePeer,
     /// The fp8 GEMMs' weight-streaming efficiency.
     Fp8Memory,
     /// The fp8 GEMM efficiency.
@@ -248,8 +250,8 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
         .clone()
         .unwrap_or_else(|| PathBuf::from("calibration"));
     std::fs::create_dir_all(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
-    // The kernel efficiencies first, over every engine's rows: fp8 GEMMs on the dense
-    // models' fp8 rows, then the experts' grouped GEMMs on the mixtures of experts' rows
+    // The kernel efficiencies first, over every engine's rows: the all-reduce's cost per
+    // peer on the dense models' rows above TP2, fp8 GEMMs on the dense models' fp8 rows, then the experts' grouped GEMMs on the mixtures of experts' rows
     // (with the fp8 fit); the engines' own terms are then fitted with them.
     use sim::cost_model::calibration::efficiency::{fit_efficiency, Term};
     let mut fp8 = None;
@@ -269,6 +271,7 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
         }
     }
     for (term, stage) in [
+        (Term::AllreducePeer, Stage::AllreducePeer),
         (Term::Fp8Memory, Stage::Fp8Memory),
         (Term::Fp8, Stage::Fp8),
         (Term::Fp4Memory, Stage::Fp4Memory),

@@ -205,6 +205,7 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
     let files = files_in(data, |n| {
         (n.starts_with("observed-") && n.ends_with(".toml"))
             || [
+                "allreduce-peer.toml",
                 "fp8-memory.toml",
                 "fp8-gemm.toml",
                 "fp4-memory.toml",
@@ -238,6 +239,7 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
                     "request_overhead_ms",
                     "fp8_compute_eff",
                     "allreduce_eff",
+                    "allreduce_peer_us",
                     "fp4_compute_eff",
                     "fp8_memory_eff",
                     "fp4_memory_eff",

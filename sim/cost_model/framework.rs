@@ -40,8 +40,11 @@ pub const VLLM_2023_PROFILE: (f64, f64, f64, f64) = (18_000.0, 175.0, 6.0, 0.05)
 
 /// Largest message vLLM's custom all-reduce takes (`max_size`, 8 MiB).
 pub const CUSTOM_ALLREDUCE_MAX_BYTES: f64 = 8.0 * 1024.0 * 1024.0;
-/// Fixed cost of a custom (one-shot, NVLink peer-to-peer) all-reduce, microseconds.
+/// Fixed cost of a custom (one-shot, NVLink peer-to-peer) all-reduce over a pair of GPUs,
+/// microseconds (each GPU beyond adds `cost.allreduce_peer_us`).
 pub const CUSTOM_ALLREDUCE_LATENCY_US: f64 = 10.0;
+/// The most GPUs a custom all-reduce takes (vLLM's `_SUPPORTED_WORLD_SIZES`: 2, 4, 6, 8).
+pub const CUSTOM_ALLREDUCE_MAX_GPUS: u32 = 8;
 
 impl Framework {
     /// Whether the framework all-reduces small messages with its own NVLink kernel.

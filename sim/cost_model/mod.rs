@@ -34,7 +34,8 @@ pub mod validation;
 pub use backend::CostModelBackend;
 pub use deployment::{kv_cache_bytes, Deployment, KvGroup, PageLayout, Parallel};
 pub use framework::{
-    Framework, CUSTOM_ALLREDUCE_LATENCY_US, CUSTOM_ALLREDUCE_MAX_BYTES, VLLM_2023_PROFILE,
+    Framework, CUSTOM_ALLREDUCE_LATENCY_US, CUSTOM_ALLREDUCE_MAX_BYTES, CUSTOM_ALLREDUCE_MAX_GPUS,
+    VLLM_2023_PROFILE,
 };
 pub use memory::{memory_plan, FitError, MemoryInputs, MemoryPlan};
 pub use params::{CostParams, GpuCost};

@@ -119,6 +119,12 @@ pub struct CostParams {
     /// TensorRT-LLM's custom all-reduce over NVLink: ~10 us instead of NCCL's fixed cost);
     /// default: whether the framework has one.
     pub custom_allreduce: Option<bool>,
+    /// What a custom (one-shot) all-reduce costs per GPU beyond a pair, microseconds: each
+    /// rank reads every peer's buffer and waits on every peer's flag, so the kernel's fixed
+    /// cost grows with the tensor-parallel degree (the framework's latency is a pair's; TP8
+    /// pays six times this on top). The default is `sim calibrate --observed`'s fit to
+    /// aiconfigurator's dense deployments above TP2 (`calibration/allreduce-peer.toml`).
+    pub allreduce_peer_us: f64,
     /// Framework CPU overhead per step, microseconds (scheduling, input preparation;
     /// default: the framework's).
     pub step_overhead_us: Option<f64>,
@@ -214,6 +220,10 @@ const FP8_MEMORY_EFF: f64 = 0.8;
 /// `fp4_memory_eff`'s default: the value in `calibration/fp4-memory.toml` (a test ties them).
 const FP4_MEMORY_EFF: f64 = 0.6;
 
+/// `allreduce_peer_us`'s default: the value in `calibration/allreduce-peer.toml` (a test
+/// ties them).
+const ALLREDUCE_PEER_US: f64 = 2.0;
+
 /// `moe_prefill_expert_us`'s default: the value in `calibration/moe-prefill.toml` (a test
 /// ties them).
 const MOE_PREFILL_US: f64 = 8.0;
@@ -243,6 +253,7 @@ impl Default for CostParams {
             allreduce_eff: None,
             allreduce_latency_us: None,
             custom_allreduce: None,
+            allreduce_peer_us: ALLREDUCE_PEER_US,
             overlap_exponent: Some(1.5),
             step_overhead_us: None,
             per_seq_overhead_us: None,
@@ -390,6 +401,7 @@ impl CostParams {
                 "cost.allreduce_latency_us",
                 self.allreduce_latency_us.unwrap_or(0.0),
             ),
+            ("cost.allreduce_peer_us", self.allreduce_peer_us),
             ("cost.step_overhead_us", self.step_overhead_us()),
             ("cost.per_seq_overhead_us", self.per_seq_overhead_us()),
             ("cost.moe_prefill_expert_us", self.moe_prefill_expert_us),

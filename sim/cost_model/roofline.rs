@@ -11,7 +11,10 @@ use std::sync::Arc;
 
 use super::profiled::ProfiledCosts;
 use super::routing::Routing;
-use super::{CostParams, Deployment, CUSTOM_ALLREDUCE_LATENCY_US, CUSTOM_ALLREDUCE_MAX_BYTES};
+use super::{
+    CostParams, Deployment, CUSTOM_ALLREDUCE_LATENCY_US, CUSTOM_ALLREDUCE_MAX_BYTES,
+    CUSTOM_ALLREDUCE_MAX_GPUS,
+};
 use crate::catalog::Dtype;
 
 /// Fixed cost of handing a batch's hidden states to the next pipeline stage, microseconds.
@@ -263,19 +266,29 @@ impl CostModel {
         let eff = self.p.allreduce_eff.unwrap_or(self.d.gpu.allreduce_eff);
         // vLLM enables its custom all-reduce over NVLink, or on two PCIe GPUs; the engines'
         // custom all-reduces need peer access, so a group beyond one NVLink domain (TP16
-        // over two 8-GPU nodes) runs NCCL's.
+        // over two 8-GPU nodes) runs NCCL's; and they take at most 8 GPUs (vLLM's
+        // `CustomAllreduce._SUPPORTED_WORLD_SIZES`), so TP16 in a GB200 NVL72 rack does too.
         let peer_to_peer = self.one_domain(self.d.tp)
+            && self.d.tp <= CUSTOM_ALLREDUCE_MAX_GPUS
             && (self.d.gpu.link_bw > self.d.gpu.pcie_bw || self.d.tp == 2);
         let custom = self
             .p
             .custom_allreduce
             .unwrap_or(self.p.framework.has_custom_allreduce() && peer_to_peer);
+        let one_shot = custom && bytes <= CUSTOM_ALLREDUCE_MAX_BYTES;
         let latency = match self.p.allreduce_latency_us {
             Some(l) => l,
-            None if custom && bytes <= CUSTOM_ALLREDUCE_MAX_BYTES => CUSTOM_ALLREDUCE_LATENCY_US,
+            None if one_shot => CUSTOM_ALLREDUCE_LATENCY_US,
             None => self.d.gpu.allreduce_latency_us,
         };
-        2.0 * (tp - 1.0) / tp * bytes / (self.link_bw(self.d.tp) * eff) + latency * 1e-6
+        // A one-shot kernel reads every peer's buffer and waits on every peer's flag: its
+        // fixed cost grows with the GPUs beyond a pair (the latency above is a pair's).
+        let peers = if one_shot {
+            self.p.allreduce_peer_us * (tp - 2.0).max(0.0)
+        } else {
+            0.0
+        };
+        2.0 * (tp - 1.0) / tp * bytes / (self.link_bw(self.d.tp) * eff) + (latency + peers) * 1e-6
     }
 
     /// Cost of a step of `num_seqs` sequences that computes `prefill` chunks `(cached,

@@ -2,6 +2,12 @@
 //! held-out errors (part of `sim calibrate --observed`): one value per [`Term`], over every
 //! engine's rows that the term touches.
 //!
+//! - `cost.allreduce_peer_us` ([`Term::AllreducePeer`]): a one-shot all-reduce (the
+//!   engines' custom kernel for a decode step's small messages) reads every peer's buffer
+//!   and waits on every peer's flag, so its fixed cost grows with the GPUs beyond a pair:
+//!   under a flat latency the dense models' TPOT was 15-28% short at TP8 and within a few
+//!   percent at TP2, on every engine and GPU. Fitted first, to the dense models' rows above
+//!   TP2 (the only ones it moves).
 //! - `cost.fp8_memory_eff` ([`Term::Fp8Memory`]): fp8 GEMMs at a decode step's few rows
 //!   stream their weights further from the bandwidth roof than 16-bit ones (small-batch
 //!   decodes of fp8 models run slower than their weight bytes at `gemm_memory_eff`).
@@ -50,6 +56,9 @@ use super::observed::{median_abs, p90_abs};
 use crate::cost_model::validation::silicon::{silicon_checks_with, EngineCost};
 use crate::observed::silicon::AggregateRow;
 
+/// The one-shot all-reduce's costs per GPU beyond a pair tried, microseconds.
+pub const ALLREDUCE_PEER_CANDIDATES: [f64; 9] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0];
+
 /// The fp8 efficiencies tried, relative to the 16-bit GEMMs'.
 pub const FP8_CANDIDATES: [f64; 7] = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4];
 
@@ -84,6 +93,8 @@ pub const MTP_ACCEPTANCE_CANDIDATES: [f64; 8] = [0.0, 0.4, 0.5, 0.6, 0.7, 0.8, 0
 /// routing skew).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Term {
+    /// `cost.allreduce_peer_us`, on dense models' rows above TP2.
+    AllreducePeer,
     /// `cost.fp8_memory_eff`, on dense models' fp8 rows.
     Fp8Memory,
     /// `cost.fp8_compute_eff`, on dense models' fp8 rows.
@@ -108,6 +119,7 @@ impl Term {
     /// The values tried.
     pub fn candidates(self) -> &'static [f64] {
         match self {
+            Term::AllreducePeer => &ALLREDUCE_PEER_CANDIDATES,
             Term::Fp8Memory => &FP8_MEMORY_CANDIDATES,
             Term::Fp8 => &FP8_CANDIDATES,
             Term::Fp4Memory => &FP4_MEMORY_CANDIDATES,
@@ -123,6 +135,7 @@ impl Term {
     /// The key (under `[cost]`; `[speculative]` for [`Term::MtpAcceptance`]).
     pub fn key(self) -> &'static str {
         match self {
+            Term::AllreducePeer => "allreduce_peer_us",
             Term::Fp8Memory => "fp8_memory_eff",
             Term::Fp8 => "fp8_compute_eff",
             Term::Fp4Memory => "fp4_memory_eff",
@@ -138,6 +151,7 @@ impl Term {
     /// The file `sim calibrate --observed` writes.
     pub fn file(self) -> &'static str {
         match self {
+            Term::AllreducePeer => "allreduce-peer.toml",
             Term::Fp8Memory => "fp8-memory.toml",
             Term::Fp8 => "fp8-gemm.toml",
             Term::Fp4Memory => "fp4-memory.toml",
@@ -153,6 +167,7 @@ impl Term {
     /// What the value is, for the file's header.
     fn what(self) -> &'static str {
         match self {
+            Term::AllreducePeer => "The one-shot all-reduce's fixed cost per GPU beyond a pair, microseconds",
             Term::Fp8Memory => "The fp8 GEMMs' weight-streaming efficiency relative to gemm_memory_eff",
             Term::Fp8 => "The fp8 GEMM efficiency relative to gemm_compute_eff",
             Term::Fp4Memory => "The fp4 (NVFP4) GEMMs' weight-streaming efficiency relative to gemm_memory_eff",
@@ -168,6 +183,7 @@ impl Term {
     /// The rows the term is fitted to.
     fn applies(self, r: &AggregateRow) -> bool {
         match self {
+            Term::AllreducePeer => !r.is_moe() && r.tp.unwrap_or(1) > 2,
             Term::Fp8 | Term::Fp8Memory => {
                 !r.is_moe() && matches!(r.gemm_quant.as_str(), "fp8" | "fp8_block")
             }
@@ -182,6 +198,7 @@ impl Term {
     pub fn cost(self, eff: f64, prior: &EngineCost) -> EngineCost {
         let mut c = *prior;
         match self {
+            Term::AllreducePeer => c.allreduce_peer_us = Some(eff),
             Term::Fp8Memory => c.fp8_memory_eff = Some(eff),
             Term::Fp8 => c.fp8_compute_eff = Some(eff),
             Term::Fp4Memory => c.fp4_memory_eff = Some(eff),
@@ -346,6 +363,7 @@ impl EfficiencyFit {
             t => format!("at {}", t.candidates()[0]),
         };
         let rows = match self.term {
+            Term::AllreducePeer => "rows of dense models above TP2",
             Term::Fp8 | Term::Fp8Memory => "fp8 rows of dense models",
             Term::Fp4 | Term::Fp4Memory => "NVFP4 rows of dense models",
             Term::Moe | Term::MoePrefill | Term::MoeLayer | Term::MoeSkew => {

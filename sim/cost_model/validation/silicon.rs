@@ -43,6 +43,8 @@ pub struct EngineCost {
     pub fp8_compute_eff: Option<f64>,
     /// `cost.allreduce_eff`.
     pub allreduce_eff: Option<f64>,
+    /// `cost.allreduce_peer_us`.
+    pub allreduce_peer_us: Option<f64>,
     /// `cost.fp4_compute_eff`.
     pub fp4_compute_eff: Option<f64>,
     /// `cost.fp8_memory_eff`.
@@ -620,6 +622,9 @@ pub(crate) fn base_config(
     }
     if engine.allreduce_eff.is_some() {
         cfg.cost.allreduce_eff = engine.allreduce_eff;
+    }
+    if let Some(us) = engine.allreduce_peer_us {
+        cfg.cost.allreduce_peer_us = us;
     }
     if let Some(e) = engine.fp4_compute_eff {
         cfg.cost.fp4_compute_eff = e;

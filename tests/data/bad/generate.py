@@ -278,6 +278,7 @@ for key, v, expect in [("ttft_ms", "-1.0", "slo.ttft_ms"), ("tpot_ms", "nan", "s
                        ("itl_ms", "5.0", "itl_ms")]:
     m(f"slo-{key}-{v.replace('.', '_').replace('-', 'neg')}", f"slo.{key}", v, expect)
 for key, v, expect in [("gemm_compute_eff", "0.0", "gemm_compute_eff"), ("gemm_memory_eff", "1.5", "gemm_memory_eff"), ("fp8_memory_eff", "0.0", "cost.fp8_memory_eff"), ("fp4_memory_eff", "1.2", "cost.fp4_memory_eff"),
+                       ("allreduce_peer_us", "-2.0", "cost.allreduce_peer_us"), ("allreduce_peer_us", "inf", "cost.allreduce_peer_us"),
                        ("overlap_exponent", "0.5", "overlap_exponent"), ("step_overhead_us", "-1.0", "step_overhead_us"),
                        ("framework", '"tgi"', "tgi"), ("calibration", '"../data/missing-calibration.toml"', "missing-calibration.toml"),
                        ("calibration", '"../data/calibration-bad.toml"', "gemm_memory_eff"), ("warp_eff", "0.5", "warp_eff"),
