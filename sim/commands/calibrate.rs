@@ -250,9 +250,10 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
         .clone()
         .unwrap_or_else(|| PathBuf::from("calibration"));
     std::fs::create_dir_all(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
-    // The kernel efficiencies first, over every engine's rows: the all-reduce's cost per
-    // peer on the dense models' rows above TP2, fp8 GEMMs on the dense models' fp8 rows, then the experts' grouped GEMMs on the mixtures of experts' rows
-    // (with the fp8 fit); the engines' own terms are then fitted with them.
+    // The kernel terms first, over every engine's rows: the all-reduce's cost per peer on
+    // the dense models' rows above TP2, fp8 GEMMs on the dense models' fp8 rows, then the
+    // experts' grouped GEMMs on the mixtures of experts' rows (with the fp8 fit); the
+    // engines' own terms are then fitted with them.
     use sim::cost_model::calibration::efficiency::{fit_efficiency, Term};
     let mut fp8 = None;
     let mut prior = sim::cost_model::validation::silicon::EngineCost::default();

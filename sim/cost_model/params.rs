@@ -108,7 +108,8 @@ pub struct CostParams {
     /// fitted to Vidur's NCCL profiles: 0.6 on A100 DGX, 0.8 on H100 DGX).
     pub allreduce_eff: Option<f64>,
     /// Latency of one all-reduce, microseconds (default: the GPU's, 50 on A100 DGX, 30
-    /// on H100 DGX).
+    /// on H100 DGX; the custom kernel's 10 us for its small messages); on the custom
+    /// kernel it is a pair's, and `allreduce_peer_us` is added per GPU beyond.
     pub allreduce_latency_us: Option<f64>,
     /// Overlap of compute and memory time in one kernel: `None` is the plain roofline
     /// `max(t_compute, t_memory)`; `Some(p)` is the soft maximum `(t_c^p + t_m^p)^(1/p)`,
@@ -116,8 +117,9 @@ pub struct CostParams {
     /// Vidur's GEMM profiles).
     pub overlap_exponent: Option<f64>,
     /// Use the framework's own all-reduce kernel for messages up to 8 MiB (vLLM's and
-    /// TensorRT-LLM's custom all-reduce over NVLink: ~10 us instead of NCCL's fixed cost);
-    /// default: whether the framework has one.
+    /// TensorRT-LLM's custom all-reduce over NVLink: ~10 us a pair instead of NCCL's fixed
+    /// cost); default: whether the framework has one and the group is peer-to-peer within
+    /// 8 GPUs.
     pub custom_allreduce: Option<bool>,
     /// What a custom (one-shot) all-reduce costs per GPU beyond a pair, microseconds: each
     /// rank reads every peer's buffer and waits on every peer's flag, so the kernel's fixed
