@@ -10,8 +10,9 @@
 //! custom all-reduce may fall back to NCCL at a prefill's sizes), and the per-request
 //! front end (`cost.request_overhead_ms`), which TTFT shows.
 //!
-//! Every simulable row of an engine is simulated once per candidate (the closed loop of
-//! [`crate::cost_model::validation::silicon`]). Per fold, the step overhead with the
+//! Every simulable row of an engine is simulated once per candidate it can feel (the
+//! closed loop of [`crate::cost_model::validation::silicon`]): rows with 16-bit weights keep
+//! their errors under the fp8 candidates, rows at TP 1 under the all-reduce ones. Per fold, the step overhead with the
 //! smallest median absolute TPOT error on the other folds is chosen, then, with it, the
 //! all-reduce latency, then, with both, the eager floor and each GPU's fp8 efficiency with
 //! the smallest sum of the median absolute TTFT and TPOT errors (the floor moves TTFT, the
@@ -22,6 +23,8 @@
 //! fit are kept. Reported errors are those held-out
 //! errors; the spread of the fold fits is the fit's uncertainty. The fit on all rows is
 //! what the calibration file carries.
+
+use std::collections::HashMap;
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -52,6 +55,8 @@ pub const EAGER_CANDIDATES_US: [f64; 6] = [0.0, 300.0, 600.0, 900.0, 1200.0, 150
 /// the 16-bit GEMMs' (`None`: the kernels' fit over every engine, `cost.fp8_compute_eff`'s
 /// default). Only rows with fp8 weights feel it.
 pub const FP8_CANDIDATES: [Option<f64>; 4] = [None, Some(0.5), Some(0.7), Some(0.8)];
+// The first, the default, is what rows without fp8 weights keep under every candidate.
+const _: () = assert!(FP8_CANDIDATES[0].is_none());
 
 /// The all-reduce efficiencies (fractions of the link's bandwidth) tried on each GPU after
 /// the eager floor (`None`: the GPU catalog's, fitted to NCCL's profiles). An engine's
@@ -326,6 +331,16 @@ pub(super) fn pass_with_ids(
     rows: &[AggregateRow],
     cost: &(dyn Fn(&str) -> EngineCost + Sync),
 ) -> Result<(Vec<String>, Vec<&'static str>, Errors), crate::SimError> {
+    let (ids, gpus, errors, _) = pass_with_lines(rows, cost)?;
+    Ok((ids, gpus, errors))
+}
+
+/// [`pass_with_ids`], with each simulated row's position by its line in the file (what
+/// [`pass_moving`] splices by).
+fn pass_with_lines(
+    rows: &[AggregateRow],
+    cost: &(dyn Fn(&str) -> EngineCost + Sync),
+) -> Result<(Vec<String>, Vec<&'static str>, Errors, HashMap<u64, usize>), crate::SimError> {
     let (done, _) = silicon_checks_with(rows, None, &|_, gpu| cost(gpu))?;
     Ok((
         done.iter().map(|k| k.row.id.clone()).collect(),
@@ -333,7 +348,42 @@ pub(super) fn pass_with_ids(
         done.iter()
             .map(|k| (k.ttft_error(), k.tpot_error()))
             .collect(),
+        done.iter()
+            .enumerate()
+            .map(|(i, k)| (k.row.line, i))
+            .collect(),
     ))
+}
+
+/// [`pass`] of only the rows among `rows` that `moves` picks, every other row keeping its
+/// errors in `base` (indexed by the rows' lines, `index`): a row that cannot feel a
+/// candidate (one without fp8 weights an fp8 efficiency, one at TP 1 an all-reduce's) is
+/// not simulated again under it, which leaves the errors exactly as a full pass gives them.
+fn pass_moving(
+    rows: &[AggregateRow],
+    moves: &dyn Fn(&AggregateRow) -> bool,
+    (index, base): (&HashMap<u64, usize>, &Errors),
+    cost: &(dyn Fn(&str) -> EngineCost + Sync),
+) -> Result<Errors, crate::SimError> {
+    let picked: Vec<AggregateRow> = rows.iter().filter(|r| moves(r)).cloned().collect();
+    let (done, _) = silicon_checks_with(&picked, None, &|_, gpu| cost(gpu))?;
+    let mut errors = base.clone();
+    for k in &done {
+        // The terms fitted here do not change which rows fit (see `pass_with_ids`).
+        let i = index[&k.row.line];
+        errors[i] = (k.ttft_error(), k.tpot_error());
+    }
+    Ok(errors)
+}
+
+/// Whether a dense row's GEMMs run in fp8 (what `fp8_compute_eff` scales).
+fn has_fp8_weights(row: &AggregateRow) -> bool {
+    matches!(row.gemm_quant.as_str(), "fp8" | "fp8_block")
+}
+
+/// Whether a dense row runs all-reduces (what the all-reduce terms cost).
+fn all_reduces(row: &AggregateRow) -> bool {
+    row.tp.unwrap_or(1) > 1
 }
 
 /// Each GPU's candidate (an index into `by_fp8`, whose entries are the rows' errors under
@@ -440,7 +490,7 @@ pub fn fit_engine_costs(
             .filter(|r| r.backend == engine)
             .cloned()
             .collect();
-        let (ids, gpus, baseline) = pass_with_ids(&mine, &|_| EngineCost {
+        let (ids, gpus, baseline, index) = pass_with_lines(&mine, &|_| EngineCost {
             fp8_compute_eff: fp8,
             ..EngineCost::default()
         })?;
@@ -465,6 +515,24 @@ pub fn fit_engine_costs(
             })
         };
         let none: Effs = &|_| (None, None);
+        // `run` over only the rows `moves` picks, the rest keeping `base`'s errors.
+        let run_moving = |moves: &dyn Fn(&AggregateRow) -> bool,
+                          base: &Errors,
+                          s: usize,
+                          a: usize,
+                          eager_us: f64,
+                          eff: Effs| {
+            pass_moving(&mine, moves, (&index, base), &|gpu| {
+                let (f8, ar) = eff(gpu);
+                candidate(
+                    STEP_CANDIDATES_US[s],
+                    ALLREDUCE_CANDIDATES_US[a],
+                    eager_us,
+                    0.0,
+                    (f8.or(fp8), ar),
+                )
+            })
+        };
         // TPOT under each step overhead (no front-end cost: it barely moves TPOT).
         let mut by_step = Vec::new();
         for s in 0..STEP_CANDIDATES_US.len() {
@@ -492,7 +560,7 @@ pub fn fit_engine_costs(
         for &s in &steps_needed {
             let mut errs = vec![by_step[s].clone()];
             for a in 1..ALLREDUCE_CANDIDATES_US.len() {
-                errs.push(run(s, a, 0.0, 0.0, none)?);
+                errs.push(run_moving(&all_reduces, &by_step[s], s, a, 0.0, none)?);
             }
             by_ar.push((s, errs));
         }
@@ -510,15 +578,22 @@ pub fn fit_engine_costs(
         let nf = FP8_CANDIDATES.len();
         let mut by_eager: Vec<((usize, usize), Vec<Errors>)> = Vec::new();
         for &(s, a) in &pairs {
-            let mut errs = Vec::new();
+            let mut errs: Vec<Errors> = Vec::new();
             for &us in &EAGER_CANDIDATES_US {
-                for &eff in &FP8_CANDIDATES {
-                    if us == 0.0 && eff.is_none() {
-                        errs.push(at(&by_ar, s)[a].clone());
-                        continue;
-                    }
-                    errs.push(run(s, a, us, 0.0, &|_| (eff, None))?);
+                // The default efficiency first: the other fp8 candidates move only the
+                // rows with fp8 weights from it.
+                let mut per_fp8 = vec![if us == 0.0 {
+                    at(&by_ar, s)[a].clone()
+                } else {
+                    run(s, a, us, 0.0, none)?
+                }];
+                for &eff in &FP8_CANDIDATES[1..] {
+                    let e = run_moving(&has_fp8_weights, &per_fp8[0], s, a, us, &|_| {
+                        (eff, None)
+                    })?;
+                    per_fp8.push(e);
                 }
+                errs.extend(per_fp8);
             }
             by_eager.push(((s, a), errs));
         }
@@ -555,9 +630,15 @@ pub fn fit_engine_costs(
             let fp8s = &at(&by_eager, (*s, *a))[e * nf..(e + 1) * nf];
             let mut errs = vec![under(fp8s, choice, &gpus)];
             for &ar in &ALLREDUCE_EFF_CANDIDATES[1..] {
-                errs.push(run(*s, *a, EAGER_CANDIDATES_US[*e], 0.0, &|gpu| {
-                    (pick(choice, &FP8_CANDIDATES, gpu), ar)
-                })?);
+                let moved = run_moving(
+                    &all_reduces,
+                    &errs[0],
+                    *s,
+                    *a,
+                    EAGER_CANDIDATES_US[*e],
+                    &|gpu| (pick(choice, &FP8_CANDIDATES, gpu), ar),
+                )?;
+                errs.push(moved);
             }
             by_ar_eff.push((key.clone(), errs));
         }
@@ -824,7 +905,41 @@ pub fn fit_table(fits: &[EngineFit]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{per_gpu, ByGpu, ALLREDUCE_EFF_CANDIDATES, FP8_CANDIDATES};
+    use super::{
+        all_reduces, candidate, has_fp8_weights, pass, pass_moving, pass_with_lines, per_gpu,
+        ByGpu, ALLREDUCE_EFF_CANDIDATES, FP8_CANDIDATES,
+    };
+
+    /// Simulating only the rows a candidate moves gives every row the errors a full pass
+    /// gives: rows with 16-bit weights do not feel an fp8 efficiency, nor rows at TP 1 an
+    /// all-reduce's latency or efficiency.
+    #[test]
+    fn the_rows_a_candidate_cannot_move_keep_their_errors() {
+        let mut rows = crate::observed::silicon::read(std::path::Path::new(
+            "tests/data/observed/silicon-small.csv",
+        ))
+        .expect("rows");
+        // Half the rows in 16 bits, at TP 1, 2 and 4 alike.
+        for r in rows.iter_mut().step_by(2) {
+            r.gemm_quant.clear();
+        }
+        assert!(rows.iter().any(|r| !has_fp8_weights(r) && all_reduces(r)));
+        assert!(rows.iter().any(|r| has_fp8_weights(r) && !all_reduces(r)));
+        let base = |_: &str| candidate(300.0, None, 600.0, 0.0, (None, None));
+        let (_, _, first, index) = pass_with_lines(&rows, &base).expect("pass");
+        let moved: [(&dyn Fn(&crate::observed::silicon::AggregateRow) -> bool, _); 3] = [
+            (&has_fp8_weights, (None, (Some(0.5), None))),
+            (&all_reduces, (Some(40.0), (None, None))),
+            (&all_reduces, (None, (None, Some(0.3)))),
+        ];
+        for (moves, (latency, effs)) in moved {
+            let cost = |_: &str| candidate(300.0, latency, 600.0, 0.0, effs);
+            let full = pass(&rows, &cost).expect("full pass");
+            let spliced = pass_moving(&rows, moves, (&index, &first), &cost).expect("pass");
+            assert_eq!(spliced, full, "{latency:?} {effs:?}");
+            assert_ne!(full, first, "the candidate moves some row: {latency:?} {effs:?}");
+        }
+    }
 
     #[test]
     fn each_gpu_takes_the_efficiency_its_own_moved_rows_favour() {
