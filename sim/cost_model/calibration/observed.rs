@@ -335,12 +335,15 @@ pub(super) fn pass_with_ids(
     Ok((ids, gpus, errors))
 }
 
+/// A pass's ids, GPUs and errors by row, and each row's position by its line in the file.
+type LinedPass = (Vec<String>, Vec<&'static str>, Errors, HashMap<u64, usize>);
+
 /// [`pass_with_ids`], with each simulated row's position by its line in the file (what
 /// [`pass_moving`] splices by).
 fn pass_with_lines(
     rows: &[AggregateRow],
     cost: &(dyn Fn(&str) -> EngineCost + Sync),
-) -> Result<(Vec<String>, Vec<&'static str>, Errors, HashMap<u64, usize>), crate::SimError> {
+) -> Result<LinedPass, crate::SimError> {
     let (done, _) = silicon_checks_with(rows, None, &|_, gpu| cost(gpu))?;
     Ok((
         done.iter().map(|k| k.row.id.clone()).collect(),
@@ -588,9 +591,7 @@ pub fn fit_engine_costs(
                     run(s, a, us, 0.0, none)?
                 }];
                 for &eff in &FP8_CANDIDATES[1..] {
-                    let e = run_moving(&has_fp8_weights, &per_fp8[0], s, a, us, &|_| {
-                        (eff, None)
-                    })?;
+                    let e = run_moving(&has_fp8_weights, &per_fp8[0], s, a, us, &|_| (eff, None))?;
                     per_fp8.push(e);
                 }
                 errs.extend(per_fp8);
@@ -927,7 +928,8 @@ mod tests {
         assert!(rows.iter().any(|r| has_fp8_weights(r) && !all_reduces(r)));
         let base = |_: &str| candidate(300.0, None, 600.0, 0.0, (None, None));
         let (_, _, first, index) = pass_with_lines(&rows, &base).expect("pass");
-        let moved: [(&dyn Fn(&crate::observed::silicon::AggregateRow) -> bool, _); 3] = [
+        type Moves<'a> = &'a dyn Fn(&crate::observed::silicon::AggregateRow) -> bool;
+        let moved: [(Moves, _); 3] = [
             (&has_fp8_weights, (None, (Some(0.5), None))),
             (&all_reduces, (Some(40.0), (None, None))),
             (&all_reduces, (None, (None, Some(0.3)))),
@@ -937,7 +939,10 @@ mod tests {
             let full = pass(&rows, &cost).expect("full pass");
             let spliced = pass_moving(&rows, moves, (&index, &first), &cost).expect("pass");
             assert_eq!(spliced, full, "{latency:?} {effs:?}");
-            assert_ne!(full, first, "the candidate moves some row: {latency:?} {effs:?}");
+            assert_ne!(
+                full, first,
+                "the candidate moves some row: {latency:?} {effs:?}"
+            );
         }
     }
 
