@@ -370,10 +370,33 @@ fn pass_moving(
 ) -> Result<Errors, crate::SimError> {
     let picked: Vec<AggregateRow> = rows.iter().filter(|r| moves(r)).cloned().collect();
     let (done, _) = silicon_checks_with(&picked, None, &|_, gpu| cost(gpu))?;
+    // The terms fitted here do not change which rows run (see `pass_with_ids`); a row that
+    // runs under one candidate and not the other would leave its errors unmatched.
+    let unmatched = |id: &str, line: u64| {
+        crate::SimError::Scenario(crate::scenario::ScenarioError {
+            file: format!("line {line}"),
+            msg: format!("row `{id}` ran under one candidate of the fit but not under another"),
+        })
+    };
+    if done.len()
+        != picked
+            .iter()
+            .filter(|r| index.contains_key(&r.line))
+            .count()
+    {
+        let ran: Vec<u64> = done.iter().map(|k| k.row.line).collect();
+        if let Some(r) = picked
+            .iter()
+            .find(|r| index.contains_key(&r.line) && !ran.contains(&r.line))
+        {
+            return Err(unmatched(&r.id, r.line));
+        }
+    }
     let mut errors = base.clone();
     for k in &done {
-        // The terms fitted here do not change which rows fit (see `pass_with_ids`).
-        let i = index[&k.row.line];
+        let i = *index
+            .get(&k.row.line)
+            .ok_or_else(|| unmatched(&k.row.id, k.row.line))?;
         errors[i] = (k.ttft_error(), k.tpot_error());
     }
     Ok(errors)
