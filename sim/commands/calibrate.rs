@@ -65,6 +65,33 @@ pub struct Args {
     /// ship a moved spread before refitting the rest.
     #[arg(long, value_delimiter = ',', value_enum)]
     pub only: Vec<Stage>,
+    /// With --observed measured deployments: fit the per-engine stages (`moe-engines`,
+    /// `engines`) for these engines only (`vllm`, `sglang`, `trtllm`; default: every engine
+    /// the rows name). The shared stages still fit every engine's rows.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub engine: Vec<EngineName>,
+}
+
+/// An engine whose rows the per-engine stages fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineName {
+    /// vLLM.
+    Vllm,
+    /// SGLang.
+    Sglang,
+    /// TensorRT-LLM.
+    Trtllm,
+}
+
+impl EngineName {
+    /// The engine's name in silicon.csv's `backend` column.
+    fn backend(self) -> &'static str {
+        match self {
+            EngineName::Vllm => "vllm",
+            EngineName::Sglang => "sglang",
+            EngineName::Trtllm => "trtllm",
+        }
+    }
 }
 
 /// A stage of `sim calibrate --observed` on measured deployments.
@@ -298,6 +325,21 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
         if term == Term::Fp8 {
             fp8 = Some(f.fit.value);
         }
+    }
+    // The per-engine stages fit only the engines asked for (all by default).
+    if let Some(e) = args
+        .engine
+        .iter()
+        .find(|e| !rows.iter().any(|r| r.backend == e.backend()))
+    {
+        anyhow::bail!(
+            "--engine {}: {} has no row of it",
+            e.backend(),
+            path.display()
+        );
+    }
+    if !args.engine.is_empty() {
+        rows.retain(|r| args.engine.iter().any(|e| e.backend() == r.backend));
     }
     if wanted(Stage::MoeEngines) {
         use sim::cost_model::calibration::moe_engines;

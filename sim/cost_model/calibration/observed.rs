@@ -262,6 +262,27 @@ pub struct EngineFit {
     pub held_out_rows: Vec<(usize, usize)>,
 }
 
+impl EngineFit {
+    /// Whether the fit lost to the defaults held out ([`loses_to_defaults`]): its file then
+    /// keeps the defaults, and what it quotes and lists are the defaults' errors.
+    pub fn kept_defaults(&self) -> bool {
+        loses_to_defaults(
+            (&self.held_out_ttft, &self.held_out_tpot),
+            (&self.baseline_ttft, &self.baseline_tpot),
+        )
+    }
+}
+
+/// Whether a fit whose held-out errors are `held` does worse than the defaults' errors
+/// `base` on the same rows: the sum of its TTFT and TPOT median |error| (what the stages
+/// choose by) is not below theirs. The k-fold errors are the only unbiased view of the fit
+/// procedure, so they decide whether its file is worth shipping; the defaults' errors are
+/// not held out of the kernels' fits, which saw these rows too.
+pub fn loses_to_defaults(held: (&[f64], &[f64]), base: (&[f64], &[f64])) -> bool {
+    let score = |(t, p): (&[f64], &[f64])| median_abs(t) + median_abs(p);
+    score(held) >= score(base)
+}
+
 /// The 90th percentile of the absolute values.
 pub fn p90_abs(v: &[f64]) -> f64 {
     let a: Vec<f64> = v.iter().map(|x| x.abs()).collect();
@@ -773,22 +794,40 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
         (&fit.baseline_ttft, &fit.baseline_tpot),
     )
     .quote("defaults", ["\n# ", " "]);
+    // The same header either way; a fit that lost to the defaults says so, and its
+    // `[cost]` names only the framework.
+    let (verdict, kept, cost) = if fit.kept_defaults() {
+        (
+            ", lost to the defaults held out",
+            "\n# So this file keeps the defaults: [cost] names only the framework, and [fit] and the .rows.csv beside it hold\n\
+             # the defaults' errors on these rows (not held out of the kernels' fits, which saw them too).",
+            String::new(),
+        )
+    } else {
+        (
+            "",
+            "",
+            format!(
+                "step_overhead_us = {us:.1}\n{ar}eager_layer_us = {eager:.1}\nrequest_overhead_ms = {ms:.1}\n{fp8}",
+                ar = fit
+                    .allreduce_latency_us
+                    .map_or(String::new(), |a| format!("allreduce_latency_us = {a:.1}\n")),
+                fp8 = fit.by_gpu.toml_tables(),
+                us = fit.step_overhead_us,
+                eager = fit.eager_layer_us,
+                ms = fit.request_overhead_ms,
+            ),
+        )
+    };
     format!(
         "# {engine}: the step overhead, tensor-parallel all-reduce latency, eager step floor, fp8 GEMM efficiency and per-request front-end cost\n\
          # fitted by `sim calibrate --observed {source}` to {rows} measured closed-loop deployments of {engine}\n\
-         # (aiconfigurator silicon.csv), one term at a time. {folds}-fold held-out: {held}; the folds' fits: {ff}.{edge}\n\
+         # (aiconfigurator silicon.csv), one term at a time{verdict}. {folds}-fold held-out: {held}; the folds' fits: {ff}.{edge}{kept}\n\
          # Fitted under the engine's serving defaults (`sim validate-model`): [engine] {engine_keys}.\n\
-         [cost]\nframework = \"{framework}\"\nstep_overhead_us = {us:.1}\n{ar}eager_layer_us = {eager:.1}\nrequest_overhead_ms = {ms:.1}\n{fp8}",
-        ar = fit
-            .allreduce_latency_us
-            .map_or(String::new(), |a| format!("allreduce_latency_us = {a:.1}\n")),
-        fp8 = fit.by_gpu.toml_tables(),
+         [cost]\nframework = \"{framework}\"\n{cost}",
         engine = fit.engine,
         rows = fit.rows,
         ff = folds_text.join(", "),
-        us = fit.step_overhead_us,
-        eager = fit.eager_layer_us,
-        ms = fit.request_overhead_ms,
     ) + &fit_section(fit, source, folds)
 }
 
@@ -796,14 +835,31 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
 /// CSV (`id,fold,ttft_error,tpot_error,default_ttft_error,default_tpot_error`; signed
 /// relative errors, in the rows' order), so a user sees which of the engine's deployments
 /// the fit misses.
+///
+/// A fit that kept the defaults ([`EngineFit::kept_defaults`]) lists the defaults' errors in
+/// both pairs of columns: what its file gives.
 pub fn fit_rows_csv(fit: &EngineFit) -> Result<String, crate::SimError> {
+    let (ttft, tpot) = shipped_errors(fit);
     held_out_csv(
         &format!("observed-{}.rows.csv", fit.engine),
         &fit.ids,
         &fit.held_out_rows,
-        (&fit.held_out_ttft, &fit.held_out_tpot),
+        (&ttft, &tpot),
         (&fit.baseline_ttft, &fit.baseline_tpot),
     )
+}
+
+/// The `(TTFT, TPOT)` errors of the file a fit ships, in the order of `held_out_rows`: the
+/// held-out errors, or the defaults' where it kept them.
+fn shipped_errors(fit: &EngineFit) -> (Vec<f64>, Vec<f64>) {
+    if fit.kept_defaults() {
+        fit.held_out_rows
+            .iter()
+            .map(|&(i, _)| (fit.baseline_ttft[i], fit.baseline_tpot[i]))
+            .unzip()
+    } else {
+        (fit.held_out_ttft.clone(), fit.held_out_tpot.clone())
+    }
 }
 
 /// Rows' held-out errors as CSV (`id,fold,ttft_error,tpot_error,default_ttft_error,
@@ -851,16 +907,30 @@ pub(super) fn held_out_csv(
 /// The `[fit]` table: each fold's fit and the held-out error intervals, from which `sim
 /// run` and `sim plan` draw their bands
 /// ([`FitRecord`](super::uncertainty::FitRecord)).
+///
+/// A fit that kept the defaults records no fold's fit (none is shipped) and the defaults'
+/// error intervals.
 fn fit_section(fit: &EngineFit, source: &str, folds: usize) -> String {
-    let folds_list: Vec<String> = fit.fold_fits.iter().map(FoldFit::inline_table).collect();
+    let (folds_list, kept): (Vec<String>, &str) = if fit.kept_defaults() {
+        (
+            Vec::new(),
+            " (lost to the defaults held out: the defaults kept)",
+        )
+    } else {
+        (
+            fit.fold_fits.iter().map(FoldFit::inline_table).collect(),
+            "",
+        )
+    };
+    let (ttft, tpot) = shipped_errors(fit);
     fit_record_toml(
         &format!(
-            "sim calibrate --observed {source}: step overhead, all-reduce latency, eager step floor, fp8 GEMM efficiency and front-end cost of {}, {folds}-fold on {} rows",
+            "sim calibrate --observed {source}: step overhead, all-reduce latency, eager step floor, fp8 GEMM efficiency and front-end cost of {}, {folds}-fold on {} rows{kept}",
             fit.engine, fit.rows
         ),
         &folds_list,
-        &fit.held_out_ttft,
-        &fit.held_out_tpot,
+        &ttft,
+        &tpot,
     )
 }
 
@@ -923,6 +993,12 @@ pub fn fit_table(fits: &[EngineFit]) -> String {
             h.p90,
             h.bp,
         ));
+        if f.kept_defaults() {
+            s.push_str(&format!(
+                "{:<8} lost to the defaults held out: its file keeps the defaults\n",
+                f.engine
+            ));
+        }
     }
     s
 }
@@ -930,9 +1006,77 @@ pub fn fit_table(fits: &[EngineFit]) -> String {
 #[cfg(test)]
 mod tests {
     use super::{
-        all_reduces, candidate, has_fp8_weights, pass, pass_moving, pass_with_lines, per_gpu,
-        ByGpu, ALLREDUCE_EFF_CANDIDATES, FP8_CANDIDATES,
+        all_reduces, candidate, fit_rows_csv, fit_toml, has_fp8_weights, loses_to_defaults, pass,
+        pass_moving, pass_with_lines, per_gpu, ByGpu, EngineFit, FoldFit, ALLREDUCE_EFF_CANDIDATES,
+        FP8_CANDIDATES,
     };
+
+    /// A fit that does not beat the defaults held out (the sum of its TTFT and TPOT median
+    /// |error| is not below theirs) ships the defaults: a `[cost]` of the framework alone, a
+    /// `[fit]` with no fold's fit and the defaults' error intervals, and the defaults' errors
+    /// in its rows file; one that beats them ships its terms.
+    #[test]
+    fn a_fit_that_loses_to_the_defaults_held_out_ships_them() {
+        let fold = FoldFit {
+            step_overhead_us: 300.0,
+            allreduce_latency_us: None,
+            eager_layer_us: 900.0,
+            request_overhead_ms: 80.0,
+            by_gpu: ByGpu::default(),
+        };
+        let mut fit = EngineFit {
+            engine: "sglang".into(),
+            rows: 4,
+            request_overhead_ms: 80.0,
+            step_overhead_us: 300.0,
+            allreduce_latency_us: None,
+            eager_layer_us: 900.0,
+            by_gpu: ByGpu::default(),
+            fold_fits: vec![fold.clone(), fold],
+            // Held out TTFT 0.15 and TPOT 0.05 median |err| against the defaults' 0.10 and 0.04.
+            held_out_ttft: vec![0.1, -0.2, 0.15, -0.15],
+            held_out_tpot: vec![0.05, -0.05, 0.05, -0.05],
+            baseline_ttft: vec![-0.1, 0.1, -0.1, 0.1],
+            baseline_tpot: vec![0.04, 0.04, -0.04, -0.04],
+            ids: (0..4).map(|i| format!("row{i}")).collect(),
+            gpus: vec!["h200"; 4],
+            held_out_rows: vec![(0, 0), (1, 1), (2, 0), (3, 1)],
+        };
+        assert!(fit.kept_defaults());
+        let text = fit_toml(&fit, "silicon.csv", 2);
+        let parsed: toml::Table = toml::from_str(&text).expect("valid TOML");
+        let cost = parsed["cost"].as_table().expect("[cost]");
+        assert_eq!(cost.keys().collect::<Vec<_>>(), ["framework"], "{text}");
+        assert!(text.contains("lost to the defaults held out"), "{text}");
+        let record =
+            crate::cost_model::calibration::uncertainty::FitRecord::from_file_table(&parsed)
+                .expect("valid [fit]")
+                .expect("[fit] present");
+        assert!(record.folds.is_empty());
+        // The defaults' TTFT errors lie in [-0.1, 0.1], the fit's spread wider.
+        assert!(record.ttft_error_90[0] >= -0.1 && record.ttft_error_90[1] <= 0.1);
+        let csv = fit_rows_csv(&fit).expect("rows csv");
+        for line in csv.lines().skip(1) {
+            let cols: Vec<&str> = line.split(',').collect();
+            assert_eq!(cols[2..4], cols[4..6], "{csv}");
+        }
+        // Swap the two: the fit now wins and ships its terms and folds.
+        std::mem::swap(&mut fit.held_out_ttft, &mut fit.baseline_ttft);
+        std::mem::swap(&mut fit.held_out_tpot, &mut fit.baseline_tpot);
+        assert!(!fit.kept_defaults());
+        let text = fit_toml(&fit, "silicon.csv", 2);
+        assert!(text.contains("\nstep_overhead_us = 300.0\n"), "{text}");
+        assert!(!text.contains("lost to the defaults"), "{text}");
+        let parsed: toml::Table = toml::from_str(&text).expect("valid TOML");
+        let record =
+            crate::cost_model::calibration::uncertainty::FitRecord::from_file_table(&parsed)
+                .expect("valid [fit]")
+                .expect("[fit] present");
+        assert_eq!(record.folds.len(), 2);
+        // A tie keeps the defaults: a fit must earn its file.
+        let same = [0.1, -0.1];
+        assert!(loses_to_defaults((&same, &same), (&same, &same)));
+    }
 
     /// Simulating only the rows a candidate moves gives every row the errors a full pass
     /// gives: rows with 16-bit weights do not feel an fp8 efficiency, nor rows at TP 1 an
