@@ -63,7 +63,10 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         report.disagg = disagg;
         report.disagg_skipped = disagg_skipped;
         report.observed_fits = observed_fits(&data)?;
-        report.moe_engines_held_out = moe_engines_held_out(&data)?;
+        report.moe_engines_held_out = held_out_rows(&data, |n| n.starts_with("observed-moe-"))?;
+        report.engines_held_out = held_out_rows(&data, |n| {
+            n.starts_with("observed-") && !n.starts_with("observed-moe-")
+        })?;
         let served = data.join("served-closed-loop.csv");
         if served.is_file() {
             report.served = Some(
@@ -264,18 +267,25 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
             .collect();
         out.push((
             f.display().to_string(),
-            format!("{}. {}", values.join(", "), header.join(" ")),
+            // A fit that kept the defaults sets no term.
+            if values.is_empty() {
+                format!("no term (the defaults). {}", header.join(" "))
+            } else {
+                format!("{}. {}", values.join(", "), header.join(" "))
+            },
         ));
     }
     Ok(out)
 }
 
-/// Every row's held-out `(TTFT, TPOT)` errors in the shipped
-/// `calibration/observed-moe-<engine>.rows.csv` files, all engines together.
-fn moe_engines_held_out(data: &std::path::Path) -> anyhow::Result<Vec<(f64, f64)>> {
-    let files = files_in(data, |n| {
-        n.starts_with("observed-moe-") && n.ends_with(".rows.csv")
-    })?;
+/// Every row's held-out `(TTFT, TPOT)` errors in the shipped `<name>.rows.csv` files of
+/// `data` whose names `keep` takes (`observed-<engine>`, `observed-moe-<engine>`), all
+/// engines together.
+fn held_out_rows(
+    data: &std::path::Path,
+    keep: impl Fn(&str) -> bool,
+) -> anyhow::Result<Vec<(f64, f64)>> {
+    let files = files_in(data, |n| n.ends_with(".rows.csv") && keep(n))?;
     let mut out = Vec::new();
     for f in files {
         let mut r =
