@@ -606,7 +606,7 @@ fn the_aiperf_turnaround_is_fitted_per_engine_with_held_out_errors() {
 fn the_front_end_cost_is_fitted_with_held_out_errors() {
     use sim::cost_model::calibration::observed::{
         fit_engine_costs, fit_rows_csv, fit_toml, median_abs, ALLREDUCE_EFF_CANDIDATES,
-        CANDIDATES_MS, EAGER_CANDIDATES_US, FP8_CANDIDATES,
+        CANDIDATES_MS, EAGER_CANDIDATES_US, FP4_CANDIDATES, FP8_CANDIDATES,
     };
     let rows =
         observed::silicon::read(Path::new("tests/data/observed/silicon-small.csv")).expect("rows");
@@ -620,8 +620,9 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
     assert!(CANDIDATES_MS.contains(&f.request_overhead_ms));
     assert!(EAGER_CANDIDATES_US.contains(&f.eager_layer_us));
     for (list, candidates) in [
-        (&f.by_gpu.fp8, &FP8_CANDIDATES),
-        (&f.by_gpu.allreduce, &ALLREDUCE_EFF_CANDIDATES),
+        (&f.by_gpu.fp8, &FP8_CANDIDATES[..]),
+        (&f.by_gpu.fp4, &FP4_CANDIDATES[..]),
+        (&f.by_gpu.allreduce, &ALLREDUCE_EFF_CANDIDATES[..]),
     ] {
         assert!(
             list.iter()
@@ -669,6 +670,7 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
     let by_gpu = parsed["cost"].get("by_gpu");
     for (list, key) in [
         (&f.by_gpu.fp8, "fp8_compute_eff"),
+        (&f.by_gpu.fp4, "fp4_compute_eff"),
         (&f.by_gpu.allreduce, "allreduce_eff"),
     ] {
         for (g, e) in list {
@@ -678,7 +680,7 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
     }
     assert_eq!(
         toml.contains("[cost.by_gpu."),
-        !f.by_gpu.fp8.is_empty() || !f.by_gpu.allreduce.is_empty(),
+        !f.by_gpu.fp8.is_empty() || !f.by_gpu.fp4.is_empty() || !f.by_gpu.allreduce.is_empty(),
         "{toml}"
     );
     // The engine keys it names are the ones the shipped TensorRT-LLM fit names.
@@ -801,6 +803,52 @@ fn sglang_waves_queue_their_prefills() {
     }
 }
 
+/// A shipped fit file's text, its table and its `[fit]` record, after checking that the
+/// `.rows.csv` beside it lists as many rows as its header says it fitted (the number just
+/// before `marker`).
+fn shipped_fit(
+    path: &Path,
+    marker: &str,
+) -> (
+    String,
+    toml::Table,
+    sim::cost_model::calibration::uncertainty::FitRecord,
+) {
+    let text = std::fs::read_to_string(path).expect("shipped fit");
+    let table: toml::Table = toml::from_str(&text).expect("calibration file parses");
+    let record = sim::cost_model::calibration::uncertainty::FitRecord::from_file_table(&table)
+        .expect("valid [fit]")
+        .expect("[fit] present");
+    let rows = std::fs::read_to_string(path.with_extension("rows.csv")).expect("rows file");
+    let fitted = text
+        .split(marker)
+        .next()
+        .and_then(|h| h.rsplit(' ').next())
+        .and_then(|n| n.parse::<usize>().ok())
+        .expect("the header counts the rows");
+    assert_eq!(rows.lines().count(), fitted + 1, "{}", path.display());
+    (text, table, record)
+}
+
+/// The cost terms a scenario of `model` over 8 `gpu`s runs with under the calibration file
+/// `path` (its `[cost.by_gpu]` entry for that GPU applied), and whether it carries the
+/// file's `[fit]`.
+fn calibrated_cost(model: &str, gpu: &str, path: &Path) -> (sim::cost_model::CostParams, bool) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let scenario = dir.path().join("s.toml");
+    std::fs::write(
+        &scenario,
+        format!(
+            "name = \"calibrated\"\n[model]\nname = \"{model}\"\n[hardware]\ngpu = \"{gpu}\"\ntp = 8\n[cost]\ncalibration = {:?}\n[workload]\nnum_requests = 4\narrival = {{ process = \"closed-loop\", concurrency = 4 }}\n[[workload.class]]\nname = \"fixed\"\nprompt = {{ dist = \"fixed\", value = 1024 }}\noutput = {{ dist = \"fixed\", value = 64 }}\n",
+            std::path::absolute(path).expect("path").display().to_string()
+        ),
+    )
+    .expect("write");
+    let scn = sim::scenario::Scenario::load(&scenario, None).expect("scenario");
+    let v = &scn.variants[0];
+    (v.config.cost.on_gpu(gpu), v.fit.is_some())
+}
+
 /// The engines' mixture-of-experts fits ship as calibration files: each sets the engine's
 /// grouped-GEMM efficiency and prefill floor on the GPUs it fitted, which a scenario of a mixture of experts
 /// on that GPU then runs with, records its five folds for `sim run`'s bands, and lists every
@@ -809,38 +857,14 @@ fn sglang_waves_queue_their_prefills() {
 fn shipped_moe_engine_fits_set_each_gpus_expert_kernels() {
     for engine in ["sglang", "trtllm", "vllm"] {
         let path = PathBuf::from(format!("calibration/observed-moe-{engine}.toml"));
-        let text = std::fs::read_to_string(&path).expect("shipped fit");
-        let table: toml::Table = toml::from_str(&text).expect("calibration file parses");
-        let record = sim::cost_model::calibration::uncertainty::FitRecord::from_file_table(&table)
-            .expect("valid [fit]")
-            .expect("[fit] present");
+        let (_, table, record) = shipped_fit(&path, " mixture-of-experts rows of ");
         assert_eq!(record.folds.len(), 5, "{}", path.display());
-        let rows = std::fs::read_to_string(path.with_extension("rows.csv")).expect("rows file");
-        let fitted = text
-            .split(" mixture-of-experts rows of ")
-            .next()
-            .and_then(|h| h.rsplit(' ').next())
-            .and_then(|n| n.parse::<usize>().ok())
-            .expect("the header counts the rows");
-        assert_eq!(rows.lines().count(), fitted + 1, "{}", path.display());
         let by_gpu = table["cost"].get("by_gpu").and_then(|v| v.as_table());
         for (gpu, keys) in by_gpu.into_iter().flatten() {
             let eff = keys.get("moe_gemm_eff").and_then(|v| v.as_float());
             let floor = keys.get("moe_prefill_expert_us").and_then(|v| v.as_float());
             assert!(eff.is_some() || floor.is_some(), "{engine} {gpu}: no key");
-            let dir = tempfile::tempdir().expect("tempdir");
-            let scenario = dir.path().join("s.toml");
-            std::fs::write(
-                &scenario,
-                format!(
-                    "name = \"moe\"\n[model]\nname = \"gpt-oss-120b\"\n[hardware]\ngpu = \"{gpu}\"\ntp = 8\n[cost]\ncalibration = {:?}\n[workload]\nnum_requests = 4\narrival = {{ process = \"closed-loop\", concurrency = 4 }}\n[[workload.class]]\nname = \"fixed\"\nprompt = {{ dist = \"fixed\", value = 1024 }}\noutput = {{ dist = \"fixed\", value = 64 }}\n",
-                    std::path::absolute(&path).expect("path").display().to_string()
-                ),
-            )
-            .expect("write");
-            let scn = sim::scenario::Scenario::load(&scenario, None).expect("scenario");
-            let v = &scn.variants[0];
-            let there = v.config.cost.on_gpu(gpu);
+            let (there, fit) = calibrated_cost("gpt-oss-120b", gpu, &path);
             let shared = sim::cost_model::CostParams::default();
             assert_eq!(
                 there.moe_gemm_eff,
@@ -852,7 +876,46 @@ fn shipped_moe_engine_fits_set_each_gpus_expert_kernels() {
                 floor.unwrap_or(shared.moe_prefill_expert_us),
                 "{engine} {gpu}"
             );
-            assert!(v.fit.is_some());
+            assert!(fit);
+        }
+    }
+}
+
+/// The engines' dense fits ship as calibration files: each sets the engine's fp8, NVFP4 and
+/// all-reduce efficiencies on the GPUs it fitted them for (a scenario of a dense model on
+/// that GPU then runs with them, the shared defaults elsewhere), records its five folds for
+/// `sim run`'s bands (none where it kept the defaults), and lists every row it held out.
+#[test]
+fn shipped_engine_fits_set_each_gpus_kernels() {
+    for engine in ["sglang", "trtllm", "vllm"] {
+        let path = PathBuf::from(format!("calibration/observed-{engine}.toml"));
+        let (text, table, record) = shipped_fit(&path, " measured closed-loop deployments of ");
+        let kept = text.contains("lost to the defaults held out");
+        assert_eq!(record.folds.len(), if kept { 0 } else { 5 }, "{engine}");
+        let by_gpu = table["cost"].get("by_gpu").and_then(|v| v.as_table());
+        for (gpu, keys) in by_gpu.into_iter().flatten() {
+            let key = |k: &str| keys.get(k).and_then(|v| v.as_float());
+            let (fp8, fp4, allreduce) = (
+                key("fp8_compute_eff"),
+                key("fp4_compute_eff"),
+                key("allreduce_eff"),
+            );
+            assert!(
+                fp8.is_some() || fp4.is_some() || allreduce.is_some(),
+                "{engine} {gpu}: no key"
+            );
+            let (there, fit) = calibrated_cost("llama-3.1-70b", gpu, &path);
+            let shared = sim::cost_model::CostParams::default();
+            for (got, set, default) in [
+                (there.fp8_compute_eff, fp8, shared.fp8_compute_eff),
+                (there.fp4_compute_eff, fp4, shared.fp4_compute_eff),
+            ] {
+                assert_eq!(got, set.unwrap_or(default), "{engine} {gpu}");
+            }
+            if allreduce.is_some() {
+                assert_eq!(there.allreduce_eff, allreduce, "{engine} {gpu}");
+            }
+            assert!(fit || kept);
         }
     }
 }

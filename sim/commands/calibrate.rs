@@ -44,8 +44,9 @@ pub struct Args {
     /// and fp4 GEMMs' weight-streaming and compute efficiencies (every engine's fp8 and
     /// NVFP4 rows of dense models), the mixture of experts' grouped-GEMM efficiency and eager prefill cost
     /// (their rows), each engine's grouped-GEMM efficiency on each GPU (its mixture-of-experts
-    /// rows), then each engine's step overhead, all-reduce latency, eager step floor and
-    /// per-request front-end cost to measured deployments (aiconfigurator's silicon.csv),
+    /// rows), then each engine's step overhead, all-reduce latency, eager step floor, fp8 and
+    /// fp4 GEMM efficiencies per GPU and per-request front-end cost to measured deployments
+    /// (aiconfigurator's silicon.csv),
     /// with k-fold held-out errors; writes `<out folder>/aiperf-turnaround.toml`,
     /// `fp8-memory.toml`, `fp8-gemm.toml`, `fp4-memory.toml`, `fp4-gemm.toml`,
     /// `moe-gemm.toml`, `moe-prefill.toml`, `observed-moe-<engine>.toml`,
@@ -121,7 +122,8 @@ pub enum Stage {
     MtpAcceptance,
     /// Each engine's grouped-GEMM efficiency on each GPU, on its mixture-of-experts rows.
     MoeEngines,
-    /// Each engine's step, all-reduce, eager-step and front-end costs.
+    /// Each engine's step, all-reduce, eager-step and front-end costs, and its fp8, fp4 and
+    /// all-reduce efficiencies per GPU.
     Engines,
 }
 

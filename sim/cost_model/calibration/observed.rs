@@ -1,28 +1,29 @@
-//! `sim calibrate --observed`: six of the cost model's terms fitted per engine to
+//! `sim calibrate --observed`: seven of the cost model's terms fitted per engine to
 //! aiconfigurator's measured deployments, with k-fold held-out errors: the overhead of
 //! every step (`cost.step_overhead_us`) and the latency of each tensor-parallel all-reduce
 //! (`cost.allreduce_latency_us`), both of which TPOT shows, the host's time per layer of a
 //! step run outside CUDA graphs (`cost.eager_layer_us`: a floor under every step that
-//! prefills) together with the engine's own fp8 GEMM efficiency on each GPU
-//! (`[cost.by_gpu.<gpu>] fp8_compute_eff`: each engine runs its own fp8 kernels, and they
-//! reach different fractions of a Hopper's and a Blackwell's peak), the engine's
-//! all-reduce efficiency on each GPU (`[cost.by_gpu.<gpu>] allreduce_eff`: its fused or
-//! custom all-reduce may fall back to NCCL at a prefill's sizes), and the per-request
-//! front end (`cost.request_overhead_ms`), which TTFT shows.
+//! prefills) together with the engine's own fp8 and NVFP4 GEMM efficiencies on each GPU
+//! (`[cost.by_gpu.<gpu>] fp8_compute_eff`, `fp4_compute_eff`: each engine runs its own
+//! low-precision kernels, and they reach different fractions of a Hopper's and a
+//! Blackwell's peak), the engine's all-reduce efficiency on each GPU
+//! (`[cost.by_gpu.<gpu>] allreduce_eff`: its fused or custom all-reduce may fall back to
+//! NCCL at a prefill's sizes), and the per-request front end (`cost.request_overhead_ms`),
+//! which TTFT shows.
 //!
 //! Every simulable row of an engine is simulated once per candidate it can feel (the
-//! closed loop of [`crate::cost_model::validation::silicon`]): rows with 16-bit weights keep
-//! their errors under the fp8 candidates, rows at TP 1 under the all-reduce ones. Per fold, the step overhead with the
-//! smallest median absolute TPOT error on the other folds is chosen, then, with it, the
-//! all-reduce latency, then, with both, the eager floor and each GPU's fp8 efficiency with
-//! the smallest sum of the median absolute TTFT and TPOT errors (the floor moves TTFT, the
-//! efficiency both; each GPU's efficiency is chosen on its own rows that have fp8 weights),
-//! then each GPU's all-reduce efficiency on its own rows at TP > 1 (the same score), then
-//! the front-end cost with the smallest median absolute TTFT error
-//! (one stage at a time, so the grid stays small); the held-out fold's errors under that
-//! fit are kept. Reported errors are those held-out
-//! errors; the spread of the fold fits is the fit's uncertainty. The fit on all rows is
-//! what the calibration file carries.
+//! closed loop of [`crate::cost_model::validation::silicon`]): rows without fp8 (fp4)
+//! weights keep their errors under the fp8 (fp4) candidates, rows at TP 1 under the
+//! all-reduce ones. Per fold, the step overhead with the smallest median absolute TPOT
+//! error on the other folds is chosen, then, with it, the all-reduce latency, then, with
+//! both, the eager floor and each GPU's fp8 and fp4 efficiencies with the smallest sum of
+//! the median absolute TTFT and TPOT errors (the floor moves TTFT, the efficiencies both;
+//! each GPU's fp8 and fp4 efficiencies are chosen on its own rows with fp8 or fp4
+//! weights), then each GPU's all-reduce efficiency on its own rows at TP > 1 (the same
+//! score), then the front-end cost with the smallest median absolute TTFT error (one stage
+//! at a time, so the grid stays small); the held-out fold's errors under that fit are
+//! kept. Reported errors are those held-out errors; the spread of the fold fits is the
+//! fit's uncertainty. The fit on all rows is what the calibration file carries.
 
 use std::collections::HashMap;
 
@@ -58,6 +59,13 @@ pub const FP8_CANDIDATES: [Option<f64>; 4] = [None, Some(0.5), Some(0.7), Some(0
 // The first, the default, is what rows without fp8 weights keep under every candidate.
 const _: () = assert!(FP8_CANDIDATES[0].is_none());
 
+/// The engine's NVFP4 GEMM efficiencies tried on each GPU with each eager floor, relative to
+/// the 16-bit GEMMs' (`None`: the kernels' fit over every engine, `cost.fp4_compute_eff`'s
+/// default, 0.4). Only rows with fp4 weights feel it.
+pub const FP4_CANDIDATES: [Option<f64>; 5] = [None, Some(0.3), Some(0.5), Some(0.6), Some(0.8)];
+// The first, the default, is what rows without fp4 weights keep under every candidate.
+const _: () = assert!(FP4_CANDIDATES[0].is_none());
+
 /// The all-reduce efficiencies (fractions of the link's bandwidth) tried on each GPU after
 /// the eager floor (`None`: the GPU catalog's, fitted to NCCL's profiles). An engine's
 /// all-reduce can fall back from its fused or custom kernels to NCCL at the sizes a
@@ -73,14 +81,20 @@ const _: () = assert!(ALLREDUCE_EFF_CANDIDATES[0].is_none());
 pub struct ByGpu {
     /// `fp8_compute_eff`.
     pub fp8: Vec<(&'static str, f64)>,
+    /// `fp4_compute_eff`.
+    pub fp4: Vec<(&'static str, f64)>,
     /// `allreduce_eff`.
     pub allreduce: Vec<(&'static str, f64)>,
 }
 
 impl ByGpu {
-    /// From each GPU's candidate indices (into [`FP8_CANDIDATES`] and
+    /// From each GPU's candidate indices (into [`FP8_CANDIDATES`], [`FP4_CANDIDATES`] and
     /// [`ALLREDUCE_EFF_CANDIDATES`]), keeping the ones that depart from the default.
-    fn of(fp8: &[(&'static str, usize)], allreduce: &[(&'static str, usize)]) -> ByGpu {
+    fn of(
+        fp8: &[(&'static str, usize)],
+        fp4: &[(&'static str, usize)],
+        allreduce: &[(&'static str, usize)],
+    ) -> ByGpu {
         let pick = |choice: &[(&'static str, usize)], table: &[Option<f64>]| {
             choice
                 .iter()
@@ -89,6 +103,7 @@ impl ByGpu {
         };
         ByGpu {
             fp8: pick(fp8, &FP8_CANDIDATES),
+            fp4: pick(fp4, &FP4_CANDIDATES),
             allreduce: pick(allreduce, &ALLREDUCE_EFF_CANDIDATES),
         }
     }
@@ -98,6 +113,7 @@ impl ByGpu {
         let mut out: Vec<(&'static str, Vec<String>)> = Vec::new();
         for (list, key) in [
             (&self.fp8, "fp8_compute_eff"),
+            (&self.fp4, "fp4_compute_eff"),
             (&self.allreduce, "allreduce_eff"),
         ] {
             for &(g, e) in list {
@@ -130,7 +146,8 @@ impl ByGpu {
             .collect()
     }
 
-    /// `fp8 b200 0.50, h200 0.70 / all-reduce b200 0.30`, or `default fp8 / default all-reduce`.
+    /// `fp8 b200 0.50, h200 0.70 / fp4 b200 0.60 / all-reduce eff b200 0.30`, or
+    /// `default fp8 / default fp4 / default all-reduce eff`.
     fn describe(&self) -> String {
         let list = |v: &[(&str, f64)], what: &str| {
             if v.is_empty() {
@@ -140,14 +157,15 @@ impl ByGpu {
             format!("{what} {}", entries.join(", "))
         };
         format!(
-            "{} / {}",
+            "{} / {} / {}",
             list(&self.fp8, "fp8"),
+            list(&self.fp4, "fp4"),
             list(&self.allreduce, "all-reduce eff")
         )
     }
 
     fn is_empty(&self) -> bool {
-        self.fp8.is_empty() && self.allreduce.is_empty()
+        self.fp8.is_empty() && self.fp4.is_empty() && self.allreduce.is_empty()
     }
 }
 
@@ -159,6 +177,14 @@ enum Score {
     Both,
 }
 
+/// An engine's efficiencies on one GPU in a candidate (`None`: the defaults').
+#[derive(Debug, Clone, Copy, Default)]
+struct Effs {
+    fp8: Option<f64>,
+    fp4: Option<f64>,
+    allreduce: Option<f64>,
+}
+
 /// The cost terms of one candidate of an engine's fit (the mixture-of-experts terms at
 /// their defaults).
 fn candidate(
@@ -166,15 +192,16 @@ fn candidate(
     allreduce_us: Option<f64>,
     eager_us: f64,
     request_ms: f64,
-    (fp8, allreduce_eff): (Option<f64>, Option<f64>),
+    effs: Effs,
 ) -> EngineCost {
     EngineCost {
         step_overhead_us: Some(step_us),
         request_overhead_ms: Some(request_ms),
         allreduce_latency_us: allreduce_us,
         eager_layer_us: Some(eager_us),
-        fp8_compute_eff: fp8,
-        allreduce_eff,
+        fp8_compute_eff: effs.fp8,
+        fp4_compute_eff: effs.fp4,
+        allreduce_eff: effs.allreduce,
         ..EngineCost::default()
     }
 }
@@ -190,8 +217,8 @@ pub struct FoldFit {
     pub eager_layer_us: f64,
     /// `cost.request_overhead_ms`.
     pub request_overhead_ms: f64,
-    /// `[cost.by_gpu.<gpu>]` `fp8_compute_eff` and `allreduce_eff` (GPUs not listed: the
-    /// defaults).
+    /// `[cost.by_gpu.<gpu>]` `fp8_compute_eff`, `fp4_compute_eff` and `allreduce_eff` (GPUs
+    /// not listed: the defaults).
     pub by_gpu: ByGpu,
 }
 
@@ -242,7 +269,8 @@ pub struct EngineFit {
     pub allreduce_latency_us: Option<f64>,
     /// The eager step's host time per layer fitted on every row (us).
     pub eager_layer_us: f64,
-    /// The engine's fp8 GEMM and all-reduce efficiencies on each GPU, fitted on every row.
+    /// The engine's fp8 and fp4 GEMM and all-reduce efficiencies on each GPU, fitted on
+    /// every row.
     pub by_gpu: ByGpu,
     /// Each fold's fit.
     pub fold_fits: Vec<FoldFit>,
@@ -330,6 +358,10 @@ pub(crate) fn held_out_figures(
 
 /// `(TTFT, TPOT)` signed errors of an engine's rows under one candidate.
 type Errors = Vec<(f64, f64)>;
+
+/// Each GPU's candidate, an index into a table of candidates (e.g. [`FP8_CANDIDATES`]), by
+/// GPU name.
+type PerGpu = Vec<(&'static str, usize)>;
 
 /// The median of the absolute values.
 pub fn median_abs(v: &[f64]) -> f64 {
@@ -428,6 +460,12 @@ fn has_fp8_weights(row: &AggregateRow) -> bool {
     matches!(row.gemm_quant.as_str(), "fp8" | "fp8_block")
 }
 
+/// Whether a dense row's GEMMs run in NVFP4 (what `fp4_compute_eff` scales; gpt-oss's MXFP4
+/// experts are a mixture of experts', not fitted here).
+fn has_fp4_weights(row: &AggregateRow) -> bool {
+    row.gemm_quant == "nvfp4"
+}
+
 /// Whether a dense row runs all-reduces (what the all-reduce terms cost).
 fn all_reduces(row: &AggregateRow) -> bool {
     row.tp.unwrap_or(1) > 1
@@ -488,7 +526,7 @@ fn pick(choice: &[(&'static str, usize)], table: &[Option<f64>], gpu: &str) -> O
 }
 
 /// The candidates' errors computed for `key` (every key a fold chose was computed).
-fn at<K: PartialEq>(table: &[(K, Vec<Errors>)], key: K) -> &[Errors] {
+fn at<K: PartialEq, V>(table: &[(K, Vec<V>)], key: K) -> &[V] {
     &table
         .iter()
         .find(|(k, _)| *k == key)
@@ -519,8 +557,9 @@ fn best(errors: &[Errors], train: &[usize], by: Score) -> usize {
 }
 
 /// Fits the step overhead, the all-reduce latency, the eager floor with the engine's fp8
-/// efficiency and the front-end cost per engine with `folds`-fold cross-validation, with
-/// fp8 GEMMs at `fp8` (`None`: the default) unless the engine's fit moves them.
+/// and fp4 efficiencies and the front-end cost per engine with `folds`-fold
+/// cross-validation, with fp8 GEMMs at `fp8` (`None`: the default) unless the engine's fit
+/// moves them.
 pub fn fit_engine_costs(
     rows: &[AggregateRow],
     folds: usize,
@@ -546,37 +585,39 @@ pub fn fit_engine_costs(
             continue;
         }
         // One pass at step overhead `s` and all-reduce latency `a` (candidate indices), an
-        // eager floor, a front-end cost, and an fp8 and an all-reduce efficiency per GPU
-        // (`None`: the kernels' fit, the catalog's).
-        type Effs<'a> = &'a (dyn Fn(&str) -> (Option<f64>, Option<f64>) + Sync);
-        let run = |s: usize, a: usize, eager_us: f64, request_ms: f64, eff: Effs| {
+        // eager floor, a front-end cost, and the efficiencies per GPU (`None`: the kernels'
+        // fit, the catalog's).
+        type EffsOf<'a> = &'a (dyn Fn(&str) -> Effs + Sync);
+        let with_fp8 = |e: Effs| Effs {
+            fp8: e.fp8.or(fp8),
+            ..e
+        };
+        let run = |s: usize, a: usize, eager_us: f64, request_ms: f64, eff: EffsOf| {
             pass(&mine, &|gpu| {
-                let (f8, ar) = eff(gpu);
                 candidate(
                     STEP_CANDIDATES_US[s],
                     ALLREDUCE_CANDIDATES_US[a],
                     eager_us,
                     request_ms,
-                    (f8.or(fp8), ar),
+                    with_fp8(eff(gpu)),
                 )
             })
         };
-        let none: Effs = &|_| (None, None);
+        let none: EffsOf = &|_| Effs::default();
         // `run` over only the rows `moves` picks, the rest keeping `base`'s errors.
         let run_moving = |moves: &dyn Fn(&AggregateRow) -> bool,
                           base: &Errors,
                           s: usize,
                           a: usize,
                           eager_us: f64,
-                          eff: Effs| {
+                          eff: EffsOf| {
             pass_moving(&mine, moves, (&index, base), &|gpu| {
-                let (f8, ar) = eff(gpu);
                 candidate(
                     STEP_CANDIDATES_US[s],
                     ALLREDUCE_CANDIDATES_US[a],
                     eager_us,
                     0.0,
-                    (f8.or(fp8), ar),
+                    with_fp8(eff(gpu)),
                 )
             })
         };
@@ -615,65 +656,88 @@ pub fn fit_engine_costs(
             .map(|f| best(at(&by_ar, step_of[f]), &split(f).1, Score::Tpot))
             .collect();
         let ar_all = best(at(&by_ar, step_all), &idx, Score::Tpot);
-        // Each eager floor with each fp8 efficiency on every GPU (candidate
-        // `e x FP8 + f`), at every (step overhead, all-reduce) pair a fit chose (no floor
-        // at the default efficiency is `by_ar` itself).
+        // Each eager floor with each fp8 and each fp4 efficiency on every GPU, at every
+        // (step overhead, all-reduce) pair a fit chose (no floor at the default
+        // efficiencies is `by_ar` itself).
         let mut pairs: Vec<(usize, usize)> = step_of.iter().copied().zip(ar_of.clone()).collect();
         pairs.push((step_all, ar_all));
         pairs.sort_unstable();
         pairs.dedup();
-        let nf = FP8_CANDIDATES.len();
-        let mut by_eager: Vec<((usize, usize), Vec<Errors>)> = Vec::new();
+        let mut by_eager: Vec<((usize, usize), Vec<LowPrecision>)> = Vec::new();
         for &(s, a) in &pairs {
-            let mut errs: Vec<Errors> = Vec::new();
+            let mut per_eager = Vec::new();
             for &us in &EAGER_CANDIDATES_US {
-                // The default efficiency first: the other fp8 candidates move only the
-                // rows with fp8 weights from it.
-                let mut per_fp8 = vec![if us == 0.0 {
+                // The default efficiencies first: the other candidates move only the rows
+                // with fp8 (or fp4) weights from it.
+                let base = if us == 0.0 {
                     at(&by_ar, s)[a].clone()
                 } else {
                     run(s, a, us, 0.0, none)?
-                }];
-                for &eff in &FP8_CANDIDATES[1..] {
-                    let e = run_moving(&has_fp8_weights, &per_fp8[0], s, a, us, &|_| (eff, None))?;
-                    per_fp8.push(e);
-                }
-                errs.extend(per_fp8);
+                };
+                // `base`, then each candidate of `table` (`effs` of it on every GPU) over the
+                // rows `moves` picks.
+                let each = |table: &[Option<f64>],
+                            moves: &dyn Fn(&AggregateRow) -> bool,
+                            effs: fn(Option<f64>) -> Effs| {
+                    let mut errs = vec![base.clone()];
+                    for &eff in &table[1..] {
+                        errs.push(run_moving(moves, &base, s, a, us, &|_| effs(eff))?);
+                    }
+                    Ok::<_, crate::SimError>(errs)
+                };
+                per_eager.push(LowPrecision {
+                    fp8s: each(&FP8_CANDIDATES, &has_fp8_weights, |fp8| Effs {
+                        fp8,
+                        ..Effs::default()
+                    })?,
+                    fp4s: each(&FP4_CANDIDATES, &has_fp4_weights, |fp4| Effs {
+                        fp4,
+                        ..Effs::default()
+                    })?,
+                });
             }
-            by_eager.push(((s, a), errs));
+            by_eager.push(((s, a), per_eager));
         }
-        // The eager floor (index) whose errors, with each GPU's fp8 efficiency chosen on
-        // `train`, score best on `train`; those per-GPU choices, and the rows' errors.
-        type Choice = Vec<(&'static str, usize)>;
+        // The eager floor (index) whose errors, with each GPU's fp8 and fp4 efficiencies
+        // chosen on `train`, score best on `train`; those per-GPU choices.
+        type Choice = PerGpu;
         let eager_fit = |pair: (usize, usize), train: &[usize]| {
-            let errs = at(&by_eager, pair);
-            let per_eager: Vec<(Choice, Errors)> = (0..EAGER_CANDIDATES_US.len())
-                .map(|e| per_gpu(&errs[e * nf..(e + 1) * nf], &gpus, train))
+            let per_eager: Vec<(Choice, Choice, Errors)> = at(&by_eager, pair)
+                .iter()
+                .map(|lp| lp.fit(&gpus, train))
                 .collect();
-            let combined: Vec<Errors> = per_eager.iter().map(|(_, errs)| errs.clone()).collect();
+            let combined: Vec<Errors> = per_eager.iter().map(|c| c.2.clone()).collect();
             let e = best(&combined, train, Score::Both);
-            (e, per_eager[e].0.clone())
+            (e, per_eager[e].0.clone(), per_eager[e].1.clone())
         };
-        let eager_of: Vec<(usize, Choice)> = (0..folds)
+        let eager_of: Vec<(usize, Choice, Choice)> = (0..folds)
             .map(|f| eager_fit((step_of[f], ar_of[f]), &split(f).1))
             .collect();
         let eager_all = eager_fit((step_all, ar_all), &idx);
         // Each all-reduce efficiency on every GPU, at every (step overhead, all-reduce
-        // latency, eager floor, fp8 per GPU) a fit chose; then each GPU's, chosen on its
-        // own rows at TP > 1 (the catalog's efficiency is the eager stage's pass).
-        type Key = (usize, usize, usize, Choice);
-        let eager_key =
-            |f: usize| -> Key { (step_of[f], ar_of[f], eager_of[f].0, eager_of[f].1.clone()) };
-        let eager_key_all: Key = (step_all, ar_all, eager_all.0, eager_all.1.clone());
+        // latency, eager floor, fp8 and fp4 per GPU) a fit chose; then each GPU's, chosen on
+        // its own rows at TP > 1 (the catalog's efficiency is the eager stage's pass).
+        type Key = (usize, usize, usize, Choice, Choice);
+        let eager_key = |f: usize| -> Key {
+            let (e, c8, c4) = eager_of[f].clone();
+            (step_of[f], ar_of[f], e, c8, c4)
+        };
+        let eager_key_all: Key = (
+            step_all,
+            ar_all,
+            eager_all.0,
+            eager_all.1.clone(),
+            eager_all.2.clone(),
+        );
         let mut keys: Vec<Key> = (0..folds).map(eager_key).collect();
         keys.push(eager_key_all.clone());
         keys.sort();
         keys.dedup();
         let mut by_ar_eff: Vec<(Key, Vec<Errors>)> = Vec::new();
         for key in &keys {
-            let (s, a, e, choice) = key;
-            let fp8s = &at(&by_eager, (*s, *a))[e * nf..(e + 1) * nf];
-            let mut errs = vec![under(fp8s, choice, &gpus)];
+            let (s, a, e, c8, c4) = key;
+            let lp = &at(&by_eager, (*s, *a))[*e];
+            let mut errs = vec![lp.under(c8, c4, &gpus)];
             for &ar in &ALLREDUCE_EFF_CANDIDATES[1..] {
                 let moved = run_moving(
                     &all_reduces,
@@ -681,7 +745,11 @@ pub fn fit_engine_costs(
                     *s,
                     *a,
                     EAGER_CANDIDATES_US[*e],
-                    &|gpu| (pick(choice, &FP8_CANDIDATES, gpu), ar),
+                    &|gpu| Effs {
+                        fp8: pick(c8, &FP8_CANDIDATES, gpu),
+                        fp4: pick(c4, &FP4_CANDIDATES, gpu),
+                        allreduce: ar,
+                    },
                 )?;
                 errs.push(moved);
             }
@@ -691,42 +759,27 @@ pub fn fit_engine_costs(
         let ar_eff_of: Vec<Choice> = (0..folds)
             .map(|f| ar_eff_fit(eager_key(f), &split(f).1))
             .collect();
-        let ar_eff_all = ar_eff_fit(eager_key_all, &idx);
+        let ar_eff_all = ar_eff_fit(eager_key_all.clone(), &idx);
         // TTFT under each front-end cost, at every (step overhead, all-reduce, eager floor,
-        // fp8 and all-reduce efficiency per GPU) a fit chose.
-        type FullKey = (usize, usize, usize, Choice, Choice);
-        let key_of = |f: usize| -> FullKey {
-            (
-                step_of[f],
-                ar_of[f],
-                eager_of[f].0,
-                eager_of[f].1.clone(),
-                ar_eff_of[f].clone(),
-            )
-        };
-        let key_all: FullKey = (
-            step_all,
-            ar_all,
-            eager_all.0,
-            eager_all.1.clone(),
-            ar_eff_all.clone(),
-        );
+        // fp8, fp4 and all-reduce efficiency per GPU) a fit chose.
+        type FullKey = (Key, Choice);
+        let key_of = |f: usize| -> FullKey { (eager_key(f), ar_eff_of[f].clone()) };
+        let key_all: FullKey = (eager_key_all, ar_eff_all.clone());
         let mut needed: Vec<FullKey> = (0..folds).map(key_of).collect();
         needed.push(key_all.clone());
         needed.sort();
         needed.dedup();
         let mut by_req: Vec<(FullKey, Vec<Errors>)> = Vec::new();
         for key in &needed {
-            let (s, a, e, fp8_choice, ar_choice) = key;
+            let ((s, a, e, c8, c4), ar_choice) = key;
             // No front-end cost is the all-reduce stage's pass.
-            let ar_effs = at(&by_ar_eff, (*s, *a, *e, fp8_choice.clone()));
+            let ar_effs = at(&by_ar_eff, (*s, *a, *e, c8.clone(), c4.clone()));
             let mut errs = vec![under(ar_effs, ar_choice, &gpus)];
             for &ms in &CANDIDATES_MS[1..] {
-                errs.push(run(*s, *a, EAGER_CANDIDATES_US[*e], ms, &|gpu| {
-                    (
-                        pick(fp8_choice, &FP8_CANDIDATES, gpu),
-                        pick(ar_choice, &ALLREDUCE_EFF_CANDIDATES, gpu),
-                    )
+                errs.push(run(*s, *a, EAGER_CANDIDATES_US[*e], ms, &|gpu| Effs {
+                    fp8: pick(c8, &FP8_CANDIDATES, gpu),
+                    fp4: pick(c4, &FP4_CANDIDATES, gpu),
+                    allreduce: pick(ar_choice, &ALLREDUCE_EFF_CANDIDATES, gpu),
                 })?);
             }
             by_req.push((key.clone(), errs));
@@ -744,7 +797,7 @@ pub fn fit_engine_costs(
                 allreduce_latency_us: ALLREDUCE_CANDIDATES_US[ar_of[f]],
                 eager_layer_us: EAGER_CANDIDATES_US[eager_of[f].0],
                 request_overhead_ms: CANDIDATES_MS[r],
-                by_gpu: ByGpu::of(&eager_of[f].1, &ar_eff_of[f]),
+                by_gpu: ByGpu::of(&eager_of[f].1, &eager_of[f].2, &ar_eff_of[f]),
             });
             for &i in &test {
                 held_out_ttft.push(errs[r][i].0);
@@ -760,7 +813,7 @@ pub fn fit_engine_costs(
             step_overhead_us: STEP_CANDIDATES_US[step_all],
             allreduce_latency_us: ALLREDUCE_CANDIDATES_US[ar_all],
             eager_layer_us: EAGER_CANDIDATES_US[eager_all.0],
-            by_gpu: ByGpu::of(&eager_all.1, &ar_eff_all),
+            by_gpu: ByGpu::of(&eager_all.1, &eager_all.2, &ar_eff_all),
             fold_fits,
             held_out_ttft,
             held_out_tpot,
@@ -772,6 +825,48 @@ pub fn fit_engine_costs(
         });
     }
     Ok(fits)
+}
+
+/// One eager floor's errors under each fp8 efficiency ([`FP8_CANDIDATES`], the first the
+/// default) and each fp4 efficiency ([`FP4_CANDIDATES`], the first the same default pass):
+/// the fp8 candidates move only rows with fp8 weights, the fp4 ones only rows with fp4
+/// weights, so a GPU's two choices are made apart and combine row by row.
+struct LowPrecision {
+    fp8s: Vec<Errors>,
+    fp4s: Vec<Errors>,
+}
+
+impl LowPrecision {
+    /// Each GPU's fp8 and fp4 candidates chosen on `train` ([`per_gpu`]), and every row's
+    /// errors under both.
+    fn fit(&self, gpus: &[&'static str], train: &[usize]) -> (PerGpu, PerGpu, Errors) {
+        let c8 = per_gpu(&self.fp8s, gpus, train).0;
+        let c4 = per_gpu(&self.fp4s, gpus, train).0;
+        let errors = self.under(&c8, &c4, gpus);
+        (c8, c4, errors)
+    }
+
+    /// Every row's errors under the per-GPU fp8 choice `c8` and fp4 choice `c4`: a row the
+    /// fp4 choice moved from the default pass takes its fp4 errors, every other row its fp8
+    /// ones (the default pass where neither moves it).
+    fn under(
+        &self,
+        c8: &[(&'static str, usize)],
+        c4: &[(&'static str, usize)],
+        gpus: &[&'static str],
+    ) -> Errors {
+        let e8 = under(&self.fp8s, c8, gpus);
+        let e4 = under(&self.fp4s, c4, gpus);
+        (0..gpus.len())
+            .map(|i| {
+                if e4[i] != self.fp4s[0][i] {
+                    e4[i]
+                } else {
+                    e8[i]
+                }
+            })
+            .collect()
+    }
 }
 
 /// The calibration file of one engine's fit.
@@ -820,7 +915,7 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
         )
     };
     format!(
-        "# {engine}: the step overhead, tensor-parallel all-reduce latency, eager step floor, fp8 GEMM efficiency and per-request front-end cost\n\
+        "# {engine}: the step overhead, tensor-parallel all-reduce latency, eager step floor, fp8 and fp4 GEMM efficiencies and per-request front-end cost\n\
          # fitted by `sim calibrate --observed {source}` to {rows} measured closed-loop deployments of {engine}\n\
          # (aiconfigurator silicon.csv), one term at a time{verdict}. {folds}-fold held-out: {held}; the folds' fits: {ff}.{edge}{kept}\n\
          # Fitted under the engine's serving defaults (`sim validate-model`): [engine] {engine_keys}.\n\
@@ -925,7 +1020,7 @@ fn fit_section(fit: &EngineFit, source: &str, folds: usize) -> String {
     let (ttft, tpot) = shipped_errors(fit);
     fit_record_toml(
         &format!(
-            "sim calibrate --observed {source}: step overhead, all-reduce latency, eager step floor, fp8 GEMM efficiency and front-end cost of {}, {folds}-fold on {} rows{kept}",
+            "sim calibrate --observed {source}: step overhead, all-reduce latency, eager step floor, fp8 and fp4 GEMM efficiencies and front-end cost of {}, {folds}-fold on {} rows{kept}",
             fit.engine, fit.rows
         ),
         &folds_list,
@@ -1006,9 +1101,9 @@ pub fn fit_table(fits: &[EngineFit]) -> String {
 #[cfg(test)]
 mod tests {
     use super::{
-        all_reduces, candidate, fit_rows_csv, fit_toml, has_fp8_weights, loses_to_defaults, pass,
-        pass_moving, pass_with_lines, per_gpu, ByGpu, EngineFit, FoldFit, ALLREDUCE_EFF_CANDIDATES,
-        FP8_CANDIDATES,
+        all_reduces, candidate, fit_rows_csv, fit_toml, has_fp4_weights, has_fp8_weights,
+        loses_to_defaults, pass, pass_moving, pass_with_lines, per_gpu, ByGpu, Effs, EngineFit,
+        FoldFit, LowPrecision, ALLREDUCE_EFF_CANDIDATES, FP4_CANDIDATES, FP8_CANDIDATES,
     };
 
     /// A fit that does not beat the defaults held out (the sum of its TTFT and TPOT median
@@ -1079,27 +1174,43 @@ mod tests {
     }
 
     /// Simulating only the rows a candidate moves gives every row the errors a full pass
-    /// gives: rows with 16-bit weights do not feel an fp8 efficiency, nor rows at TP 1 an
-    /// all-reduce's latency or efficiency.
+    /// gives: rows with 16-bit or fp4 weights do not feel an fp8 efficiency, rows without fp4
+    /// weights an fp4 one, nor rows at TP 1 an all-reduce's latency or efficiency.
     #[test]
     fn the_rows_a_candidate_cannot_move_keep_their_errors() {
         let mut rows = crate::observed::silicon::read(std::path::Path::new(
             "tests/data/observed/silicon-small.csv",
         ))
         .expect("rows");
-        // Half the rows in 16 bits, at TP 1, 2 and 4 alike.
-        for r in rows.iter_mut().step_by(2) {
-            r.gemm_quant.clear();
+        // A third of the rows in 16 bits and a third in NVFP4 on a B200 (a Hopper has no fp4
+        // tensor cores, so its fp4 rows would not feel the fp4 efficiency), at TP 1, 2 and 4
+        // alike.
+        for (i, r) in rows.iter_mut().enumerate() {
+            match i % 3 {
+                0 => r.gemm_quant.clear(),
+                1 => {
+                    r.gemm_quant = "nvfp4".into();
+                    r.system = "b200_sxm".into();
+                }
+                _ => {}
+            }
         }
         assert!(rows.iter().any(|r| !has_fp8_weights(r) && all_reduces(r)));
         assert!(rows.iter().any(|r| has_fp8_weights(r) && !all_reduces(r)));
-        let base = |_: &str| candidate(300.0, None, 600.0, 0.0, (None, None));
+        assert!(rows.iter().any(has_fp4_weights));
+        let base = |_: &str| candidate(300.0, None, 600.0, 0.0, Effs::default());
         let (_, _, first, index) = pass_with_lines(&rows, &base).expect("pass");
         type Moves<'a> = &'a dyn Fn(&crate::observed::silicon::AggregateRow) -> bool;
-        let moved: [(Moves, _); 3] = [
-            (&has_fp8_weights, (None, (Some(0.5), None))),
-            (&all_reduces, (Some(40.0), (None, None))),
-            (&all_reduces, (None, (None, Some(0.3)))),
+        let effs = |fp8, fp4, allreduce| Effs {
+            fp8,
+            fp4,
+            allreduce,
+        };
+        let moved: [(Moves, _); 4] = [
+            (&has_fp8_weights, (None, effs(Some(0.5), None, None))),
+            (&has_fp4_weights, (None, effs(None, Some(0.8), None))),
+            (&all_reduces, (Some(40.0), Effs::default())),
+            (&all_reduces, (None, effs(None, None, Some(0.3)))),
         ];
         for (moves, (latency, effs)) in moved {
             let cost = |_: &str| candidate(300.0, latency, 600.0, 0.0, effs);
@@ -1133,7 +1244,7 @@ mod tests {
         assert_eq!(errors[2], (0.02, -0.02));
         assert_eq!(errors[4], (0.05, 0.05));
         // With an all-reduce efficiency on the B200 only, the two share its table.
-        let written = ByGpu::of(&choice, &[("b200", 3), ("h200", 0)]);
+        let written = ByGpu::of(&choice, &[], &[("b200", 3), ("h200", 0)]);
         let (f1, f2, a3) = (
             FP8_CANDIDATES[1].unwrap_or_default(),
             FP8_CANDIDATES[2].unwrap_or_default(),
@@ -1153,6 +1264,49 @@ mod tests {
         // A GPU none of whose training rows the candidates move keeps the default.
         let (choice, _) = per_gpu(&by_fp8, &gpus, &[4]);
         assert_eq!(choice, vec![("b200", 0), ("h200", 0)]);
-        assert!(ByGpu::of(&choice, &[]).is_empty());
+        assert!(ByGpu::of(&choice, &[], &[]).is_empty());
+    }
+
+    /// A GPU's fp8 and fp4 efficiencies are chosen apart, each on the rows it moves, and
+    /// combine row by row: an fp8 row takes the fp8 choice's errors, an fp4 row the fp4
+    /// choice's, a 16-bit row the default pass's; both land in the GPU's table.
+    #[test]
+    fn fp8_and_fp4_rows_take_their_own_efficiencies() {
+        // Row 0 has fp8 weights (best under fp8 candidate 2), row 1 fp4 weights (best under
+        // fp4 candidate 3), row 2 16-bit weights (the same under every candidate).
+        let gpus = ["b200"; 3];
+        let default = [(0.3, 0.3), (0.4, 0.4), (0.05, 0.05)];
+        let fp8s: Vec<Vec<(f64, f64)>> = (0..FP8_CANDIDATES.len())
+            .map(|c| {
+                let e = if c == 2 { 0.01 } else { 0.3 };
+                vec![(e, e), default[1], default[2]]
+            })
+            .collect();
+        let fp4s: Vec<Vec<(f64, f64)>> = (0..FP4_CANDIDATES.len())
+            .map(|c| {
+                let e = if c == 3 { 0.02 } else { 0.4 };
+                vec![default[0], (e, -e), default[2]]
+            })
+            .collect();
+        let lp = LowPrecision { fp8s, fp4s };
+        let (c8, c4, errors) = lp.fit(&gpus, &[0, 1, 2]);
+        assert_eq!((c8, c4.clone()), (vec![("b200", 2)], vec![("b200", 3)]));
+        assert_eq!(errors, vec![(0.01, 0.01), (0.02, -0.02), (0.05, 0.05)]);
+        // The fp4 choice alone leaves the fp8 row at the default pass.
+        assert_eq!(lp.under(&[], &c4, &gpus)[0], default[0]);
+        let written = ByGpu::of(&[("b200", 2)], &c4, &[]);
+        assert_eq!(
+            written.fp4,
+            vec![("b200", FP4_CANDIDATES[3].unwrap_or_default())]
+        );
+        let parsed: toml::Table = toml::from_str(&written.toml_tables()).expect("TOML");
+        let b200 = &parsed["cost"]["by_gpu"]["b200"];
+        assert_eq!(b200["fp4_compute_eff"].as_float(), FP4_CANDIDATES[3]);
+        assert_eq!(b200["fp8_compute_eff"].as_float(), FP8_CANDIDATES[2]);
+        assert!(
+            written.describe().contains("fp4 b200 0.60"),
+            "{}",
+            written.describe()
+        );
     }
 }
