@@ -611,7 +611,11 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
     let rows =
         observed::silicon::read(Path::new("tests/data/observed/silicon-small.csv")).expect("rows");
     assert_eq!(rows.len(), 12);
-    let fits = fit_engine_costs(&rows, 3, Some(1.0)).expect("fits");
+    let fp8_at_16_bit = sim::cost_model::validation::silicon::EngineCost {
+        fp8_compute_eff: Some(1.0),
+        ..Default::default()
+    };
+    let fits = fit_engine_costs(&rows, 3, &fp8_at_16_bit).expect("fits");
     assert_eq!(fits.len(), 1);
     let f = &fits[0];
     assert_eq!((f.engine.as_str(), f.rows), ("trtllm", 12));
@@ -916,6 +920,19 @@ fn shipped_engine_fits_set_each_gpus_kernels() {
                 assert_eq!(there.allreduce_eff, allreduce, "{engine} {gpu}");
             }
             assert!(fit || kept);
+        }
+        // A GPU the file does not name runs with the shared efficiencies.
+        let shared = sim::cost_model::CostParams::default();
+        for gpu in ["h100-sxm", "h200", "b200", "gb200"] {
+            if by_gpu.is_some_and(|t| t.contains_key(gpu)) {
+                continue;
+            }
+            let (there, _) = calibrated_cost("llama-3.1-70b", gpu, &path);
+            assert_eq!(
+                (there.fp8_compute_eff, there.fp4_compute_eff),
+                (shared.fp8_compute_eff, shared.fp4_compute_eff),
+                "{engine} {gpu}"
+            );
         }
     }
 }

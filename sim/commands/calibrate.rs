@@ -284,7 +284,6 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
     // experts' grouped GEMMs on the mixtures of experts' rows (with the fp8 fit); the
     // engines' own terms are then fitted with them.
     use sim::cost_model::calibration::efficiency::{fit_efficiency, Term};
-    let mut fp8 = None;
     let mut prior = sim::cost_model::validation::silicon::EngineCost::default();
     let wanted = |s: Stage| args.only.is_empty() || args.only.contains(&s);
     if wanted(Stage::AiperfTurnaround) {
@@ -324,9 +323,6 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
         std::fs::write(&file, f.toml(&path.display().to_string(), args.folds))
             .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
         outln!(out, "wrote {}", file.display());
-        if term == Term::Fp8 {
-            fp8 = Some(f.fit.value);
-        }
     }
     // The per-engine stages fit only the engines asked for (all by default).
     if let Some(e) = args
@@ -372,7 +368,7 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
             before - rows.len()
         );
     }
-    let fits = sim::cost_model::calibration::observed::fit_engine_costs(&rows, args.folds, fp8)?;
+    let fits = sim::cost_model::calibration::observed::fit_engine_costs(&rows, args.folds, &prior)?;
     out.push_str(&sim::cost_model::calibration::observed::fit_table(&fits));
     for f in &fits {
         let text = sim::cost_model::calibration::observed::fit_toml(

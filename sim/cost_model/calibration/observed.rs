@@ -61,7 +61,8 @@ const _: () = assert!(FP8_CANDIDATES[0].is_none());
 
 /// The engine's NVFP4 GEMM efficiencies tried on each GPU with each eager floor, relative to
 /// the 16-bit GEMMs' (`None`: the kernels' fit over every engine, `cost.fp4_compute_eff`'s
-/// default, 0.4). Only rows with fp4 weights feel it.
+/// default, 0.4, or what the same run's `fp4` stage fitted). Only rows with fp4 weights on
+/// a GPU with fp4 tensor cores feel it.
 pub const FP4_CANDIDATES: [Option<f64>; 5] = [None, Some(0.3), Some(0.5), Some(0.6), Some(0.8)];
 // The first, the default, is what rows without fp4 weights keep under every candidate.
 const _: () = assert!(FP4_CANDIDATES[0].is_none());
@@ -185,24 +186,25 @@ struct Effs {
     allreduce: Option<f64>,
 }
 
-/// The cost terms of one candidate of an engine's fit (the mixture-of-experts terms at
-/// their defaults).
+/// The cost terms of one candidate of an engine's fit over the shared terms `prior` (an
+/// efficiency the candidate leaves `None` keeps `prior`'s).
 fn candidate(
     step_us: f64,
     allreduce_us: Option<f64>,
     eager_us: f64,
     request_ms: f64,
     effs: Effs,
+    prior: &EngineCost,
 ) -> EngineCost {
     EngineCost {
         step_overhead_us: Some(step_us),
         request_overhead_ms: Some(request_ms),
         allreduce_latency_us: allreduce_us,
         eager_layer_us: Some(eager_us),
-        fp8_compute_eff: effs.fp8,
-        fp4_compute_eff: effs.fp4,
-        allreduce_eff: effs.allreduce,
-        ..EngineCost::default()
+        fp8_compute_eff: effs.fp8.or(prior.fp8_compute_eff),
+        fp4_compute_eff: effs.fp4.or(prior.fp4_compute_eff),
+        allreduce_eff: effs.allreduce.or(prior.allreduce_eff),
+        ..*prior
     }
 }
 
@@ -558,12 +560,13 @@ fn best(errors: &[Errors], train: &[usize], by: Score) -> usize {
 
 /// Fits the step overhead, the all-reduce latency, the eager floor with the engine's fp8
 /// and fp4 efficiencies and the front-end cost per engine with `folds`-fold
-/// cross-validation, with fp8 GEMMs at `fp8` (`None`: the default) unless the engine's fit
-/// moves them.
+/// cross-validation, over the shared terms `prior` (what the same `sim calibrate` run
+/// fitted before, e.g. the fp8 and fp4 efficiencies over every engine's rows: an engine's
+/// candidate `None` keeps them).
 pub fn fit_engine_costs(
     rows: &[AggregateRow],
     folds: usize,
-    fp8: Option<f64>,
+    prior: &EngineCost,
 ) -> Result<Vec<EngineFit>, crate::SimError> {
     let folds = folds.max(2);
     let mut engines: Vec<String> = rows.iter().map(|r| r.backend.clone()).collect();
@@ -576,10 +579,7 @@ pub fn fit_engine_costs(
             .filter(|r| r.backend == engine)
             .cloned()
             .collect();
-        let (ids, gpus, baseline, index) = pass_with_lines(&mine, &|_| EngineCost {
-            fp8_compute_eff: fp8,
-            ..EngineCost::default()
-        })?;
+        let (ids, gpus, baseline, index) = pass_with_lines(&mine, &|_| *prior)?;
         let n = baseline.len();
         if n < folds {
             continue;
@@ -588,10 +588,6 @@ pub fn fit_engine_costs(
         // eager floor, a front-end cost, and the efficiencies per GPU (`None`: the kernels'
         // fit, the catalog's).
         type EffsOf<'a> = &'a (dyn Fn(&str) -> Effs + Sync);
-        let with_fp8 = |e: Effs| Effs {
-            fp8: e.fp8.or(fp8),
-            ..e
-        };
         let run = |s: usize, a: usize, eager_us: f64, request_ms: f64, eff: EffsOf| {
             pass(&mine, &|gpu| {
                 candidate(
@@ -599,7 +595,8 @@ pub fn fit_engine_costs(
                     ALLREDUCE_CANDIDATES_US[a],
                     eager_us,
                     request_ms,
-                    with_fp8(eff(gpu)),
+                    eff(gpu),
+                    prior,
                 )
             })
         };
@@ -617,7 +614,8 @@ pub fn fit_engine_costs(
                     ALLREDUCE_CANDIDATES_US[a],
                     eager_us,
                     0.0,
-                    with_fp8(eff(gpu)),
+                    eff(gpu),
+                    prior,
                 )
             })
         };
@@ -915,7 +913,7 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
         )
     };
     format!(
-        "# {engine}: the step overhead, tensor-parallel all-reduce latency, eager step floor, fp8 and fp4 GEMM efficiencies and per-request front-end cost\n\
+        "# {engine}: the step overhead, tensor-parallel all-reduce latency, eager step floor, fp8, fp4 and all-reduce efficiencies per GPU and per-request front-end cost\n\
          # fitted by `sim calibrate --observed {source}` to {rows} measured closed-loop deployments of {engine}\n\
          # (aiconfigurator silicon.csv), one term at a time{verdict}. {folds}-fold held-out: {held}; the folds' fits: {ff}.{edge}{kept}\n\
          # Fitted under the engine's serving defaults (`sim validate-model`): [engine] {engine_keys}.\n\
@@ -1020,7 +1018,7 @@ fn fit_section(fit: &EngineFit, source: &str, folds: usize) -> String {
     let (ttft, tpot) = shipped_errors(fit);
     fit_record_toml(
         &format!(
-            "sim calibrate --observed {source}: step overhead, all-reduce latency, eager step floor, fp8 and fp4 GEMM efficiencies and front-end cost of {}, {folds}-fold on {} rows{kept}",
+            "sim calibrate --observed {source}: step overhead, all-reduce latency, eager step floor, fp8, fp4 and all-reduce efficiencies per GPU and front-end cost of {}, {folds}-fold on {} rows{kept}",
             fit.engine, fit.rows
         ),
         &folds_list,
@@ -1105,6 +1103,7 @@ mod tests {
         loses_to_defaults, pass, pass_moving, pass_with_lines, per_gpu, ByGpu, Effs, EngineFit,
         FoldFit, LowPrecision, ALLREDUCE_EFF_CANDIDATES, FP4_CANDIDATES, FP8_CANDIDATES,
     };
+    use crate::cost_model::validation::silicon::EngineCost;
 
     /// A fit that does not beat the defaults held out (the sum of its TTFT and TPOT median
     /// |error| is not below theirs) ships the defaults: a `[cost]` of the framework alone, a
@@ -1182,23 +1181,29 @@ mod tests {
             "tests/data/observed/silicon-small.csv",
         ))
         .expect("rows");
-        // A third of the rows in 16 bits and a third in NVFP4 on a B200 (a Hopper has no fp4
-        // tensor cores, so its fp4 rows would not feel the fp4 efficiency), at TP 1, 2 and 4
-        // alike.
+        // A third of the rows in 16 bits and a third in NVFP4, half of those on a B200 and
+        // half left on their Hopper (which has no fp4 tensor cores: its fp4 rows do not feel
+        // the fp4 efficiency), at TP 1, 2 and 4 alike.
         for (i, r) in rows.iter_mut().enumerate() {
             match i % 3 {
                 0 => r.gemm_quant.clear(),
                 1 => {
                     r.gemm_quant = "nvfp4".into();
-                    r.system = "b200_sxm".into();
+                    if i % 2 == 1 {
+                        r.system = "b200_sxm".into();
+                    }
                 }
                 _ => {}
             }
         }
+        assert!(rows
+            .iter()
+            .any(|r| has_fp4_weights(r) && r.system != "b200_sxm"));
         assert!(rows.iter().any(|r| !has_fp8_weights(r) && all_reduces(r)));
         assert!(rows.iter().any(|r| has_fp8_weights(r) && !all_reduces(r)));
         assert!(rows.iter().any(has_fp4_weights));
-        let base = |_: &str| candidate(300.0, None, 600.0, 0.0, Effs::default());
+        let shared = EngineCost::default();
+        let base = |_: &str| candidate(300.0, None, 600.0, 0.0, Effs::default(), &shared);
         let (_, _, first, index) = pass_with_lines(&rows, &base).expect("pass");
         type Moves<'a> = &'a dyn Fn(&crate::observed::silicon::AggregateRow) -> bool;
         let effs = |fp8, fp4, allreduce| Effs {
@@ -1213,7 +1218,7 @@ mod tests {
             (&all_reduces, (None, effs(None, None, Some(0.3)))),
         ];
         for (moves, (latency, effs)) in moved {
-            let cost = |_: &str| candidate(300.0, latency, 600.0, 0.0, effs);
+            let cost = |_: &str| candidate(300.0, latency, 600.0, 0.0, effs, &shared);
             let full = pass(&rows, &cost).expect("full pass");
             let spliced = pass_moving(&rows, moves, (&index, &first), &cost).expect("pass");
             assert_eq!(spliced, full, "{latency:?} {effs:?}");
