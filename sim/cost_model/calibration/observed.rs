@@ -698,9 +698,8 @@ pub fn fit_engine_costs(
         }
         // The eager floor (index) whose errors, with each GPU's fp8 and fp4 efficiencies
         // chosen on `train`, score best on `train`; those per-GPU choices.
-        type Choice = PerGpu;
         let eager_fit = |pair: (usize, usize), train: &[usize]| {
-            let per_eager: Vec<(Choice, Choice, Errors)> = at(&by_eager, pair)
+            let per_eager: Vec<(PerGpu, PerGpu, Errors)> = at(&by_eager, pair)
                 .iter()
                 .map(|lp| lp.fit(&gpus, train))
                 .collect();
@@ -708,14 +707,14 @@ pub fn fit_engine_costs(
             let e = best(&combined, train, Score::Both);
             (e, per_eager[e].0.clone(), per_eager[e].1.clone())
         };
-        let eager_of: Vec<(usize, Choice, Choice)> = (0..folds)
+        let eager_of: Vec<(usize, PerGpu, PerGpu)> = (0..folds)
             .map(|f| eager_fit((step_of[f], ar_of[f]), &split(f).1))
             .collect();
         let eager_all = eager_fit((step_all, ar_all), &idx);
         // Each all-reduce efficiency on every GPU, at every (step overhead, all-reduce
         // latency, eager floor, fp8 and fp4 per GPU) a fit chose; then each GPU's, chosen on
         // its own rows at TP > 1 (the catalog's efficiency is the eager stage's pass).
-        type Key = (usize, usize, usize, Choice, Choice);
+        type Key = (usize, usize, usize, PerGpu, PerGpu);
         let eager_key = |f: usize| -> Key {
             let (e, c8, c4) = eager_of[f].clone();
             (step_of[f], ar_of[f], e, c8, c4)
@@ -754,13 +753,13 @@ pub fn fit_engine_costs(
             by_ar_eff.push((key.clone(), errs));
         }
         let ar_eff_fit = |key: Key, train: &[usize]| per_gpu(at(&by_ar_eff, key), &gpus, train).0;
-        let ar_eff_of: Vec<Choice> = (0..folds)
+        let ar_eff_of: Vec<PerGpu> = (0..folds)
             .map(|f| ar_eff_fit(eager_key(f), &split(f).1))
             .collect();
         let ar_eff_all = ar_eff_fit(eager_key_all.clone(), &idx);
         // TTFT under each front-end cost, at every (step overhead, all-reduce, eager floor,
         // fp8, fp4 and all-reduce efficiency per GPU) a fit chose.
-        type FullKey = (Key, Choice);
+        type FullKey = (Key, PerGpu);
         let key_of = |f: usize| -> FullKey { (eager_key(f), ar_eff_of[f].clone()) };
         let key_all: FullKey = (eager_key_all, ar_eff_all.clone());
         let mut needed: Vec<FullKey> = (0..folds).map(key_of).collect();
