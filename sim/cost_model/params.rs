@@ -231,13 +231,13 @@ const ALLREDUCE_PEER_US: f64 = 2.0;
 const MOE_PREFILL_US: f64 = 8.0;
 
 /// `moe_layer_us`'s default: the value in `calibration/moe-layer.toml` (a test ties them).
-const MOE_LAYER_US: f64 = 20.0;
+const MOE_LAYER_US: f64 = 10.0;
 
 /// `moe_routing_skew`'s default: the value in `calibration/moe-skew.toml` (a test ties them).
-const MOE_SKEW: f64 = 1.0;
+const MOE_SKEW: f64 = 0.75;
 
 /// `moe_gemm_eff`'s default: the value in `calibration/moe-gemm.toml` (a test ties them).
-const MOE_EFF: f64 = 0.6;
+const MOE_EFF: f64 = 0.8;
 
 impl Default for CostParams {
     fn default() -> Self {
