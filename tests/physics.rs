@@ -1314,6 +1314,38 @@ fn routing_skew_reads_fewer_experts_and_moe_layers_cost_a_fixed_time() {
     );
 }
 
+/// `moe_compute_eff` scales only the compute side of the experts' grouped GEMMs: a
+/// compute-bound prefill of DeepSeek-R1 on 8 H200s slows by about the ratio of the two
+/// efficiencies, while a decode of one sequence, which streams the experts' weights, barely
+/// moves; unset, the compute side runs at `moe_gemm_eff` as before.
+#[test]
+fn the_experts_compute_side_has_its_own_efficiency() {
+    let step = |compute: Option<f64>, prefill: bool| {
+        let p = CostParams {
+            moe_compute_eff: compute,
+            ..CostParams::default()
+        };
+        let m = CostModel::new(deployment("deepseek-r1", "h200", 8, Dtype::Fp8Block), p);
+        if prefill {
+            m.step_cost(std::iter::once((0, 8192)), std::iter::empty(), 1, 1)
+        } else {
+            m.step_cost(std::iter::empty(), std::iter::once((2048, 1)), 1, 1)
+        }
+    };
+    let shared = CostParams::default().moe_gemm_eff;
+    assert_eq!(step(None, true), step(Some(shared), true));
+    let (base, slow) = (step(None, true).linear_s, step(Some(0.25), true).linear_s);
+    assert!(slow > 1.5 * base, "prefill {slow} vs {base}");
+    let (base, slow) = (step(None, false).linear_s, step(Some(0.25), false).linear_s);
+    assert!(slow < 1.05 * base, "decode {slow} vs {base}");
+    // Out of range is refused, on the table and per GPU.
+    let bad = CostParams {
+        moe_compute_eff: Some(1.5),
+        ..CostParams::default()
+    };
+    assert!(bad.validate().unwrap_err().contains("cost.moe_compute_eff"));
+}
+
 #[test]
 fn a_moe_prefill_floor_counts_the_models_experts_and_spares_one_token_chunks() {
     // DeepSeek-R1 (58 MoE layers of 256 experts) on 8 H200s: a step that prefills pays

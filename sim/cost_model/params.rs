@@ -37,6 +37,10 @@ pub struct GpuCost {
     /// `moe_gemm_eff` on this GPU (an engine's own expert kernels there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe_gemm_eff: Option<f64>,
+    /// `moe_compute_eff` on this GPU (the compute side of an engine's expert kernels
+    /// there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_compute_eff: Option<f64>,
     /// `moe_prefill_expert_us` on this GPU (an engine's own expert kernels' floor in a
     /// prefill there), microseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -54,6 +58,7 @@ impl GpuCost {
             ("fp4_memory_eff", self.fp4_memory_eff),
             ("allreduce_eff", self.allreduce_eff),
             ("moe_gemm_eff", self.moe_gemm_eff),
+            ("moe_compute_eff", self.moe_compute_eff),
         ]
         .into_iter()
         .filter_map(|(k, v)| v.map(|v| (k, v)))
@@ -175,6 +180,14 @@ pub struct CostParams {
     /// memory alike). The default is `sim calibrate --observed`'s fit to aiconfigurator's
     /// mixture-of-experts deployments (`calibration/moe-gemm.toml`).
     pub moe_gemm_eff: f64,
+    /// Efficiency of the grouped GEMMs' compute side alone, relative to dense GEMMs'
+    /// (`None`: `moe_gemm_eff`, one efficiency on both sides). A prefill's grouped GEMMs
+    /// are compute-bound and a decode's stream the experts' weights, and a kernel can be
+    /// slow at one and not the other (weights in a format the tensor cores do not take,
+    /// dequantised tile by tile: MXFP4 experts on a Hopper); `moe_gemm_eff` stays the
+    /// streaming side's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moe_compute_eff: Option<f64>,
     /// Fixed cost per expert of the model, per MoE layer of a step that prefills (a chunk
     /// of more than one token), microseconds: a prefill's grouped GEMMs run every expert
     /// as its own problem (tile scheduling, per-expert scales and launches, outside the
@@ -268,6 +281,7 @@ impl Default for CostParams {
             fp8_memory_eff: FP8_MEMORY_EFF,
             fp4_memory_eff: FP4_MEMORY_EFF,
             moe_gemm_eff: MOE_EFF,
+            moe_compute_eff: None,
             moe_prefill_expert_us: MOE_PREFILL_US,
             moe_layer_us: MOE_LAYER_US,
             moe_routing_skew: MOE_SKEW,
@@ -307,6 +321,9 @@ impl CostParams {
             }
             if let Some(e) = o.moe_gemm_eff {
                 p.moe_gemm_eff = e;
+            }
+            if o.moe_compute_eff.is_some() {
+                p.moe_compute_eff = o.moe_compute_eff;
             }
             if let Some(us) = o.moe_prefill_expert_us {
                 p.moe_prefill_expert_us = us;
@@ -359,6 +376,7 @@ impl CostParams {
             ("cost.fp8_memory_eff", self.fp8_memory_eff),
             ("cost.fp4_memory_eff", self.fp4_memory_eff),
             ("cost.moe_gemm_eff", self.moe_gemm_eff),
+            ("cost.moe_compute_eff", self.moe_compute_eff.unwrap_or(1.0)),
         ];
         for (k, v) in effs {
             if !(v > 0.0 && v <= 1.0) {
