@@ -1344,6 +1344,37 @@ fn the_experts_compute_side_has_its_own_efficiency() {
         ..CostParams::default()
     };
     assert!(bad.validate().unwrap_err().contains("cost.moe_compute_eff"));
+    let bad = CostParams {
+        by_gpu: [(
+            "h200".to_string(),
+            sim::cost_model::GpuCost {
+                moe_compute_eff: Some(0.0),
+                ..Default::default()
+            },
+        )]
+        .into_iter()
+        .collect(),
+        ..CostParams::default()
+    };
+    assert!(bad
+        .validate()
+        .unwrap_err()
+        .contains("cost.by_gpu.h200.moe_compute_eff"));
+    // Set per GPU, it applies on that GPU only.
+    let scoped = CostParams {
+        by_gpu: [(
+            "h200".to_string(),
+            sim::cost_model::GpuCost {
+                moe_compute_eff: Some(0.25),
+                ..Default::default()
+            },
+        )]
+        .into_iter()
+        .collect(),
+        ..CostParams::default()
+    };
+    assert_eq!(scoped.on_gpu("h200").moe_compute_eff, Some(0.25));
+    assert_eq!(scoped.on_gpu("b200").moe_compute_eff, None);
 }
 
 #[test]
