@@ -1344,11 +1344,11 @@ fn the_experts_compute_side_has_its_own_efficiency() {
         ..CostParams::default()
     };
     assert!(bad.validate().unwrap_err().contains("cost.moe_compute_eff"));
-    let bad = CostParams {
+    let on_h200 = |eff: f64| CostParams {
         by_gpu: [(
             "h200".to_string(),
             sim::cost_model::GpuCost {
-                moe_compute_eff: Some(0.0),
+                moe_compute_eff: Some(eff),
                 ..Default::default()
             },
         )]
@@ -1356,23 +1356,12 @@ fn the_experts_compute_side_has_its_own_efficiency() {
         .collect(),
         ..CostParams::default()
     };
-    assert!(bad
+    assert!(on_h200(0.0)
         .validate()
         .unwrap_err()
         .contains("cost.by_gpu.h200.moe_compute_eff"));
     // Set per GPU, it applies on that GPU only.
-    let scoped = CostParams {
-        by_gpu: [(
-            "h200".to_string(),
-            sim::cost_model::GpuCost {
-                moe_compute_eff: Some(0.25),
-                ..Default::default()
-            },
-        )]
-        .into_iter()
-        .collect(),
-        ..CostParams::default()
-    };
+    let scoped = on_h200(0.25);
     assert_eq!(scoped.on_gpu("h200").moe_compute_eff, Some(0.25));
     assert_eq!(scoped.on_gpu("b200").moe_compute_eff, None);
 }
