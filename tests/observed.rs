@@ -854,8 +854,8 @@ fn calibrated_cost(model: &str, gpu: &str, path: &Path) -> (sim::cost_model::Cos
 }
 
 /// The engines' mixture-of-experts fits ship as calibration files: each sets the engine's
-/// grouped-GEMM efficiency and prefill floor on the GPUs it fitted, which a scenario of a mixture of experts
-/// on that GPU then runs with, records its five folds for `sim run`'s bands, and lists every
+/// grouped-GEMM efficiency, prefill floor and compute side's efficiency on the GPUs it fitted,
+/// which a scenario of a mixture of experts on that GPU then runs with, records its five folds for `sim run`'s bands, and lists every
 /// row it held out.
 #[test]
 fn shipped_moe_engine_fits_set_each_gpus_expert_kernels() {
@@ -867,7 +867,11 @@ fn shipped_moe_engine_fits_set_each_gpus_expert_kernels() {
         for (gpu, keys) in by_gpu.into_iter().flatten() {
             let eff = keys.get("moe_gemm_eff").and_then(|v| v.as_float());
             let floor = keys.get("moe_prefill_expert_us").and_then(|v| v.as_float());
-            assert!(eff.is_some() || floor.is_some(), "{engine} {gpu}: no key");
+            let compute = keys.get("moe_compute_eff").and_then(|v| v.as_float());
+            assert!(
+                eff.is_some() || floor.is_some() || compute.is_some(),
+                "{engine} {gpu}: no key"
+            );
             let (there, fit) = calibrated_cost("gpt-oss-120b", gpu, &path);
             let shared = sim::cost_model::CostParams::default();
             assert_eq!(
@@ -880,6 +884,7 @@ fn shipped_moe_engine_fits_set_each_gpus_expert_kernels() {
                 floor.unwrap_or(shared.moe_prefill_expert_us),
                 "{engine} {gpu}"
             );
+            assert_eq!(there.moe_compute_eff, compute, "{engine} {gpu}");
             assert!(fit);
         }
     }

@@ -1314,30 +1314,46 @@ fn routing_skew_reads_fewer_experts_and_moe_layers_cost_a_fixed_time() {
     );
 }
 
-/// `moe_compute_eff` scales only the compute side of the experts' grouped GEMMs: a
-/// compute-bound prefill of DeepSeek-R1 on 8 H200s slows by about the ratio of the two
+/// `moe_compute_eff` scales only the compute side of the experts' grouped GEMMs, and only
+/// where the kernel dequantises their weights: a compute-bound prefill of gpt-oss-120b's
+/// MXFP4 experts on 2 H200s (no fp4 tensor cores) slows by about the ratio of the two
 /// efficiencies, while a decode of one sequence, which streams the experts' weights, barely
-/// moves; unset, the compute side runs at `moe_gemm_eff` as before.
+/// moves; experts the tensor cores take (gpt-oss on B200s, DeepSeek-R1's fp8 on H200s) do
+/// not feel it; unset, the compute side runs at `moe_gemm_eff` as before.
 #[test]
 fn the_experts_compute_side_has_its_own_efficiency() {
-    let step = |compute: Option<f64>, prefill: bool| {
+    let step = |model: &str, gpu: &str, dtype: Dtype, compute: Option<f64>, prefill: bool| {
         let p = CostParams {
             moe_compute_eff: compute,
             ..CostParams::default()
         };
-        let m = CostModel::new(deployment("deepseek-r1", "h200", 8, Dtype::Fp8Block), p);
+        let tp = if model == "deepseek-r1" { 8 } else { 2 };
+        let m = CostModel::new(deployment(model, gpu, tp, dtype), p);
         if prefill {
             m.step_cost(std::iter::once((0, 8192)), std::iter::empty(), 1, 1)
         } else {
             m.step_cost(std::iter::empty(), std::iter::once((2048, 1)), 1, 1)
         }
     };
+    let oss = |compute: Option<f64>, prefill: bool| {
+        step("gpt-oss-120b", "h200", Dtype::Mxfp4, compute, prefill)
+    };
     let shared = CostParams::default().moe_gemm_eff;
-    assert_eq!(step(None, true), step(Some(shared), true));
-    let (base, slow) = (step(None, true).linear_s, step(Some(0.25), true).linear_s);
+    assert_eq!(oss(None, true), oss(Some(shared), true));
+    let (base, slow) = (oss(None, true).linear_s, oss(Some(0.25), true).linear_s);
     assert!(slow > 1.5 * base, "prefill {slow} vs {base}");
-    let (base, slow) = (step(None, false).linear_s, step(Some(0.25), false).linear_s);
+    let (base, slow) = (oss(None, false).linear_s, oss(Some(0.25), false).linear_s);
     assert!(slow < 1.05 * base, "decode {slow} vs {base}");
+    for (model, gpu, dtype) in [
+        ("gpt-oss-120b", "b200", Dtype::Mxfp4),
+        ("deepseek-r1", "h200", Dtype::Fp8Block),
+    ] {
+        assert_eq!(
+            step(model, gpu, dtype, None, true),
+            step(model, gpu, dtype, Some(0.25), true),
+            "{model} on {gpu}"
+        );
+    }
     // Out of range is refused, on the table and per GPU.
     let bad = CostParams {
         moe_compute_eff: Some(1.5),

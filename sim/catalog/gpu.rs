@@ -181,6 +181,19 @@ impl Gpu {
         })
     }
 
+    /// Whether a GEMM unpacks weights in `dtype` to 16 bits before its tensor cores take
+    /// them, as the cost model prices it: weight-only formats everywhere, fp4 without fp4
+    /// tensor cores (a Hopper, where gpt-oss's MXFP4 experts run through Marlin-style
+    /// kernels). fp8 without fp8 tensor cores (an A100) is priced as a 16-bit GEMM, not as
+    /// dequantised.
+    pub fn dequantises(&self, dtype: Dtype) -> bool {
+        if dtype.is_fp4() {
+            self.flops_fp4.is_none()
+        } else {
+            dtype.is_weight_only()
+        }
+    }
+
     /// Peak FLOP/s for matrix math in `dtype`.
     pub fn peak_flops(&self, dtype: Dtype) -> f64 {
         match dtype {

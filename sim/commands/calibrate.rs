@@ -21,7 +21,8 @@ pub struct Args {
     #[arg(long, default_value = "calibration")]
     pub from: PathBuf,
     /// TOML file to write (default: calibration/fitted.toml; with --backend cuda or
-    /// --steps, calibration/<gpu>-cuda.toml).
+    /// --steps, calibration/<gpu>-cuda.toml). With --observed: the folder the fits are
+    /// written into (default: calibration/).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// `cuda`: measure whole forward steps of the CUDA runtime on this machine's GPU
@@ -120,7 +121,9 @@ pub enum Stage {
     MoeSkew,
     /// The acceptance of multi-token-prediction drafts (the rows measured with them).
     MtpAcceptance,
-    /// Each engine's grouped-GEMM efficiency on each GPU, on its mixture-of-experts rows.
+    /// Each engine's grouped-GEMM efficiency, prefill floor and (where its kernels
+    /// dequantise the experts) compute side's efficiency on each GPU, on its
+    /// mixture-of-experts rows.
     MoeEngines,
     /// Each engine's step, all-reduce, eager-step and front-end costs, and its fp8, fp4 and
     /// all-reduce efficiencies per GPU.

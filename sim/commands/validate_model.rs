@@ -248,6 +248,7 @@ fn observed_fits(data: &std::path::Path) -> anyhow::Result<Vec<(String, String)>
                     "fp4_memory_eff",
                     "moe_gemm_eff",
                     "moe_prefill_expert_us",
+                    "moe_compute_eff",
                     "moe_layer_us",
                     "moe_routing_skew",
                     "runtime_overhead_gib",

@@ -637,12 +637,9 @@ impl CostModel {
                 self.p.gemm_compute_eff * self.p.fp4_compute_eff,
                 self.p.gemm_memory_eff,
             ),
-            // Without fp4 tensor cores, fp4 weights are unpacked to 16 bits (Marlin).
-            d if d.is_fp4() => (
-                self.p.gemm_compute_eff * self.p.dequant_compute_eff,
-                self.p.gemm_memory_eff * self.p.w4_memory_eff,
-            ),
-            d if !d.is_weight_only() => (self.p.gemm_compute_eff, self.p.gemm_memory_eff),
+            d if !self.d.gpu.dequantises(d) => (self.p.gemm_compute_eff, self.p.gemm_memory_eff),
+            // Weight-only formats, and fp4 without fp4 tensor cores (Marlin), are unpacked
+            // to 16 bits.
             d => (
                 self.p.gemm_compute_eff * self.p.dequant_compute_eff,
                 self.p.gemm_memory_eff
@@ -674,7 +671,7 @@ impl CostModel {
     /// (a token's experts) over weights read `reads` times (the experts the step touches);
     /// `kind` [`Gemm::Experts`]: an MoE grouped GEMM, at `moe_gemm_eff` of a dense GEMM's
     /// efficiency (a few tokens per expert, gathered and scattered), its compute side at
-    /// `moe_compute_eff` where that is set.
+    /// `moe_compute_eff` where that is set and the kernel dequantises the experts' weights.
     #[allow(clippy::too_many_arguments)]
     fn add_gemm(
         &self,
@@ -695,10 +692,11 @@ impl CostModel {
         };
         let (gemm_eff, weight_mem_eff) = self.gemm_effs(dtype);
         let (scale, stream) = if kind == Gemm::Experts {
-            (
-                self.p.moe_compute_eff.unwrap_or(self.p.moe_gemm_eff),
-                self.p.moe_gemm_eff,
-            )
+            let compute = match self.p.moe_compute_eff {
+                Some(e) if self.d.gpu.dequantises(dtype) => e,
+                _ => self.p.moe_gemm_eff,
+            };
+            (compute, self.p.moe_gemm_eff)
         } else {
             (1.0, self.dense_stream_eff(dtype))
         };

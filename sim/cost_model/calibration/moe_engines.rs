@@ -1,17 +1,21 @@
 //! Each engine's own mixture-of-experts kernels (part of `sim calibrate --observed`, stage
 //! `moe-engines`): the grouped-GEMM efficiency it reaches on each GPU
-//! (`[cost.by_gpu.<gpu>] moe_gemm_eff`) and its fixed cost per expert and MoE layer of a
-//! step that prefills there (`moe_prefill_expert_us`), fitted per engine to its
-//! mixture-of-experts rows with the shared MoE terms (`moe-*.toml`, the defaults) in place.
+//! (`[cost.by_gpu.<gpu>] moe_gemm_eff`), its fixed cost per expert and MoE layer of a
+//! step that prefills there (`moe_prefill_expert_us`) and, where its kernels dequantise the
+//! experts' weights, the efficiency of the grouped GEMMs' compute side (`moe_compute_eff`),
+//! fitted per engine to its mixture-of-experts rows with the shared MoE terms
+//! (`moe-*.toml`, the defaults) in place.
 //!
 //! The shared terms are one value each over every engine's rows, but the engines run
 //! different expert kernels: vLLM's block-fp8 Triton MoE on Hoppers streams Qwen3-235B's
-//! experts at a fraction of what TensorRT-LLM's do, vLLM's Marlin MXFP4 MoE runs gpt-oss
-//! faster than the shared fit prices it, and the per-expert work of a prefill's grouped
+//! experts at a fraction of what TensorRT-LLM's do, vLLM's Marlin MXFP4 MoE streams gpt-oss
+//! faster than the shared fit prices it but dequantises on the Hoppers' tensor cores, so its
+//! prefills are slower than its decodes say, and the per-expert work of a prefill's grouped
 //! GEMMs (tile scheduling, scales, launches outside the CUDA graphs) differs from kernel
-//! to kernel. Per engine, every MoE row is simulated under each candidate pair (one pair
-//! applies to every GPU in a pass; a row feels only its own GPU's, so per-GPU choices come
-//! from the same passes); per fold each GPU takes the pair with the smallest sum of the
+//! to kernel. Per engine, every MoE row is simulated under each candidate triple it can
+//! feel (one triple applies to every GPU in a pass; a row feels only its own GPU's, so
+//! per-GPU choices come from the same passes; only rows whose experts are dequantised
+//! feel a compute side); per fold each GPU takes the triple with the smallest sum of the
 //! median absolute TTFT and TPOT errors on its rows of the other folds, and the held-out
 //! fold's errors under those choices are kept.
 //!
@@ -24,7 +28,8 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use super::observed::{
-    fit_record_toml, framework_name, held_out_csv, held_out_figures, pass_with_ids, per_gpu, under,
+    fit_record_toml, framework_name, held_out_csv, held_out_figures, pass_moving, pass_with_lines,
+    per_gpu, under, LinedPass,
 };
 use crate::cost_model::validation::silicon::{self, EngineCost};
 use crate::observed::silicon::AggregateRow;
@@ -36,18 +41,40 @@ pub const GEMM_CANDIDATES: [Option<f64>; 5] = [None, Some(0.3), Some(0.45), Some
 /// shared fit's).
 pub const PREFILL_CANDIDATES: [Option<f64>; 4] = [None, Some(4.0), Some(12.0), Some(18.0)];
 
-/// Candidate `c` as `(moe_gemm_eff, moe_prefill_expert_us)`: every pair of the two lists,
-/// the shared pair first.
-fn candidate(c: usize) -> (Option<f64>, Option<f64>) {
+/// The efficiencies of the grouped GEMMs' compute side alone tried on each GPU, where the
+/// kernel dequantises the experts' weights (`None`: the grouped-GEMM efficiency, one on
+/// both sides): unpacking tile by tile (MXFP4 experts on a Hopper, which has no FP4 tensor
+/// cores), a kernel streams the weights as fast as another but computes at a fraction of
+/// the rate. Rows whose experts the tensor cores take do not feel it.
+pub const COMPUTE_CANDIDATES: [Option<f64>; 3] = [None, Some(0.5), Some(0.25)];
+
+/// Candidate `c` as `(moe_gemm_eff, moe_prefill_expert_us, moe_compute_eff)`: every triple
+/// of the three lists, the shared one first.
+fn candidate(c: usize) -> (Option<f64>, Option<f64>, Option<f64>) {
+    let (g, p) = (GEMM_CANDIDATES.len(), PREFILL_CANDIDATES.len());
     (
-        GEMM_CANDIDATES[c % GEMM_CANDIDATES.len()],
-        PREFILL_CANDIDATES[c / GEMM_CANDIDATES.len()],
+        GEMM_CANDIDATES[c % g],
+        PREFILL_CANDIDATES[c / g % p],
+        COMPUTE_CANDIDATES[c / (g * p)],
     )
 }
 
 /// How many candidates each GPU chooses from.
-const CANDIDATES: usize = GEMM_CANDIDATES.len() * PREFILL_CANDIDATES.len();
-const _: () = assert!(GEMM_CANDIDATES[0].is_none() && PREFILL_CANDIDATES[0].is_none());
+const CANDIDATES: usize =
+    GEMM_CANDIDATES.len() * PREFILL_CANDIDATES.len() * COMPUTE_CANDIDATES.len();
+const _: () = assert!(
+    GEMM_CANDIDATES[0].is_none()
+        && PREFILL_CANDIDATES[0].is_none()
+        && COMPUTE_CANDIDATES[0].is_none()
+);
+
+/// Whether a row's experts run through a kernel that dequantises their weights on its GPU
+/// (what `moe_compute_eff` scales; a row the catalog cannot place is not simulated at all).
+fn dequantised(row: &AggregateRow) -> bool {
+    silicon::catalog_of(row).is_ok_and(|(_, gpu, dtype)| {
+        crate::catalog::find_gpu(gpu).is_some_and(|g| g.dequantises(dtype))
+    })
+}
 
 /// What one GPU's fit departs from the shared terms by.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -56,6 +83,8 @@ pub struct MoeKernels {
     pub gemm_eff: Option<f64>,
     /// `moe_prefill_expert_us` there (`None`: the shared value).
     pub prefill_expert_us: Option<f64>,
+    /// `moe_compute_eff` there (`None`: the grouped-GEMM efficiency).
+    pub compute_eff: Option<f64>,
 }
 
 /// One engine's fit.
@@ -91,20 +120,23 @@ fn values(choice: &[(&'static str, usize)]) -> Vec<(&'static str, MoeKernels)> {
         .iter()
         .filter(|&&(_, c)| c != 0)
         .map(|&(g, c)| {
-            let (gemm_eff, prefill_expert_us) = candidate(c);
+            let (gemm_eff, prefill_expert_us, compute_eff) = candidate(c);
             (
                 g,
                 MoeKernels {
                     gemm_eff,
                     prefill_expert_us,
+                    compute_eff,
                 },
             )
         })
         .collect()
 }
 
-/// Fits each engine's grouped-GEMM efficiency per GPU on its mixture-of-experts rows,
-/// `folds`-fold, with `prior`'s terms (the shared fits) in place.
+/// Fits each engine's grouped-GEMM efficiency, prefill floor and dequantising kernels'
+/// compute side per GPU on its mixture-of-experts rows, `folds`-fold, with `prior`'s terms
+/// (the shared fits) in place; the compute side is this stage's own (a prior's is not used:
+/// unset, it is the grouped-GEMM efficiency, as the files say).
 pub fn fit_moe_engines(
     rows: &[AggregateRow],
     folds: usize,
@@ -133,27 +165,51 @@ pub fn fit_moe_engines(
             .cloned()
             .collect();
         // Each candidate's errors by row id; compared on the rows every candidate simulated
-        // (the efficiency does not change what fits in memory, so all of them), in the
-        // first pass's order.
-        let mut passes = Vec::new();
+        // (the efficiencies do not change what fits in memory, so all of them), in the
+        // first pass's order. A candidate that resolves to the same terms as an earlier one
+        // (the grouped-GEMM candidate equal to the shared value) reuses its pass; one that
+        // sets the compute side simulates again only the rows whose experts are
+        // dequantised, the others keeping their errors under the same pair without it.
+        let pairs = GEMM_CANDIDATES.len() * PREFILL_CANDIDATES.len();
+        let mut passes: Vec<LinedPass> = Vec::new();
+        let mut terms: Vec<[f64; 3]> = Vec::new();
         for c in 0..CANDIDATES {
-            let (eff, us) = candidate(c);
-            passes.push(pass_with_ids(&mine, &|_| EngineCost {
+            let (eff, us, compute) = candidate(c);
+            let cost = EngineCost {
                 moe_gemm_eff: eff.or(prior.moe_gemm_eff),
                 moe_prefill_expert_us: us.or(prior.moe_prefill_expert_us),
+                moe_compute_eff: compute,
                 ..*prior
-            })?);
+            };
+            let gemm = cost.moe_gemm_eff.unwrap_or(defaults.moe_gemm_eff);
+            let resolved = [
+                gemm,
+                cost.moe_prefill_expert_us
+                    .unwrap_or(defaults.moe_prefill_expert_us),
+                cost.moe_compute_eff.unwrap_or(gemm),
+            ];
+            let pass = if let Some(same) = terms.iter().position(|t| *t == resolved) {
+                passes[same].clone()
+            } else if c < pairs {
+                pass_with_lines(&mine, &|_| cost)?
+            } else {
+                let (ids, gpus, base, index) = &passes[c % pairs];
+                let errors = pass_moving(&mine, &dequantised, (index, base), &|_| cost)?;
+                (ids.clone(), gpus.clone(), errors, index.clone())
+            };
+            terms.push(resolved);
+            passes.push(pass);
         }
         let maps: Vec<std::collections::HashMap<&str, (f64, f64)>> = passes
             .iter()
-            .map(|(ids, _, errors)| {
+            .map(|(ids, _, errors, _)| {
                 ids.iter()
                     .map(String::as_str)
                     .zip(errors.iter().copied())
                     .collect()
             })
             .collect();
-        let (first_ids, first_gpus, _) = &passes[0];
+        let (first_ids, first_gpus, _, _) = &passes[0];
         let keep: Vec<usize> = (0..first_ids.len())
             .filter(|&i| maps.iter().all(|m| m.contains_key(first_ids[i].as_str())))
             .collect();
@@ -200,21 +256,27 @@ pub fn fit_moe_engines(
     Ok(fits)
 }
 
-/// `b200 0.80 / 12 us, h200 0.45` (or `shared 0.6 / 8 us everywhere`): each GPU's efficiency, then its
-/// prefill floor where that departs.
+/// `b200 0.80 / 12 us, h200 0.45 / compute 0.25` (or `shared 0.6 / 8 us everywhere`): each
+/// GPU's efficiency, then its prefill floor and its compute side's efficiency where those
+/// depart.
 fn describe(v: &[(&'static str, MoeKernels)], shared: (f64, f64)) -> String {
     if v.is_empty() {
         return format!("shared {} / {} us everywhere", shared.0, shared.1);
     }
     v.iter()
         .map(|(g, k)| {
-            let eff = k
-                .gemm_eff
-                .map_or_else(|| "-".to_string(), |e| format!("{e:.2}"));
-            match k.prefill_expert_us {
-                Some(us) => format!("{g} {eff} / {us} us"),
-                None => format!("{g} {eff}"),
+            let mut s = format!(
+                "{g} {}",
+                k.gemm_eff
+                    .map_or_else(|| "-".to_string(), |e| format!("{e:.2}"))
+            );
+            if let Some(us) = k.prefill_expert_us {
+                s.push_str(&format!(" / {us} us"));
             }
+            if let Some(e) = k.compute_eff {
+                s.push_str(&format!(" / compute {e:.2}"));
+            }
+            s
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -229,11 +291,14 @@ fn keys(k: &MoeKernels) -> Vec<String> {
     if let Some(us) = k.prefill_expert_us {
         out.push(format!("moe_prefill_expert_us = {us:.1}"));
     }
+    if let Some(e) = k.compute_eff {
+        out.push(format!("moe_compute_eff = {e:.2}"));
+    }
     out
 }
 
-/// The calibration file of one engine's fit: `[cost.by_gpu.<gpu>] moe_gemm_eff` and
-/// `moe_prefill_expert_us`, and the `[fit]` table.
+/// The calibration file of one engine's fit: `[cost.by_gpu.<gpu>] moe_gemm_eff`,
+/// `moe_prefill_expert_us` and `moe_compute_eff`, and the `[fit]` table.
 pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
     let folds_text: Vec<String> = fit
         .fold_fits
@@ -247,15 +312,15 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
     )
     .quote("shared", [" ", "\n# "]);
     let mut text = format!(
-        "# {engine}: the grouped-GEMM efficiency of its mixture-of-experts kernels and their fixed cost per expert\n\
-         # and MoE layer of a prefill on each GPU, fitted by `sim calibrate --observed {source}`\n\
+        "# {engine}: the grouped-GEMM efficiency of its mixture-of-experts kernels, their compute side's where it departs,\n\
+         # and their fixed cost per expert and MoE layer of a prefill on each GPU, fitted by `sim calibrate --observed {source}`\n\
          # to {rows} mixture-of-experts rows of {engine} (aiconfigurator silicon.csv) with the shared MoE terms (moe-*.toml,\n\
-         # the defaults) in place. {folds}-fold held-out: {held}; the folds' fits (efficiency / floor): {ff}.\n\
+         # the defaults) in place. {folds}-fold held-out: {held}; the folds' fits (efficiency / floor / compute side): {ff}.\n\
          # Held out of this fit only: the shared terms under it were fitted to every engine's rows, these included.\n\
          # For a mixture of experts served by {engine}: `cost.calibration` = this file (not with observed-{engine}.toml,\n\
          # whose terms were fitted to dense models and not used here). GPUs not listed keep the shared\n\
-         # `moe_gemm_eff` ({eff}) and `moe_prefill_expert_us` ({us}). Fitted under the engine's serving defaults\n\
-         # (`sim validate-model`): [engine] {keys}.\n\
+         # `moe_gemm_eff` ({eff}) and `moe_prefill_expert_us` ({us}), and compute at that efficiency.\n\
+         # Fitted under the engine's serving defaults (`sim validate-model`): [engine] {keys}.\n\
          [cost]\nframework = \"{framework}\"\n",
         keys = silicon::engine_keys(&fit.engine),
         engine = fit.engine,
@@ -281,7 +346,7 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
     let folds_list: Vec<String> = fit.fold_fits.iter().map(|f| table(f)).collect();
     text.push_str(&fit_record_toml(
         &format!(
-            "sim calibrate --observed {source}: grouped-GEMM efficiency and prefill floor per GPU of {}, {folds}-fold on {} mixture-of-experts rows",
+            "sim calibrate --observed {source}: grouped-GEMM efficiency, prefill floor and compute side's efficiency per GPU of {}, {folds}-fold on {} mixture-of-experts rows",
             fit.engine, fit.rows
         ),
         &folds_list,
@@ -305,7 +370,7 @@ pub fn fit_rows_csv(fit: &MoeEngineFit) -> Result<String, crate::SimError> {
 /// The fits as a table, with every engine's rows together (held-out errors in percent).
 pub fn fit_table(fits: &[MoeEngineFit]) -> String {
     let mut s = String::from(
-        "engine   rows  moe_gemm_eff / prefill by GPU        TTFT |err| held out p50 / p90 (shared p50)   TPOT |err| held out p50 / p90 (shared p50)\n",
+        "engine   rows  moe_gemm_eff / prefill / compute by GPU TTFT |err| held out p50 / p90 (shared p50)   TPOT |err| held out p50 / p90 (shared p50)\n",
     );
     let mut all = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut line = |name: &str,
@@ -360,6 +425,7 @@ mod tests {
                     MoeKernels {
                         gemm_eff: Some(1.0),
                         prefill_expert_us: None,
+                        compute_eff: None,
                     },
                 ),
                 (
@@ -367,6 +433,7 @@ mod tests {
                     MoeKernels {
                         gemm_eff: Some(0.45),
                         prefill_expert_us: Some(12.0),
+                        compute_eff: None,
                     },
                 ),
                 (
@@ -374,6 +441,7 @@ mod tests {
                     MoeKernels {
                         gemm_eff: None,
                         prefill_expert_us: Some(4.0),
+                        compute_eff: Some(0.25),
                     },
                 ),
             ],
@@ -383,6 +451,7 @@ mod tests {
                     MoeKernels {
                         gemm_eff: Some(0.45),
                         prefill_expert_us: Some(12.0),
+                        compute_eff: None,
                     },
                 )],
                 vec![],
@@ -410,6 +479,8 @@ mod tests {
         );
         assert_eq!(cost.on_gpu("b200").moe_gemm_eff, cost.moe_gemm_eff);
         assert_eq!(cost.on_gpu("b200").moe_prefill_expert_us, 4.0);
+        assert_eq!(cost.on_gpu("b200").moe_compute_eff, Some(0.25));
+        assert_eq!(cost.on_gpu("h200").moe_compute_eff, None);
         assert_eq!(cost.on_gpu("gb200").moe_gemm_eff, cost.moe_gemm_eff);
         let record =
             crate::cost_model::calibration::uncertainty::FitRecord::from_file_table(&table)
@@ -417,20 +488,72 @@ mod tests {
                 .expect("present");
         assert_eq!(record.folds.len(), 2);
         assert_eq!(describe(&[], (0.6, 8.0)), "shared 0.6 / 8 us everywhere");
+        assert_eq!(
+            describe(&fit.by_gpu, fit.shared),
+            "h100-sxm 1.00, h200 0.45 / 12 us, b200 - / 4 us / compute 0.25"
+        );
     }
 
-    /// The candidates are every pair of the two lists, each once, the shared pair first.
+    /// A compute-side candidate simulates again only the rows whose experts are
+    /// dequantised, and that gives every row the errors a full pass gives: gpt-oss-120b's
+    /// MXFP4 experts on a Hopper move, on a B200 (fp4 tensor cores) or in fp8 they do not.
     #[test]
-    fn the_candidates_are_every_pair_once() {
-        assert_eq!(candidate(0), (None, None));
-        let mut seen: Vec<(Option<f64>, Option<f64>)> = (0..CANDIDATES).map(candidate).collect();
+    fn only_dequantised_experts_feel_the_compute_side() {
+        use super::{dequantised, pass_moving, pass_with_lines, EngineCost};
+        let mut rows = crate::observed::silicon::read(std::path::Path::new(
+            "tests/data/observed/silicon-small.csv",
+        ))
+        .expect("rows");
+        for (i, r) in rows.iter_mut().enumerate() {
+            r.model = "openai/gpt-oss-120b".into();
+            r.system = ["h100_sxm", "b200_sxm", "h200_sxm"][i % 3].into();
+            r.gemm_quant = if i % 4 == 3 { "fp8" } else { "nvfp4" }.into();
+        }
+        let moving: Vec<bool> = rows.iter().map(dequantised).collect();
+        assert!(moving.iter().any(|&m| m) && moving.iter().any(|&m| !m));
+        for (r, m) in rows.iter().zip(&moving) {
+            assert_eq!(
+                *m,
+                r.system != "b200_sxm" && r.gemm_quant == "nvfp4",
+                "{}",
+                r.id
+            );
+        }
+        let shared = EngineCost::default();
+        let (_, _, first, index) = pass_with_lines(&rows, &|_| shared).expect("pass");
+        let slow = EngineCost {
+            moe_compute_eff: Some(0.25),
+            ..shared
+        };
+        let (_, _, full, _) = pass_with_lines(&rows, &|_| slow).expect("full pass");
+        let spliced =
+            pass_moving(&rows, &dequantised, (&index, &first), &|_| slow).expect("spliced");
+        assert_eq!(spliced, full);
+        assert_ne!(full, first, "a dequantised row's TTFT moves");
+    }
+
+    /// The candidates are every triple of the three lists, each once, the shared one first.
+    #[test]
+    fn the_candidates_are_every_triple_once() {
+        assert_eq!(candidate(0), (None, None, None));
+        // A compute candidate splices onto the same pair without the compute side.
+        let pairs = super::GEMM_CANDIDATES.len() * super::PREFILL_CANDIDATES.len();
+        for c in pairs..CANDIDATES {
+            let ((g, p, compute), (bg, bp, bc)) = (candidate(c), candidate(c % pairs));
+            assert_eq!((g, p, bc), (bg, bp, None), "{c}");
+            assert!(compute.is_some(), "{c}");
+        }
+        let mut seen: Vec<(Option<f64>, Option<f64>, Option<f64>)> =
+            (0..CANDIDATES).map(candidate).collect();
         let n = seen.len();
         seen.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
         seen.dedup();
         assert_eq!(seen.len(), n);
         assert_eq!(
             n,
-            super::GEMM_CANDIDATES.len() * super::PREFILL_CANDIDATES.len()
+            super::GEMM_CANDIDATES.len()
+                * super::PREFILL_CANDIDATES.len()
+                * super::COMPUTE_CANDIDATES.len()
         );
     }
 }

@@ -359,7 +359,7 @@ pub(crate) fn held_out_figures(
 }
 
 /// `(TTFT, TPOT)` signed errors of an engine's rows under one candidate.
-type Errors = Vec<(f64, f64)>;
+pub(super) type Errors = Vec<(f64, f64)>;
 
 /// Each GPU's candidate, an index into a table of candidates (e.g. [`FP8_CANDIDATES`]), by
 /// GPU name.
@@ -391,11 +391,11 @@ pub(super) fn pass_with_ids(
 }
 
 /// A pass's ids, GPUs and errors by row, and each row's position by its line in the file.
-type LinedPass = (Vec<String>, Vec<&'static str>, Errors, HashMap<u64, usize>);
+pub(super) type LinedPass = (Vec<String>, Vec<&'static str>, Errors, HashMap<u64, usize>);
 
 /// [`pass_with_ids`], with each simulated row's position by its line in the file (what
 /// [`pass_moving`] splices by).
-fn pass_with_lines(
+pub(super) fn pass_with_lines(
     rows: &[AggregateRow],
     cost: &(dyn Fn(&str) -> EngineCost + Sync),
 ) -> Result<LinedPass, crate::SimError> {
@@ -417,7 +417,7 @@ fn pass_with_lines(
 /// errors in `base` (indexed by the rows' lines, `index`): a row that cannot feel a
 /// candidate (one without fp8 weights an fp8 efficiency, one at TP 1 an all-reduce's) is
 /// not simulated again under it, which leaves the errors exactly as a full pass gives them.
-fn pass_moving(
+pub(super) fn pass_moving(
     rows: &[AggregateRow],
     moves: &dyn Fn(&AggregateRow) -> bool,
     (index, base): (&HashMap<u64, usize>, &Errors),

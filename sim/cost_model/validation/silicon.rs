@@ -55,6 +55,8 @@ pub struct EngineCost {
     pub moe_gemm_eff: Option<f64>,
     /// `cost.moe_prefill_expert_us`.
     pub moe_prefill_expert_us: Option<f64>,
+    /// `cost.moe_compute_eff`.
+    pub moe_compute_eff: Option<f64>,
     /// `cost.moe_layer_us`.
     pub moe_layer_us: Option<f64>,
     /// `cost.moe_routing_skew`.
@@ -640,6 +642,9 @@ pub(crate) fn base_config(
     }
     if let Some(us) = engine.moe_prefill_expert_us {
         cfg.cost.moe_prefill_expert_us = us;
+    }
+    if engine.moe_compute_eff.is_some() {
+        cfg.cost.moe_compute_eff = engine.moe_compute_eff;
     }
     if let Some(us) = engine.moe_layer_us {
         cfg.cost.moe_layer_us = us;
