@@ -834,58 +834,80 @@ fn shipped_fit(
     (text, table, record)
 }
 
-/// The cost terms a scenario of `model` over 8 `gpu`s runs with under the calibration file
-/// `path` (its `[cost.by_gpu]` entry for that GPU applied), and whether it carries the
-/// file's `[fit]`.
-fn calibrated_cost(model: &str, gpu: &str, path: &Path) -> (sim::cost_model::CostParams, bool) {
+/// The cost terms a scenario of `model` in `dtype` over 8 `gpu`s runs with under the
+/// calibration file `path` (its `[cost.by_gpu]` entry for that GPU applied, with its
+/// `experts` terms for that format), and whether it carries the file's `[fit]`.
+fn calibrated_cost(
+    model: &str,
+    dtype: sim::catalog::Dtype,
+    gpu: &str,
+    path: &Path,
+) -> (sim::cost_model::CostParams, bool) {
     let dir = tempfile::tempdir().expect("tempdir");
     let scenario = dir.path().join("s.toml");
     std::fs::write(
         &scenario,
         format!(
-            "name = \"calibrated\"\n[model]\nname = \"{model}\"\n[hardware]\ngpu = \"{gpu}\"\ntp = 8\n[cost]\ncalibration = {:?}\n[workload]\nnum_requests = 4\narrival = {{ process = \"closed-loop\", concurrency = 4 }}\n[[workload.class]]\nname = \"fixed\"\nprompt = {{ dist = \"fixed\", value = 1024 }}\noutput = {{ dist = \"fixed\", value = 64 }}\n",
+            "name = \"calibrated\"\n[model]\nname = \"{model}\"\ndtype = \"{}\"\n[hardware]\ngpu = \"{gpu}\"\ntp = 8\n[cost]\ncalibration = {:?}\n[workload]\nnum_requests = 4\narrival = {{ process = \"closed-loop\", concurrency = 4 }}\n[[workload.class]]\nname = \"fixed\"\nprompt = {{ dist = \"fixed\", value = 1024 }}\noutput = {{ dist = \"fixed\", value = 64 }}\n",
+            dtype.as_str(),
             std::path::absolute(path).expect("path").display().to_string()
         ),
     )
     .expect("write");
     let scn = sim::scenario::Scenario::load(&scenario, None).expect("scenario");
     let v = &scn.variants[0];
-    (v.config.cost.on_gpu(gpu), v.fit.is_some())
+    (v.config.cost.on_deployment(gpu, dtype), v.fit.is_some())
 }
 
 /// The engines' mixture-of-experts fits ship as calibration files: each sets the engine's
-/// grouped-GEMM efficiency, prefill floor and compute side's efficiency on the GPUs it fitted,
-/// which a scenario of a mixture of experts on that GPU then runs with, records its five folds for `sim run`'s bands, and lists every
-/// row it held out.
+/// grouped-GEMM efficiency, prefill floor and compute side's efficiency on the GPUs it
+/// fitted (for every expert format there, or per format where they parted), which a
+/// scenario of a mixture of experts on that GPU in that format then runs with, records its
+/// five folds for `sim run`'s bands, and lists every row it held out.
 #[test]
 fn shipped_moe_engine_fits_set_each_gpus_expert_kernels() {
+    use sim::catalog::Dtype;
+    // A model of each expert format the rows have.
+    let models = [
+        ("fp8", "qwen3-235b-a22b", Dtype::Fp8Block),
+        ("fp4", "gpt-oss-120b", Dtype::Mxfp4),
+    ];
     for engine in ["sglang", "trtllm", "vllm"] {
         let path = PathBuf::from(format!("calibration/observed-moe-{engine}.toml"));
         let (_, table, record) = shipped_fit(&path, " mixture-of-experts rows of ");
         assert_eq!(record.folds.len(), 5, "{}", path.display());
         let by_gpu = table["cost"].get("by_gpu").and_then(|v| v.as_table());
         for (gpu, keys) in by_gpu.into_iter().flatten() {
-            let eff = keys.get("moe_gemm_eff").and_then(|v| v.as_float());
-            let floor = keys.get("moe_prefill_expert_us").and_then(|v| v.as_float());
-            let compute = keys.get("moe_compute_eff").and_then(|v| v.as_float());
+            let keys = keys.as_table().expect("a GPU's entry is a table");
+            let experts = keys.get("experts").and_then(|v| v.as_table());
+            let key = |t: &toml::Table, k: &str| t.get(k).and_then(|v| v.as_float());
+            let own =
+                ["moe_gemm_eff", "moe_prefill_expert_us", "moe_compute_eff"].map(|k| key(keys, k));
             assert!(
-                eff.is_some() || floor.is_some() || compute.is_some(),
+                own.iter().any(Option::is_some) || experts.is_some_and(|e| !e.is_empty()),
                 "{engine} {gpu}: no key"
             );
-            let (there, fit) = calibrated_cost("gpt-oss-120b", gpu, &path);
-            let shared = sim::cost_model::CostParams::default();
-            assert_eq!(
-                there.moe_gemm_eff,
-                eff.unwrap_or(shared.moe_gemm_eff),
-                "{engine} {gpu}"
-            );
-            assert_eq!(
-                there.moe_prefill_expert_us,
-                floor.unwrap_or(shared.moe_prefill_expert_us),
-                "{engine} {gpu}"
-            );
-            assert_eq!(there.moe_compute_eff, compute, "{engine} {gpu}");
-            assert!(fit);
+            for (format, model, dtype) in models {
+                let set = experts
+                    .and_then(|e| e.get(format))
+                    .and_then(|v| v.as_table());
+                let term = |i: usize, k: &str| set.and_then(|t| key(t, k)).or(own[i]);
+                let (there, fit) = calibrated_cost(model, dtype, gpu, &path);
+                let shared = sim::cost_model::CostParams::default();
+                let what = format!("{engine} {gpu} {format}");
+                assert_eq!(
+                    there.moe_gemm_eff,
+                    term(0, "moe_gemm_eff").unwrap_or(shared.moe_gemm_eff),
+                    "{what}"
+                );
+                assert_eq!(
+                    there.moe_prefill_expert_us,
+                    term(1, "moe_prefill_expert_us").unwrap_or(shared.moe_prefill_expert_us),
+                    "{what}"
+                );
+                assert_eq!(there.moe_compute_eff, term(2, "moe_compute_eff"), "{what}");
+                assert!(fit);
+            }
         }
     }
 }
@@ -913,7 +935,8 @@ fn shipped_engine_fits_set_each_gpus_kernels() {
                 fp8.is_some() || fp4.is_some() || allreduce.is_some(),
                 "{engine} {gpu}: no key"
             );
-            let (there, fit) = calibrated_cost("llama-3.1-70b", gpu, &path);
+            let (there, fit) =
+                calibrated_cost("llama-3.1-70b", sim::catalog::Dtype::Bf16, gpu, &path);
             let shared = sim::cost_model::CostParams::default();
             for (got, set, default) in [
                 (there.fp8_compute_eff, fp8, shared.fp8_compute_eff),
@@ -932,7 +955,8 @@ fn shipped_engine_fits_set_each_gpus_kernels() {
             if by_gpu.is_some_and(|t| t.contains_key(gpu)) {
                 continue;
             }
-            let (there, _) = calibrated_cost("llama-3.1-70b", gpu, &path);
+            let (there, _) =
+                calibrated_cost("llama-3.1-70b", sim::catalog::Dtype::Bf16, gpu, &path);
             assert_eq!(
                 (there.fp8_compute_eff, there.fp4_compute_eff),
                 (shared.fp8_compute_eff, shared.fp4_compute_eff),

@@ -1382,6 +1382,97 @@ fn the_experts_compute_side_has_its_own_efficiency() {
     assert_eq!(scoped.on_gpu("b200").moe_compute_eff, None);
 }
 
+/// An engine's expert kernels per format on one GPU (`[cost.by_gpu.<gpu>.experts.<format>]`):
+/// DeepSeek-R1's fp8 experts on 8 H200s slow under an fp8 efficiency of 0.3 while
+/// gpt-oss-120b's MXFP4 experts there keep the GPU's own terms, the format's terms win
+/// over the GPU's, and a format's key out of range or an unknown format is refused by name.
+#[test]
+fn expert_terms_can_be_scoped_to_one_format() {
+    use sim::cost_model::{ExpertCost, ExpertFormat, GpuCost};
+    let on_h200 = |fp8: ExpertCost| CostParams {
+        by_gpu: [(
+            "h200".to_string(),
+            GpuCost {
+                moe_gemm_eff: Some(1.0),
+                experts: [(ExpertFormat::Fp8.name().to_string(), fp8)]
+                    .into_iter()
+                    .collect(),
+                ..Default::default()
+            },
+        )]
+        .into_iter()
+        .collect(),
+        ..CostParams::default()
+    };
+    let slow = on_h200(ExpertCost {
+        moe_gemm_eff: Some(0.3),
+        moe_prefill_expert_us: Some(18.0),
+        ..Default::default()
+    });
+    slow.validate().expect("valid");
+    let gpu_only = on_h200(ExpertCost::default());
+    let step = |p: &CostParams, model: &str, dtype: Dtype, tp: u32| {
+        CostModel::new(deployment(model, "h200", tp, dtype), p.clone()).step_cost(
+            std::iter::once((0, 4096)),
+            std::iter::empty(),
+            1,
+            1,
+        )
+    };
+    let (fast, scoped) = (
+        step(&gpu_only, "deepseek-r1", Dtype::Fp8Block, 8),
+        step(&slow, "deepseek-r1", Dtype::Fp8Block, 8),
+    );
+    assert!(
+        scoped.seconds > 1.5 * fast.seconds,
+        "fp8 experts {} vs {}",
+        scoped.seconds,
+        fast.seconds
+    );
+    assert_eq!(
+        step(&slow, "gpt-oss-120b", Dtype::Mxfp4, 2),
+        step(&gpu_only, "gpt-oss-120b", Dtype::Mxfp4, 2),
+        "fp4 experts keep the GPU's terms"
+    );
+    let p = slow.on_deployment("h200", Dtype::Fp8);
+    assert_eq!((p.moe_gemm_eff, p.moe_prefill_expert_us), (0.3, 18.0));
+    assert_eq!(slow.on_deployment("h200", Dtype::Mxfp4).moe_gemm_eff, 1.0);
+    assert_eq!(slow.on_deployment("b200", Dtype::Fp8), slow.on_gpu("b200"));
+    let bad = on_h200(ExpertCost {
+        moe_gemm_eff: Some(0.0),
+        ..Default::default()
+    });
+    assert!(bad
+        .validate()
+        .unwrap_err()
+        .contains("cost.by_gpu.h200.experts.fp8.moe_gemm_eff"));
+    let negative = on_h200(ExpertCost {
+        moe_prefill_expert_us: Some(-1.0),
+        ..Default::default()
+    });
+    assert!(negative
+        .validate()
+        .unwrap_err()
+        .contains("cost.by_gpu.h200.experts.fp8.moe_prefill_expert_us"));
+    // Read from a file: the format names are fixed.
+    let read = |text: &str| toml::from_str::<CostParams>(text).map_err(|e| e.to_string());
+    let p = read("[by_gpu.h200.experts.fp4]\nmoe_compute_eff = 0.25\n").expect("parses");
+    assert_eq!(
+        p.on_deployment("h200", Dtype::Mxfp4).moe_compute_eff,
+        Some(0.25)
+    );
+    let err = read("[by_gpu.h200.experts.fp6]\nmoe_gemm_eff = 0.5\n")
+        .expect("parses")
+        .validate()
+        .unwrap_err();
+    assert!(
+        err.contains("cost.by_gpu.h200.experts.fp6") && err.contains("`fp8`"),
+        "{err}"
+    );
+    let err = read("[by_gpu.h200.experts.fp8]\nmoe_layer_us = 5\n").unwrap_err();
+    assert!(err.contains("moe_layer_us"), "{err}");
+}
+
 #[test]
 fn a_moe_prefill_floor_counts_the_models_experts_and_spares_one_token_chunks() {
     // DeepSeek-R1 (58 MoE layers of 256 experts) on 8 H200s: a step that prefills pays

@@ -8,6 +8,88 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::Framework;
+use crate::catalog::Dtype;
+
+/// The format of a mixture of experts' routed experts, as `[cost.by_gpu.<gpu>.experts.<format>]`
+/// names it: each runs its own grouped-GEMM kernels (vLLM's block-fp8 Triton MoE and its
+/// Marlin MXFP4 MoE on a Hopper; TensorRT-LLM's fp8 and NVFP4 CUTLASS MoE on a Blackwell).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ExpertFormat {
+    /// 16- or 32-bit floats (`bf16`, `fp16`, `fp32`).
+    Bf16,
+    /// fp8, per tensor or block-scaled (`fp8`, `fp8-block`).
+    Fp8,
+    /// 4-bit floats (`nvfp4`, `mxfp4`).
+    Fp4,
+    /// Integer formats (`int8`, `w8a8`, AWQ/GPTQ `int4`, GGUF blocks).
+    Int,
+}
+
+impl ExpertFormat {
+    /// Every format, in the order files list them.
+    pub const ALL: [ExpertFormat; 4] = [
+        ExpertFormat::Bf16,
+        ExpertFormat::Fp8,
+        ExpertFormat::Fp4,
+        ExpertFormat::Int,
+    ];
+
+    /// The format a file names (`fp8`), if any.
+    pub fn from_name(name: &str) -> Option<ExpertFormat> {
+        ExpertFormat::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// The family of the weight format `dtype`.
+    pub fn of(dtype: Dtype) -> ExpertFormat {
+        match dtype {
+            Dtype::Fp32 | Dtype::Fp16 | Dtype::Bf16 => ExpertFormat::Bf16,
+            d if d.is_fp8() => ExpertFormat::Fp8,
+            d if d.is_fp4() => ExpertFormat::Fp4,
+            _ => ExpertFormat::Int,
+        }
+    }
+
+    /// Its name in a file (`fp8`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ExpertFormat::Bf16 => "bf16",
+            ExpertFormat::Fp8 => "fp8",
+            ExpertFormat::Fp4 => "fp4",
+            ExpertFormat::Int => "int",
+        }
+    }
+}
+
+/// An engine's expert kernels on one GPU for one expert format
+/// (`[cost.by_gpu.<gpu>.experts.<format>]`), over the GPU's own terms and the table's.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpertCost {
+    /// `moe_gemm_eff` for experts in this format on this GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_gemm_eff: Option<f64>,
+    /// `moe_compute_eff` for experts in this format on this GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_compute_eff: Option<f64>,
+    /// `moe_prefill_expert_us` for experts in this format on this GPU, microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_prefill_expert_us: Option<f64>,
+}
+
+impl ExpertCost {
+    /// Applies the terms it sets to `p`.
+    fn apply(&self, p: &mut CostParams) {
+        if let Some(e) = self.moe_gemm_eff {
+            p.moe_gemm_eff = e;
+        }
+        if self.moe_compute_eff.is_some() {
+            p.moe_compute_eff = self.moe_compute_eff;
+        }
+        if let Some(us) = self.moe_prefill_expert_us {
+            p.moe_prefill_expert_us = us;
+        }
+    }
+}
 
 /// Efficiencies that hold on one GPU only (`[cost.by_gpu.<gpu>]`), over the `[cost]` table's:
 /// an engine's kernels reach a different fraction of a Blackwell's peaks than of a
@@ -45,6 +127,12 @@ pub struct GpuCost {
     /// prefill there), microseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe_prefill_expert_us: Option<f64>,
+    /// The expert kernels' terms for one expert format on this GPU, over the three above,
+    /// by [`ExpertFormat`] name (`[cost.by_gpu.h200.experts.fp8] moe_gemm_eff = 0.45`): an
+    /// engine's fp8 and fp4 experts run different kernels. Keyed by name, so that an error
+    /// in an entry names it; [`CostParams::validate`] rejects a name that is no format.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub experts: BTreeMap<String, ExpertCost>,
 }
 
 impl GpuCost {
@@ -293,15 +381,34 @@ impl Default for CostParams {
 }
 
 impl CostParams {
+    /// `by_gpu`'s entry for the catalog GPU `gpu` (its canonical name), if any.
+    fn gpu_entry(&self, gpu: &str) -> Option<&GpuCost> {
+        self.by_gpu
+            .iter()
+            .find(|(k, _)| crate::catalog::find_gpu(k).is_some_and(|g| g.name == gpu))
+            .map(|(_, o)| o)
+    }
+
+    /// The parameters of a deployment on the catalog GPU `gpu` (its canonical name) whose
+    /// experts (if any) are in `dtype`: [`CostParams::on_gpu`], with the entry's
+    /// `experts` terms for that format over it.
+    pub fn on_deployment(&self, gpu: &str, dtype: Dtype) -> CostParams {
+        let mut p = self.on_gpu(gpu);
+        if let Some(e) = self
+            .gpu_entry(gpu)
+            .and_then(|o| o.experts.get(ExpertFormat::of(dtype).name()))
+        {
+            e.apply(&mut p);
+        }
+        p
+    }
+
     /// The parameters on the catalog GPU `gpu` (its canonical name): `by_gpu`'s entry for
-    /// it, if any, over the table's own efficiencies.
+    /// it, if any, over the table's own efficiencies (not its `experts` terms, which
+    /// [`CostParams::on_deployment`] adds for the deployment's expert format).
     pub fn on_gpu(&self, gpu: &str) -> CostParams {
         let mut p = self.clone();
-        let entry = self
-            .by_gpu
-            .iter()
-            .find(|(k, _)| crate::catalog::find_gpu(k).is_some_and(|g| g.name == gpu));
-        if let Some((_, o)) = entry {
+        if let Some(o) = self.gpu_entry(gpu) {
             if let Some(e) = o.gemm_compute_eff {
                 p.gemm_compute_eff = e;
             }
@@ -320,15 +427,12 @@ impl CostParams {
             if o.allreduce_eff.is_some() {
                 p.allreduce_eff = o.allreduce_eff;
             }
-            if let Some(e) = o.moe_gemm_eff {
-                p.moe_gemm_eff = e;
+            ExpertCost {
+                moe_gemm_eff: o.moe_gemm_eff,
+                moe_compute_eff: o.moe_compute_eff,
+                moe_prefill_expert_us: o.moe_prefill_expert_us,
             }
-            if o.moe_compute_eff.is_some() {
-                p.moe_compute_eff = o.moe_compute_eff;
-            }
-            if let Some(us) = o.moe_prefill_expert_us {
-                p.moe_prefill_expert_us = us;
-            }
+            .apply(&mut p);
         }
         p
     }
@@ -407,6 +511,31 @@ impl CostParams {
                     ));
                 }
             }
+            for (f, e) in &o.experts {
+                if ExpertFormat::from_name(f).is_none() {
+                    let known: Vec<String> = ExpertFormat::ALL
+                        .iter()
+                        .map(|f| format!("`{}`", f.name()))
+                        .collect();
+                    return Err(format!(
+                        "cost.by_gpu.{name}.experts.{f}: unknown expert format `{f}`, expected one of {}",
+                        known.join(", ")
+                    ));
+                }
+                for (k, v) in [
+                    ("moe_gemm_eff", e.moe_gemm_eff),
+                    ("moe_compute_eff", e.moe_compute_eff),
+                ] {
+                    match v {
+                        Some(v) if !(v > 0.0 && v <= 1.0) => {
+                            return Err(format!(
+                                "cost.by_gpu.{name}.experts.{f}.{k}: must be in (0, 1], got {v}"
+                            ))
+                        }
+                        _ => {}
+                    }
+                }
+            }
         }
         if let Some(p) = self.overlap_exponent {
             // `inf` is the plain maximum.
@@ -430,9 +559,19 @@ impl CostParams {
         ]
         .map(|(k, v)| (k.to_string(), v));
         // A GPU's own prefill floor is microseconds like the shared one, not an efficiency.
-        let gpu_floors = self.by_gpu.iter().filter_map(|(name, o)| {
-            o.moe_prefill_expert_us
-                .map(|us| (format!("cost.by_gpu.{name}.moe_prefill_expert_us"), us))
+        let gpu_floors = self.by_gpu.iter().flat_map(|(name, o)| {
+            let own = o
+                .moe_prefill_expert_us
+                .map(|us| (format!("cost.by_gpu.{name}.moe_prefill_expert_us"), us));
+            let formats = o.experts.iter().filter_map(move |(f, e)| {
+                e.moe_prefill_expert_us.map(|us| {
+                    (
+                        format!("cost.by_gpu.{name}.experts.{f}.moe_prefill_expert_us"),
+                        us,
+                    )
+                })
+            });
+            own.into_iter().chain(formats)
         });
         if !(0.0..=4.0).contains(&self.moe_routing_skew) {
             return Err(format!(

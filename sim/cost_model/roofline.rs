@@ -110,12 +110,13 @@ pub struct CostModel {
 }
 
 impl CostModel {
-    /// A cost model of `d` with parameters `p` (with `p.by_gpu`'s efficiencies for `d`'s GPU).
+    /// A cost model of `d` with parameters `p` (with `p.by_gpu`'s efficiencies for `d`'s GPU,
+    /// and its expert kernels' for `d`'s expert format).
     pub fn new(d: Deployment, p: CostParams) -> Self {
         let p = if p.by_gpu.is_empty() {
             p
         } else {
-            p.on_gpu(d.gpu.name)
+            p.on_deployment(d.gpu.name, d.dtype)
         };
         let routing = Routing::new(
             d.model.num_experts,

@@ -1,10 +1,11 @@
 //! Each engine's own mixture-of-experts kernels (part of `sim calibrate --observed`, stage
-//! `moe-engines`): the grouped-GEMM efficiency it reaches on each GPU
-//! (`[cost.by_gpu.<gpu>] moe_gemm_eff`), its fixed cost per expert and MoE layer of a
-//! step that prefills there (`moe_prefill_expert_us`) and, where its kernels dequantise the
-//! experts' weights, the efficiency of the grouped GEMMs' compute side (`moe_compute_eff`),
-//! fitted per engine to its mixture-of-experts rows with the shared MoE terms
-//! (`moe-*.toml`, the defaults) in place.
+//! `moe-engines`): the grouped-GEMM efficiency it reaches on each GPU for each expert
+//! format (`[cost.by_gpu.<gpu>] moe_gemm_eff`, or `[cost.by_gpu.<gpu>.experts.<format>]`
+//! where its fp8 and fp4 experts' kernels part), its fixed cost per expert and MoE layer of
+//! a step that prefills there (`moe_prefill_expert_us`) and, where its kernels dequantise
+//! the experts' weights, the efficiency of the grouped GEMMs' compute side
+//! (`moe_compute_eff`), fitted per engine to its mixture-of-experts rows with the shared MoE
+//! terms (`moe-*.toml`, the defaults) in place.
 //!
 //! The shared terms are one value each over every engine's rows, but the engines run
 //! different expert kernels: vLLM's block-fp8 Triton MoE on Hoppers streams Qwen3-235B's
@@ -13,11 +14,13 @@
 //! prefills are slower than its decodes say, and the per-expert work of a prefill's grouped
 //! GEMMs (tile scheduling, scales, launches outside the CUDA graphs) differs from kernel
 //! to kernel. Per engine, every MoE row is simulated under each candidate triple it can
-//! feel (one triple applies to every GPU in a pass; a row feels only its own GPU's, so
-//! per-GPU choices come from the same passes; only rows whose experts are dequantised
-//! feel a compute side); per fold each GPU takes the triple with the smallest sum of the
-//! median absolute TTFT and TPOT errors on its rows of the other folds, and the held-out
-//! fold's errors under those choices are kept.
+//! feel (one triple applies to every GPU in a pass; a row feels only its own GPU's and
+//! format's, so the choices per GPU and format come from the same passes; only rows whose
+//! experts are dequantised feel a compute side); per fold each GPU and expert format
+//! takes the triple with the smallest sum of the median absolute TTFT and TPOT errors on
+//! its rows of the other folds, and the held-out fold's errors under those choices are
+//! kept. A GPU whose formats all chose the same triple is written as the GPU's terms (a
+//! format the rows lack there takes them too); one whose formats parted, per format.
 //!
 //! In: aiconfigurator's rows; out: a [`MoeEngineFit`] per engine, written as
 //! `observed-moe-<engine>.toml` (a scenario's `cost.calibration` for a mixture of experts
@@ -32,6 +35,7 @@ use super::observed::{
     per_gpu, under, LinedPass,
 };
 use crate::cost_model::validation::silicon::{self, EngineCost};
+use crate::cost_model::ExpertFormat;
 use crate::observed::silicon::AggregateRow;
 
 /// The grouped-GEMM efficiencies tried on each GPU (`None`: the shared fit's, the prior's).
@@ -76,7 +80,20 @@ fn dequantised(row: &AggregateRow) -> bool {
     })
 }
 
-/// What one GPU's fit departs from the shared terms by.
+/// The rows' expert format (`None`: a row the catalog cannot place, never simulated).
+fn format_of(row: &AggregateRow) -> Option<ExpertFormat> {
+    silicon::catalog_of(row)
+        .ok()
+        .map(|(_, _, dtype)| ExpertFormat::of(dtype))
+}
+
+/// What each choice is made for: a GPU and the experts' format there.
+type Group = (&'static str, ExpertFormat);
+
+/// Where a fitted triple applies: a GPU, for every expert format (`None`) or for one.
+pub type Scope = (&'static str, Option<ExpertFormat>);
+
+/// What one GPU's (or one GPU's and format's) fit departs from the shared terms by.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MoeKernels {
     /// `moe_gemm_eff` there (`None`: the shared value).
@@ -96,10 +113,11 @@ pub struct MoeEngineFit {
     pub rows: usize,
     /// The shared `(moe_gemm_eff, moe_prefill_expert_us)` the candidates replace.
     pub shared: (f64, f64),
-    /// Each GPU's terms fitted on every row, where they depart from the shared values.
-    pub by_gpu: Vec<(&'static str, MoeKernels)>,
+    /// Each GPU's (or GPU's and format's) terms fitted on every row, where they depart
+    /// from the shared values.
+    pub by_gpu: Vec<(Scope, MoeKernels)>,
     /// Each fold's choices.
-    pub fold_fits: Vec<Vec<(&'static str, MoeKernels)>>,
+    pub fold_fits: Vec<Vec<(Scope, MoeKernels)>>,
     /// Held-out signed TTFT errors (one per row).
     pub held_out_ttft: Vec<f64>,
     /// Held-out signed TPOT errors (one per row).
@@ -114,23 +132,39 @@ pub struct MoeEngineFit {
     pub ids: Vec<String>,
 }
 
-/// The non-default choices as `(GPU, terms)`.
-fn values(choice: &[(&'static str, usize)]) -> Vec<(&'static str, MoeKernels)> {
-    choice
-        .iter()
-        .filter(|&&(_, c)| c != 0)
-        .map(|&(g, c)| {
-            let (gemm_eff, prefill_expert_us, compute_eff) = candidate(c);
-            (
-                g,
-                MoeKernels {
-                    gemm_eff,
-                    prefill_expert_us,
-                    compute_eff,
-                },
-            )
-        })
-        .collect()
+/// The non-default choices as `(scope, terms)`: a GPU's where every format of its rows
+/// chose the same triple, else each format's that departs from the shared one.
+fn values(choice: &[(Group, usize)]) -> Vec<(Scope, MoeKernels)> {
+    let terms = |c: usize| {
+        let (gemm_eff, prefill_expert_us, compute_eff) = candidate(c);
+        MoeKernels {
+            gemm_eff,
+            prefill_expert_us,
+            compute_eff,
+        }
+    };
+    let mut gpus: Vec<&'static str> = choice.iter().map(|((g, _), _)| *g).collect();
+    gpus.dedup();
+    let mut out = Vec::new();
+    for g in gpus {
+        let mine: Vec<(ExpertFormat, usize)> = choice
+            .iter()
+            .filter(|((n, _), _)| *n == g)
+            .map(|&((_, f), c)| (f, c))
+            .collect();
+        if mine.iter().all(|&(_, c)| c == mine[0].1) {
+            if mine[0].1 != 0 {
+                out.push(((g, None), terms(mine[0].1)));
+            }
+        } else {
+            out.extend(
+                mine.iter()
+                    .filter(|&&(_, c)| c != 0)
+                    .map(|&(f, c)| ((g, Some(f)), terms(c))),
+            );
+        }
+    }
+    out
 }
 
 /// Fits each engine's grouped-GEMM efficiency, prefill floor and dequantising kernels'
@@ -214,7 +248,28 @@ pub fn fit_moe_engines(
             .filter(|&i| maps.iter().all(|m| m.contains_key(first_ids[i].as_str())))
             .collect();
         let ids: Vec<String> = keep.iter().map(|&i| first_ids[i].clone()).collect();
-        let gpus: Vec<&'static str> = keep.iter().map(|&i| first_gpus[i]).collect();
+        let formats: std::collections::HashMap<&str, ExpertFormat> = mine
+            .iter()
+            .filter_map(|r| format_of(r).map(|f| (r.id.as_str(), f)))
+            .collect();
+        // Every simulated row was placed by the catalog, so it has a format.
+        let gpus: Vec<Group> = keep
+            .iter()
+            .filter_map(|&i| {
+                formats
+                    .get(first_ids[i].as_str())
+                    .map(|&f| (first_gpus[i], f))
+            })
+            .collect();
+        if gpus.len() != ids.len() {
+            return Err(crate::SimError::Scenario(crate::scenario::ScenarioError {
+                file: "silicon rows".into(),
+                msg: format!(
+                    "{} of {engine}'s simulated mixture-of-experts rows have no expert format",
+                    ids.len() - gpus.len()
+                ),
+            }));
+        }
         let by: Vec<Vec<(f64, f64)>> = maps
             .iter()
             .map(|m| ids.iter().map(|id| m[id.as_str()]).collect())
@@ -256,17 +311,21 @@ pub fn fit_moe_engines(
     Ok(fits)
 }
 
-/// `b200 0.80 / 12 us, h200 0.45 / compute 0.25` (or `shared 0.6 / 8 us everywhere`): each
-/// GPU's efficiency, then its prefill floor and its compute side's efficiency where those
-/// depart.
-fn describe(v: &[(&'static str, MoeKernels)], shared: (f64, f64)) -> String {
+/// `b200 0.80 / 12 us, h200 fp8 0.45 / compute 0.25` (or `shared 0.6 / 8 us everywhere`):
+/// each GPU's (or GPU's and expert format's) efficiency, then its prefill floor and its
+/// compute side's efficiency where those depart.
+fn describe(v: &[(Scope, MoeKernels)], shared: (f64, f64)) -> String {
     if v.is_empty() {
         return format!("shared {} / {} us everywhere", shared.0, shared.1);
     }
     v.iter()
-        .map(|(g, k)| {
+        .map(|((g, f), k)| {
+            let scope = match f {
+                Some(f) => format!("{g} {}", f.name()),
+                None => g.to_string(),
+            };
             let mut s = format!(
-                "{g} {}",
+                "{scope} {}",
                 k.gemm_eff
                     .map_or_else(|| "-".to_string(), |e| format!("{e:.2}"))
             );
@@ -313,12 +372,13 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
     .quote("shared", [" ", "\n# "]);
     let mut text = format!(
         "# {engine}: the grouped-GEMM efficiency of its mixture-of-experts kernels, their compute side's where it departs,\n\
-         # and their fixed cost per expert and MoE layer of a prefill on each GPU, fitted by `sim calibrate --observed {source}`\n\
+         # and their fixed cost per expert and MoE layer of a prefill on each GPU (per expert format where they part:\n\
+         # `experts.fp8`, `experts.fp4`), fitted by `sim calibrate --observed {source}`\n\
          # to {rows} mixture-of-experts rows of {engine} (aiconfigurator silicon.csv) with the shared MoE terms (moe-*.toml,\n\
          # the defaults) in place. {folds}-fold held-out: {held}; the folds' fits (efficiency / floor / compute side): {ff}.\n\
          # Held out of this fit only: the shared terms under it were fitted to every engine's rows, these included.\n\
          # For a mixture of experts served by {engine}: `cost.calibration` = this file (not with observed-{engine}.toml,\n\
-         # whose terms were fitted to dense models and not used here). GPUs not listed keep the shared\n\
+         # whose terms were fitted to dense models and not used here). GPUs and formats not listed keep the shared\n\
          # `moe_gemm_eff` ({eff}) and `moe_prefill_expert_us` ({us}), and compute at that efficiency.\n\
          # Fitted under the engine's serving defaults (`sim validate-model`): [engine] {keys}.\n\
          [cost]\nframework = \"{framework}\"\n",
@@ -329,15 +389,38 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
         eff = fit.shared.0,
         us = fit.shared.1,
     );
-    let table = |v: &[(&'static str, MoeKernels)]| -> String {
-        let entries: Vec<String> = v
+    // A GPU's entry inline: its own keys, or its formats' under `experts`.
+    let table = |v: &[(Scope, MoeKernels)]| -> String {
+        let mut gpus: Vec<&'static str> = v.iter().map(|((g, _), _)| *g).collect();
+        gpus.dedup();
+        let entries: Vec<String> = gpus
             .iter()
-            .map(|(g, k)| format!("{g} = {{ {} }}", keys(k).join(", ")))
+            .map(|&g| {
+                let mine = v.iter().filter(|((n, _), _)| *n == g);
+                let own: Vec<String> = mine
+                    .clone()
+                    .filter(|((_, f), _)| f.is_none())
+                    .flat_map(|(_, k)| keys(k))
+                    .collect();
+                let formats: Vec<String> = mine
+                    .filter_map(|((_, f), k)| {
+                        f.map(|f| format!("{} = {{ {} }}", f.name(), keys(k).join(", ")))
+                    })
+                    .collect();
+                let mut inner = own;
+                if !formats.is_empty() {
+                    inner.push(format!("experts = {{ {} }}", formats.join(", ")));
+                }
+                format!("{g} = {{ {} }}", inner.join(", "))
+            })
             .collect();
         format!("{{ by_gpu = {{ {} }} }}", entries.join(", "))
     };
-    for (g, k) in &fit.by_gpu {
-        text.push_str(&format!("[cost.by_gpu.{g}]\n"));
+    for ((g, f), k) in &fit.by_gpu {
+        match f {
+            Some(f) => text.push_str(&format!("[cost.by_gpu.{g}.experts.{}]\n", f.name())),
+            None => text.push_str(&format!("[cost.by_gpu.{g}]\n")),
+        }
         for line in keys(k) {
             text.push_str(&line);
             text.push('\n');
@@ -346,7 +429,7 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
     let folds_list: Vec<String> = fit.fold_fits.iter().map(|f| table(f)).collect();
     text.push_str(&fit_record_toml(
         &format!(
-            "sim calibrate --observed {source}: grouped-GEMM efficiency, prefill floor and compute side's efficiency per GPU of {}, {folds}-fold on {} mixture-of-experts rows",
+            "sim calibrate --observed {source}: grouped-GEMM efficiency, prefill floor and compute side's efficiency per GPU and expert format of {}, {folds}-fold on {} mixture-of-experts rows",
             fit.engine, fit.rows
         ),
         &folds_list,
@@ -409,7 +492,27 @@ pub fn fit_table(fits: &[MoeEngineFit]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{candidate, describe, fit_toml, MoeEngineFit, MoeKernels, CANDIDATES};
+    use super::{candidate, describe, fit_toml, values, MoeEngineFit, MoeKernels, CANDIDATES};
+    use crate::catalog::Dtype;
+    use crate::cost_model::ExpertFormat;
+
+    /// A GPU whose formats chose the same triple is written once for every format; one
+    /// whose formats parted, per format, leaving out those that kept the shared terms.
+    #[test]
+    fn a_gpus_formats_are_written_together_unless_they_part() {
+        use ExpertFormat::{Fp4, Fp8};
+        let v = values(&[
+            (("b200", Fp4), 4),
+            (("b200", Fp8), 4),
+            (("h100-sxm", Fp8), 0),
+            (("h200", Fp4), 0),
+            (("h200", Fp8), 3),
+        ]);
+        let scopes: Vec<_> = v.iter().map(|(s, _)| *s).collect();
+        assert_eq!(scopes, [("b200", None), ("h200", Some(Fp8))]);
+        assert_eq!(v[0].1.gemm_eff, candidate(4).0);
+        assert_eq!(v[1].1.gemm_eff, candidate(3).0);
+    }
 
     /// The file a fit writes is a calibration file a scenario reads: its `[cost]` and
     /// `[fit]` tables parse, and each GPU's efficiency lands under `by_gpu`.
@@ -421,7 +524,7 @@ mod tests {
             shared: (0.6, 8.0),
             by_gpu: vec![
                 (
-                    "h100-sxm",
+                    ("h100-sxm", None),
                     MoeKernels {
                         gemm_eff: Some(1.0),
                         prefill_expert_us: None,
@@ -429,7 +532,7 @@ mod tests {
                     },
                 ),
                 (
-                    "h200",
+                    ("h200", None),
                     MoeKernels {
                         gemm_eff: Some(0.45),
                         prefill_expert_us: Some(12.0),
@@ -437,7 +540,23 @@ mod tests {
                     },
                 ),
                 (
-                    "b200",
+                    ("gb200", Some(ExpertFormat::Fp8)),
+                    MoeKernels {
+                        gemm_eff: Some(0.3),
+                        prefill_expert_us: None,
+                        compute_eff: None,
+                    },
+                ),
+                (
+                    ("gb200", Some(ExpertFormat::Fp4)),
+                    MoeKernels {
+                        gemm_eff: None,
+                        prefill_expert_us: Some(18.0),
+                        compute_eff: None,
+                    },
+                ),
+                (
+                    ("b200", None),
                     MoeKernels {
                         gemm_eff: None,
                         prefill_expert_us: Some(4.0),
@@ -447,7 +566,7 @@ mod tests {
             ],
             fold_fits: vec![
                 vec![(
-                    "h200",
+                    ("gb200", Some(ExpertFormat::Fp8)),
                     MoeKernels {
                         gemm_eff: Some(0.45),
                         prefill_expert_us: Some(12.0),
@@ -481,16 +600,32 @@ mod tests {
         assert_eq!(cost.on_gpu("b200").moe_prefill_expert_us, 4.0);
         assert_eq!(cost.on_gpu("b200").moe_compute_eff, Some(0.25));
         assert_eq!(cost.on_gpu("h200").moe_compute_eff, None);
+        // A GPU whose formats parted: each format its own, another the shared terms.
         assert_eq!(cost.on_gpu("gb200").moe_gemm_eff, cost.moe_gemm_eff);
+        let gb200 = |d: Dtype| cost.on_deployment("gb200", d);
+        assert_eq!(gb200(Dtype::Fp8Block).moe_gemm_eff, 0.3);
+        assert_eq!(
+            gb200(Dtype::Fp8Block).moe_prefill_expert_us,
+            cost.moe_prefill_expert_us
+        );
+        assert_eq!(gb200(Dtype::Nvfp4).moe_gemm_eff, cost.moe_gemm_eff);
+        assert_eq!(gb200(Dtype::Mxfp4).moe_prefill_expert_us, 18.0);
+        assert_eq!(gb200(Dtype::Bf16), cost.on_gpu("gb200"));
+        // A GPU's own terms hold for every format there.
+        assert_eq!(cost.on_deployment("h200", Dtype::Fp8).moe_gemm_eff, 0.45);
         let record =
             crate::cost_model::calibration::uncertainty::FitRecord::from_file_table(&table)
                 .expect("[fit]")
                 .expect("present");
         assert_eq!(record.folds.len(), 2);
+        let fold = toml::Value::Table(record.folds[0].clone())
+            .try_into::<crate::cost_model::CostParams>()
+            .expect("a fold is [cost] keys");
+        assert_eq!(fold.on_deployment("gb200", Dtype::Fp8).moe_gemm_eff, 0.45);
         assert_eq!(describe(&[], (0.6, 8.0)), "shared 0.6 / 8 us everywhere");
         assert_eq!(
             describe(&fit.by_gpu, fit.shared),
-            "h100-sxm 1.00, h200 0.45 / 12 us, b200 - / 4 us / compute 0.25"
+            "h100-sxm 1.00, h200 0.45 / 12 us, gb200 fp8 0.30, gb200 fp4 - / 18 us, b200 - / 4 us / compute 0.25"
         );
     }
 

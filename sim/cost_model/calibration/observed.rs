@@ -478,17 +478,18 @@ fn all_reduces(row: &AggregateRow) -> bool {
 /// that GPU have the smallest sum of TTFT and TPOT medians, among the rows the candidates
 /// move (rows without fp8 weights do not feel an fp8 efficiency, nor rows at TP 1 an
 /// all-reduce's); 0 (the default) where no row moves. Returns the choice per GPU (`gpus`'
-/// distinct names, sorted) and every row's errors under its GPU's choice.
-pub(super) fn per_gpu(
+/// distinct names, sorted) and every row's errors under its GPU's choice. A key other than
+/// a GPU's name groups the rows as finely (the MoE fit's GPU and expert format).
+pub(super) fn per_gpu<K: Copy + Ord>(
     by_fp8: &[Errors],
-    gpus: &[&'static str],
+    gpus: &[K],
     train: &[usize],
-) -> (Vec<(&'static str, usize)>, Errors) {
-    let mut names: Vec<&'static str> = gpus.to_vec();
+) -> (Vec<(K, usize)>, Errors) {
+    let mut names: Vec<K> = gpus.to_vec();
     names.sort_unstable();
     names.dedup();
     let moved = |i: usize| by_fp8.iter().any(|e| e[i] != by_fp8[0][i]);
-    let choice: Vec<(&'static str, usize)> = names
+    let choice: Vec<(K, usize)> = names
         .iter()
         .map(|&g| {
             let rows: Vec<usize> = train
@@ -510,12 +511,12 @@ pub(super) fn per_gpu(
 
 /// Every row's errors under its GPU's candidate in `choice` (0 for a GPU not named): what
 /// one pass with those per-GPU candidates gives, since a row feels only its own GPU's.
-pub(super) fn under(
+pub(super) fn under<K: Copy + PartialEq>(
     by: &[Errors],
-    choice: &[(&'static str, usize)],
-    gpus: &[&'static str],
+    choice: &[(K, usize)],
+    gpus: &[K],
 ) -> Errors {
-    let of = |g: &str| choice.iter().find(|(n, _)| *n == g).map_or(0, |c| c.1);
+    let of = |g: K| choice.iter().find(|(n, _)| *n == g).map_or(0, |c| c.1);
     (0..gpus.len()).map(|i| by[of(gpus[i])][i]).collect()
 }
 

@@ -293,7 +293,12 @@ for name, v, expect in [("gpu", '{ z100 = { fp8_compute_eff = 0.5 } }', "cost.by
                         ("key", '{ b200 = { step_overhead_us = 5.0 } }', "step_overhead_us"),
                         ("range", '{ b200 = { fp8_compute_eff = 1.5 } }', "cost.by_gpu.b200.fp8_compute_eff"),
                         ("memory-range", '{ b200 = { fp4_memory_eff = 0.0 } }', "cost.by_gpu.b200.fp4_memory_eff"),
-                        ("twice", '{ b200 = { fp8_compute_eff = 0.5 }, hgx-b200 = { fp4_compute_eff = 0.5 } }', "given twice")]:
+                        ("twice", '{ b200 = { fp8_compute_eff = 0.5 }, hgx-b200 = { fp4_compute_eff = 0.5 } }', "given twice"),
+                        # ... and per expert format: a format it does not name, a key it does not scope, out of range.
+                        ("experts-format", '{ h200 = { experts = { fp6 = { moe_gemm_eff = 0.5 } } } }', "cost.by_gpu.h200.experts.fp6"),
+                        ("experts-key", '{ h200 = { experts = { fp8 = { moe_layer_us = 5.0 } } } }', "moe_layer_us"),
+                        ("experts-range", '{ h200 = { experts = { fp8 = { moe_compute_eff = 1.5 } } } }', "cost.by_gpu.h200.experts.fp8.moe_compute_eff"),
+                        ("experts-floor", '{ h200 = { experts = { fp4 = { moe_prefill_expert_us = -4.0 } } } }', "cost.by_gpu.h200.experts.fp4.moe_prefill_expert_us")]:
     m(f"cost-by-gpu-{name}", "cost.by_gpu", v, expect)
 # A calibration's [fit] record (sim calibrate --observed): a bad error interval, fold or key.
 for name, expect in [("error", "ttft_error_90"), ("fold", "folds[1]"), ("key", "fit_quality")]:
