@@ -869,6 +869,7 @@ fn shipped_moe_engine_fits_set_each_gpus_expert_kernels() {
     use sim::catalog::Dtype;
     // A model of each expert format the rows have.
     let models = [
+        ("bf16", "qwen3-30b-a3b", Dtype::Bf16),
         ("fp8", "qwen3-235b-a22b", Dtype::Fp8Block),
         ("fp4", "gpt-oss-120b", Dtype::Mxfp4),
     ];
@@ -887,6 +888,17 @@ fn shipped_moe_engine_fits_set_each_gpus_expert_kernels() {
                 own.iter().any(Option::is_some) || experts.is_some_and(|e| !e.is_empty()),
                 "{engine} {gpu}: no key"
             );
+            // Every format entry is one checked below, and sets a term.
+            for (format, terms) in experts.into_iter().flatten() {
+                assert!(
+                    models.iter().any(|m| m.0 == format),
+                    "{engine} {gpu}: format {format}"
+                );
+                assert!(
+                    terms.as_table().is_some_and(|t| !t.is_empty()),
+                    "{engine} {gpu} {format}: no key"
+                );
+            }
             for (format, model, dtype) in models {
                 let set = experts
                     .and_then(|e| e.get(format))

@@ -1437,7 +1437,8 @@ fn expert_terms_can_be_scoped_to_one_format() {
     let p = slow.on_deployment("h200", Dtype::Fp8);
     assert_eq!((p.moe_gemm_eff, p.moe_prefill_expert_us), (0.3, 18.0));
     assert_eq!(slow.on_deployment("h200", Dtype::Mxfp4).moe_gemm_eff, 1.0);
-    assert_eq!(slow.on_deployment("b200", Dtype::Fp8), slow.on_gpu("b200"));
+    assert_eq!(slow.on_deployment("h200", Dtype::Bf16), slow.on_gpu("h200"));
+    assert_eq!(slow.on_gpu("h200").moe_gemm_eff, 1.0);
     let bad = on_h200(ExpertCost {
         moe_gemm_eff: Some(0.0),
         ..Default::default()

@@ -43,9 +43,19 @@ impl ExpertFormat {
     pub fn of(dtype: Dtype) -> ExpertFormat {
         match dtype {
             Dtype::Fp32 | Dtype::Fp16 | Dtype::Bf16 => ExpertFormat::Bf16,
-            d if d.is_fp8() => ExpertFormat::Fp8,
-            d if d.is_fp4() => ExpertFormat::Fp4,
-            _ => ExpertFormat::Int,
+            Dtype::Fp8 | Dtype::Fp8Block => ExpertFormat::Fp8,
+            Dtype::Nvfp4 | Dtype::Mxfp4 => ExpertFormat::Fp4,
+            Dtype::Int8
+            | Dtype::W8a8
+            | Dtype::Int4
+            | Dtype::Int4G64
+            | Dtype::Int4G32
+            | Dtype::Q4_0
+            | Dtype::Q4_1
+            | Dtype::Q5K
+            | Dtype::Q8_0
+            | Dtype::Q4KM
+            | Dtype::Q6K => ExpertFormat::Int,
         }
     }
 
@@ -91,10 +101,11 @@ impl ExpertCost {
     }
 }
 
-/// Efficiencies that hold on one GPU only (`[cost.by_gpu.<gpu>]`), over the `[cost]` table's:
-/// an engine's kernels reach a different fraction of a Blackwell's peaks than of a
-/// Hopper's (its fp8 GEMMs, its all-reduce), so a calibration fitted on several GPUs keeps
-/// them per GPU. `None`: the `[cost]` table's value.
+/// Efficiencies (and the experts' prefill floor) that hold on one GPU only
+/// (`[cost.by_gpu.<gpu>]`), over the `[cost]` table's: an engine's kernels reach a different
+/// fraction of a Blackwell's peaks than of a Hopper's (its fp8 GEMMs, its all-reduce), so a
+/// calibration fitted on several GPUs keeps them per GPU; `experts` narrows the MoE terms to
+/// one expert format. `None`: the `[cost]` table's value.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuCost {
@@ -307,7 +318,9 @@ pub struct CostParams {
     /// Efficiencies that hold on one GPU only, by catalog GPU name or alias
     /// (`[cost.by_gpu.b200] fp8_compute_eff = 0.5`): they replace the table's own on that
     /// GPU ([`CostParams::on_gpu`], matched by the deployment's GPU name: a GPU described
-    /// in a file takes the entry of the catalog GPU it is named as, if any).
+    /// in a file takes the entry of the catalog GPU it is named as, if any), and an entry's
+    /// `experts` terms replace those for a deployment whose experts are in that format
+    /// ([`CostParams::on_deployment`]).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub by_gpu: BTreeMap<String, GpuCost>,
 }

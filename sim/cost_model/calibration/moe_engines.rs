@@ -38,14 +38,15 @@ use crate::cost_model::validation::silicon::{self, EngineCost};
 use crate::cost_model::ExpertFormat;
 use crate::observed::silicon::AggregateRow;
 
-/// The grouped-GEMM efficiencies tried on each GPU (`None`: the shared fit's, the prior's).
+/// The grouped-GEMM efficiencies tried on each GPU and expert format (`None`: the shared
+/// fit's, the prior's).
 pub const GEMM_CANDIDATES: [Option<f64>; 5] = [None, Some(0.3), Some(0.45), Some(0.8), Some(1.0)];
 
-/// The prefill floors per expert and MoE layer tried on each GPU, microseconds (`None`: the
-/// shared fit's).
+/// The prefill floors per expert and MoE layer tried on each GPU and expert format,
+/// microseconds (`None`: the shared fit's).
 pub const PREFILL_CANDIDATES: [Option<f64>; 4] = [None, Some(4.0), Some(12.0), Some(18.0)];
 
-/// The efficiencies of the grouped GEMMs' compute side alone tried on each GPU, where the
+/// The efficiencies of the grouped GEMMs' compute side alone tried on each GPU and format, where the
 /// kernel dequantises the experts' weights (`None`: the grouped-GEMM efficiency, one on
 /// both sides): unpacking tile by tile (MXFP4 experts on a Hopper, which has no FP4 tensor
 /// cores), a kernel streams the weights as fast as another but computes at a fraction of
@@ -63,7 +64,7 @@ fn candidate(c: usize) -> (Option<f64>, Option<f64>, Option<f64>) {
     )
 }
 
-/// How many candidates each GPU chooses from.
+/// How many candidates each GPU and expert format chooses from.
 const CANDIDATES: usize =
     GEMM_CANDIDATES.len() * PREFILL_CANDIDATES.len() * COMPUTE_CANDIDATES.len();
 const _: () = assert!(
@@ -144,6 +145,7 @@ fn values(choice: &[(Group, usize)]) -> Vec<(Scope, MoeKernels)> {
         }
     };
     let mut gpus: Vec<&'static str> = choice.iter().map(|((g, _), _)| *g).collect();
+    gpus.sort_unstable();
     gpus.dedup();
     let mut out = Vec::new();
     for g in gpus {
@@ -168,7 +170,7 @@ fn values(choice: &[(Group, usize)]) -> Vec<(Scope, MoeKernels)> {
 }
 
 /// Fits each engine's grouped-GEMM efficiency, prefill floor and dequantising kernels'
-/// compute side per GPU on its mixture-of-experts rows, `folds`-fold, with `prior`'s terms
+/// compute side per GPU and expert format on its mixture-of-experts rows, `folds`-fold, with `prior`'s terms
 /// (the shared fits) in place; the compute side is this stage's own (a prior's is not used:
 /// unset, it is the grouped-GEMM efficiency, as the files say).
 pub fn fit_moe_engines(
@@ -357,7 +359,8 @@ fn keys(k: &MoeKernels) -> Vec<String> {
 }
 
 /// The calibration file of one engine's fit: `[cost.by_gpu.<gpu>] moe_gemm_eff`,
-/// `moe_prefill_expert_us` and `moe_compute_eff`, and the `[fit]` table.
+/// `moe_prefill_expert_us` and `moe_compute_eff` (under `[cost.by_gpu.<gpu>.experts.<format>]`
+/// where the GPU's formats parted), and the `[fit]` table.
 pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
     let folds_text: Vec<String> = fit
         .fold_fits
@@ -378,8 +381,9 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
          # the defaults) in place. {folds}-fold held-out: {held}; the folds' fits (efficiency / floor / compute side): {ff}.\n\
          # Held out of this fit only: the shared terms under it were fitted to every engine's rows, these included.\n\
          # For a mixture of experts served by {engine}: `cost.calibration` = this file (not with observed-{engine}.toml,\n\
-         # whose terms were fitted to dense models and not used here). GPUs and formats not listed keep the shared\n\
-         # `moe_gemm_eff` ({eff}) and `moe_prefill_expert_us` ({us}), and compute at that efficiency.\n\
+         # whose terms were fitted to dense models and not used here). A format a GPU's table does not list takes the\n\
+         # GPU's own terms where it has them (the engine's kernels there), else, like GPUs not listed, the shared\n\
+         # `moe_gemm_eff` ({eff}) and `moe_prefill_expert_us` ({us}), and computes at that efficiency.\n\
          # Fitted under the engine's serving defaults (`sim validate-model`): [engine] {keys}.\n\
          [cost]\nframework = \"{framework}\"\n",
         keys = silicon::engine_keys(&fit.engine),
@@ -392,6 +396,7 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
     // A GPU's entry inline: its own keys, or its formats' under `experts`.
     let table = |v: &[(Scope, MoeKernels)]| -> String {
         let mut gpus: Vec<&'static str> = v.iter().map(|((g, _), _)| *g).collect();
+        gpus.sort_unstable();
         gpus.dedup();
         let entries: Vec<String> = gpus
             .iter()

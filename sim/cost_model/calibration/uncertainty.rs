@@ -48,14 +48,18 @@ impl FitRecord {
             )
         })?;
         for (i, fold) in fit.folds.iter().enumerate() {
-            serde_path_to_error::deserialize::<_, CostParams>(toml::Value::Table(fold.clone()))
-                .map_err(|e| {
-                    format!(
-                        "[fit] folds[{i}].{}: {}",
-                        e.path(),
-                        crate::messages::concise(e.inner().message())
-                    )
-                })?;
+            let p =
+                serde_path_to_error::deserialize::<_, CostParams>(toml::Value::Table(fold.clone()))
+                    .map_err(|e| {
+                        format!(
+                            "[fit] folds[{i}].{}: {}",
+                            e.path(),
+                            crate::messages::concise(e.inner().message())
+                        )
+                    })?;
+            // A fold's values are run for the bands: out of range or an unknown format
+            // would be run, or ignored, silently.
+            p.validate().map_err(|e| format!("[fit] folds[{i}]: {e}"))?;
         }
         for (key, [lo, hi]) in [
             ("ttft_error_50", fit.ttft_error_50),
@@ -185,6 +189,22 @@ tpot_error_90 = [-0.2, 0.3]
             .expect_err("unknown cost key");
         assert!(
             e.contains("folds[1]") && e.contains("request_overhead"),
+            "{e}"
+        );
+        // A fold's values are checked as a scenario's are: range, and expert formats.
+        let e = record(&GOOD.replace("request_overhead_ms = 80.0", "request_overhead_ms = -80.0"))
+            .expect_err("negative");
+        assert!(
+            e.contains("folds[1]") && e.contains("request_overhead_ms"),
+            "{e}"
+        );
+        let e = record(&GOOD.replace(
+            "request_overhead_ms = 80.0",
+            "by_gpu = { h200 = { experts = { fp6 = { moe_gemm_eff = 0.5 } } } }",
+        ))
+        .expect_err("unknown format");
+        assert!(
+            e.contains("folds[1]") && e.contains("cost.by_gpu.h200.experts.fp6"),
             "{e}"
         );
         let e = record(&GOOD.replace("source = \"test\"", "source = \"test\"\nextra = 1"))
