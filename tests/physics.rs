@@ -1314,12 +1314,12 @@ fn routing_skew_reads_fewer_experts_and_moe_layers_cost_a_fixed_time() {
     );
 }
 
-/// `moe_compute_eff` scales only the compute side of the experts' grouped GEMMs, and only
-/// where the kernel dequantises their weights: a compute-bound prefill of gpt-oss-120b's
-/// MXFP4 experts on 2 H200s (no fp4 tensor cores) slows by about the ratio of the two
-/// efficiencies, while a decode of one sequence, which streams the experts' weights, barely
-/// moves; experts the tensor cores take (gpt-oss on B200s, DeepSeek-R1's fp8 on H200s) do
-/// not feel it; unset, the compute side runs at `moe_gemm_eff` as before.
+/// `moe_compute_eff` scales only the compute side of the experts' grouped GEMMs: a
+/// compute-bound prefill of gpt-oss-120b's MXFP4 experts on 2 H200s (no fp4 tensor cores)
+/// slows by about the ratio of the two efficiencies, while a decode of one sequence, which
+/// streams the experts' weights, barely moves; experts the tensor cores take (gpt-oss on
+/// B200s, DeepSeek-R1's fp8 on H200s) feel it too; unset, the compute side runs at
+/// `moe_gemm_eff` as before.
 #[test]
 fn the_experts_compute_side_has_its_own_efficiency() {
     let step = |model: &str, gpu: &str, dtype: Dtype, compute: Option<f64>, prefill: bool| {
@@ -1348,11 +1348,11 @@ fn the_experts_compute_side_has_its_own_efficiency() {
         ("gpt-oss-120b", "b200", Dtype::Mxfp4),
         ("deepseek-r1", "h200", Dtype::Fp8Block),
     ] {
-        assert_eq!(
-            step(model, gpu, dtype, None, true),
-            step(model, gpu, dtype, Some(0.25), true),
-            "{model} on {gpu}"
+        let (base, slow) = (
+            step(model, gpu, dtype, None, true).linear_s,
+            step(model, gpu, dtype, Some(0.25), true).linear_s,
         );
+        assert!(slow > 1.5 * base, "{model} on {gpu}: {slow} vs {base}");
     }
     // Out of range is refused, on the table and per GPU.
     let bad = CostParams {

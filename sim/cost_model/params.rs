@@ -131,7 +131,7 @@ pub struct GpuCost {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe_gemm_eff: Option<f64>,
     /// `moe_compute_eff` on this GPU (the compute side of an engine's expert kernels
-    /// there, where they dequantise the experts' weights).
+    /// there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe_compute_eff: Option<f64>,
     /// `moe_prefill_expert_us` on this GPU (an engine's own expert kernels' floor in a
@@ -279,13 +279,14 @@ pub struct CostParams {
     /// memory alike). The default is `sim calibrate --observed`'s fit to aiconfigurator's
     /// mixture-of-experts deployments (`calibration/moe-gemm.toml`).
     pub moe_gemm_eff: f64,
-    /// Efficiency of the grouped GEMMs' compute side alone, relative to dense GEMMs',
-    /// where the kernel dequantises the experts' weights (a format the GPU's tensor cores
-    /// do not take: MXFP4 experts on a Hopper; `None`: `moe_gemm_eff`, one efficiency on
-    /// both sides). A prefill's grouped GEMMs are compute-bound and a decode's stream the
-    /// experts' weights, and such a kernel, unpacking tile by tile, is slow at the first
-    /// only; `moe_gemm_eff` stays the streaming side's, and the compute side of experts in
-    /// a format the tensor cores take (fp8 on a Hopper, fp4 on a Blackwell).
+    /// Efficiency of the grouped GEMMs' compute side alone, relative to dense GEMMs'
+    /// (`None`: `moe_gemm_eff`, one efficiency on both sides). A prefill's grouped GEMMs
+    /// are compute-bound and a decode's stream the experts' weights, and a kernel can be
+    /// slow at the first only: one that dequantises the experts' weights tile by tile (a
+    /// format the GPU's tensor cores do not take: MXFP4 experts on a Hopper), or one whose
+    /// large prefills schedule tiles over many experts worse than a dense GEMM's;
+    /// `moe_gemm_eff` stays the streaming side's. Fitted per engine, GPU and expert format
+    /// (`[cost.by_gpu.<gpu>.experts.<format>]`), since each format runs its own kernels.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moe_compute_eff: Option<f64>,
     /// Fixed cost per expert of the model, per MoE layer of a step that prefills (a chunk

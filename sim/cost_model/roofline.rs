@@ -672,7 +672,7 @@ impl CostModel {
     /// (a token's experts) over weights read `reads` times (the experts the step touches);
     /// `kind` [`Gemm::Experts`]: an MoE grouped GEMM, at `moe_gemm_eff` of a dense GEMM's
     /// efficiency (a few tokens per expert, gathered and scattered), its compute side at
-    /// `moe_compute_eff` where that is set and the kernel dequantises the experts' weights.
+    /// `moe_compute_eff` where that is set.
     #[allow(clippy::too_many_arguments)]
     fn add_gemm(
         &self,
@@ -693,11 +693,10 @@ impl CostModel {
         };
         let (gemm_eff, weight_mem_eff) = self.gemm_effs(dtype);
         let (scale, stream) = if kind == Gemm::Experts {
-            let compute = match self.p.moe_compute_eff {
-                Some(e) if self.d.gpu.dequantises(dtype) => e,
-                _ => self.p.moe_gemm_eff,
-            };
-            (compute, self.p.moe_gemm_eff)
+            (
+                self.p.moe_compute_eff.unwrap_or(self.p.moe_gemm_eff),
+                self.p.moe_gemm_eff,
+            )
         } else {
             (1.0, self.dense_stream_eff(dtype))
         };

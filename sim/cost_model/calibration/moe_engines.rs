@@ -2,10 +2,9 @@
 //! `moe-engines`): the grouped-GEMM efficiency it reaches on each GPU for each expert
 //! format (`[cost.by_gpu.<gpu>] moe_gemm_eff`, or `[cost.by_gpu.<gpu>.experts.<format>]`
 //! where its fp8 and fp4 experts' kernels part), its fixed cost per expert and MoE layer of
-//! a step that prefills there (`moe_prefill_expert_us`) and, where its kernels dequantise
-//! the experts' weights, the efficiency of the grouped GEMMs' compute side
-//! (`moe_compute_eff`), fitted per engine to its mixture-of-experts rows with the shared MoE
-//! terms (`moe-*.toml`, the defaults) in place.
+//! a step that prefills there (`moe_prefill_expert_us`) and the efficiency of the grouped
+//! GEMMs' compute side where it departs (`moe_compute_eff`), fitted per engine to its
+//! mixture-of-experts rows with the shared MoE terms (`moe-*.toml`, the defaults) in place.
 //!
 //! The shared terms are one value each over every engine's rows, but the engines run
 //! different expert kernels: vLLM's block-fp8 Triton MoE on Hoppers streams Qwen3-235B's
@@ -15,12 +14,18 @@
 //! GEMMs (tile scheduling, scales, launches outside the CUDA graphs) differs from kernel
 //! to kernel. Per engine, every MoE row is simulated under each candidate triple it can
 //! feel (one triple applies to every GPU in a pass; a row feels only its own GPU's and
-//! format's, so the choices per GPU and format come from the same passes; only rows whose
-//! experts are dequantised feel a compute side); per fold each GPU and expert format
-//! takes the triple with the smallest sum of the median absolute TTFT and TPOT errors on
-//! its rows of the other folds, and the held-out fold's errors under those choices are
-//! kept. A GPU whose formats all chose the same triple is written as the GPU's terms (a
-//! format the rows lack there takes them too); one whose formats parted, per format.
+//! format's, so the choices per GPU and format come from the same passes; a quarter of a
+//! dense GEMM's compute is tried only where the kernel dequantises); per fold each GPU and
+//! expert format takes the triple with the smallest sum of the median absolute TTFT and
+//! TPOT errors on its rows of the other folds, and the held-out fold's errors under those
+//! choices are kept. Whether a format the tensor cores take (fp8 on a Hopper, fp4 on a
+//! Blackwell) is offered a compute side at all is decided per engine and fold by a k-fold
+//! inside the fold's training rows ([`nested_choice`]): offered everywhere, the choice per
+//! group fits TensorRT-LLM's loaded prefills better and SGLang's and vLLM's worse (branch
+//! `moe-compute-every-format`, BENCHMARKS), and that is for held-out error to say, not for
+//! the training rows, on which the larger offer never loses within a group. A GPU whose formats all chose
+//! the same triple without a compute side is written as the GPU's terms (a format the rows
+//! lack there takes them too); otherwise per format.
 //!
 //! In: aiconfigurator's rows; out: a [`MoeEngineFit`] per engine, written as
 //! `observed-moe-<engine>.toml` (a scenario's `cost.calibration` for a mixture of experts
@@ -31,8 +36,8 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use super::observed::{
-    fit_record_toml, framework_name, held_out_csv, held_out_figures, pass_moving, pass_with_lines,
-    per_gpu, under, LinedPass,
+    fit_record_toml, framework_name, held_out_csv, held_out_figures, median_abs, pass_moving,
+    pass_with_lines, per_gpu, Errors, LinedPass,
 };
 use crate::cost_model::validation::silicon::{self, EngineCost};
 use crate::cost_model::ExpertFormat;
@@ -46,17 +51,56 @@ pub const GEMM_CANDIDATES: [Option<f64>; 5] = [None, Some(0.3), Some(0.45), Some
 /// microseconds (`None`: the shared fit's).
 pub const PREFILL_CANDIDATES: [Option<f64>; 4] = [None, Some(4.0), Some(12.0), Some(18.0)];
 
-/// The efficiencies of the grouped GEMMs' compute side alone tried on each GPU and format, where the
-/// kernel dequantises the experts' weights (`None`: the grouped-GEMM efficiency, one on
-/// both sides): unpacking tile by tile (MXFP4 experts on a Hopper, which has no FP4 tensor
-/// cores), a kernel streams the weights as fast as another but computes at a fraction of
-/// the rate. Rows whose experts the tensor cores take do not feel it.
+/// The efficiencies of the grouped GEMMs' compute side alone tried on each GPU and format
+/// (`None`: the grouped-GEMM efficiency, one on both sides): a kernel can stream the
+/// experts' weights as fast as another and compute a large prefill at a fraction of the
+/// rate, above all one that unpacks them tile by tile (MXFP4 experts on a Hopper, which has
+/// no FP4 tensor cores). The last, a quarter, is tried only where the kernel dequantises
+/// ([`DEQUANTISING_ONLY`]).
 pub const COMPUTE_CANDIDATES: [Option<f64>; 3] = [None, Some(0.5), Some(0.25)];
 
+/// Which of [`COMPUTE_CANDIDATES`] only a GPU and format whose kernel dequantises the
+/// experts' weights is offered: a quarter of a dense GEMM's compute is a dequantising
+/// kernel's (vLLM's Marlin MXFP4 MoE on a Hopper chose it on every fold), and not trying it
+/// elsewhere spares a pass of every other row per pair.
+const DEQUANTISING_ONLY: [bool; COMPUTE_CANDIDATES.len()] = [false, false, true];
+// The first (no compute side) is every row's: the dequantising-only candidates splice onto
+// its passes.
+const _: () = assert!(!DEQUANTISING_ONLY[0]);
+
+/// Triples tried beyond the three lists' product, each a full pass:
+/// - no prefill floor at all, at each grouped-GEMM efficiency: a kernel whose prefills
+///   need no fixed cost per expert (vLLM's fp8 Qwen3-235B on H200 measures 154-176 ms of TTFT
+///   for 1,000-token prompts at TP4 and 28-48 clients, where the smallest floor tried, 4 us,
+///   already gives 350-400);
+/// - a compute side at a dense GEMM's efficiency (1.0) beside slow streaming (0.3, 0.45),
+///   with the shared floor, 4 us or none: a kernel that computes a large prefill's tiles as
+///   fast as a dense GEMM but streams a decode's weights at a fraction of the rate (those
+///   rows' TPOT is about twice the simulated, -46% signed median, while their TTFT is long).
+pub const EXTRA_CANDIDATES: [(Option<f64>, Option<f64>, Option<f64>); 11] = [
+    (None, Some(0.0), None),
+    (Some(0.3), Some(0.0), None),
+    (Some(0.45), Some(0.0), None),
+    (Some(0.8), Some(0.0), None),
+    (Some(1.0), Some(0.0), None),
+    (Some(0.3), None, Some(1.0)),
+    (Some(0.45), None, Some(1.0)),
+    (Some(0.3), Some(4.0), Some(1.0)),
+    (Some(0.45), Some(4.0), Some(1.0)),
+    (Some(0.3), Some(0.0), Some(1.0)),
+    (Some(0.45), Some(0.0), Some(1.0)),
+];
+
+/// The three lists' product: every `(efficiency, floor)` pair with each compute side.
+const PRODUCT: usize = GEMM_CANDIDATES.len() * PREFILL_CANDIDATES.len() * COMPUTE_CANDIDATES.len();
+
 /// Candidate `c` as `(moe_gemm_eff, moe_prefill_expert_us, moe_compute_eff)`: every triple
-/// of the three lists, the shared one first.
+/// of the three lists, the shared one first, then [`EXTRA_CANDIDATES`].
 fn candidate(c: usize) -> (Option<f64>, Option<f64>, Option<f64>) {
     let (g, p) = (GEMM_CANDIDATES.len(), PREFILL_CANDIDATES.len());
+    if c >= PRODUCT {
+        return EXTRA_CANDIDATES[c - PRODUCT];
+    }
     (
         GEMM_CANDIDATES[c % g],
         PREFILL_CANDIDATES[c / g % p],
@@ -65,8 +109,7 @@ fn candidate(c: usize) -> (Option<f64>, Option<f64>, Option<f64>) {
 }
 
 /// How many candidates each GPU and expert format chooses from.
-const CANDIDATES: usize =
-    GEMM_CANDIDATES.len() * PREFILL_CANDIDATES.len() * COMPUTE_CANDIDATES.len();
+const CANDIDATES: usize = PRODUCT + EXTRA_CANDIDATES.len();
 const _: () = assert!(
     GEMM_CANDIDATES[0].is_none()
         && PREFILL_CANDIDATES[0].is_none()
@@ -94,6 +137,23 @@ type Group = (&'static str, ExpertFormat);
 /// Where a fitted triple applies: a GPU, for every expert format (`None`) or for one.
 pub type Scope = (&'static str, Option<ExpertFormat>);
 
+/// The errors of a candidate offered only to dequantising kernels: [`pass_moving`] of the
+/// rows whose experts are dequantised over `base` (the same pair's pass without a compute
+/// side), every other row infinite (not offered).
+fn dequantised_pass(
+    mine: &[AggregateRow],
+    (index, base): (&std::collections::HashMap<u64, usize>, &Errors),
+    cost: &(dyn Fn(&str) -> EngineCost + Sync),
+) -> Result<Errors, crate::SimError> {
+    let mut errors = pass_moving(mine, &dequantised, (index, base), cost)?;
+    for r in mine.iter().filter(|r| !dequantised(r)) {
+        if let Some(&i) = index.get(&r.line) {
+            errors[i] = (f64::INFINITY, f64::INFINITY);
+        }
+    }
+    Ok(errors)
+}
+
 /// What one GPU's (or one GPU's and format's) fit departs from the shared terms by.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MoeKernels {
@@ -117,8 +177,13 @@ pub struct MoeEngineFit {
     /// Each GPU's (or GPU's and format's) terms fitted on every row, where they depart
     /// from the shared values.
     pub by_gpu: Vec<(Scope, MoeKernels)>,
+    /// Whether the fit on every row offers a compute side to every expert format (`false`:
+    /// only where the kernel dequantises), as [`nested_choice`] decided.
+    pub every_format: bool,
     /// Each fold's choices.
     pub fold_fits: Vec<Vec<(Scope, MoeKernels)>>,
+    /// Each fold's `every_format`.
+    pub fold_every_format: Vec<bool>,
     /// Held-out signed TTFT errors (one per row).
     pub held_out_ttft: Vec<f64>,
     /// Held-out signed TPOT errors (one per row).
@@ -134,7 +199,9 @@ pub struct MoeEngineFit {
 }
 
 /// The non-default choices as `(scope, terms)`: a GPU's where every format of its rows
-/// chose the same triple, else each format's that departs from the shared one.
+/// chose the same triple without a compute side, else each format's that departs from the
+/// shared one (a compute side is the format's kernels', so it is not carried over to a
+/// format the rows lack).
 fn values(choice: &[(Group, usize)]) -> Vec<(Scope, MoeKernels)> {
     let terms = |c: usize| {
         let (gemm_eff, prefill_expert_us, compute_eff) = candidate(c);
@@ -154,7 +221,7 @@ fn values(choice: &[(Group, usize)]) -> Vec<(Scope, MoeKernels)> {
             .filter(|((n, _), _)| *n == g)
             .map(|&((_, f), c)| (f, c))
             .collect();
-        if mine.iter().all(|&(_, c)| c == mine[0].1) {
+        if mine.iter().all(|&(_, c)| c == mine[0].1) && candidate(mine[0].1).2.is_none() {
             if mine[0].1 != 0 {
                 out.push(((g, None), terms(mine[0].1)));
             }
@@ -169,9 +236,61 @@ fn values(choice: &[(Group, usize)]) -> Vec<(Scope, MoeKernels)> {
     out
 }
 
-/// Fits each engine's grouped-GEMM efficiency, prefill floor and dequantising kernels'
-/// compute side per GPU and expert format on its mixture-of-experts rows, `folds`-fold, with `prior`'s terms
-/// (the shared fits) in place; the compute side is this stage's own (a prior's is not used:
+/// The candidates' errors with a compute side offered only where the kernel dequantises
+/// the experts' weights (`moving`, by row): every other row gets infinite errors under a
+/// candidate that sets one, so that no GPU and format of theirs (every row of a group
+/// dequantises, or none) chooses it.
+fn only_dequantising(by: &[Errors], moving: &[bool]) -> Vec<Errors> {
+    by.iter()
+        .enumerate()
+        .map(|(c, errors)| {
+            if candidate(c).2.is_none() {
+                errors.clone()
+            } else {
+                errors
+                    .iter()
+                    .zip(moving)
+                    .map(|(&e, &m)| if m { e } else { (f64::INFINITY, f64::INFINITY) })
+                    .collect()
+            }
+        })
+        .collect()
+}
+
+/// Which of `variants` (each the candidates' errors by row, as one offer of candidates)
+/// `train` holds out best: each is chosen per GPU and format on `folds - 1` parts of
+/// `train` and tested on the last part, in turn, and the variant with the smallest sum of
+/// the median absolute TTFT and TPOT errors over those held-out parts wins (the first on
+/// a tie). The stage's own k-fold runs this on each fold's training rows, so the held-out
+/// fold plays no part in the choice.
+fn nested_choice(variants: &[Vec<Errors>], gpus: &[Group], train: &[usize], folds: usize) -> usize {
+    let score = |by: &[Errors]| {
+        let (mut t, mut p) = (Vec::new(), Vec::new());
+        for f in 0..folds {
+            let inner: Vec<usize> = train
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| j % folds != f)
+                .map(|(_, &i)| i)
+                .collect();
+            let (_, errors) = per_gpu(by, gpus, &inner);
+            for &i in train.iter().skip(f).step_by(folds) {
+                t.push(errors[i].0);
+                p.push(errors[i].1);
+            }
+        }
+        median_abs(&t) + median_abs(&p)
+    };
+    (0..variants.len())
+        .map(|v| (v, score(&variants[v])))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map_or(0, |(v, _)| v)
+}
+
+/// Fits each engine's grouped-GEMM efficiency, prefill floor and compute side per GPU and
+/// expert format on its mixture-of-experts rows, `folds`-fold, with `prior`'s terms (the
+/// shared fits) in place, offering a compute side to the formats the tensor cores take as
+/// [`nested_choice`] decides; the compute side is this stage's own (a prior's is not used:
 /// unset, it is the grouped-GEMM efficiency, as the files say).
 pub fn fit_moe_engines(
     rows: &[AggregateRow],
@@ -203,12 +322,13 @@ pub fn fit_moe_engines(
         // Each candidate's errors by row id; compared on the rows every candidate simulated
         // (the efficiencies do not change what fits in memory, so all of them), in the
         // first pass's order. A candidate that resolves to the same terms as an earlier one
-        // (the grouped-GEMM candidate equal to the shared value) reuses its pass; one that
-        // sets the compute side simulates again only the rows whose experts are
-        // dequantised, the others keeping their errors under the same pair without it.
+        // (the grouped-GEMM candidate equal to the shared value) reuses its pass; one
+        // offered only to dequantising kernels simulates again only the rows whose experts
+        // are dequantised, and the others get infinite errors under it, so that no GPU and
+        // format of theirs (every row of a group dequantises, or none) chooses it.
         let pairs = GEMM_CANDIDATES.len() * PREFILL_CANDIDATES.len();
         let mut passes: Vec<LinedPass> = Vec::new();
-        let mut terms: Vec<[f64; 3]> = Vec::new();
+        let mut terms: Vec<([f64; 3], bool)> = Vec::new();
         for c in 0..CANDIDATES {
             let (eff, us, compute) = candidate(c);
             let cost = EngineCost {
@@ -218,19 +338,23 @@ pub fn fit_moe_engines(
                 ..*prior
             };
             let gemm = cost.moe_gemm_eff.unwrap_or(defaults.moe_gemm_eff);
-            let resolved = [
-                gemm,
-                cost.moe_prefill_expert_us
-                    .unwrap_or(defaults.moe_prefill_expert_us),
-                cost.moe_compute_eff.unwrap_or(gemm),
-            ];
+            let only = c < PRODUCT && DEQUANTISING_ONLY[c / pairs];
+            let resolved = (
+                [
+                    gemm,
+                    cost.moe_prefill_expert_us
+                        .unwrap_or(defaults.moe_prefill_expert_us),
+                    cost.moe_compute_eff.unwrap_or(gemm),
+                ],
+                only,
+            );
             let pass = if let Some(same) = terms.iter().position(|t| *t == resolved) {
                 passes[same].clone()
-            } else if c < pairs {
+            } else if !only {
                 pass_with_lines(&mine, &|_| cost)?
             } else {
                 let (ids, gpus, base, index) = &passes[c % pairs];
-                let errors = pass_moving(&mine, &dequantised, (index, base), &|_| cost)?;
+                let errors = dequantised_pass(&mine, (index, base), &|_| cost)?;
                 (ids.clone(), gpus.clone(), errors, index.clone())
             };
             terms.push(resolved);
@@ -280,26 +404,55 @@ pub fn fit_moe_engines(
         if n < folds {
             continue;
         }
+        let dequantising: std::collections::HashSet<&str> = mine
+            .iter()
+            .filter(|r| dequantised(r))
+            .map(|r| r.id.as_str())
+            .collect();
+        let moving: Vec<bool> = ids
+            .iter()
+            .map(|id| dequantising.contains(id.as_str()))
+            .collect();
+        // A compute side offered only where the kernel dequantises is offered to a GPU and
+        // format whole: every row of a group dequantises, or none.
+        if let Some(g) = gpus.iter().enumerate().find_map(|(i, g)| {
+            (0..n)
+                .any(|j| gpus[j] == *g && moving[j] != moving[i])
+                .then_some(g)
+        }) {
+            return Err(crate::SimError::Scenario(crate::scenario::ScenarioError {
+                file: "silicon rows".into(),
+                msg: format!(
+                    "{engine}'s {} rows in {} experts mix kernels that dequantise the weights and kernels that do not",
+                    g.0,
+                    g.1.name()
+                ),
+            }));
+        }
+        let variants = [only_dequantising(&by, &moving), by];
         // The engines' fits' fixed shuffle, so folds mix GPUs, models and loads.
         let mut idx: Vec<usize> = (0..n).collect();
         idx.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(17));
+        let every = nested_choice(&variants, &gpus, &idx, folds);
         let mut fit = MoeEngineFit {
             engine,
             rows: n,
             shared,
-            by_gpu: values(&per_gpu(&by, &gpus, &idx).0),
+            by_gpu: values(&per_gpu(&variants[every], &gpus, &idx).0),
+            every_format: every == 1,
             fold_fits: Vec::new(),
+            fold_every_format: Vec::new(),
             held_out_ttft: Vec::new(),
             held_out_tpot: Vec::new(),
             held_out_rows: Vec::new(),
-            baseline_ttft: by[0].iter().map(|e| e.0).collect(),
-            baseline_tpot: by[0].iter().map(|e| e.1).collect(),
+            baseline_ttft: variants[1][0].iter().map(|e| e.0).collect(),
+            baseline_tpot: variants[1][0].iter().map(|e| e.1).collect(),
             ids,
         };
         for f in 0..folds {
             let train: Vec<usize> = (0..n).filter(|j| j % folds != f).map(|j| idx[j]).collect();
-            let (choice, _) = per_gpu(&by, &gpus, &train);
-            let errors = under(&by, &choice, &gpus);
+            let v = nested_choice(&variants, &gpus, &train, folds);
+            let (choice, errors) = per_gpu(&variants[v], &gpus, &train);
             for j in (f..n).step_by(folds) {
                 let i = idx[j];
                 fit.held_out_ttft.push(errors[i].0);
@@ -307,6 +460,7 @@ pub fn fit_moe_engines(
                 fit.held_out_rows.push((i, f));
             }
             fit.fold_fits.push(values(&choice));
+            fit.fold_every_format.push(v == 1);
         }
         fits.push(fit);
     }
@@ -358,6 +512,15 @@ fn keys(k: &MoeKernels) -> Vec<String> {
     out
 }
 
+/// Where a fit offered a compute side, in words.
+fn offer(every_format: bool) -> &'static str {
+    if every_format {
+        "to the formats the tensor cores take too (a quarter of a dense GEMM's compute only where the kernel dequantises)"
+    } else {
+        "only where the kernel dequantises the experts"
+    }
+}
+
 /// The calibration file of one engine's fit: `[cost.by_gpu.<gpu>] moe_gemm_eff`,
 /// `moe_prefill_expert_us` and `moe_compute_eff` (under `[cost.by_gpu.<gpu>.experts.<format>]`
 /// where the GPU's formats parted), and the `[fit]` table.
@@ -379,6 +542,7 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
          # `experts.fp8`, `experts.fp4`), fitted by `sim calibrate --observed {source}`\n\
          # to {rows} mixture-of-experts rows of {engine} (aiconfigurator silicon.csv) with the shared MoE terms (moe-*.toml,\n\
          # the defaults) in place. {folds}-fold held-out: {held}; the folds' fits (efficiency / floor / compute side): {ff}.\n\
+         # A compute side is offered {offer}, as a {folds}-fold inside the rows chose (each fold's inside its training rows{offers}).\n\
          # Held out of this fit only: the shared terms under it were fitted to every engine's rows, these included.\n\
          # For a mixture of experts served by {engine}: `cost.calibration` = this file (not with observed-{engine}.toml,\n\
          # whose terms were fitted to dense models and not used here). A format a GPU's table does not list takes the\n\
@@ -390,6 +554,19 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
         engine = fit.engine,
         rows = fit.rows,
         ff = folds_text.join(" / "),
+        offer = offer(fit.every_format),
+        offers = if fit.fold_every_format.iter().all(|&e| e == fit.every_format) {
+            ", every fold alike".to_string()
+        } else {
+            format!(
+                ": {}",
+                fit.fold_every_format
+                    .iter()
+                    .map(|&e| if e { "tensor-core formats too" } else { "dequantising only" })
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            )
+        },
         eff = fit.shared.0,
         us = fit.shared.1,
     );
@@ -497,26 +674,44 @@ pub fn fit_table(fits: &[MoeEngineFit]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{candidate, describe, fit_toml, values, MoeEngineFit, MoeKernels, CANDIDATES};
+    use super::{
+        candidate, describe, fit_toml, nested_choice, only_dequantising, values, Errors, Group,
+        MoeEngineFit, MoeKernels, CANDIDATES,
+    };
     use crate::catalog::Dtype;
     use crate::cost_model::ExpertFormat;
 
-    /// A GPU whose formats chose the same triple is written once for every format; one
-    /// whose formats parted, per format, leaving out those that kept the shared terms.
+    /// A GPU whose formats chose the same triple without a compute side is written once
+    /// for every format; one whose formats parted, or chose a compute side (a format's own
+    /// kernels'), per format, leaving out those that kept the shared terms.
     #[test]
     fn a_gpus_formats_are_written_together_unless_they_part() {
         use ExpertFormat::{Fp4, Fp8};
+        let with_compute = (0..CANDIDATES)
+            .find(|&c| candidate(c).2 == Some(0.5))
+            .expect("a compute side of 0.5");
         let v = values(&[
             (("b200", Fp4), 4),
             (("b200", Fp8), 4),
+            (("gb200", Fp4), with_compute),
+            (("gb200", Fp8), with_compute),
             (("h100-sxm", Fp8), 0),
             (("h200", Fp4), 0),
             (("h200", Fp8), 3),
         ]);
         let scopes: Vec<_> = v.iter().map(|(s, _)| *s).collect();
-        assert_eq!(scopes, [("b200", None), ("h200", Some(Fp8))]);
+        assert_eq!(
+            scopes,
+            [
+                ("b200", None),
+                ("gb200", Some(Fp4)),
+                ("gb200", Some(Fp8)),
+                ("h200", Some(Fp8))
+            ]
+        );
         assert_eq!(v[0].1.gemm_eff, candidate(4).0);
-        assert_eq!(v[1].1.gemm_eff, candidate(3).0);
+        assert_eq!(v[1].1.compute_eff, candidate(with_compute).2);
+        assert_eq!(v[3].1.gemm_eff, candidate(3).0);
     }
 
     /// The file a fit writes is a calibration file a scenario reads: its `[cost]` and
@@ -569,6 +764,7 @@ mod tests {
                     },
                 ),
             ],
+            every_format: false,
             fold_fits: vec![
                 vec![(
                     ("gb200", Some(ExpertFormat::Fp8)),
@@ -580,6 +776,7 @@ mod tests {
                 )],
                 vec![],
             ],
+            fold_every_format: vec![true, false],
             held_out_ttft: vec![0.1, -0.2, 0.05, 0.3],
             held_out_tpot: vec![0.02, -0.1, 0.04, 0.0],
             held_out_rows: vec![(0, 0), (1, 0), (2, 1), (3, 1)],
@@ -588,6 +785,15 @@ mod tests {
             ids: (0..4).map(|i| format!("row{i}")).collect(),
         };
         let text = fit_toml(&fit, "silicon.csv", 2);
+        // The offer the nested folds chose, the whole fit's and each fold's.
+        assert!(
+            text.contains("offered only where the kernel dequantises the experts"),
+            "{text}"
+        );
+        assert!(
+            text.contains(": tensor-core formats too / dequantising only)"),
+            "{text}"
+        );
         let table: toml::Table = text.parse().expect("TOML");
         let cost: crate::cost_model::CostParams =
             toml::Value::Table(table["cost"].as_table().unwrap().clone())
@@ -634,12 +840,13 @@ mod tests {
         );
     }
 
-    /// A compute-side candidate simulates again only the rows whose experts are
-    /// dequantised, and that gives every row the errors a full pass gives: gpt-oss-120b's
-    /// MXFP4 experts on a Hopper move, on a B200 (fp4 tensor cores) or in fp8 they do not.
+    /// Every expert format feels a compute side, and a candidate offered only to
+    /// dequantising kernels simulates again only the rows whose experts are dequantised
+    /// (gpt-oss-120b's MXFP4 experts on a Hopper; not on a B200, with fp4 tensor cores, nor
+    /// in fp8), which gives them the errors a full pass gives, the others infinite errors.
     #[test]
-    fn only_dequantised_experts_feel_the_compute_side() {
-        use super::{dequantised, pass_moving, pass_with_lines, EngineCost};
+    fn a_dequantising_only_candidate_moves_only_dequantised_experts() {
+        use super::{dequantised, dequantised_pass, pass_with_lines, EngineCost};
         let mut rows = crate::observed::silicon::read(std::path::Path::new(
             "tests/data/observed/silicon-small.csv",
         ))
@@ -666,34 +873,102 @@ mod tests {
             ..shared
         };
         let (_, _, full, _) = pass_with_lines(&rows, &|_| slow).expect("full pass");
-        let spliced =
-            pass_moving(&rows, &dequantised, (&index, &first), &|_| slow).expect("spliced");
-        assert_eq!(spliced, full);
-        assert_ne!(full, first, "a dequantised row's TTFT moves");
+        let spliced = dequantised_pass(&rows, (&index, &first), &|_| slow).expect("spliced");
+        let mut felt = 0;
+        for (r, m) in rows.iter().zip(&moving) {
+            let Some(&i) = index.get(&r.line) else {
+                continue;
+            };
+            if *m {
+                assert_eq!(spliced[i], full[i], "{}", r.id);
+            } else {
+                assert_eq!(spliced[i], (f64::INFINITY, f64::INFINITY), "{}", r.id);
+            }
+            // Every format's prefill slows under a quarter of the compute.
+            assert!(full[i].0 > first[i].0, "{}", r.id);
+            felt += 1;
+        }
+        assert!(felt > 0);
+    }
+
+    /// Offered only where the kernel dequantises, a candidate with a compute side keeps its
+    /// errors on the rows that dequantise and is out of reach (infinite errors) on the
+    /// others; a candidate without one is untouched.
+    #[test]
+    fn a_compute_side_offered_only_to_dequantising_rows() {
+        let by: Vec<Errors> = (0..CANDIDATES)
+            .map(|c| vec![(c as f64, -(c as f64)), (0.5, 0.5)])
+            .collect();
+        let moving = [true, false];
+        let offer = only_dequantising(&by, &moving);
+        for c in 0..CANDIDATES {
+            assert_eq!(offer[c][0], by[c][0], "{c}");
+            if candidate(c).2.is_some() {
+                assert_eq!(offer[c][1], (f64::INFINITY, f64::INFINITY), "{c}");
+            } else {
+                assert_eq!(offer[c][1], by[c][1], "{c}");
+            }
+        }
+    }
+
+    /// The inner k-fold keeps the smaller offer on a tie and takes the larger one where it
+    /// holds out better: a compute side that helps every row of a GPU and format is taken,
+    /// one that hurts every row is not.
+    #[test]
+    fn the_inner_folds_choose_the_offer_that_holds_out() {
+        use crate::cost_model::ExpertFormat::Fp8;
+        let n = 20;
+        let gpus: Vec<Group> = vec![("h200", Fp8); n];
+        let train: Vec<usize> = (0..n).collect();
+        // A compute side offered to every format (not the dequantising-only quarter).
+        let with_compute = (0..CANDIDATES)
+            .find(|&c| candidate(c).2 == Some(0.5))
+            .expect("a compute side of 0.5");
+        let base: Errors = (0..n).map(|i| (0.2 + 0.01 * i as f64, 0.1)).collect();
+        let mut by: Vec<Errors> = vec![base.clone(); CANDIDATES];
+        let plain = only_dequantising(&by, &vec![false; n]);
+        // Nothing to gain: the smaller offer.
+        assert_eq!(
+            nested_choice(&[plain.clone(), by.clone()], &gpus, &train, 5),
+            0
+        );
+        // A compute side that halves every row's TTFT error holds out better.
+        by[with_compute] = base.iter().map(|e| (e.0 / 2.0, e.1)).collect();
+        let plain = only_dequantising(&by, &vec![false; n]);
+        assert_eq!(nested_choice(&[plain, by.clone()], &gpus, &train, 5), 1);
+        // One that is worse on every row is not taken, whatever the offer.
+        by[with_compute] = base.iter().map(|e| (e.0 * 2.0, e.1)).collect();
+        let plain = only_dequantising(&by, &vec![false; n]);
+        assert_eq!(nested_choice(&[plain, by], &gpus, &train, 5), 0);
     }
 
     /// The candidates are every triple of the three lists, each once, the shared one first.
     #[test]
     fn the_candidates_are_every_triple_once() {
+        use super::{EXTRA_CANDIDATES, PRODUCT};
         assert_eq!(candidate(0), (None, None, None));
-        // A compute candidate splices onto the same pair without the compute side.
+        // A compute candidate of the product splices onto the same pair without it.
         let pairs = super::GEMM_CANDIDATES.len() * super::PREFILL_CANDIDATES.len();
-        for c in pairs..CANDIDATES {
+        for c in pairs..PRODUCT {
             let ((g, p, compute), (bg, bp, bc)) = (candidate(c), candidate(c % pairs));
             assert_eq!((g, p, bc), (bg, bp, None), "{c}");
             assert!(compute.is_some(), "{c}");
+        }
+        for (i, &extra) in EXTRA_CANDIDATES.iter().enumerate() {
+            assert_eq!(candidate(PRODUCT + i), extra);
         }
         let mut seen: Vec<(Option<f64>, Option<f64>, Option<f64>)> =
             (0..CANDIDATES).map(candidate).collect();
         let n = seen.len();
         seen.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
         seen.dedup();
-        assert_eq!(seen.len(), n);
+        assert_eq!(seen.len(), n, "every triple once");
         assert_eq!(
             n,
             super::GEMM_CANDIDATES.len()
                 * super::PREFILL_CANDIDATES.len()
                 * super::COMPUTE_CANDIDATES.len()
+                + EXTRA_CANDIDATES.len()
         );
     }
 }

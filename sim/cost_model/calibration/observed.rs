@@ -359,7 +359,7 @@ pub(crate) fn held_out_figures(
 }
 
 /// `(TTFT, TPOT)` signed errors of an engine's rows under one candidate.
-type Errors = Vec<(f64, f64)>;
+pub(super) type Errors = Vec<(f64, f64)>;
 
 /// Each GPU's candidate, an index into a table of candidates (e.g. [`FP8_CANDIDATES`]), by
 /// GPU name.
