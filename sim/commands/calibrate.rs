@@ -121,9 +121,9 @@ pub enum Stage {
     MoeSkew,
     /// The acceptance of multi-token-prediction drafts (the rows measured with them).
     MtpAcceptance,
-    /// Each engine's grouped-GEMM efficiency, prefill floor and (where its kernels
-    /// dequantise the experts) compute side's efficiency on each GPU, on its
-    /// mixture-of-experts rows.
+    /// Each engine's grouped-GEMM efficiency, prefill floor and compute side's efficiency on
+    /// each GPU and expert format, on its mixture-of-experts rows (a compute side offered to
+    /// the formats the tensor cores take where an inner k-fold says so).
     MoeEngines,
     /// Each engine's step, all-reduce, eager-step and front-end costs, and its fp8, fp4 and
     /// all-reduce efficiencies per GPU.

@@ -68,7 +68,8 @@ const DEQUANTISING_ONLY: [bool; COMPUTE_CANDIDATES.len()] = [false, false, true]
 // its passes.
 const _: () = assert!(!DEQUANTISING_ONLY[0]);
 
-/// Triples tried beyond the three lists' product, each a full pass:
+/// Triples tried beyond the three lists' product, each a full pass unless it resolves to
+/// the terms of one before it (no floor at the shared efficiency, 0.8, runs once):
 /// - no prefill floor at all, at each grouped-GEMM efficiency: a kernel whose prefills
 ///   need no fixed cost per expert (vLLM's fp8 Qwen3-235B on H200 measures 154-176 ms of TTFT
 ///   for 1,000-token prompts at TP4 and 28-48 clients, where the smallest floor tried, 4 us,
@@ -117,7 +118,9 @@ const _: () = assert!(
 );
 
 /// Whether a row's experts run through a kernel that dequantises their weights on its GPU
-/// (what `moe_compute_eff` scales; a row the catalog cannot place is not simulated at all).
+/// (the rows offered the quarter of [`COMPUTE_CANDIDATES`], and the only ones offered a
+/// compute side at all under the smaller offer of [`nested_choice`]; a row the catalog
+/// cannot place is not simulated at all).
 fn dequantised(row: &AggregateRow) -> bool {
     silicon::catalog_of(row).is_ok_and(|(_, gpu, dtype)| {
         crate::catalog::find_gpu(gpu).is_some_and(|g| g.dequantises(dtype))
