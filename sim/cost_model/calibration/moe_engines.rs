@@ -111,6 +111,12 @@ fn candidate(c: usize) -> (Option<f64>, Option<f64>, Option<f64>) {
 
 /// How many candidates each GPU and expert format chooses from.
 const CANDIDATES: usize = PRODUCT + EXTRA_CANDIDATES.len();
+
+/// Whether candidate `c` is offered only where the kernel dequantises ([`DEQUANTISING_ONLY`]).
+fn dequantising_only(c: usize) -> bool {
+    let pairs = GEMM_CANDIDATES.len() * PREFILL_CANDIDATES.len();
+    c < PRODUCT && DEQUANTISING_ONLY[c / pairs]
+}
 const _: () = assert!(
     GEMM_CANDIDATES[0].is_none()
         && PREFILL_CANDIDATES[0].is_none()
@@ -139,23 +145,6 @@ type Group = (&'static str, ExpertFormat);
 
 /// Where a fitted triple applies: a GPU, for every expert format (`None`) or for one.
 pub type Scope = (&'static str, Option<ExpertFormat>);
-
-/// The errors of a candidate offered only to dequantising kernels: [`pass_moving`] of the
-/// rows whose experts are dequantised over `base` (the same pair's pass without a compute
-/// side), every other row infinite (not offered).
-fn dequantised_pass(
-    mine: &[AggregateRow],
-    (index, base): (&std::collections::HashMap<u64, usize>, &Errors),
-    cost: &(dyn Fn(&str) -> EngineCost + Sync),
-) -> Result<Errors, crate::SimError> {
-    let mut errors = pass_moving(mine, &dequantised, (index, base), cost)?;
-    for r in mine.iter().filter(|r| !dequantised(r)) {
-        if let Some(&i) = index.get(&r.line) {
-            errors[i] = (f64::INFINITY, f64::INFINITY);
-        }
-    }
-    Ok(errors)
-}
 
 /// What one GPU's (or one GPU's and format's) fit departs from the shared terms by.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -239,15 +228,15 @@ fn values(choice: &[(Group, usize)]) -> Vec<(Scope, MoeKernels)> {
     out
 }
 
-/// The candidates' errors with a compute side offered only where the kernel dequantises
-/// the experts' weights (`moving`, by row): every other row gets infinite errors under a
-/// candidate that sets one, so that no GPU and format of theirs (every row of a group
-/// dequantises, or none) chooses it.
-fn only_dequantising(by: &[Errors], moving: &[bool]) -> Vec<Errors> {
+/// The candidates' errors as one offer makes them: a candidate `everywhere` rejects is
+/// offered only to the rows whose kernel dequantises the experts' weights (`moving`, by
+/// row), every other row getting infinite errors under it, so that no GPU and format of
+/// theirs (every row of a group dequantises, or none) chooses it.
+fn offered(by: &[Errors], moving: &[bool], everywhere: impl Fn(usize) -> bool) -> Vec<Errors> {
     by.iter()
         .enumerate()
         .map(|(c, errors)| {
-            if candidate(c).2.is_none() {
+            if everywhere(c) {
                 errors.clone()
             } else {
                 errors
@@ -258,6 +247,17 @@ fn only_dequantising(by: &[Errors], moving: &[bool]) -> Vec<Errors> {
             }
         })
         .collect()
+}
+
+/// The smaller offer: a compute side only where the kernel dequantises.
+fn only_dequantising(by: &[Errors], moving: &[bool]) -> Vec<Errors> {
+    offered(by, moving, |c| candidate(c).2.is_none())
+}
+
+/// The larger offer: a compute side for every format, but the quarter
+/// ([`DEQUANTISING_ONLY`]) still only where the kernel dequantises.
+fn every_format(by: &[Errors], moving: &[bool]) -> Vec<Errors> {
+    offered(by, moving, |c| !dequantising_only(c))
 }
 
 /// Which of `variants` (each the candidates' errors by row, as one offer of candidates)
@@ -327,8 +327,8 @@ pub fn fit_moe_engines(
         // first pass's order. A candidate that resolves to the same terms as an earlier one
         // (the grouped-GEMM candidate equal to the shared value) reuses its pass; one
         // offered only to dequantising kernels simulates again only the rows whose experts
-        // are dequantised, and the others get infinite errors under it, so that no GPU and
-        // format of theirs (every row of a group dequantises, or none) chooses it.
+        // are dequantised (the others keep the same pair's errors, and `offered` takes the
+        // candidate out of their reach).
         let pairs = GEMM_CANDIDATES.len() * PREFILL_CANDIDATES.len();
         let mut passes: Vec<LinedPass> = Vec::new();
         let mut terms: Vec<([f64; 3], bool)> = Vec::new();
@@ -341,7 +341,7 @@ pub fn fit_moe_engines(
                 ..*prior
             };
             let gemm = cost.moe_gemm_eff.unwrap_or(defaults.moe_gemm_eff);
-            let only = c < PRODUCT && DEQUANTISING_ONLY[c / pairs];
+            let only = dequantising_only(c);
             let resolved = (
                 [
                     gemm,
@@ -357,7 +357,7 @@ pub fn fit_moe_engines(
                 pass_with_lines(&mine, &|_| cost)?
             } else {
                 let (ids, gpus, base, index) = &passes[c % pairs];
-                let errors = dequantised_pass(&mine, (index, base), &|_| cost)?;
+                let errors = pass_moving(&mine, &dequantised, (index, base), &|_| cost)?;
                 (ids.clone(), gpus.clone(), errors, index.clone())
             };
             terms.push(resolved);
@@ -418,21 +418,20 @@ pub fn fit_moe_engines(
             .collect();
         // A compute side offered only where the kernel dequantises is offered to a GPU and
         // format whole: every row of a group dequantises, or none.
-        if let Some(g) = gpus.iter().enumerate().find_map(|(i, g)| {
-            (0..n)
-                .any(|j| gpus[j] == *g && moving[j] != moving[i])
-                .then_some(g)
-        }) {
-            return Err(crate::SimError::Scenario(crate::scenario::ScenarioError {
-                file: "silicon rows".into(),
-                msg: format!(
-                    "{engine}'s {} rows in {} experts mix kernels that dequantise the weights and kernels that do not",
-                    g.0,
-                    g.1.name()
-                ),
-            }));
+        let mut kind: std::collections::HashMap<Group, bool> = Default::default();
+        for (g, &m) in gpus.iter().zip(&moving) {
+            if *kind.entry(*g).or_insert(m) != m {
+                return Err(crate::SimError::Scenario(crate::scenario::ScenarioError {
+                    file: "silicon rows".into(),
+                    msg: format!(
+                        "{engine}'s {} rows in {} experts mix kernels that dequantise the weights and kernels that do not",
+                        g.0,
+                        g.1.name()
+                    ),
+                }));
+            }
         }
-        let variants = [only_dequantising(&by, &moving), by];
+        let variants = [only_dequantising(&by, &moving), every_format(&by, &moving)];
         // The engines' fits' fixed shuffle, so folds mix GPUs, models and loads.
         let mut idx: Vec<usize> = (0..n).collect();
         idx.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(17));
@@ -448,8 +447,8 @@ pub fn fit_moe_engines(
             held_out_ttft: Vec::new(),
             held_out_tpot: Vec::new(),
             held_out_rows: Vec::new(),
-            baseline_ttft: variants[1][0].iter().map(|e| e.0).collect(),
-            baseline_tpot: variants[1][0].iter().map(|e| e.1).collect(),
+            baseline_ttft: by[0].iter().map(|e| e.0).collect(),
+            baseline_tpot: by[0].iter().map(|e| e.1).collect(),
             ids,
         };
         for f in 0..folds {
@@ -849,7 +848,7 @@ mod tests {
     /// in fp8), which gives them the errors a full pass gives, the others infinite errors.
     #[test]
     fn a_dequantising_only_candidate_moves_only_dequantised_experts() {
-        use super::{dequantised, dequantised_pass, pass_with_lines, EngineCost};
+        use super::{dequantised, offered, pass_moving, pass_with_lines, EngineCost};
         let mut rows = crate::observed::silicon::read(std::path::Path::new(
             "tests/data/observed/silicon-small.csv",
         ))
@@ -876,7 +875,15 @@ mod tests {
             ..shared
         };
         let (_, _, full, _) = pass_with_lines(&rows, &|_| slow).expect("full pass");
-        let spliced = dequantised_pass(&rows, (&index, &first), &|_| slow).expect("spliced");
+        let moved = pass_moving(&rows, &dequantised, (&index, &first), &|_| slow).expect("spliced");
+        // By the pass's row order, as the stage's offers see it.
+        let mut moving_at = vec![false; moved.len()];
+        for (r, &m) in rows.iter().zip(&moving) {
+            if let Some(&i) = index.get(&r.line) {
+                moving_at[i] = m;
+            }
+        }
+        let spliced = offered(&[moved], &moving_at, |_| false).remove(0);
         let mut felt = 0;
         for (r, m) in rows.iter().zip(&moving) {
             let Some(&i) = index.get(&r.line) else {
