@@ -72,6 +72,13 @@ pub struct Args {
     /// the rows name). The shared stages still fit every engine's rows.
     #[arg(long, value_delimiter = ',', value_enum)]
     pub engine: Vec<EngineName>,
+    /// With --observed measured deployments: keep the `moe-engines` stage's simulated rows
+    /// (every candidate's errors on every row, `moe-engines-<engine>.passes.csv`) in this
+    /// folder, and reuse them when the rows, the terms under them and the candidates are
+    /// the same: the choices and folds are redone in seconds, without simulating again
+    /// (delete the files after changing the simulator: its code is not part of the key).
+    #[arg(long)]
+    pub passes: Option<PathBuf>,
 }
 
 /// An engine whose rows the per-engine stages fit.
@@ -344,7 +351,7 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
     }
     if wanted(Stage::MoeEngines) {
         use sim::cost_model::calibration::moe_engines;
-        let fits = moe_engines::fit_moe_engines(&rows, args.folds, &prior)?;
+        let fits = moe_engines::fit_moe_engines(&rows, args.folds, &prior, args.passes.as_deref())?;
         out.push_str(&moe_engines::fit_table(&fits));
         for f in &fits {
             let file = dir.join(format!("observed-moe-{}.toml", f.engine));

@@ -290,6 +290,181 @@ fn nested_choice(variants: &[Vec<Errors>], gpus: &[Group], train: &[usize], fold
         .map_or(0, |(v, _)| v)
 }
 
+/// One engine's rows under every candidate: the ids of the rows every candidate simulated
+/// (the efficiencies do not change what fits in memory, so all of them), in the first
+/// pass's order, their GPUs, and each candidate's errors on them, by candidate. A candidate
+/// that resolves to the same terms as an earlier one (the grouped-GEMM candidate equal to
+/// the shared value) reuses its pass; one offered only to dequantising kernels simulates
+/// again only the rows whose experts are dequantised (the others keep the same pair's
+/// errors, and `offered` takes the candidate out of their reach).
+type Passes = (Vec<String>, Vec<&'static str>, Vec<Errors>);
+
+/// Simulates `mine` under every candidate over `prior` ([`Passes`]).
+fn simulate_passes(mine: &[AggregateRow], prior: &EngineCost) -> Result<Passes, crate::SimError> {
+    let defaults = crate::cost_model::CostParams::default();
+    let pairs = GEMM_CANDIDATES.len() * PREFILL_CANDIDATES.len();
+    let mut passes: Vec<LinedPass> = Vec::new();
+    let mut terms: Vec<([f64; 3], bool)> = Vec::new();
+    for c in 0..CANDIDATES {
+        let (eff, us, compute) = candidate(c);
+        let cost = EngineCost {
+            moe_gemm_eff: eff.or(prior.moe_gemm_eff),
+            moe_prefill_expert_us: us.or(prior.moe_prefill_expert_us),
+            moe_compute_eff: compute,
+            ..*prior
+        };
+        let gemm = cost.moe_gemm_eff.unwrap_or(defaults.moe_gemm_eff);
+        let only = dequantising_only(c);
+        let resolved = (
+            [
+                gemm,
+                cost.moe_prefill_expert_us
+                    .unwrap_or(defaults.moe_prefill_expert_us),
+                cost.moe_compute_eff.unwrap_or(gemm),
+            ],
+            only,
+        );
+        let pass = if let Some(same) = terms.iter().position(|t| *t == resolved) {
+            passes[same].clone()
+        } else if !only {
+            pass_with_lines(mine, &|_| cost)?
+        } else {
+            let (ids, gpus, base, index) = &passes[c % pairs];
+            let errors = pass_moving(mine, &dequantised, (index, base), &|_| cost)?;
+            (ids.clone(), gpus.clone(), errors, index.clone())
+        };
+        terms.push(resolved);
+        passes.push(pass);
+    }
+    let maps: Vec<std::collections::HashMap<&str, (f64, f64)>> = passes
+        .iter()
+        .map(|(ids, _, errors, _)| {
+            ids.iter()
+                .map(String::as_str)
+                .zip(errors.iter().copied())
+                .collect()
+        })
+        .collect();
+    let (first_ids, first_gpus, _, _) = &passes[0];
+    let keep: Vec<usize> = (0..first_ids.len())
+        .filter(|&i| maps.iter().all(|m| m.contains_key(first_ids[i].as_str())))
+        .collect();
+    let ids: Vec<String> = keep.iter().map(|&i| first_ids[i].clone()).collect();
+    let gpus = keep.iter().map(|&i| first_gpus[i]).collect();
+    let by = maps
+        .iter()
+        .map(|m| ids.iter().map(|id| m[id.as_str()]).collect())
+        .collect();
+    Ok((ids, gpus, by))
+}
+
+/// The header of a passes file: what the passes were simulated over (the rows, the prior's
+/// terms and the candidates), which must match for the file to be reused. The simulator's
+/// own code is not in it: a file kept before a change to how rows are simulated must be
+/// deleted by hand.
+fn passes_header(mine: &[AggregateRow], prior: &EngineCost) -> String {
+    let candidates: Vec<String> = (0..CANDIDATES)
+        .map(|c| format!("{:?}", candidate(c)))
+        .collect();
+    let lines: u64 = mine.iter().map(|r| r.line).sum();
+    format!(
+        "# {} rows (lines summing to {lines}); prior {prior:?}; candidates {}",
+        mine.len(),
+        candidates.join(" ")
+    )
+}
+
+/// A passes file's rows (see [`cached_passes`]): `None` when its header is not `header` (other
+/// rows, terms or candidates: simulate again), else the rows or why one line is bad.
+fn read_passes(text: &str, header: &str, mine: &[AggregateRow]) -> Option<Result<Passes, String>> {
+    if text.lines().next() != Some(header) {
+        return None;
+    }
+    let known: std::collections::HashSet<&str> = mine.iter().map(|r| r.id.as_str()).collect();
+    let body = text.split_once('\n').map_or("", |(_, b)| b);
+    let read = || {
+        let (mut ids, mut gpus) = (Vec::new(), Vec::new());
+        let mut by: Vec<Errors> = vec![Vec::new(); CANDIDATES];
+        let mut rdr = csv::ReaderBuilder::new()
+            .has_headers(false)
+            .from_reader(body.as_bytes());
+        for (n, record) in rdr.records().enumerate() {
+            let at = |what: String| format!("line {}: {what}", n + 2);
+            let cells = record.map_err(|e| at(e.to_string()))?;
+            if cells.len() != 2 + 2 * CANDIDATES {
+                return Err(at(format!(
+                    "expected {} cells, found {}",
+                    2 + 2 * CANDIDATES,
+                    cells.len()
+                )));
+            }
+            if !known.contains(&cells[0]) {
+                return Err(at(format!(
+                    "row `{}` is not one of the engine's",
+                    &cells[0]
+                )));
+            }
+            let gpu = crate::catalog::find_gpu(&cells[1])
+                .ok_or_else(|| at(format!("unknown GPU `{}`", &cells[1])))?;
+            ids.push(cells[0].to_string());
+            gpus.push(gpu.name);
+            for (c, errors) in by.iter_mut().enumerate() {
+                let num = |k: usize| {
+                    cells[k]
+                        .parse::<f64>()
+                        .map_err(|_| at(format!("`{}` is not a number", &cells[k])))
+                };
+                errors.push((num(2 + 2 * c)?, num(3 + 2 * c)?));
+            }
+        }
+        Ok((ids, gpus, by))
+    };
+    Some(read())
+}
+
+/// [`simulate_passes`] kept in `dir` (`moe-engines-<engine>.passes.csv`: a header naming the
+/// rows, the prior and the candidates, then per row its id, GPU and each candidate's TTFT and TPOT
+/// errors): read back when its header matches (every row it names must be one of `mine`),
+/// else simulated and written. The choices and folds are then redone from it, which is
+/// what lets a change to how the stage chooses be tried in seconds instead of half an hour.
+fn cached_passes(
+    dir: &std::path::Path,
+    engine: &str,
+    mine: &[AggregateRow],
+    prior: &EngineCost,
+) -> Result<Passes, crate::SimError> {
+    let path = dir.join(format!("moe-engines-{engine}.passes.csv"));
+    let header = passes_header(mine, prior);
+    let stale = |msg: String| {
+        crate::SimError::Scenario(crate::scenario::ScenarioError {
+            file: path.display().to_string(),
+            msg,
+        })
+    };
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        if let Some(read) = read_passes(&text, &header, mine) {
+            return read.map_err(stale);
+        }
+    }
+    let (ids, gpus, by) = simulate_passes(mine, prior)?;
+    let mut w = csv::Writer::from_writer(Vec::new());
+    for (i, (id, gpu)) in ids.iter().zip(&gpus).enumerate() {
+        let mut record = vec![id.clone(), gpu.to_string()];
+        for errors in &by {
+            // Rust's shortest round-trip form: read back, the same f64.
+            record.push(errors[i].0.to_string());
+            record.push(errors[i].1.to_string());
+        }
+        w.write_record(&record).map_err(|e| stale(e.to_string()))?;
+    }
+    let body = w.into_inner().map_err(|e| stale(e.to_string()))?;
+    let text = format!("{header}\n{}", String::from_utf8_lossy(&body));
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&path, text))
+        .map_err(|e| stale(e.to_string()))?;
+    Ok((ids, gpus, by))
+}
+
 /// Fits each engine's grouped-GEMM efficiency, prefill floor and compute side per GPU and
 /// expert format on its mixture-of-experts rows, `folds`-fold, with `prior`'s terms (the
 /// shared fits) in place, offering a compute side to the formats the tensor cores take as
@@ -299,6 +474,7 @@ pub fn fit_moe_engines(
     rows: &[AggregateRow],
     folds: usize,
     prior: &EngineCost,
+    passes: Option<&std::path::Path>,
 ) -> Result<Vec<MoeEngineFit>, crate::SimError> {
     let folds = folds.max(2);
     let mut engines: Vec<String> = rows
@@ -322,73 +498,19 @@ pub fn fit_moe_engines(
             .filter(|r| r.backend == engine && r.is_moe())
             .cloned()
             .collect();
-        // Each candidate's errors by row id; compared on the rows every candidate simulated
-        // (the efficiencies do not change what fits in memory, so all of them), in the
-        // first pass's order. A candidate that resolves to the same terms as an earlier one
-        // (the grouped-GEMM candidate equal to the shared value) reuses its pass; one
-        // offered only to dequantising kernels simulates again only the rows whose experts
-        // are dequantised (the others keep the same pair's errors, and `offered` takes the
-        // candidate out of their reach).
-        let pairs = GEMM_CANDIDATES.len() * PREFILL_CANDIDATES.len();
-        let mut passes: Vec<LinedPass> = Vec::new();
-        let mut terms: Vec<([f64; 3], bool)> = Vec::new();
-        for c in 0..CANDIDATES {
-            let (eff, us, compute) = candidate(c);
-            let cost = EngineCost {
-                moe_gemm_eff: eff.or(prior.moe_gemm_eff),
-                moe_prefill_expert_us: us.or(prior.moe_prefill_expert_us),
-                moe_compute_eff: compute,
-                ..*prior
-            };
-            let gemm = cost.moe_gemm_eff.unwrap_or(defaults.moe_gemm_eff);
-            let only = dequantising_only(c);
-            let resolved = (
-                [
-                    gemm,
-                    cost.moe_prefill_expert_us
-                        .unwrap_or(defaults.moe_prefill_expert_us),
-                    cost.moe_compute_eff.unwrap_or(gemm),
-                ],
-                only,
-            );
-            let pass = if let Some(same) = terms.iter().position(|t| *t == resolved) {
-                passes[same].clone()
-            } else if !only {
-                pass_with_lines(&mine, &|_| cost)?
-            } else {
-                let (ids, gpus, base, index) = &passes[c % pairs];
-                let errors = pass_moving(&mine, &dequantised, (index, base), &|_| cost)?;
-                (ids.clone(), gpus.clone(), errors, index.clone())
-            };
-            terms.push(resolved);
-            passes.push(pass);
-        }
-        let maps: Vec<std::collections::HashMap<&str, (f64, f64)>> = passes
-            .iter()
-            .map(|(ids, _, errors, _)| {
-                ids.iter()
-                    .map(String::as_str)
-                    .zip(errors.iter().copied())
-                    .collect()
-            })
-            .collect();
-        let (first_ids, first_gpus, _, _) = &passes[0];
-        let keep: Vec<usize> = (0..first_ids.len())
-            .filter(|&i| maps.iter().all(|m| m.contains_key(first_ids[i].as_str())))
-            .collect();
-        let ids: Vec<String> = keep.iter().map(|&i| first_ids[i].clone()).collect();
+        let (ids, sim_gpus, by) = match passes {
+            Some(dir) => cached_passes(dir, &engine, &mine, prior)?,
+            None => simulate_passes(&mine, prior)?,
+        };
         let formats: std::collections::HashMap<&str, ExpertFormat> = mine
             .iter()
             .filter_map(|r| format_of(r).map(|f| (r.id.as_str(), f)))
             .collect();
         // Every simulated row was placed by the catalog, so it has a format.
-        let gpus: Vec<Group> = keep
+        let gpus: Vec<Group> = ids
             .iter()
-            .filter_map(|&i| {
-                formats
-                    .get(first_ids[i].as_str())
-                    .map(|&f| (first_gpus[i], f))
-            })
+            .zip(&sim_gpus)
+            .filter_map(|(id, &g)| formats.get(id.as_str()).map(|&f| (g, f)))
             .collect();
         if gpus.len() != ids.len() {
             return Err(crate::SimError::Scenario(crate::scenario::ScenarioError {
@@ -399,10 +521,6 @@ pub fn fit_moe_engines(
                 ),
             }));
         }
-        let by: Vec<Vec<(f64, f64)>> = maps
-            .iter()
-            .map(|m| ids.iter().map(|id| m[id.as_str()]).collect())
-            .collect();
         let n = ids.len();
         if n < folds {
             continue;
@@ -677,8 +795,8 @@ pub fn fit_table(fits: &[MoeEngineFit]) -> String {
 #[cfg(test)]
 mod tests {
     use super::{
-        candidate, describe, fit_toml, nested_choice, only_dequantising, values, Errors, Group,
-        MoeEngineFit, MoeKernels, CANDIDATES,
+        candidate, describe, fit_toml, nested_choice, only_dequantising, passes_header,
+        read_passes, values, Errors, Group, MoeEngineFit, MoeKernels, CANDIDATES,
     };
     use crate::catalog::Dtype;
     use crate::cost_model::ExpertFormat;
@@ -980,5 +1098,57 @@ mod tests {
                 * super::COMPUTE_CANDIDATES.len()
                 + EXTRA_CANDIDATES.len()
         );
+    }
+
+    /// A passes file is read back exactly, simulated again when it was kept for other rows
+    /// or terms (its header differs), and a bad line is named.
+    #[test]
+    fn a_passes_file_is_read_back_or_refused_by_line() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("calibration/serving/aiconfigurator/silicon.csv");
+        let rows = crate::observed::silicon::read(&path).expect("silicon.csv");
+        let mine: Vec<_> = rows.into_iter().filter(|r| r.is_moe()).take(3).collect();
+        let prior = crate::cost_model::validation::silicon::EngineCost::default();
+        let header = passes_header(&mine, &prior);
+        let line = |id: &str, gpu: &str, x: f64| {
+            let mut cells = vec![id.to_string(), gpu.to_string()];
+            for c in 0..CANDIDATES {
+                cells.push((x + c as f64 / 1000.0).to_string());
+                cells.push((-x).to_string());
+            }
+            cells.join(",")
+        };
+        let good = format!(
+            "{header}\n{}\n{}\n",
+            line(&mine[0].id, "h200", 0.1),
+            line(&mine[1].id, "b200", 1.0 / 3.0)
+        );
+        let (ids, gpus, by) = read_passes(&good, &header, &mine)
+            .expect("same header")
+            .expect("good lines");
+        assert_eq!(ids, [mine[0].id.clone(), mine[1].id.clone()]);
+        assert_eq!(gpus, ["h200", "b200"]);
+        assert_eq!(by.len(), CANDIDATES);
+        assert_eq!(by[2][1], (1.0 / 3.0 + 0.002, -1.0 / 3.0));
+        // Kept over other rows (or another prior, or other candidates): simulate again.
+        let fewer = passes_header(&mine[..2], &prior);
+        assert!(read_passes(&good, &fewer, &mine[..2]).is_none());
+        let e = read_passes(&format!("{header}\nx,h200,1\n"), &header, &mine)
+            .expect("same header")
+            .expect_err("short line");
+        assert!(e.starts_with("line 2: expected"), "{e}");
+        let e = read_passes(
+            &format!("{header}\n{}\n", line("nope", "h200", 0.0)),
+            &header,
+            &mine,
+        )
+        .expect("same header")
+        .expect_err("unknown row");
+        assert!(e.contains("line 2") && e.contains("`nope`"), "{e}");
+        let bad = line(&mine[0].id, "h200", 0.0).replacen("0.001", "abc", 1);
+        let e = read_passes(&format!("{header}\n{bad}\n"), &header, &mine)
+            .expect("same header")
+            .expect_err("not a number");
+        assert!(e.contains("`abc` is not a number"), "{e}");
     }
 }
