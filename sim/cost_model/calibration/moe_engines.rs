@@ -19,11 +19,13 @@
 //! expert format takes the triple with the smallest sum of the median absolute TTFT and
 //! TPOT errors on its rows of the other folds, and the held-out fold's errors under those
 //! choices are kept. Whether a format the tensor cores take (fp8 on a Hopper, fp4 on a
-//! Blackwell) is offered a compute side at all is decided per engine and fold by a k-fold
-//! inside the fold's training rows ([`nested_choice`]): offered everywhere, the choice per
-//! group fits TensorRT-LLM's loaded prefills better and SGLang's and vLLM's worse (branch
-//! `moe-compute-every-format`, BENCHMARKS), and that is for held-out error to say, not for
-//! the training rows, on which the larger offer never loses within a group. A GPU whose formats all chose
+//! Blackwell) is offered a compute side at all is decided per fold and per GPU and format
+//! (the kernel's question) by a k-fold inside that group's training rows of the fold
+//! ([`nested_offer`]): offered everywhere, the choice per group fits TensorRT-LLM's loaded
+//! prefills better and SGLang's and vLLM's worse (branch `moe-compute-every-format`,
+//! BENCHMARKS), and that is for held-out error to say, not for the training rows, on which
+//! the larger offer never loses within a group (decided per engine instead, stop 61, it held
+//! out 4 fewer rows within 15% on TTFT; BENCHMARKS, stop 62). A GPU whose formats all chose
 //! the same triple without a compute side is written as the GPU's terms (a format the rows
 //! lack there takes them too); otherwise per format.
 //!
@@ -125,7 +127,7 @@ const _: () = assert!(
 
 /// Whether a row's experts run through a kernel that dequantises their weights on its GPU
 /// (the rows offered the quarter of [`COMPUTE_CANDIDATES`], and the only ones offered a
-/// compute side at all under the smaller offer of [`nested_choice`]; a row the catalog
+/// compute side at all under the smaller offer of [`nested_offer`]; a row the catalog
 /// cannot place is not simulated at all).
 fn dequantised(row: &AggregateRow) -> bool {
     silicon::catalog_of(row).is_ok_and(|(_, gpu, dtype)| {
@@ -141,7 +143,7 @@ fn format_of(row: &AggregateRow) -> Option<ExpertFormat> {
 }
 
 /// What each choice is made for: a GPU and the experts' format there.
-type Group = (&'static str, ExpertFormat);
+pub type Group = (&'static str, ExpertFormat);
 
 /// Where a fitted triple applies: a GPU, for every expert format (`None`) or for one.
 pub type Scope = (&'static str, Option<ExpertFormat>);
@@ -169,13 +171,14 @@ pub struct MoeEngineFit {
     /// Each GPU's (or GPU's and format's) terms fitted on every row, where they depart
     /// from the shared values.
     pub by_gpu: Vec<(Scope, MoeKernels)>,
-    /// Whether the fit on every row offers a compute side to every expert format (`false`:
-    /// only where the kernel dequantises), as [`nested_choice`] decided.
-    pub every_format: bool,
+    /// The GPUs and formats the tensor cores take whose fit on every row is offered a
+    /// compute side (every other is offered one only where the kernel dequantises), as
+    /// [`nested_offer`] decided.
+    pub every_format: Vec<Group>,
     /// Each fold's choices.
     pub fold_fits: Vec<Vec<(Scope, MoeKernels)>>,
     /// Each fold's `every_format`.
-    pub fold_every_format: Vec<bool>,
+    pub fold_every_format: Vec<Vec<Group>>,
     /// Held-out signed TTFT errors (one per row).
     pub held_out_ttft: Vec<f64>,
     /// Held-out signed TPOT errors (one per row).
@@ -264,8 +267,8 @@ fn every_format(by: &[Errors], moving: &[bool]) -> Vec<Errors> {
 /// `train` holds out best: each is chosen per GPU and format on `folds - 1` parts of
 /// `train` and tested on the last part, in turn, and the variant with the smallest sum of
 /// the median absolute TTFT and TPOT errors over those held-out parts wins (the first on
-/// a tie). The stage's own k-fold runs this on each fold's training rows, so the held-out
-/// fold plays no part in the choice.
+/// a tie). [`nested_offer`] runs this on each GPU and format's rows among a fold's training
+/// rows, so the held-out fold plays no part in the choice.
 fn nested_choice(variants: &[Vec<Errors>], gpus: &[Group], train: &[usize], folds: usize) -> usize {
     let score = |by: &[Errors]| {
         let (mut t, mut p) = (Vec::new(), Vec::new());
@@ -288,6 +291,39 @@ fn nested_choice(variants: &[Vec<Errors>], gpus: &[Group], train: &[usize], fold
         .map(|v| (v, score(&variants[v])))
         .min_by(|a, b| a.1.total_cmp(&b.1))
         .map_or(0, |(v, _)| v)
+}
+
+/// The GPUs and formats of `train` that take the larger of `variants`' two offers (the
+/// second): each group's own rows decide, by [`nested_choice`] over them alone (a group
+/// with fewer rows than folds keeps the smaller). The question is a kernel's (does the
+/// grouped GEMM of this format on this GPU compute apart from its streaming?), so it is
+/// asked per GPU and format, as the candidates are chosen.
+fn nested_offer(
+    variants: &[Vec<Errors>],
+    gpus: &[Group],
+    train: &[usize],
+    folds: usize,
+) -> Vec<Group> {
+    let mut groups: Vec<Group> = train.iter().map(|&i| gpus[i]).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    groups.retain(|&g| {
+        let rows: Vec<usize> = train.iter().copied().filter(|&i| gpus[i] == g).collect();
+        rows.len() >= folds && nested_choice(variants, gpus, &rows, folds) == 1
+    });
+    groups
+}
+
+/// The candidates' errors with the rows of the groups in `larger` under the second of
+/// `variants`' offers and every other row under the first.
+fn under_offers(variants: &[Vec<Errors>], gpus: &[Group], larger: &[Group]) -> Vec<Errors> {
+    (0..variants[0].len())
+        .map(|c| {
+            (0..gpus.len())
+                .map(|i| variants[usize::from(larger.contains(&gpus[i]))][c][i])
+                .collect()
+        })
+        .collect()
 }
 
 /// One engine's rows under every candidate: the ids of the rows every candidate simulated
@@ -468,8 +504,9 @@ fn cached_passes(
 /// Fits each engine's grouped-GEMM efficiency, prefill floor and compute side per GPU and
 /// expert format on its mixture-of-experts rows, `folds`-fold, with `prior`'s terms (the
 /// shared fits) in place, offering a compute side to the formats the tensor cores take as
-/// [`nested_choice`] decides; the compute side is this stage's own (a prior's is not used:
-/// unset, it is the grouped-GEMM efficiency, as the files say).
+/// [`nested_offer`] decides per GPU and format; the compute side is this stage's own (a prior's is not used:
+/// unset, it is the grouped-GEMM efficiency, as the files say). With `passes`, the
+/// simulated rows are kept in (and read back from) that folder ([`cached_passes`]).
 pub fn fit_moe_engines(
     rows: &[AggregateRow],
     folds: usize,
@@ -553,13 +590,13 @@ pub fn fit_moe_engines(
         // The engines' fits' fixed shuffle, so folds mix GPUs, models and loads.
         let mut idx: Vec<usize> = (0..n).collect();
         idx.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(17));
-        let every = nested_choice(&variants, &gpus, &idx, folds);
+        let larger = nested_offer(&variants, &gpus, &idx, folds);
         let mut fit = MoeEngineFit {
             engine,
             rows: n,
             shared,
-            by_gpu: values(&per_gpu(&variants[every], &gpus, &idx).0),
-            every_format: every == 1,
+            by_gpu: values(&per_gpu(&under_offers(&variants, &gpus, &larger), &gpus, &idx).0),
+            every_format: larger,
             fold_fits: Vec::new(),
             fold_every_format: Vec::new(),
             held_out_ttft: Vec::new(),
@@ -571,8 +608,8 @@ pub fn fit_moe_engines(
         };
         for f in 0..folds {
             let train: Vec<usize> = (0..n).filter(|j| j % folds != f).map(|j| idx[j]).collect();
-            let v = nested_choice(&variants, &gpus, &train, folds);
-            let (choice, errors) = per_gpu(&variants[v], &gpus, &train);
+            let larger = nested_offer(&variants, &gpus, &train, folds);
+            let (choice, errors) = per_gpu(&under_offers(&variants, &gpus, &larger), &gpus, &train);
             for j in (f..n).step_by(folds) {
                 let i = idx[j];
                 fit.held_out_ttft.push(errors[i].0);
@@ -580,7 +617,7 @@ pub fn fit_moe_engines(
                 fit.held_out_rows.push((i, f));
             }
             fit.fold_fits.push(values(&choice));
-            fit.fold_every_format.push(v == 1);
+            fit.fold_every_format.push(larger);
         }
         fits.push(fit);
     }
@@ -632,13 +669,17 @@ fn keys(k: &MoeKernels) -> Vec<String> {
     out
 }
 
-/// Where a fit offered a compute side, in words.
-fn offer(every_format: bool) -> &'static str {
-    if every_format {
-        "to the formats the tensor cores take too (a quarter of a dense GEMM's compute only where the kernel dequantises)"
-    } else {
-        "only where the kernel dequantises the experts"
+/// The GPUs and formats the tensor cores take that a fit offered a compute side, in words
+/// (`h200 fp8, b200 fp8`, or `none`).
+fn offer(groups: &[Group]) -> String {
+    if groups.is_empty() {
+        return "none".to_string();
     }
+    let names: Vec<String> = groups
+        .iter()
+        .map(|(g, f)| format!("{g} {}", f.name()))
+        .collect();
+    names.join(", ")
 }
 
 /// The calibration file of one engine's fit: `[cost.by_gpu.<gpu>] moe_gemm_eff`,
@@ -662,7 +703,8 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
          # `experts.fp8`, `experts.fp4`), fitted by `sim calibrate --observed {source}`\n\
          # to {rows} mixture-of-experts rows of {engine} (aiconfigurator silicon.csv) with the shared MoE terms (moe-*.toml,\n\
          # the defaults) in place. {folds}-fold held-out: {held}; the folds' fits (efficiency / floor / compute side): {ff}.\n\
-         # A compute side is offered {offer}, as a {folds}-fold inside the rows chose (each fold's inside its training rows{offers}).\n\
+         # A compute side is offered where the kernel dequantises the experts, and to the formats the tensor cores take where a {folds}-fold\n\
+         # inside each GPU and format's rows chose it: {offer} (each fold's, inside its training rows{offers}).\n\
          # Held out of this fit only: the shared terms under it were fitted to every engine's rows, these included.\n\
          # For a mixture of experts served by {engine}: `cost.calibration` = this file (not with observed-{engine}.toml,\n\
          # whose terms were fitted to dense models and not used here). A format a GPU's table does not list takes the\n\
@@ -674,15 +716,15 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
         engine = fit.engine,
         rows = fit.rows,
         ff = folds_text.join(" / "),
-        offer = offer(fit.every_format),
-        offers = if fit.fold_every_format.iter().all(|&e| e == fit.every_format) {
+        offer = offer(&fit.every_format),
+        offers = if fit.fold_every_format.iter().all(|e| *e == fit.every_format) {
             ", every fold alike".to_string()
         } else {
             format!(
                 ": {}",
                 fit.fold_every_format
                     .iter()
-                    .map(|&e| if e { "tensor-core formats too" } else { "dequantising only" })
+                    .map(|e| offer(e))
                     .collect::<Vec<_>>()
                     .join(" / ")
             )
@@ -795,8 +837,9 @@ pub fn fit_table(fits: &[MoeEngineFit]) -> String {
 #[cfg(test)]
 mod tests {
     use super::{
-        candidate, describe, fit_toml, nested_choice, only_dequantising, passes_header,
-        read_passes, values, Errors, Group, MoeEngineFit, MoeKernels, CANDIDATES,
+        candidate, describe, fit_toml, nested_choice, nested_offer, only_dequantising,
+        passes_header, read_passes, under_offers, values, Errors, Group, MoeEngineFit, MoeKernels,
+        CANDIDATES,
     };
     use crate::catalog::Dtype;
     use crate::cost_model::ExpertFormat;
@@ -884,7 +927,7 @@ mod tests {
                     },
                 ),
             ],
-            every_format: false,
+            every_format: vec![],
             fold_fits: vec![
                 vec![(
                     ("gb200", Some(ExpertFormat::Fp8)),
@@ -896,7 +939,7 @@ mod tests {
                 )],
                 vec![],
             ],
-            fold_every_format: vec![true, false],
+            fold_every_format: vec![vec![("gb200", ExpertFormat::Fp8)], vec![]],
             held_out_ttft: vec![0.1, -0.2, 0.05, 0.3],
             held_out_tpot: vec![0.02, -0.1, 0.04, 0.0],
             held_out_rows: vec![(0, 0), (1, 0), (2, 1), (3, 1)],
@@ -907,11 +950,11 @@ mod tests {
         let text = fit_toml(&fit, "silicon.csv", 2);
         // The offer the nested folds chose, the whole fit's and each fold's.
         assert!(
-            text.contains("offered only where the kernel dequantises the experts"),
+            text.contains("inside each GPU and format's rows chose it: none ("),
             "{text}"
         );
         assert!(
-            text.contains(": tensor-core formats too / dequantising only)"),
+            text.contains("inside its training rows: gb200 fp8 / none)"),
             "{text}"
         );
         let table: toml::Table = text.parse().expect("TOML");
@@ -1150,5 +1193,49 @@ mod tests {
             .expect("same header")
             .expect_err("not a number");
         assert!(e.contains("`abc` is not a number"), "{e}");
+    }
+
+    /// Each GPU and format decides its own offer on its own rows: a compute side that helps
+    /// one group's rows is offered there and not to a group it would not help, and the rows
+    /// of each then carry their own offer's errors.
+    #[test]
+    fn each_gpu_and_format_decides_its_own_offer() {
+        use crate::cost_model::ExpertFormat::{Fp4, Fp8};
+        let n = 40;
+        let gpus: Vec<Group> = (0..n)
+            .map(|i| {
+                if i % 2 == 0 {
+                    ("h200", Fp8)
+                } else {
+                    ("b200", Fp4)
+                }
+            })
+            .collect();
+        let train: Vec<usize> = (0..n).collect();
+        let with_compute = (0..CANDIDATES)
+            .find(|&c| candidate(c).2 == Some(0.5))
+            .expect("a compute side of 0.5");
+        let base: Errors = (0..n).map(|i| (0.2 + 0.01 * i as f64, 0.1)).collect();
+        let mut by: Vec<Errors> = vec![base.clone(); CANDIDATES];
+        // Halves the TTFT error of the H200 rows, doubles the B200 rows'.
+        by[with_compute] = base
+            .iter()
+            .zip(&gpus)
+            .map(|(e, g)| {
+                if g.0 == "h200" {
+                    (e.0 / 2.0, e.1)
+                } else {
+                    (e.0 * 2.0, e.1)
+                }
+            })
+            .collect();
+        let variants = [only_dequantising(&by, &vec![false; n]), by.clone()];
+        let larger = nested_offer(&variants, &gpus, &train, 5);
+        assert_eq!(larger, [("h200", Fp8)]);
+        let errors = under_offers(&variants, &gpus, &larger);
+        assert_eq!(errors[with_compute][0], by[with_compute][0]);
+        assert!(errors[with_compute][1].0.is_infinite());
+        // A group with fewer rows than folds keeps the smaller offer.
+        assert!(nested_offer(&variants, &gpus, &[0, 2, 4], 5).is_empty());
     }
 }
