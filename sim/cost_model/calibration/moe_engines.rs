@@ -1091,12 +1091,7 @@ mod tests {
         let n = 20;
         let gpus: Vec<Group> = vec![("h200", Fp8); n];
         let train: Vec<usize> = (0..n).collect();
-        // A compute side offered to every format (not the dequantising-only quarter).
-        let with_compute = (0..CANDIDATES)
-            .find(|&c| candidate(c).2 == Some(0.5))
-            .expect("a compute side of 0.5");
-        let base: Errors = (0..n).map(|i| (0.2 + 0.01 * i as f64, 0.1)).collect();
-        let mut by: Vec<Errors> = vec![base.clone(); CANDIDATES];
+        let (with_compute, base, mut by) = rising_errors(n);
         let plain = only_dequantising(&by, &vec![false; n]);
         // Nothing to gain: the smaller offer.
         assert_eq!(
@@ -1212,11 +1207,7 @@ mod tests {
             })
             .collect();
         let train: Vec<usize> = (0..n).collect();
-        let with_compute = (0..CANDIDATES)
-            .find(|&c| candidate(c).2 == Some(0.5))
-            .expect("a compute side of 0.5");
-        let base: Errors = (0..n).map(|i| (0.2 + 0.01 * i as f64, 0.1)).collect();
-        let mut by: Vec<Errors> = vec![base.clone(); CANDIDATES];
+        let (with_compute, base, mut by) = rising_errors(n);
         // Halves the TTFT error of the H200 rows, doubles the B200 rows'.
         by[with_compute] = base
             .iter()
@@ -1237,5 +1228,17 @@ mod tests {
         assert!(errors[with_compute][1].0.is_infinite());
         // A group with fewer rows than folds keeps the smaller offer.
         assert!(nested_offer(&variants, &gpus, &[0, 2, 4], 5).is_empty());
+    }
+
+    /// `n` rows whose TTFT errors rise from 20% by a point a row, under every candidate alike,
+    /// and the candidate of a compute side at half a dense GEMM's (offered to every format,
+    /// not the dequantising-only quarter): `(that candidate, the errors, every candidate's)`.
+    fn rising_errors(n: usize) -> (usize, Errors, Vec<Errors>) {
+        let with_compute = (0..CANDIDATES)
+            .find(|&c| candidate(c).2 == Some(0.5))
+            .expect("a compute side of 0.5");
+        let base: Errors = (0..n).map(|i| (0.2 + 0.01 * i as f64, 0.1)).collect();
+        let by = vec![base.clone(); CANDIDATES];
+        (with_compute, base, by)
     }
 }
