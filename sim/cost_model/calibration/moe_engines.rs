@@ -420,6 +420,7 @@ fn read_passes(text: &str, header: &str, mine: &[AggregateRow]) -> Option<Result
     let body = text.split_once('\n').map_or("", |(_, b)| b);
     let read = || {
         let (mut ids, mut gpus) = (Vec::new(), Vec::new());
+        let mut seen = std::collections::HashSet::new();
         let mut by: Vec<Errors> = vec![Vec::new(); CANDIDATES];
         let mut rdr = csv::ReaderBuilder::new()
             .has_headers(false)
@@ -439,6 +440,9 @@ fn read_passes(text: &str, header: &str, mine: &[AggregateRow]) -> Option<Result
                     "row `{}` is not one of the engine's",
                     &cells[0]
                 )));
+            }
+            if !seen.insert(cells[0].to_string()) {
+                return Err(at(format!("row `{}` a second time", &cells[0])));
             }
             let gpu = crate::catalog::find_gpu(&cells[1])
                 .ok_or_else(|| at(format!("unknown GPU `{}`", &cells[1])))?;
@@ -1183,6 +1187,14 @@ mod tests {
         .expect("same header")
         .expect_err("unknown row");
         assert!(e.contains("line 2") && e.contains("`nope`"), "{e}");
+        let twice = format!("{header}\n{0}\n{0}\n", line(&mine[0].id, "h200", 0.0));
+        let e = read_passes(&twice, &header, &mine)
+            .expect("same header")
+            .expect_err("a row twice");
+        assert!(
+            e.starts_with("line 3:") && e.contains("a second time"),
+            "{e}"
+        );
         let bad = line(&mine[0].id, "h200", 0.0).replacen("0.001", "abc", 1);
         let e = read_passes(&format!("{header}\n{bad}\n"), &header, &mine)
             .expect("same header")
