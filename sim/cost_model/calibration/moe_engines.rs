@@ -174,11 +174,11 @@ pub struct MoeEngineFit {
     /// The GPUs and formats the tensor cores take whose fit on every row is offered a
     /// compute side (every other is offered one only where the kernel dequantises), as
     /// [`nested_offer`] decided.
-    pub every_format: Vec<Group>,
+    pub compute_offered: Vec<Group>,
     /// Each fold's choices.
     pub fold_fits: Vec<Vec<(Scope, MoeKernels)>>,
-    /// Each fold's `every_format`.
-    pub fold_every_format: Vec<Vec<Group>>,
+    /// Each fold's `compute_offered`.
+    pub fold_compute_offered: Vec<Vec<Group>>,
     /// Held-out signed TTFT errors (one per row).
     pub held_out_ttft: Vec<f64>,
     /// Held-out signed TPOT errors (one per row).
@@ -600,9 +600,9 @@ pub fn fit_moe_engines(
             rows: n,
             shared,
             by_gpu: values(&per_gpu(&under_offers(&variants, &gpus, &larger), &gpus, &idx).0),
-            every_format: larger,
+            compute_offered: larger,
             fold_fits: Vec::new(),
-            fold_every_format: Vec::new(),
+            fold_compute_offered: Vec::new(),
             held_out_ttft: Vec::new(),
             held_out_tpot: Vec::new(),
             held_out_rows: Vec::new(),
@@ -621,7 +621,7 @@ pub fn fit_moe_engines(
                 fit.held_out_rows.push((i, f));
             }
             fit.fold_fits.push(values(&choice));
-            fit.fold_every_format.push(larger);
+            fit.fold_compute_offered.push(larger);
         }
         fits.push(fit);
     }
@@ -720,13 +720,13 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
         engine = fit.engine,
         rows = fit.rows,
         ff = folds_text.join(" / "),
-        offer = offer(&fit.every_format),
-        offers = if fit.fold_every_format.iter().all(|e| *e == fit.every_format) {
+        offer = offer(&fit.compute_offered),
+        offers = if fit.fold_compute_offered.iter().all(|e| *e == fit.compute_offered) {
             ", every fold alike".to_string()
         } else {
             format!(
                 ": {}",
-                fit.fold_every_format
+                fit.fold_compute_offered
                     .iter()
                     .map(|e| offer(e))
                     .collect::<Vec<_>>()
@@ -931,7 +931,7 @@ mod tests {
                     },
                 ),
             ],
-            every_format: vec![],
+            compute_offered: vec![],
             fold_fits: vec![
                 vec![(
                     ("gb200", Some(ExpertFormat::Fp8)),
@@ -943,7 +943,7 @@ mod tests {
                 )],
                 vec![],
             ],
-            fold_every_format: vec![vec![("gb200", ExpertFormat::Fp8)], vec![]],
+            fold_compute_offered: vec![vec![("gb200", ExpertFormat::Fp8)], vec![]],
             held_out_ttft: vec![0.1, -0.2, 0.05, 0.3],
             held_out_tpot: vec![0.02, -0.1, 0.04, 0.0],
             held_out_rows: vec![(0, 0), (1, 0), (2, 1), (3, 1)],
