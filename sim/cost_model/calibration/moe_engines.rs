@@ -410,6 +410,11 @@ fn passes_header(mine: &[AggregateRow], prior: &EngineCost) -> String {
     )
 }
 
+/// The last line of a passes file of `rows` rows.
+fn closing_line(rows: usize) -> String {
+    format!("# {rows} rows")
+}
+
 /// A passes file's rows (see [`cached_passes`]): `None` when its header is not `header` (other
 /// rows, terms or candidates: simulate again), else the rows or why one line is bad.
 fn read_passes(text: &str, header: &str, mine: &[AggregateRow]) -> Option<Result<Passes, String>> {
@@ -417,7 +422,16 @@ fn read_passes(text: &str, header: &str, mine: &[AggregateRow]) -> Option<Result
         return None;
     }
     let known: std::collections::HashSet<&str> = mine.iter().map(|r| r.id.as_str()).collect();
-    let body = text.split_once('\n').map_or("", |(_, b)| b);
+    let body = text
+        .split_once('\n')
+        .map_or("", |(_, b)| b)
+        .trim_end_matches('\n');
+    // The closing `# N rows` line: a file cut short at a line's end is caught by it.
+    let (body, closing) = match body.rsplit_once('\n') {
+        Some((rows, last)) if last.starts_with('#') => (rows, Some(last)),
+        _ if body.starts_with('#') => ("", Some(body)),
+        _ => (body, None),
+    };
     let read = || {
         let (mut ids, mut gpus) = (Vec::new(), Vec::new());
         let mut seen = std::collections::HashSet::new();
@@ -457,6 +471,14 @@ fn read_passes(text: &str, header: &str, mine: &[AggregateRow]) -> Option<Result
                 errors.push((num(2 + 2 * c)?, num(3 + 2 * c)?));
             }
         }
+        if closing != Some(closing_line(ids.len()).as_str()) {
+            return Err(format!(
+                "line {}: expected `{}`, the closing line, found {}: the file is cut short or edited",
+                ids.len() + 2,
+                closing_line(ids.len()),
+                closing.map_or("the end".to_string(), |c| format!("`{c}`"))
+            ));
+        }
         Ok((ids, gpus, by))
     };
     Some(read())
@@ -464,7 +486,7 @@ fn read_passes(text: &str, header: &str, mine: &[AggregateRow]) -> Option<Result
 
 /// [`simulate_passes`] kept in `dir` (`moe-engines-<engine>.passes.csv`: a header naming the
 /// rows, the prior and the candidates, then per row its id, GPU and each candidate's TTFT and TPOT
-/// errors): read back when its header matches (every row it names must be one of `mine`),
+/// errors, then a closing line counting the rows): read back when its header matches (every row it names must be one of `mine`),
 /// else simulated and written. The choices and folds are then redone from it, which is
 /// what lets a change to how the stage chooses be tried in seconds instead of half an hour.
 fn cached_passes(
@@ -498,7 +520,11 @@ fn cached_passes(
         w.write_record(&record).map_err(|e| stale(e.to_string()))?;
     }
     let body = w.into_inner().map_err(|e| stale(e.to_string()))?;
-    let text = format!("{header}\n{}", String::from_utf8_lossy(&body));
+    let text = format!(
+        "{header}\n{}{}\n",
+        String::from_utf8_lossy(&body),
+        closing_line(ids.len())
+    );
     std::fs::create_dir_all(dir)
         .and_then(|()| std::fs::write(&path, text))
         .map_err(|e| stale(e.to_string()))?;
@@ -1161,7 +1187,7 @@ mod tests {
             cells.join(",")
         };
         let good = format!(
-            "{header}\n{}\n{}\n",
+            "{header}\n{}\n{}\n# 2 rows\n",
             line(&mine[0].id, "h200", 0.1),
             line(&mine[1].id, "b200", 1.0 / 3.0)
         );
@@ -1172,6 +1198,21 @@ mod tests {
         assert_eq!(gpus, ["h200", "b200"]);
         assert_eq!(by.len(), CANDIDATES);
         assert_eq!(by[2][1], (1.0 / 3.0 + 0.002, -1.0 / 3.0));
+        // Cut short at a line's end, or without its closing line.
+        let short = good.replace("# 2 rows\n", "");
+        let e = read_passes(&short, &header, &mine)
+            .expect("same header")
+            .expect_err("no closing line");
+        assert!(e.starts_with("line 4: expected `# 2 rows`"), "{e}");
+        let cut = format!("{header}\n{}\n# 2 rows\n", line(&mine[0].id, "h200", 0.1));
+        let e = read_passes(&cut, &header, &mine)
+            .expect("same header")
+            .expect_err("a row missing");
+        assert!(e.contains("expected `# 1 rows`"), "{e}");
+        let none = read_passes(&format!("{header}\n# 0 rows\n"), &header, &mine)
+            .expect("same header")
+            .expect("no rows, but whole");
+        assert!(none.0.is_empty());
         // Kept over other rows (or another prior, or other candidates): simulate again.
         let fewer = passes_header(&mine[..2], &prior);
         assert!(read_passes(&good, &fewer, &mine[..2]).is_none());
