@@ -1434,10 +1434,16 @@ fn expert_terms_can_be_scoped_to_one_format() {
         step(&gpu_only, "gpt-oss-120b", Dtype::Mxfp4, 2),
         "fp4 experts keep the GPU's terms"
     );
-    let p = slow.on_deployment("h200", Dtype::Fp8);
+    let p = slow.on_deployment("h200", Dtype::Fp8, None);
     assert_eq!((p.moe_gemm_eff, p.moe_prefill_expert_us), (0.3, 18.0));
-    assert_eq!(slow.on_deployment("h200", Dtype::Mxfp4).moe_gemm_eff, 1.0);
-    assert_eq!(slow.on_deployment("h200", Dtype::Bf16), slow.on_gpu("h200"));
+    assert_eq!(
+        slow.on_deployment("h200", Dtype::Mxfp4, None).moe_gemm_eff,
+        1.0
+    );
+    assert_eq!(
+        slow.on_deployment("h200", Dtype::Bf16, None),
+        slow.on_gpu("h200")
+    );
     assert_eq!(slow.on_gpu("h200").moe_gemm_eff, 1.0);
     let bad = on_h200(ExpertCost {
         moe_gemm_eff: Some(0.0),
@@ -1459,7 +1465,7 @@ fn expert_terms_can_be_scoped_to_one_format() {
     let read = |text: &str| toml::from_str::<CostParams>(text).map_err(|e| e.to_string());
     let p = read("[by_gpu.h200.experts.fp4]\nmoe_compute_eff = 0.25\n").expect("parses");
     assert_eq!(
-        p.on_deployment("h200", Dtype::Mxfp4).moe_compute_eff,
+        p.on_deployment("h200", Dtype::Mxfp4, None).moe_compute_eff,
         Some(0.25)
     );
     let err = read("[by_gpu.h200.experts.fp6]\nmoe_gemm_eff = 0.5\n")
@@ -1471,6 +1477,90 @@ fn expert_terms_can_be_scoped_to_one_format() {
         "{err}"
     );
     let err = read("[by_gpu.h200.experts.fp8]\nmoe_layer_us = 5\n").unwrap_err();
+    assert!(err.contains("moe_layer_us"), "{err}");
+}
+
+/// An engine's expert kernels per shape of one format on one GPU
+/// (`[cost.by_gpu.<gpu>.experts.<format>.shapes.<hidden>x<intermediate>]`): DeepSeek-R1's
+/// fp8 experts (7168x2048) on 8 H200s slow under their shape's efficiency of 0.3 while
+/// Qwen3-235B-A22B's (4096x1536) keep the format's terms; a shape's terms win over the
+/// format's; a name that is no shape, a shape with shapes of its own, or a shape's key out
+/// of range is refused by its path.
+#[test]
+fn expert_terms_can_be_scoped_to_one_shape() {
+    use sim::cost_model::ExpertShape;
+    let read = |text: &str| toml::from_str::<CostParams>(text).map_err(|e| e.to_string());
+    let p = read(
+        "[by_gpu.h200.experts.fp8]\nmoe_gemm_eff = 1.0\nmoe_prefill_expert_us = 4.0\n\
+         [by_gpu.h200.experts.fp8.shapes.7168x2048]\nmoe_gemm_eff = 0.3\n",
+    )
+    .expect("parses");
+    p.validate().expect("valid");
+    let deepseek = ExpertShape::of(sim::catalog::find_model("deepseek-r1").expect("catalog"));
+    let qwen = ExpertShape::of(sim::catalog::find_model("qwen3-235b-a22b").expect("catalog"));
+    assert_eq!(
+        deepseek,
+        Some(ExpertShape {
+            hidden: 7168,
+            intermediate: 2048
+        })
+    );
+    assert_eq!(qwen.map(ExpertShape::name).as_deref(), Some("4096x1536"));
+    assert_eq!(
+        ExpertShape::of(sim::catalog::find_model("llama-3.1-8b").expect("catalog")),
+        None,
+        "a dense model has no experts' shape"
+    );
+    let on = |shape| p.on_deployment("h200", Dtype::Fp8Block, shape);
+    assert_eq!(on(deepseek).moe_gemm_eff, 0.3);
+    // The shape's entry leaves the format's other terms in place.
+    assert_eq!(on(deepseek).moe_prefill_expert_us, 4.0);
+    assert_eq!(on(qwen).moe_gemm_eff, 1.0);
+    assert_eq!(on(None).moe_gemm_eff, 1.0);
+    let step = |model: &str| {
+        let d = deployment(model, "h200", 8, Dtype::Fp8Block);
+        let with = CostModel::new(d.clone(), p.clone());
+        let without = CostModel::new(
+            d,
+            read("[by_gpu.h200.experts.fp8]\nmoe_gemm_eff = 1.0\nmoe_prefill_expert_us = 4.0\n")
+                .expect("parses"),
+        );
+        let cost = |m: &CostModel| {
+            m.step_cost(std::iter::once((0, 4096)), std::iter::empty(), 1, 1)
+                .seconds
+        };
+        (cost(&with), cost(&without))
+    };
+    let (slow, fast) = step("deepseek-r1");
+    assert!(slow > 1.2 * fast, "DeepSeek-R1's prefill {slow} vs {fast}");
+    let (same, also) = step("qwen3-235b-a22b");
+    assert_eq!(same, also, "another shape keeps the format's terms");
+    for (text, path) in [
+        (
+            "[by_gpu.h200.experts.fp8.shapes.7168]\nmoe_gemm_eff = 0.5\n",
+            "experts.fp8.shapes.7168",
+        ),
+        (
+            "[by_gpu.h200.experts.fp8.shapes.0x2048]\nmoe_gemm_eff = 0.5\n",
+            "shapes.0x2048",
+        ),
+        (
+            "[by_gpu.h200.experts.fp8.shapes.7168x2048]\nmoe_gemm_eff = 1.5\n",
+            "shapes.7168x2048.moe_gemm_eff",
+        ),
+        (
+            "[by_gpu.h200.experts.fp8.shapes.7168x2048]\nmoe_prefill_expert_us = -1\n",
+            "shapes.7168x2048.moe_prefill_expert_us",
+        ),
+        (
+            "[by_gpu.h200.experts.fp8.shapes.7168x2048.shapes.7168x2048]\nmoe_gemm_eff = 0.5\n",
+            "shapes.7168x2048.shapes",
+        ),
+    ] {
+        let err = read(text).expect("parses").validate().unwrap_err();
+        assert!(err.contains(path), "{text}: {err}");
+    }
+    let err = read("[by_gpu.h200.experts.fp8.shapes.7168x2048]\nmoe_layer_us = 5\n").unwrap_err();
     assert!(err.contains("moe_layer_us"), "{err}");
 }
 

@@ -129,8 +129,9 @@ pub enum Stage {
     /// The acceptance of multi-token-prediction drafts (the rows measured with them).
     MtpAcceptance,
     /// Each engine's grouped-GEMM efficiency, prefill floor and compute side's efficiency on
-    /// each GPU and expert format, on its mixture-of-experts rows (a compute side offered to
-    /// the formats the tensor cores take where an inner k-fold says so).
+    /// each GPU, expert format and experts' shape, on its mixture-of-experts rows (a compute
+    /// side offered to the formats the tensor cores take, and the TTFT's weight against the
+    /// TPOT's in each choice, where an inner k-fold says so).
     MoeEngines,
     /// Each engine's step, all-reduce, eager-step and front-end costs, and its fp8, fp4 and
     /// all-reduce efficiencies per GPU.

@@ -38,6 +38,6 @@ pub use framework::{
     VLLM_2023_PROFILE,
 };
 pub use memory::{memory_plan, FitError, MemoryInputs, MemoryPlan};
-pub use params::{CostParams, ExpertCost, ExpertFormat, GpuCost};
+pub use params::{CostParams, ExpertCost, ExpertFormat, ExpertShape, GpuCost};
 pub use roofline::{CostModel, StepCost, P2P_LATENCY_US};
 pub use routing::Routing;

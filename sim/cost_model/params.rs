@@ -70,6 +70,51 @@ impl ExpertFormat {
     }
 }
 
+/// The shape of a mixture of experts' routed experts' GEMMs, as
+/// `[cost.by_gpu.<gpu>.experts.<format>.shapes.<hidden>x<intermediate>]` names it: the model's
+/// hidden size by each expert's intermediate size (DeepSeek-V3/R1 and Kimi-K2 `7168x2048`,
+/// Qwen3-235B-A22B `4096x1536`, gpt-oss-120b `2880x2880`). An engine's grouped-GEMM kernels
+/// pick their tiles, and reach their fraction of the peaks, by these dimensions (aiconfigurator
+/// profiles its MoE kernels per model shape for the same reason), so an engine's terms are
+/// fitted per GPU, format and shape, and a model of a shape already fitted takes its terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ExpertShape {
+    /// The model's hidden size (`hidden_size`).
+    pub hidden: u32,
+    /// Each routed expert's intermediate size (`moe_intermediate_size`).
+    pub intermediate: u32,
+}
+
+impl ExpertShape {
+    /// The routed experts' shape of `model` (`None`: a dense model).
+    pub fn of(model: &crate::catalog::ModelSpec) -> Option<ExpertShape> {
+        (model.num_experts > 1).then_some(ExpertShape {
+            hidden: model.hidden,
+            intermediate: model.intermediate,
+        })
+    }
+
+    /// The shape a file names (`7168x2048`), if it is one: two positive integers joined by
+    /// `x`.
+    pub fn from_name(name: &str) -> Option<ExpertShape> {
+        let (h, i) = name.split_once('x')?;
+        let dim = |s: &str| {
+            s.parse::<u32>()
+                .ok()
+                .filter(|&v| v > 0 && s.bytes().all(|b| b.is_ascii_digit()))
+        };
+        Some(ExpertShape {
+            hidden: dim(h)?,
+            intermediate: dim(i)?,
+        })
+    }
+
+    /// Its name in a file (`7168x2048`).
+    pub fn name(self) -> String {
+        format!("{}x{}", self.hidden, self.intermediate)
+    }
+}
+
 /// An engine's expert kernels on one GPU for one expert format
 /// (`[cost.by_gpu.<gpu>.experts.<format>]`), over the GPU's own terms and the table's.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -84,10 +129,24 @@ pub struct ExpertCost {
     /// `moe_prefill_expert_us` for experts in this format on this GPU, microseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe_prefill_expert_us: Option<f64>,
+    /// The terms for one [`ExpertShape`] of experts in this format on this GPU, over the
+    /// three above, by the shape's name (`[cost.by_gpu.b200.experts.fp8.shapes.7168x2048]`).
+    /// Keyed by name, so that an error in an entry names it; [`CostParams::validate`]
+    /// rejects a name that is no shape, and an entry with shapes of its own.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub shapes: BTreeMap<String, ExpertCost>,
 }
 
 impl ExpertCost {
-    /// Applies the terms it sets to `p`.
+    /// Applies the terms it sets to `p`, then those of `shape`'s entry, if any.
+    fn apply_shaped(&self, p: &mut CostParams, shape: Option<ExpertShape>) {
+        self.apply(p);
+        if let Some(e) = shape.and_then(|s| self.shapes.get(&s.name())) {
+            e.apply(p);
+        }
+    }
+
+    /// Applies the terms it sets to `p` (not its shapes').
     fn apply(&self, p: &mut CostParams) {
         if let Some(e) = self.moe_gemm_eff {
             p.moe_gemm_eff = e;
@@ -394,6 +453,23 @@ impl Default for CostParams {
     }
 }
 
+/// Rejects an expert kernels' entry (`path`, its place in the file) whose efficiencies lie
+/// outside (0, 1] (its prefill floor is checked with the other microseconds).
+fn check_experts(path: &str, e: &ExpertCost) -> Result<(), String> {
+    for (k, v) in [
+        ("moe_gemm_eff", e.moe_gemm_eff),
+        ("moe_compute_eff", e.moe_compute_eff),
+    ] {
+        match v {
+            Some(v) if !(v > 0.0 && v <= 1.0) => {
+                return Err(format!("{path}.{k}: must be in (0, 1], got {v}"))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 impl CostParams {
     /// `by_gpu`'s entry for the catalog GPU `gpu` (its canonical name), if any.
     fn gpu_entry(&self, gpu: &str) -> Option<&GpuCost> {
@@ -404,15 +480,16 @@ impl CostParams {
     }
 
     /// The parameters of a deployment on the catalog GPU `gpu` (its canonical name) whose
-    /// experts (if any) are in `dtype`: [`CostParams::on_gpu`], with the entry's
-    /// `experts` terms for that format over it.
-    pub fn on_deployment(&self, gpu: &str, dtype: Dtype) -> CostParams {
+    /// experts (if any) are in `dtype` and of `shape`: [`CostParams::on_gpu`], with the
+    /// entry's `experts` terms for that format over it, and that format's terms for the
+    /// shape over those.
+    pub fn on_deployment(&self, gpu: &str, dtype: Dtype, shape: Option<ExpertShape>) -> CostParams {
         let mut p = self.on_gpu(gpu);
         if let Some(e) = self
             .gpu_entry(gpu)
             .and_then(|o| o.experts.get(ExpertFormat::of(dtype).name()))
         {
-            e.apply(&mut p);
+            e.apply_shaped(&mut p, shape);
         }
         p
     }
@@ -445,6 +522,7 @@ impl CostParams {
                 moe_gemm_eff: o.moe_gemm_eff,
                 moe_compute_eff: o.moe_compute_eff,
                 moe_prefill_expert_us: o.moe_prefill_expert_us,
+                shapes: BTreeMap::new(),
             }
             .apply(&mut p);
         }
@@ -536,18 +614,20 @@ impl CostParams {
                         known.join(", ")
                     ));
                 }
-                for (k, v) in [
-                    ("moe_gemm_eff", e.moe_gemm_eff),
-                    ("moe_compute_eff", e.moe_compute_eff),
-                ] {
-                    match v {
-                        Some(v) if !(v > 0.0 && v <= 1.0) => {
-                            return Err(format!(
-                                "cost.by_gpu.{name}.experts.{f}.{k}: must be in (0, 1], got {v}"
-                            ))
-                        }
-                        _ => {}
+                check_experts(&format!("cost.by_gpu.{name}.experts.{f}"), e)?;
+                for (shape, e) in &e.shapes {
+                    let path = format!("cost.by_gpu.{name}.experts.{f}.shapes.{shape}");
+                    if ExpertShape::from_name(shape).is_none() {
+                        return Err(format!(
+                            "{path}: unknown expert shape `{shape}`, expected <hidden>x<intermediate> (e.g. `7168x2048`)"
+                        ));
                     }
+                    if !e.shapes.is_empty() {
+                        return Err(format!(
+                            "{path}.shapes: a shape's terms take no shapes of their own"
+                        ));
+                    }
+                    check_experts(&path, e)?;
                 }
             }
         }
@@ -577,13 +657,21 @@ impl CostParams {
             let own = o
                 .moe_prefill_expert_us
                 .map(|us| (format!("cost.by_gpu.{name}.moe_prefill_expert_us"), us));
-            let formats = o.experts.iter().filter_map(move |(f, e)| {
-                e.moe_prefill_expert_us.map(|us| {
-                    (
-                        format!("cost.by_gpu.{name}.experts.{f}.moe_prefill_expert_us"),
-                        us,
-                    )
-                })
+            let formats = o.experts.iter().flat_map(move |(f, e)| {
+                let path = format!("cost.by_gpu.{name}.experts.{f}");
+                let shapes = e.shapes.iter().filter_map(move |(s, e)| {
+                    e.moe_prefill_expert_us
+                        .map(|us| (format!("{path}.shapes.{s}.moe_prefill_expert_us"), us))
+                });
+                e.moe_prefill_expert_us
+                    .map(|us| {
+                        (
+                            format!("cost.by_gpu.{name}.experts.{f}.moe_prefill_expert_us"),
+                            us,
+                        )
+                    })
+                    .into_iter()
+                    .chain(shapes)
             });
             own.into_iter().chain(formats)
         });

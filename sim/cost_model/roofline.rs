@@ -116,7 +116,7 @@ impl CostModel {
         let p = if p.by_gpu.is_empty() {
             p
         } else {
-            p.on_deployment(d.gpu.name, d.dtype)
+            p.on_deployment(d.gpu.name, d.dtype, super::ExpertShape::of(&d.model))
         };
         let routing = Routing::new(
             d.model.num_experts,

@@ -1,7 +1,9 @@
 //! Each engine's own mixture-of-experts kernels (part of `sim calibrate --observed`, stage
 //! `moe-engines`): the grouped-GEMM efficiency it reaches on each GPU for each expert
-//! format (`[cost.by_gpu.<gpu>] moe_gemm_eff`, or `[cost.by_gpu.<gpu>.experts.<format>]`
-//! where its fp8 and fp4 experts' kernels part), its fixed cost per expert and MoE layer of
+//! format and experts' shape (`[cost.by_gpu.<gpu>] moe_gemm_eff`, or
+//! `[cost.by_gpu.<gpu>.experts.<format>]` where its fp8 and fp4 experts' kernels part, or
+//! `[cost.by_gpu.<gpu>.experts.<format>.shapes.<hidden>x<intermediate>]` where a format's
+//! kernels part by the experts' GEMM shape), its fixed cost per expert and MoE layer of
 //! a step that prefills there (`moe_prefill_expert_us`) and the efficiency of the grouped
 //! GEMMs' compute side where it departs (`moe_compute_eff`), fitted per engine to its
 //! mixture-of-experts rows with the shared MoE terms (`moe-*.toml`, the defaults) in place.
@@ -13,12 +15,18 @@
 //! prefills are slower than its decodes say, and the per-expert work of a prefill's grouped
 //! GEMMs (tile scheduling, scales, launches outside the CUDA graphs) differs from kernel
 //! to kernel. Per engine, every MoE row is simulated under each candidate triple it can
-//! feel (one triple applies to every GPU in a pass; a row feels only its own GPU's and
-//! format's, so the choices per GPU and format come from the same passes; a quarter of a
-//! dense GEMM's compute is tried only where the kernel dequantises); per fold each GPU and
-//! expert format takes the triple with the smallest sum of the median absolute TTFT and
-//! TPOT errors on its rows of the other folds, and the held-out fold's errors under those
-//! choices are kept. Whether a format the tensor cores take (fp8 on a Hopper, fp4 on a
+//! feel (one triple applies to every GPU in a pass; a row feels only its own GPU's,
+//! format's and shape's, so the choices per group come from the same passes; a quarter of a
+//! dense GEMM's compute is tried only where the kernel dequantises); per fold each GPU,
+//! expert format and shape takes the triple with the smallest weighted sum of the median
+//! absolute TTFT and TPOT errors on its rows of the other folds (the TTFT's weight chosen
+//! by [`nested_weight`], a k-fold inside the fold's training rows judged by the larger of
+//! the two medians), and the held-out fold's errors under those choices are kept. The
+//! shapes part the groups because a grouped-GEMM kernel's tiles, and the fraction of the
+//! peaks it reaches, follow the experts' dimensions: SGLang's fp8 experts on a B200 stream
+//! DeepSeek's 7168x2048 experts at one efficiency and Qwen3.5's 4096x1024 at another
+//! (per GPU and format alone: 15.6% held-out TTFT, 433 rows within 15%; with the shapes and
+//! the weight: 14.4%, 456; BENCHMARKS, stop 63). Whether a format the tensor cores take (fp8 on a Hopper, fp4 on a
 //! Blackwell) is offered a compute side at all is decided per fold and per GPU and format
 //! (the kernel's question) by a k-fold inside that group's training rows of the fold
 //! ([`nested_offer`]): offered everywhere, the choice per group fits TensorRT-LLM's loaded
@@ -39,10 +47,10 @@ use rand::SeedableRng;
 
 use super::observed::{
     fit_record_toml, framework_name, held_out_csv, held_out_figures, median_abs, pass_moving,
-    pass_with_lines, per_gpu, Errors, LinedPass,
+    pass_with_lines, per_gpu_weighted, Errors, LinedPass,
 };
 use crate::cost_model::validation::silicon::{self, EngineCost};
-use crate::cost_model::ExpertFormat;
+use crate::cost_model::{ExpertFormat, ExpertShape};
 use crate::observed::silicon::AggregateRow;
 
 /// The grouped-GEMM efficiencies tried on each GPU and expert format (`None`: the shared
@@ -135,18 +143,25 @@ fn dequantised(row: &AggregateRow) -> bool {
     })
 }
 
-/// The rows' expert format (`None`: a row the catalog cannot place, never simulated).
-fn format_of(row: &AggregateRow) -> Option<ExpertFormat> {
-    silicon::catalog_of(row)
-        .ok()
-        .map(|(_, _, dtype)| ExpertFormat::of(dtype))
+/// The row's experts' format and shape (`None`: a row the catalog cannot place, never
+/// simulated).
+fn kernel_of(row: &AggregateRow) -> Option<(ExpertFormat, ExpertShape)> {
+    let (_, _, dtype) = silicon::catalog_of(row).ok()?;
+    let shape = ExpertShape::of(crate::catalog::find_model_by_id(&row.model)?)?;
+    Some((ExpertFormat::of(dtype), shape))
 }
 
-/// What each choice is made for: a GPU and the experts' format there.
-pub type Group = (&'static str, ExpertFormat);
+/// What each choice is made for: a GPU, the experts' format there and their shape (the
+/// grouped GEMMs' dimensions, by which a kernel picks its tiles).
+pub type Group = (&'static str, ExpertFormat, ExpertShape);
 
-/// Where a fitted triple applies: a GPU, for every expert format (`None`) or for one.
-pub type Scope = (&'static str, Option<ExpertFormat>);
+/// Where a fitted triple applies: a GPU, for every expert format (`None`) or for one, and
+/// for every shape of that format (`None`) or for one.
+pub type Scope = (&'static str, Option<ExpertFormat>, Option<ExpertShape>);
+
+/// The weights of a group's median absolute TTFT error against its TPOT's that each fold
+/// chooses from ([`nested_weight`]; 1: their plain sum).
+pub const TTFT_WEIGHTS: [f64; 4] = [1.0, 1.5, 2.0, 3.0];
 
 /// What one GPU's (or one GPU's and format's) fit departs from the shared terms by.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -179,6 +194,11 @@ pub struct MoeEngineFit {
     pub fold_fits: Vec<Vec<(Scope, MoeKernels)>>,
     /// Each fold's `compute_offered`.
     pub fold_compute_offered: Vec<Vec<Group>>,
+    /// The weight of the TTFT's median against the TPOT's in each group's choice on every
+    /// row, as [`nested_weight`] chose it.
+    pub ttft_weight: f64,
+    /// Each fold's `ttft_weight`.
+    pub fold_ttft_weights: Vec<f64>,
     /// Held-out signed TTFT errors (one per row).
     pub held_out_ttft: Vec<f64>,
     /// Held-out signed TPOT errors (one per row).
@@ -193,10 +213,11 @@ pub struct MoeEngineFit {
     pub ids: Vec<String>,
 }
 
-/// The non-default choices as `(scope, terms)`: a GPU's where every format of its rows
-/// chose the same triple without a compute side, else each format's that departs from the
-/// shared one (a compute side is the format's kernels', so it is not carried over to a
-/// format the rows lack).
+/// The non-default choices as `(scope, terms)`: a GPU's where every format and shape of its
+/// rows chose the same triple without a compute side; else a format's where its shapes
+/// chose the same triple; else each shape's that departs from the shared one (a compute
+/// side is the format's kernels', so it is not carried over to a format the rows lack, and
+/// a shape the rows lack takes its format's terms, or the GPU's, or the shared ones).
 fn values(choice: &[(Group, usize)]) -> Vec<(Scope, MoeKernels)> {
     let terms = |c: usize| {
         let (gemm_eff, prefill_expert_us, compute_eff) = candidate(c);
@@ -206,26 +227,43 @@ fn values(choice: &[(Group, usize)]) -> Vec<(Scope, MoeKernels)> {
             compute_eff,
         }
     };
-    let mut gpus: Vec<&'static str> = choice.iter().map(|((g, _), _)| *g).collect();
+    let mut gpus: Vec<&'static str> = choice.iter().map(|((g, _, _), _)| *g).collect();
     gpus.sort_unstable();
     gpus.dedup();
     let mut out = Vec::new();
     for g in gpus {
-        let mine: Vec<(ExpertFormat, usize)> = choice
+        let mine: Vec<(ExpertFormat, ExpertShape, usize)> = choice
             .iter()
-            .filter(|((n, _), _)| *n == g)
-            .map(|&((_, f), c)| (f, c))
+            .filter(|((n, _, _), _)| *n == g)
+            .map(|&((_, f, s), c)| (f, s, c))
             .collect();
-        if mine.iter().all(|&(_, c)| c == mine[0].1) && candidate(mine[0].1).2.is_none() {
-            if mine[0].1 != 0 {
-                out.push(((g, None), terms(mine[0].1)));
+        if mine.iter().all(|&(_, _, c)| c == mine[0].2) && candidate(mine[0].2).2.is_none() {
+            if mine[0].2 != 0 {
+                out.push(((g, None, None), terms(mine[0].2)));
             }
-        } else {
-            out.extend(
-                mine.iter()
-                    .filter(|&&(_, c)| c != 0)
-                    .map(|&(f, c)| ((g, Some(f)), terms(c))),
-            );
+            continue;
+        }
+        let mut formats: Vec<ExpertFormat> = mine.iter().map(|&(f, _, _)| f).collect();
+        formats.sort_unstable();
+        formats.dedup();
+        for f in formats {
+            let shapes: Vec<(ExpertShape, usize)> = mine
+                .iter()
+                .filter(|&&(n, _, _)| n == f)
+                .map(|&(_, s, c)| (s, c))
+                .collect();
+            if shapes.iter().all(|&(_, c)| c == shapes[0].1) {
+                if shapes[0].1 != 0 {
+                    out.push(((g, Some(f), None), terms(shapes[0].1)));
+                }
+            } else {
+                out.extend(
+                    shapes
+                        .iter()
+                        .filter(|&&(_, c)| c != 0)
+                        .map(|&(s, c)| ((g, Some(f), Some(s)), terms(c))),
+                );
+            }
         }
     }
     out
@@ -271,26 +309,58 @@ fn every_format(by: &[Errors], moving: &[bool]) -> Vec<Errors> {
 /// rows, so the held-out fold plays no part in the choice.
 fn nested_choice(variants: &[Vec<Errors>], gpus: &[Group], train: &[usize], folds: usize) -> usize {
     let score = |by: &[Errors]| {
-        let (mut t, mut p) = (Vec::new(), Vec::new());
-        for f in 0..folds {
-            let inner: Vec<usize> = train
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| j % folds != f)
-                .map(|(_, &i)| i)
-                .collect();
-            let (_, errors) = per_gpu(by, gpus, &inner);
-            for &i in train.iter().skip(f).step_by(folds) {
-                t.push(errors[i].0);
-                p.push(errors[i].1);
-            }
-        }
+        let (t, p) = inner_held_out(by, gpus, train, folds, 1.0);
         median_abs(&t) + median_abs(&p)
     };
     (0..variants.len())
         .map(|v| (v, score(&variants[v])))
         .min_by(|a, b| a.1.total_cmp(&b.1))
         .map_or(0, |(v, _)| v)
+}
+
+/// The TTFT and TPOT errors of `train`'s rows, each held out of a `folds`-fold inside
+/// `train` (the rows' choices made per group on the other parts, with the TTFT's median
+/// weighted `ttft_weight` times the TPOT's).
+fn inner_held_out(
+    by: &[Errors],
+    groups: &[Group],
+    train: &[usize],
+    folds: usize,
+    ttft_weight: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let (mut t, mut p) = (Vec::new(), Vec::new());
+    for f in 0..folds {
+        let inner: Vec<usize> = train
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| j % folds != f)
+            .map(|(_, &i)| i)
+            .collect();
+        let (_, errors) = per_gpu_weighted(by, groups, &inner, ttft_weight);
+        for &i in train.iter().skip(f).step_by(folds) {
+            t.push(errors[i].0);
+            p.push(errors[i].1);
+        }
+    }
+    (t, p)
+}
+
+/// The weight of the TTFT's median against the TPOT's (of [`TTFT_WEIGHTS`]) under which
+/// `train`'s groups choose their triples: the one whose choices hold out best in a
+/// `folds`-fold inside `train`, by the larger of the held-out TTFT and TPOT medians (the
+/// measure a deployment is held to, both under one bound), the smallest weight on a tie.
+/// Each group's own choice weighs the two as it is told: TTFT and TPOT pull a group's terms
+/// in opposite directions, and which way serves both medians best is for held-out rows to
+/// say, not for the training rows, on which the plain sum never loses.
+fn nested_weight(by: &[Errors], groups: &[Group], train: &[usize], folds: usize) -> f64 {
+    TTFT_WEIGHTS
+        .iter()
+        .map(|&w| {
+            let (t, p) = inner_held_out(by, groups, train, folds, w);
+            (w, median_abs(&t).max(median_abs(&p)))
+        })
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map_or(1.0, |(w, _)| w)
 }
 
 /// The GPUs and formats of `train` that take the larger of `variants`' two offers (the
@@ -569,21 +639,21 @@ pub fn fit_moe_engines(
             Some(dir) => cached_passes(dir, &engine, &mine, prior)?,
             None => simulate_passes(&mine, prior)?,
         };
-        let formats: std::collections::HashMap<&str, ExpertFormat> = mine
+        let kernels: std::collections::HashMap<&str, (ExpertFormat, ExpertShape)> = mine
             .iter()
-            .filter_map(|r| format_of(r).map(|f| (r.id.as_str(), f)))
+            .filter_map(|r| kernel_of(r).map(|k| (r.id.as_str(), k)))
             .collect();
-        // Every simulated row was placed by the catalog, so it has a format.
+        // Every simulated row was placed by the catalog, so it has a format and a shape.
         let gpus: Vec<Group> = ids
             .iter()
             .zip(&sim_gpus)
-            .filter_map(|(id, &g)| formats.get(id.as_str()).map(|&f| (g, f)))
+            .filter_map(|(id, &g)| kernels.get(id.as_str()).map(|&(f, s)| (g, f, s)))
             .collect();
         if gpus.len() != ids.len() {
             return Err(crate::SimError::Scenario(crate::scenario::ScenarioError {
                 file: "silicon rows".into(),
                 msg: format!(
-                    "{} of {engine}'s simulated mixture-of-experts rows have no expert format",
+                    "{} of {engine}'s simulated mixture-of-experts rows have no expert format or shape",
                     ids.len() - gpus.len()
                 ),
             }));
@@ -609,9 +679,10 @@ pub fn fit_moe_engines(
                 return Err(crate::SimError::Scenario(crate::scenario::ScenarioError {
                     file: "silicon rows".into(),
                     msg: format!(
-                        "{engine}'s {} rows in {} experts mix kernels that dequantise the weights and kernels that do not",
+                        "{engine}'s {} rows in {} experts of shape {} mix kernels that dequantise the weights and kernels that do not",
                         g.0,
-                        g.1.name()
+                        g.1.name(),
+                        g.2.name()
                     ),
                 }));
             }
@@ -621,14 +692,18 @@ pub fn fit_moe_engines(
         let mut idx: Vec<usize> = (0..n).collect();
         idx.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(17));
         let larger = nested_offer(&variants, &gpus, &idx, folds);
+        let by_all = under_offers(&variants, &gpus, &larger);
+        let weight = nested_weight(&by_all, &gpus, &idx, folds);
         let mut fit = MoeEngineFit {
             engine,
             rows: n,
             shared,
-            by_gpu: values(&per_gpu(&under_offers(&variants, &gpus, &larger), &gpus, &idx).0),
+            by_gpu: values(&per_gpu_weighted(&by_all, &gpus, &idx, weight).0),
             compute_offered: larger,
+            ttft_weight: weight,
             fold_fits: Vec::new(),
             fold_compute_offered: Vec::new(),
+            fold_ttft_weights: Vec::new(),
             held_out_ttft: Vec::new(),
             held_out_tpot: Vec::new(),
             held_out_rows: Vec::new(),
@@ -639,7 +714,9 @@ pub fn fit_moe_engines(
         for f in 0..folds {
             let train: Vec<usize> = (0..n).filter(|j| j % folds != f).map(|j| idx[j]).collect();
             let larger = nested_offer(&variants, &gpus, &train, folds);
-            let (choice, errors) = per_gpu(&under_offers(&variants, &gpus, &larger), &gpus, &train);
+            let by_fold = under_offers(&variants, &gpus, &larger);
+            let weight = nested_weight(&by_fold, &gpus, &train, folds);
+            let (choice, errors) = per_gpu_weighted(&by_fold, &gpus, &train, weight);
             for j in (f..n).step_by(folds) {
                 let i = idx[j];
                 fit.held_out_ttft.push(errors[i].0);
@@ -648,6 +725,7 @@ pub fn fit_moe_engines(
             }
             fit.fold_fits.push(values(&choice));
             fit.fold_compute_offered.push(larger);
+            fit.fold_ttft_weights.push(weight);
         }
         fits.push(fit);
     }
@@ -662,11 +740,8 @@ fn describe(v: &[(Scope, MoeKernels)], shared: (f64, f64)) -> String {
         return format!("shared {} / {} us everywhere", shared.0, shared.1);
     }
     v.iter()
-        .map(|((g, f), k)| {
-            let scope = match f {
-                Some(f) => format!("{g} {}", f.name()),
-                None => g.to_string(),
-            };
+        .map(|(scope, k)| {
+            let scope = scope_name(*scope);
             let mut s = format!(
                 "{scope} {}",
                 k.gemm_eff
@@ -682,6 +757,20 @@ fn describe(v: &[(Scope, MoeKernels)], shared: (f64, f64)) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// A scope in words: `b200`, `b200 fp8` or `b200 fp8 7168x2048`.
+fn scope_name((g, f, s): Scope) -> String {
+    let mut out = g.to_string();
+    if let Some(f) = f {
+        out.push(' ');
+        out.push_str(f.name());
+    }
+    if let Some(s) = s {
+        out.push(' ');
+        out.push_str(&s.name());
+    }
+    out
 }
 
 /// A GPU's keys as TOML `key = value` pairs.
@@ -707,7 +796,7 @@ fn offer(groups: &[Group]) -> String {
     }
     let names: Vec<String> = groups
         .iter()
-        .map(|(g, f)| format!("{g} {}", f.name()))
+        .map(|&(g, f, s)| scope_name((g, Some(f), Some(s))))
         .collect();
     names.join(", ")
 }
@@ -730,15 +819,19 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
     let mut text = format!(
         "# {engine}: the grouped-GEMM efficiency of its mixture-of-experts kernels, their compute side's where it departs,\n\
          # and their fixed cost per expert and MoE layer of a prefill on each GPU (per expert format where they part:\n\
-         # `experts.fp8`, `experts.fp4`), fitted by `sim calibrate --observed {source}`\n\
+         # `experts.fp8`, `experts.fp4`, and per experts' shape, hidden x intermediate size, where those part:\n\
+         # `experts.fp8.shapes.7168x2048`), fitted by `sim calibrate --observed {source}`\n\
          # to {rows} mixture-of-experts rows of {engine} (aiconfigurator silicon.csv) with the shared MoE terms (moe-*.toml,\n\
          # the defaults) in place. {folds}-fold held-out: {held}; the folds' fits (efficiency / floor / compute side): {ff}.\n\
          # A compute side is offered where the kernel dequantises the experts, and to the formats the tensor cores take where a {folds}-fold\n\
-         # inside each GPU and format's rows chose it: {offer} (each fold's, inside its training rows{offers}).\n\
+         # inside each GPU, format and shape's rows chose it: {offer} (each fold's, inside its training rows{offers}).\n\
+         # Each group weighs its median |TTFT err| {weight} times its median |TPOT err| in choosing, the weight (of {weights})\n\
+         # whose choices held out best, by the larger of the two medians, in a {folds}-fold inside the rows (each fold's: {fold_weights}).\n\
          # Held out of this fit only: the shared terms under it were fitted to every engine's rows, these included.\n\
          # For a mixture of experts served by {engine}: `cost.calibration` = this file (not with observed-{engine}.toml,\n\
-         # whose terms were fitted to dense models and not used here). A format a GPU's table does not list takes the\n\
-         # GPU's own terms where it has them (the engine's kernels there), else, like GPUs not listed, the shared\n\
+         # whose terms were fitted to dense models and not used here). A shape a format's table does not list takes the\n\
+         # format's terms, a format a GPU's table does not list the GPU's own terms where it has them (the engine's\n\
+         # kernels there), else, like GPUs not listed, the shared\n\
          # `moe_gemm_eff` ({eff}) and `moe_prefill_expert_us` ({us}), and computes at that efficiency.\n\
          # Fitted under the engine's serving defaults (`sim validate-model`): [engine] {keys}.\n\
          [cost]\nframework = \"{framework}\"\n",
@@ -761,27 +854,59 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
         },
         eff = fit.shared.0,
         us = fit.shared.1,
+        weight = fit.ttft_weight,
+        weights = TTFT_WEIGHTS
+            .iter()
+            .map(f64::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        fold_weights = fit
+            .fold_ttft_weights
+            .iter()
+            .map(f64::to_string)
+            .collect::<Vec<_>>()
+            .join(" / "),
     );
-    // A GPU's entry inline: its own keys, or its formats' under `experts`.
+    // A GPU's entry inline: its own keys, and its formats' under `experts` (each with its
+    // own keys and its shapes' under `shapes`).
     let table = |v: &[(Scope, MoeKernels)]| -> String {
-        let mut gpus: Vec<&'static str> = v.iter().map(|((g, _), _)| *g).collect();
+        let mut gpus: Vec<&'static str> = v.iter().map(|((g, _, _), _)| *g).collect();
         gpus.sort_unstable();
         gpus.dedup();
         let entries: Vec<String> = gpus
             .iter()
             .map(|&g| {
-                let mine = v.iter().filter(|((n, _), _)| *n == g);
-                let own: Vec<String> = mine
-                    .clone()
-                    .filter(|((_, f), _)| f.is_none())
+                let mine: Vec<&(Scope, MoeKernels)> =
+                    v.iter().filter(|((n, _, _), _)| *n == g).collect();
+                let mut inner: Vec<String> = mine
+                    .iter()
+                    .filter(|((_, f, _), _)| f.is_none())
                     .flat_map(|(_, k)| keys(k))
                     .collect();
-                let formats: Vec<String> = mine
-                    .filter_map(|((_, f), k)| {
-                        f.map(|f| format!("{} = {{ {} }}", f.name(), keys(k).join(", ")))
+                let mut formats: Vec<ExpertFormat> =
+                    mine.iter().filter_map(|((_, f, _), _)| *f).collect();
+                formats.sort_unstable();
+                formats.dedup();
+                let formats: Vec<String> = formats
+                    .iter()
+                    .map(|&f| {
+                        let of_f = mine.iter().filter(|((_, n, _), _)| *n == Some(f));
+                        let mut cells: Vec<String> = of_f
+                            .clone()
+                            .filter(|((_, _, s), _)| s.is_none())
+                            .flat_map(|(_, k)| keys(k))
+                            .collect();
+                        let shapes: Vec<String> = of_f
+                            .filter_map(|((_, _, s), k)| {
+                                s.map(|s| format!("{} = {{ {} }}", s.name(), keys(k).join(", ")))
+                            })
+                            .collect();
+                        if !shapes.is_empty() {
+                            cells.push(format!("shapes = {{ {} }}", shapes.join(", ")));
+                        }
+                        format!("{} = {{ {} }}", f.name(), cells.join(", "))
                     })
                     .collect();
-                let mut inner = own;
                 if !formats.is_empty() {
                     inner.push(format!("experts = {{ {} }}", formats.join(", ")));
                 }
@@ -790,10 +915,15 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
             .collect();
         format!("{{ by_gpu = {{ {} }} }}", entries.join(", "))
     };
-    for ((g, f), k) in &fit.by_gpu {
-        match f {
-            Some(f) => text.push_str(&format!("[cost.by_gpu.{g}.experts.{}]\n", f.name())),
-            None => text.push_str(&format!("[cost.by_gpu.{g}]\n")),
+    for ((g, f, shape), k) in &fit.by_gpu {
+        match (f, shape) {
+            (Some(f), Some(s)) => text.push_str(&format!(
+                "[cost.by_gpu.{g}.experts.{}.shapes.{}]\n",
+                f.name(),
+                s.name()
+            )),
+            (Some(f), None) => text.push_str(&format!("[cost.by_gpu.{g}.experts.{}]\n", f.name())),
+            (None, _) => text.push_str(&format!("[cost.by_gpu.{g}]\n")),
         }
         for line in keys(k) {
             text.push_str(&line);
@@ -803,7 +933,7 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
     let folds_list: Vec<String> = fit.fold_fits.iter().map(|f| table(f)).collect();
     text.push_str(&fit_record_toml(
         &format!(
-            "sim calibrate --observed {source}: grouped-GEMM efficiency, prefill floor and compute side's efficiency per GPU and expert format of {}, {folds}-fold on {} mixture-of-experts rows",
+            "sim calibrate --observed {source}: grouped-GEMM efficiency, prefill floor and compute side's efficiency per GPU, expert format and experts' shape of {}, {folds}-fold on {} mixture-of-experts rows",
             fit.engine, fit.rows
         ),
         &folds_list,
@@ -872,11 +1002,23 @@ mod tests {
         CANDIDATES,
     };
     use crate::catalog::Dtype;
-    use crate::cost_model::ExpertFormat;
+    use crate::cost_model::{ExpertFormat, ExpertShape};
+
+    /// DeepSeek-V3's experts' shape.
+    const DS: ExpertShape = ExpertShape {
+        hidden: 7168,
+        intermediate: 2048,
+    };
+    /// gpt-oss-120b's.
+    const OSS: ExpertShape = ExpertShape {
+        hidden: 2880,
+        intermediate: 2880,
+    };
 
     /// A GPU whose formats chose the same triple without a compute side is written once
     /// for every format; one whose formats parted, or chose a compute side (a format's own
-    /// kernels'), per format, leaving out those that kept the shared terms.
+    /// kernels'), per format (in the formats' order), leaving out those that kept the
+    /// shared terms.
     #[test]
     fn a_gpus_formats_are_written_together_unless_they_part() {
         use ExpertFormat::{Fp4, Fp8};
@@ -884,27 +1026,148 @@ mod tests {
             .find(|&c| candidate(c).2 == Some(0.5))
             .expect("a compute side of 0.5");
         let v = values(&[
-            (("b200", Fp4), 4),
-            (("b200", Fp8), 4),
-            (("gb200", Fp4), with_compute),
-            (("gb200", Fp8), with_compute),
-            (("h100-sxm", Fp8), 0),
-            (("h200", Fp4), 0),
-            (("h200", Fp8), 3),
+            (("b200", Fp4, DS), 4),
+            (("b200", Fp8, DS), 4),
+            (("gb200", Fp4, DS), with_compute),
+            (("gb200", Fp8, DS), with_compute),
+            (("h100-sxm", Fp8, DS), 0),
+            (("h200", Fp4, DS), 0),
+            (("h200", Fp8, DS), 3),
         ]);
         let scopes: Vec<_> = v.iter().map(|(s, _)| *s).collect();
         assert_eq!(
             scopes,
             [
-                ("b200", None),
-                ("gb200", Some(Fp4)),
-                ("gb200", Some(Fp8)),
-                ("h200", Some(Fp8))
+                ("b200", None, None),
+                ("gb200", Some(Fp8), None),
+                ("gb200", Some(Fp4), None),
+                ("h200", Some(Fp8), None)
             ]
         );
         assert_eq!(v[0].1.gemm_eff, candidate(4).0);
         assert_eq!(v[1].1.compute_eff, candidate(with_compute).2);
         assert_eq!(v[3].1.gemm_eff, candidate(3).0);
+    }
+
+    /// A format whose shapes chose the same triple is written once for all its shapes;
+    /// one whose shapes parted, per shape, leaving out those that kept the shared terms;
+    /// and the file's tables put each where a scenario of that shape finds it.
+    #[test]
+    fn a_formats_shapes_are_written_together_unless_they_part() {
+        use ExpertFormat::{Fp4, Fp8};
+        let v = values(&[
+            (("b200", Fp4, DS), 4),
+            (("b200", Fp4, OSS), 4),
+            (("b200", Fp8, DS), 3),
+            (("b200", Fp8, OSS), 0),
+            (("h200", Fp8, DS), 2),
+            (("h200", Fp8, OSS), 3),
+        ]);
+        let scopes: Vec<_> = v.iter().map(|(s, _)| *s).collect();
+        assert_eq!(
+            scopes,
+            [
+                ("b200", Some(Fp8), Some(DS)),
+                ("b200", Some(Fp4), None),
+                ("h200", Some(Fp8), Some(DS)),
+                ("h200", Some(Fp8), Some(OSS)),
+            ]
+        );
+        assert_eq!(
+            describe(&v, (0.8, 8.0)),
+            format!(
+                "b200 fp8 7168x2048 {:.2}, b200 fp4 {:.2}, h200 fp8 7168x2048 {:.2}, h200 fp8 2880x2880 {:.2}",
+                candidate(3).0.expect("an efficiency"),
+                candidate(4).0.expect("an efficiency"),
+                candidate(2).0.expect("an efficiency"),
+                candidate(3).0.expect("an efficiency"),
+            )
+        );
+        let mut fit = MoeEngineFit {
+            engine: "sglang".into(),
+            rows: 2,
+            shared: (0.8, 8.0),
+            by_gpu: v.clone(),
+            compute_offered: vec![],
+            ttft_weight: 2.0,
+            fold_ttft_weights: vec![2.0, 3.0],
+            fold_fits: vec![v.clone(), vec![]],
+            fold_compute_offered: vec![vec![], vec![]],
+            held_out_ttft: vec![0.1, -0.2],
+            held_out_tpot: vec![0.02, -0.1],
+            held_out_rows: vec![(0, 0), (1, 1)],
+            baseline_ttft: vec![0.2, -0.3],
+            baseline_tpot: vec![0.3, -0.4],
+            ids: vec!["a".into(), "b".into()],
+        };
+        let text = fit_toml(&fit, "silicon.csv", 2);
+        assert!(
+            text.contains("weighs its median |TTFT err| 2 times")
+                && text.contains("(each fold's: 2 / 3)"),
+            "{text}"
+        );
+        let table: toml::Table = text.parse().expect("TOML");
+        let cost: crate::cost_model::CostParams =
+            toml::Value::Table(table["cost"].as_table().expect("[cost]").clone())
+                .try_into()
+                .expect("[cost]");
+        cost.validate().expect("valid");
+        let eff =
+            |gpu: &str, d: Dtype, s: ExpertShape| cost.on_deployment(gpu, d, Some(s)).moe_gemm_eff;
+        assert_eq!(Some(eff("b200", Dtype::Fp8, DS)), candidate(3).0);
+        assert_eq!(eff("b200", Dtype::Fp8, OSS), cost.moe_gemm_eff);
+        assert_eq!(Some(eff("b200", Dtype::Nvfp4, OSS)), candidate(4).0);
+        assert_eq!(Some(eff("h200", Dtype::Fp8, OSS)), candidate(3).0);
+        // A fold's inline table reads the same.
+        let record =
+            crate::cost_model::calibration::uncertainty::FitRecord::from_file_table(&table)
+                .expect("[fit]")
+                .expect("present");
+        let fold = toml::Value::Table(record.folds[0].clone())
+            .try_into::<crate::cost_model::CostParams>()
+            .expect("a fold is [cost] keys");
+        assert_eq!(fold, cost_without_framework(&cost));
+        fit.by_gpu.clear();
+        assert!(fit_toml(&fit, "silicon.csv", 2)
+            .parse::<toml::Table>()
+            .is_ok());
+    }
+
+    /// `cost` with the default framework, as a fold's inline table (which names none) reads.
+    fn cost_without_framework(
+        cost: &crate::cost_model::CostParams,
+    ) -> crate::cost_model::CostParams {
+        crate::cost_model::CostParams {
+            framework: crate::cost_model::CostParams::default().framework,
+            ..cost.clone()
+        }
+    }
+
+    /// The TTFT's weight is chosen on rows held out inside the training rows: where the
+    /// candidate that halves the TTFT errors doubles the TPOT errors of rows whose TPOT is
+    /// far inside its bound, weighting the TTFT more holds out better by the larger median;
+    /// where the TTFT is already the smaller, the plain sum (the smallest weight) stays.
+    #[test]
+    fn the_ttft_weight_is_chosen_on_rows_held_out_inside_the_training_rows() {
+        use super::{nested_weight, TTFT_WEIGHTS};
+        let n = 40;
+        let gpus: Vec<Group> = vec![("h200", ExpertFormat::Fp8, DS); n];
+        let train: Vec<usize> = (0..n).collect();
+        let (other, base, mut by) = rising_errors(n);
+        // Every row: TTFT 20-59%, TPOT 10% under the shared terms; the other candidate
+        // halves the TTFT and makes the TPOT 35%: the plain sum of the medians rises (at a
+        // TTFT median t below 50%, t/2 + 0.35 > t + 0.1) while the larger median falls
+        // (0.35 < t about 0.4), and 1.5x the TTFT's median takes it (0.75t + 0.35 <
+        // 1.5t + 0.1 above t = 0.33), ...
+        by[other] = base.iter().map(|e| (e.0 * 0.5, e.1 * 3.5)).collect();
+        let w = nested_weight(&by, &gpus, &train, 5);
+        assert!(w > 1.0, "{w}");
+        assert!(TTFT_WEIGHTS.contains(&w));
+        // ... and with the TTFT already inside the TPOT, nothing is gained.
+        by[other] = base.iter().map(|e| (e.0 * 0.1, e.1 * 3.0)).collect();
+        let small: Errors = base.iter().map(|e| (e.0 * 0.1, e.1)).collect();
+        by[0] = small;
+        assert_eq!(nested_weight(&by, &gpus, &train, 5), TTFT_WEIGHTS[0]);
     }
 
     /// The file a fit writes is a calibration file a scenario reads: its `[cost]` and
@@ -917,7 +1180,7 @@ mod tests {
             shared: (0.6, 8.0),
             by_gpu: vec![
                 (
-                    ("h100-sxm", None),
+                    ("h100-sxm", None, None),
                     MoeKernels {
                         gemm_eff: Some(1.0),
                         prefill_expert_us: None,
@@ -925,7 +1188,7 @@ mod tests {
                     },
                 ),
                 (
-                    ("h200", None),
+                    ("h200", None, None),
                     MoeKernels {
                         gemm_eff: Some(0.45),
                         prefill_expert_us: Some(12.0),
@@ -933,7 +1196,7 @@ mod tests {
                     },
                 ),
                 (
-                    ("gb200", Some(ExpertFormat::Fp8)),
+                    ("gb200", Some(ExpertFormat::Fp8), None),
                     MoeKernels {
                         gemm_eff: Some(0.3),
                         prefill_expert_us: None,
@@ -941,7 +1204,7 @@ mod tests {
                     },
                 ),
                 (
-                    ("gb200", Some(ExpertFormat::Fp4)),
+                    ("gb200", Some(ExpertFormat::Fp4), None),
                     MoeKernels {
                         gemm_eff: None,
                         prefill_expert_us: Some(18.0),
@@ -949,7 +1212,7 @@ mod tests {
                     },
                 ),
                 (
-                    ("b200", None),
+                    ("b200", None, None),
                     MoeKernels {
                         gemm_eff: None,
                         prefill_expert_us: Some(4.0),
@@ -958,9 +1221,11 @@ mod tests {
                 ),
             ],
             compute_offered: vec![],
+            ttft_weight: 1.5,
+            fold_ttft_weights: vec![1.0, 2.0],
             fold_fits: vec![
                 vec![(
-                    ("gb200", Some(ExpertFormat::Fp8)),
+                    ("gb200", Some(ExpertFormat::Fp8), None),
                     MoeKernels {
                         gemm_eff: Some(0.45),
                         prefill_expert_us: Some(12.0),
@@ -969,7 +1234,7 @@ mod tests {
                 )],
                 vec![],
             ],
-            fold_compute_offered: vec![vec![("gb200", ExpertFormat::Fp8)], vec![]],
+            fold_compute_offered: vec![vec![("gb200", ExpertFormat::Fp8, DS)], vec![]],
             held_out_ttft: vec![0.1, -0.2, 0.05, 0.3],
             held_out_tpot: vec![0.02, -0.1, 0.04, 0.0],
             held_out_rows: vec![(0, 0), (1, 0), (2, 1), (3, 1)],
@@ -980,11 +1245,11 @@ mod tests {
         let text = fit_toml(&fit, "silicon.csv", 2);
         // The offer the nested folds chose, the whole fit's and each fold's.
         assert!(
-            text.contains("inside each GPU and format's rows chose it: none ("),
+            text.contains("inside each GPU, format and shape's rows chose it: none ("),
             "{text}"
         );
         assert!(
-            text.contains("inside its training rows: gb200 fp8 / none)"),
+            text.contains("inside its training rows: gb200 fp8 7168x2048 / none)"),
             "{text}"
         );
         let table: toml::Table = text.parse().expect("TOML");
@@ -1006,7 +1271,7 @@ mod tests {
         assert_eq!(cost.on_gpu("h200").moe_compute_eff, None);
         // A GPU whose formats parted: each format its own, another the shared terms.
         assert_eq!(cost.on_gpu("gb200").moe_gemm_eff, cost.moe_gemm_eff);
-        let gb200 = |d: Dtype| cost.on_deployment("gb200", d);
+        let gb200 = |d: Dtype| cost.on_deployment("gb200", d, Some(DS));
         assert_eq!(gb200(Dtype::Fp8Block).moe_gemm_eff, 0.3);
         assert_eq!(
             gb200(Dtype::Fp8Block).moe_prefill_expert_us,
@@ -1016,7 +1281,11 @@ mod tests {
         assert_eq!(gb200(Dtype::Mxfp4).moe_prefill_expert_us, 18.0);
         assert_eq!(gb200(Dtype::Bf16), cost.on_gpu("gb200"));
         // A GPU's own terms hold for every format there.
-        assert_eq!(cost.on_deployment("h200", Dtype::Fp8).moe_gemm_eff, 0.45);
+        assert_eq!(
+            cost.on_deployment("h200", Dtype::Fp8, Some(DS))
+                .moe_gemm_eff,
+            0.45
+        );
         let record =
             crate::cost_model::calibration::uncertainty::FitRecord::from_file_table(&table)
                 .expect("[fit]")
@@ -1025,7 +1294,10 @@ mod tests {
         let fold = toml::Value::Table(record.folds[0].clone())
             .try_into::<crate::cost_model::CostParams>()
             .expect("a fold is [cost] keys");
-        assert_eq!(fold.on_deployment("gb200", Dtype::Fp8).moe_gemm_eff, 0.45);
+        assert_eq!(
+            fold.on_deployment("gb200", Dtype::Fp8, None).moe_gemm_eff,
+            0.45
+        );
         assert_eq!(describe(&[], (0.6, 8.0)), "shared 0.6 / 8 us everywhere");
         assert_eq!(
             describe(&fit.by_gpu, fit.shared),
@@ -1119,7 +1391,7 @@ mod tests {
     fn the_inner_folds_choose_the_offer_that_holds_out() {
         use crate::cost_model::ExpertFormat::Fp8;
         let n = 20;
-        let gpus: Vec<Group> = vec![("h200", Fp8); n];
+        let gpus: Vec<Group> = vec![("h200", Fp8, DS); n];
         let train: Vec<usize> = (0..n).collect();
         let (with_compute, base, mut by) = rising_errors(n);
         let plain = only_dequantising(&by, &vec![false; n]);
@@ -1253,9 +1525,9 @@ mod tests {
         let gpus: Vec<Group> = (0..n)
             .map(|i| {
                 if i % 2 == 0 {
-                    ("h200", Fp8)
+                    ("h200", Fp8, DS)
                 } else {
-                    ("b200", Fp4)
+                    ("b200", Fp4, OSS)
                 }
             })
             .collect();
@@ -1275,7 +1547,7 @@ mod tests {
             .collect();
         let variants = [only_dequantising(&by, &vec![false; n]), by.clone()];
         let larger = nested_offer(&variants, &gpus, &train, 5);
-        assert_eq!(larger, [("h200", Fp8)]);
+        assert_eq!(larger, [("h200", Fp8, DS)]);
         let errors = under_offers(&variants, &gpus, &larger);
         assert_eq!(errors[with_compute][0], by[with_compute][0]);
         assert!(errors[with_compute][1].0.is_infinite());

@@ -170,12 +170,14 @@ impl ByGpu {
     }
 }
 
-/// What a candidate is chosen on: the median absolute error of TTFT, of TPOT, or their sum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a candidate is chosen on: the median absolute error of TTFT, of TPOT, their sum, or
+/// their sum with the TTFT's median weighted (`Weighted(w)`: w x TTFT's + TPOT's).
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Score {
     Ttft,
     Tpot,
     Both,
+    Weighted(f64),
 }
 
 /// An engine's efficiencies on one GPU in a candidate (`None`: the defaults').
@@ -485,6 +487,27 @@ pub(super) fn per_gpu<K: Copy + Ord>(
     gpus: &[K],
     train: &[usize],
 ) -> (Vec<(K, usize)>, Errors) {
+    per_group(by_fp8, gpus, train, Score::Both)
+}
+
+/// [`per_gpu`] with the TTFT's median weighted `ttft_weight` times the TPOT's in each
+/// group's choice (1: their plain sum).
+pub(super) fn per_gpu_weighted<K: Copy + Ord>(
+    by: &[Errors],
+    groups: &[K],
+    train: &[usize],
+    ttft_weight: f64,
+) -> (Vec<(K, usize)>, Errors) {
+    per_group(by, groups, train, Score::Weighted(ttft_weight))
+}
+
+/// [`per_gpu`] under the score `score`.
+fn per_group<K: Copy + Ord>(
+    by_fp8: &[Errors],
+    gpus: &[K],
+    train: &[usize],
+    score: Score,
+) -> (Vec<(K, usize)>, Errors) {
     let mut names: Vec<K> = gpus.to_vec();
     names.sort_unstable();
     names.dedup();
@@ -500,7 +523,7 @@ pub(super) fn per_gpu<K: Copy + Ord>(
             let c = if rows.is_empty() {
                 0
             } else {
-                best(by_fp8, &rows, Score::Both)
+                best(by_fp8, &rows, score)
             };
             (g, c)
         })
@@ -552,6 +575,7 @@ fn best(errors: &[Errors], train: &[usize], by: Score) -> usize {
             Score::Ttft => median(true),
             Score::Tpot => median(false),
             Score::Both => median(true) + median(false),
+            Score::Weighted(w) => w * median(true) + median(false),
         }
     };
     (0..errors.len())
