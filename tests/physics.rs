@@ -1545,6 +1545,10 @@ fn expert_terms_can_be_scoped_to_one_shape() {
             "shapes.0x2048",
         ),
         (
+            "[by_gpu.h200.experts.fp8.shapes.07168x2048]\nmoe_gemm_eff = 0.5\n",
+            "shapes.07168x2048",
+        ),
+        (
             "[by_gpu.h200.experts.fp8.shapes.7168x2048]\nmoe_gemm_eff = 1.5\n",
             "shapes.7168x2048.moe_gemm_eff",
         ),

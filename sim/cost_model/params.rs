@@ -95,13 +95,15 @@ impl ExpertShape {
     }
 
     /// The shape a file names (`7168x2048`), if it is one: two positive integers joined by
-    /// `x`.
+    /// `x`, in digits without a leading zero.
     pub fn from_name(name: &str) -> Option<ExpertShape> {
         let (h, i) = name.split_once('x')?;
+        // Digits only, no leading zero: the name a file gives must be the one `name` makes,
+        // which is what a deployment's shape is looked up by.
         let dim = |s: &str| {
             s.parse::<u32>()
                 .ok()
-                .filter(|&v| v > 0 && s.bytes().all(|b| b.is_ascii_digit()))
+                .filter(|&v| v > 0 && !s.starts_with('0') && s.bytes().all(|b| b.is_ascii_digit()))
         };
         Some(ExpertShape {
             hidden: dim(h)?,
@@ -199,7 +201,8 @@ pub struct GpuCost {
     pub moe_prefill_expert_us: Option<f64>,
     /// The expert kernels' terms for one expert format on this GPU, over the three above,
     /// by [`ExpertFormat`] name (`[cost.by_gpu.h200.experts.fp8] moe_gemm_eff = 0.45`): an
-    /// engine's fp8 and fp4 experts run different kernels. Keyed by name, so that an error
+    /// engine's fp8 and fp4 experts run different kernels (and each format's entry may part
+    /// by the experts' shape, [`ExpertCost::shapes`]). Keyed by name, so that an error
     /// in an entry names it; [`CostParams::validate`] rejects a name that is no format.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub experts: BTreeMap<String, ExpertCost>,
@@ -344,8 +347,9 @@ pub struct CostParams {
     /// slow at the first only: one that dequantises the experts' weights tile by tile (a
     /// format the GPU's tensor cores do not take: MXFP4 experts on a Hopper), or one whose
     /// large prefills schedule tiles over many experts worse than a dense GEMM's;
-    /// `moe_gemm_eff` stays the streaming side's. Fitted per engine, GPU and expert format
-    /// (`[cost.by_gpu.<gpu>.experts.<format>]`), since each format runs its own kernels.
+    /// `moe_gemm_eff` stays the streaming side's. Fitted per engine, GPU, expert format and
+    /// experts' shape (`[cost.by_gpu.<gpu>.experts.<format>]`, `.shapes.<shape>`), since
+    /// each format runs its own kernels and each shape its own tiles.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moe_compute_eff: Option<f64>,
     /// Fixed cost per expert of the model, per MoE layer of a step that prefills (a chunk
@@ -379,7 +383,8 @@ pub struct CostParams {
     /// (`[cost.by_gpu.b200] fp8_compute_eff = 0.5`): they replace the table's own on that
     /// GPU ([`CostParams::on_gpu`], matched by the deployment's GPU name: a GPU described
     /// in a file takes the entry of the catalog GPU it is named as, if any), and an entry's
-    /// `experts` terms replace those for a deployment whose experts are in that format
+    /// `experts` terms replace those for a deployment whose experts are in that format, and
+    /// a format's `shapes` terms those for experts of that shape
     /// ([`CostParams::on_deployment`]).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub by_gpu: BTreeMap<String, GpuCost>,

@@ -111,7 +111,7 @@ pub struct CostModel {
 
 impl CostModel {
     /// A cost model of `d` with parameters `p` (with `p.by_gpu`'s efficiencies for `d`'s GPU,
-    /// and its expert kernels' for `d`'s expert format).
+    /// and its expert kernels' for `d`'s expert format and experts' shape).
     pub fn new(d: Deployment, p: CostParams) -> Self {
         let p = if p.by_gpu.is_empty() {
             p

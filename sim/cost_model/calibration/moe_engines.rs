@@ -27,15 +27,20 @@
 //! DeepSeek's 7168x2048 experts at one efficiency and Qwen3.5's 4096x1024 at another
 //! (per GPU and format alone: 15.6% held-out TTFT, 433 rows within 15%; with the shapes and
 //! the weight: 14.4%, 456; BENCHMARKS, stop 63). Whether a format the tensor cores take (fp8 on a Hopper, fp4 on a
-//! Blackwell) is offered a compute side at all is decided per fold and per GPU and format
-//! (the kernel's question) by a k-fold inside that group's training rows of the fold
+//! Blackwell) is offered a compute side at all is decided per fold and per group (GPU,
+//! format and shape: the kernel's question) by a k-fold inside that group's training rows of the fold
 //! ([`nested_offer`]): offered everywhere, the choice per group fits TensorRT-LLM's loaded
 //! prefills better and SGLang's and vLLM's worse (branch `moe-compute-every-format`,
 //! BENCHMARKS), and that is for held-out error to say, not for the training rows, on which
 //! the larger offer never loses within a group (decided per engine instead, stop 61, it held
-//! out 4 fewer rows within 15% on TTFT; BENCHMARKS, stop 62). A GPU whose formats all chose
-//! the same triple without a compute side is written as the GPU's terms (a format the rows
-//! lack there takes them too); otherwise per format.
+//! out 4 fewer rows within 15% on TTFT; BENCHMARKS, stop 62); that choice is judged by the
+//! plain sum of the two medians, as it was made before the weight (the weight is then
+//! chosen under the offer). A GPU whose formats and shapes all chose the same triple
+//! without a compute side is written as the GPU's terms (a format or shape the rows lack
+//! there takes them too); otherwise a format whose shapes all chose the same triple is
+//! written as the format's terms (a shape the rows lack takes them too), and a format whose
+//! shapes parted per shape, with no terms for the format as a whole: a shape the rows lack
+//! there takes the GPU's own terms if it has any, else the shared ones.
 //!
 //! In: aiconfigurator's rows; out: a [`MoeEngineFit`] per engine, written as
 //! `observed-moe-<engine>.toml` (a scenario's `cost.calibration` for a mixture of experts
@@ -53,15 +58,15 @@ use crate::cost_model::validation::silicon::{self, EngineCost};
 use crate::cost_model::{ExpertFormat, ExpertShape};
 use crate::observed::silicon::AggregateRow;
 
-/// The grouped-GEMM efficiencies tried on each GPU and expert format (`None`: the shared
+/// The grouped-GEMM efficiencies tried on each group (GPU, expert format and shape; `None`: the shared
 /// fit's, the prior's).
 pub const GEMM_CANDIDATES: [Option<f64>; 5] = [None, Some(0.3), Some(0.45), Some(0.8), Some(1.0)];
 
-/// The prefill floors per expert and MoE layer tried on each GPU and expert format,
+/// The prefill floors per expert and MoE layer tried on each group,
 /// microseconds (`None`: the shared fit's).
 pub const PREFILL_CANDIDATES: [Option<f64>; 4] = [None, Some(4.0), Some(12.0), Some(18.0)];
 
-/// The efficiencies of the grouped GEMMs' compute side alone tried on each GPU and format
+/// The efficiencies of the grouped GEMMs' compute side alone tried on each group
 /// (`None`: the grouped-GEMM efficiency, one on both sides): a kernel can stream the
 /// experts' weights as fast as another and compute a large prefill at a fraction of the
 /// rate, above all one that unpacks them tile by tile (MXFP4 experts on a Hopper, which has
@@ -69,7 +74,7 @@ pub const PREFILL_CANDIDATES: [Option<f64>; 4] = [None, Some(4.0), Some(12.0), S
 /// ([`DEQUANTISING_ONLY`]).
 pub const COMPUTE_CANDIDATES: [Option<f64>; 3] = [None, Some(0.5), Some(0.25)];
 
-/// Which of [`COMPUTE_CANDIDATES`] only a GPU and format whose kernel dequantises the
+/// Which of [`COMPUTE_CANDIDATES`] only a group whose kernel dequantises the
 /// experts' weights is offered: a quarter of a dense GEMM's compute is a dequantising
 /// kernel's (vLLM's Marlin MXFP4 MoE on a Hopper chose it on every fold), and not trying it
 /// elsewhere spares a pass of every other row per pair.
@@ -119,7 +124,7 @@ fn candidate(c: usize) -> (Option<f64>, Option<f64>, Option<f64>) {
     )
 }
 
-/// How many candidates each GPU and expert format chooses from.
+/// How many candidates each group (GPU, expert format and shape) chooses from.
 const CANDIDATES: usize = PRODUCT + EXTRA_CANDIDATES.len();
 
 /// Whether candidate `c` is offered only where the kernel dequantises ([`DEQUANTISING_ONLY`]).
@@ -163,7 +168,8 @@ pub type Scope = (&'static str, Option<ExpertFormat>, Option<ExpertShape>);
 /// chooses from ([`nested_weight`]; 1: their plain sum).
 pub const TTFT_WEIGHTS: [f64; 4] = [1.0, 1.5, 2.0, 3.0];
 
-/// What one GPU's (or one GPU's and format's) fit departs from the shared terms by.
+/// What one GPU's (or one GPU's and format's, or one shape's there) fit departs from the
+/// shared terms by.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MoeKernels {
     /// `moe_gemm_eff` there (`None`: the shared value).
@@ -183,10 +189,10 @@ pub struct MoeEngineFit {
     pub rows: usize,
     /// The shared `(moe_gemm_eff, moe_prefill_expert_us)` the candidates replace.
     pub shared: (f64, f64),
-    /// Each GPU's (or GPU's and format's) terms fitted on every row, where they depart
-    /// from the shared values.
+    /// Each GPU's (or GPU's and format's, or GPU's, format's and shape's) terms fitted on
+    /// every row, where they depart from the shared values.
     pub by_gpu: Vec<(Scope, MoeKernels)>,
-    /// The GPUs and formats the tensor cores take whose fit on every row is offered a
+    /// The groups (GPU, a format the tensor cores take, shape) whose fit on every row is offered a
     /// compute side (every other is offered one only where the kernel dequantises), as
     /// [`nested_offer`] decided.
     pub compute_offered: Vec<Group>,
@@ -271,7 +277,7 @@ fn values(choice: &[(Group, usize)]) -> Vec<(Scope, MoeKernels)> {
 
 /// The candidates' errors as one offer makes them: a candidate `everywhere` rejects is
 /// offered only to the rows whose kernel dequantises the experts' weights (`moving`, by
-/// row), every other row getting infinite errors under it, so that no GPU and format of
+/// row), every other row getting infinite errors under it, so that no group of
 /// theirs (every row of a group dequantises, or none) chooses it.
 fn offered(by: &[Errors], moving: &[bool], everywhere: impl Fn(usize) -> bool) -> Vec<Errors> {
     by.iter()
@@ -302,10 +308,10 @@ fn every_format(by: &[Errors], moving: &[bool]) -> Vec<Errors> {
 }
 
 /// Which of `variants` (each the candidates' errors by row, as one offer of candidates)
-/// `train` holds out best: each is chosen per GPU and format on `folds - 1` parts of
+/// `train` holds out best: each is chosen per group on `folds - 1` parts of
 /// `train` and tested on the last part, in turn, and the variant with the smallest sum of
 /// the median absolute TTFT and TPOT errors over those held-out parts wins (the first on
-/// a tie). [`nested_offer`] runs this on each GPU and format's rows among a fold's training
+/// a tie). [`nested_offer`] runs this on each group's rows among a fold's training
 /// rows, so the held-out fold plays no part in the choice.
 fn nested_choice(variants: &[Vec<Errors>], gpus: &[Group], train: &[usize], folds: usize) -> usize {
     let score = |by: &[Errors]| {
@@ -366,8 +372,8 @@ fn nested_weight(by: &[Errors], groups: &[Group], train: &[usize], folds: usize)
 /// The GPUs and formats of `train` that take the larger of `variants`' two offers (the
 /// second): each group's own rows decide, by [`nested_choice`] over them alone (a group
 /// with fewer rows than folds keeps the smaller). The question is a kernel's (does the
-/// grouped GEMM of this format on this GPU compute apart from its streaming?), so it is
-/// asked per GPU and format, as the candidates are chosen.
+/// grouped GEMM of these experts on this GPU compute apart from its streaming?), so it is
+/// asked per group, as the candidates are chosen.
 fn nested_offer(
     variants: &[Vec<Errors>],
     gpus: &[Group],
@@ -601,10 +607,11 @@ fn cached_passes(
     Ok((ids, gpus, by))
 }
 
-/// Fits each engine's grouped-GEMM efficiency, prefill floor and compute side per GPU and
-/// expert format on its mixture-of-experts rows, `folds`-fold, with `prior`'s terms (the
-/// shared fits) in place, offering a compute side to the formats the tensor cores take as
-/// [`nested_offer`] decides per GPU and format; the compute side is this stage's own (a prior's is not used:
+/// Fits each engine's grouped-GEMM efficiency, prefill floor and compute side per GPU,
+/// expert format and experts' shape on its mixture-of-experts rows, `folds`-fold, with
+/// `prior`'s terms (the shared fits) in place, offering a compute side to the formats the
+/// tensor cores take as [`nested_offer`] decides per group, each group choosing under the
+/// TTFT weight [`nested_weight`] chooses; the compute side is this stage's own (a prior's is not used:
 /// unset, it is the grouped-GEMM efficiency, as the files say). With `passes`, the
 /// simulated rows are kept in (and read back from) that folder ([`cached_passes`]).
 pub fn fit_moe_engines(
@@ -671,8 +678,8 @@ pub fn fit_moe_engines(
             .iter()
             .map(|id| dequantising.contains(id.as_str()))
             .collect();
-        // A compute side offered only where the kernel dequantises is offered to a GPU and
-        // format whole: every row of a group dequantises, or none.
+        // A compute side offered only where the kernel dequantises is offered to a group
+        // whole: every row of a group dequantises, or none.
         let mut kind: std::collections::HashMap<Group, bool> = Default::default();
         for (g, &m) in gpus.iter().zip(&moving) {
             if *kind.entry(*g).or_insert(m) != m {
@@ -733,7 +740,7 @@ pub fn fit_moe_engines(
 }
 
 /// `b200 0.80 / 12 us, h200 fp8 0.45 / compute 0.25` (or `shared 0.6 / 8 us everywhere`):
-/// each GPU's (or GPU's and expert format's) efficiency, then its prefill floor and its
+/// each GPU's (or GPU's and expert format's, or shape's there) efficiency, then its prefill floor and its
 /// compute side's efficiency where those depart.
 fn describe(v: &[(Scope, MoeKernels)], shared: (f64, f64)) -> String {
     if v.is_empty() {
@@ -788,8 +795,8 @@ fn keys(k: &MoeKernels) -> Vec<String> {
     out
 }
 
-/// The GPUs and formats the tensor cores take that a fit offered a compute side, in words
-/// (`h200 fp8, b200 fp8`, or `none`).
+/// The groups (GPU, a format the tensor cores take, shape) that a fit offered a compute
+/// side, in words (`h200 fp8 7168x2048, b200 fp4 2880x2880`, or `none`).
 fn offer(groups: &[Group]) -> String {
     if groups.is_empty() {
         return "none".to_string();
@@ -803,7 +810,8 @@ fn offer(groups: &[Group]) -> String {
 
 /// The calibration file of one engine's fit: `[cost.by_gpu.<gpu>] moe_gemm_eff`,
 /// `moe_prefill_expert_us` and `moe_compute_eff` (under `[cost.by_gpu.<gpu>.experts.<format>]`
-/// where the GPU's formats parted), and the `[fit]` table.
+/// where the GPU's formats parted, and `.experts.<format>.shapes.<hidden>x<intermediate>`
+/// where a format's shapes did), and the `[fit]` table.
 pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
     let folds_text: Vec<String> = fit
         .fold_fits
@@ -829,9 +837,10 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
          # whose choices held out best, by the larger of the two medians, in a {folds}-fold inside the rows (each fold's: {fold_weights}).\n\
          # Held out of this fit only: the shared terms under it were fitted to every engine's rows, these included.\n\
          # For a mixture of experts served by {engine}: `cost.calibration` = this file (not with observed-{engine}.toml,\n\
-         # whose terms were fitted to dense models and not used here). A shape a format's table does not list takes the\n\
-         # format's terms, a format a GPU's table does not list the GPU's own terms where it has them (the engine's\n\
-         # kernels there), else, like GPUs not listed, the shared\n\
+         # whose terms were fitted to dense models and not used here). A shape a format's `shapes` do not list takes the\n\
+         # format's own terms where the file gives them (its shapes agreed), a format a GPU's table does not list (or a\n\
+         # shape of a format without terms of its own) the GPU's own terms where it has them (the engine's kernels there),\n\
+         # else, like GPUs not listed, the shared\n\
          # `moe_gemm_eff` ({eff}) and `moe_prefill_expert_us` ({us}), and computes at that efficiency.\n\
          # Fitted under the engine's serving defaults (`sim validate-model`): [engine] {keys}.\n\
          [cost]\nframework = \"{framework}\"\n",
@@ -916,6 +925,11 @@ pub fn fit_toml(fit: &MoeEngineFit, source: &str, folds: usize) -> String {
         format!("{{ by_gpu = {{ {} }} }}", entries.join(", "))
     };
     for ((g, f, shape), k) in &fit.by_gpu {
+        // A shape's terms are always a format's ([`values`] writes no other).
+        debug_assert!(
+            f.is_some() || shape.is_none(),
+            "{g}: a shape without its format"
+        );
         match (f, shape) {
             (Some(f), Some(s)) => text.push_str(&format!(
                 "[cost.by_gpu.{g}.experts.{}.shapes.{}]\n",
