@@ -170,14 +170,19 @@ impl ByGpu {
     }
 }
 
-/// What a candidate is chosen on: the median absolute error of TTFT, of TPOT, their sum, or
-/// their sum with the TTFT's median weighted (`Weighted(w)`: w x TTFT's + TPOT's).
+/// What a candidate is chosen on: the median absolute error of TTFT, of TPOT, or their sum
+/// with the TTFT's median weighted (`Weighted(w)`: w x TTFT's + TPOT's; [`Score::BOTH`],
+/// w = 1, the plain sum).
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Score {
     Ttft,
     Tpot,
-    Both,
     Weighted(f64),
+}
+
+impl Score {
+    /// The plain sum of the two medians.
+    const BOTH: Score = Score::Weighted(1.0);
 }
 
 /// An engine's efficiencies on one GPU in a candidate (`None`: the defaults').
@@ -487,7 +492,7 @@ pub(super) fn per_gpu<K: Copy + Ord>(
     gpus: &[K],
     train: &[usize],
 ) -> (Vec<(K, usize)>, Errors) {
-    per_group(by_fp8, gpus, train, Score::Both)
+    per_group(by_fp8, gpus, train, Score::BOTH)
 }
 
 /// [`per_gpu`] with the TTFT's median weighted `ttft_weight` times the TPOT's in each
@@ -574,7 +579,6 @@ fn best(errors: &[Errors], train: &[usize], by: Score) -> usize {
         match by {
             Score::Ttft => median(true),
             Score::Tpot => median(false),
-            Score::Both => median(true) + median(false),
             Score::Weighted(w) => w * median(true) + median(false),
         }
     };
@@ -729,7 +733,7 @@ pub fn fit_engine_costs(
                 .map(|lp| lp.fit(&gpus, train))
                 .collect();
             let combined: Vec<Errors> = per_eager.iter().map(|c| c.2.clone()).collect();
-            let e = best(&combined, train, Score::Both);
+            let e = best(&combined, train, Score::BOTH);
             (e, per_eager[e].0.clone(), per_eager[e].1.clone())
         };
         let eager_of: Vec<(usize, PerGpu, PerGpu)> = (0..folds)
