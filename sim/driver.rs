@@ -11,6 +11,13 @@
 //! first stage is free (the backend's `StepOutcome::interval`), and each ends no sooner
 //! than a stage after the one ahead of it, so steps commit in order.
 //!
+//! Between the client and the engines stands the engine's front end: a delay per request
+//! (`cost.request_overhead_ms`) and, when set, one serial process (`cost.frontend_request_ms`
+//! per request, `cost.frontend_update_us` per sequence with output in a step) that serves
+//! requests on their way in and steps' tokens on their way out first come first served. A
+//! finished request's record then carries the times its client saw its first and last
+//! token, and a closed loop's client sends its next request from the latter.
+//!
 //! A fleet (`[cluster]`) is the same loop over many engines on the one clock: each
 //! arrival first goes to the router ([`RouterHandle`]), which names the replica; steps,
 //! wakes and records carry the replica's index; the router's view of the replicas is
@@ -514,6 +521,9 @@ impl Records for RunCollector {
 
 enum Event {
     Arrival(Request),
+    /// A client sent a request to a front end with a serial part
+    /// ([`Client::serial_request_ns`]): it queues there before its arrival.
+    Sent(Request),
     /// A replica's step ended.
     StepDone(usize, StepPlan, StepOutcome),
     /// Plan a replica again at this instant (a step that only preempted).
@@ -613,6 +623,14 @@ pub struct Client {
     /// scheduler this long after it is sent; its arrival, which latencies count from,
     /// stays the send.
     pub frontend_ns: Nanos,
+    /// The front end's serial time per request (`cost.frontend_request_ms`): one process
+    /// serves requests and streamed updates first come first served, a request before its
+    /// `frontend_ns` delay.
+    pub serial_request_ns: Nanos,
+    /// The front end's serial time per streamed update (`cost.frontend_update_us`): every
+    /// sequence that produced output in a step is one, and the client sees the step's
+    /// tokens (a first token, a request's end) when the front end has sent them.
+    pub serial_update_ns: Nanos,
     /// Spread of the think time: each pause adds a uniform draw in `[0, jitter_ns)`.
     pub jitter_ns: Nanos,
     /// Seed of those draws (the scenario's).
@@ -631,6 +649,7 @@ struct Slots {
     /// Draws the think times' jitter below its bound (`None` without jitter).
     jitter: Option<(rand_chacha::ChaCha8Rng, Nanos)>,
     frontend_ns: Nanos,
+    serial_request_ns: Nanos,
     /// Pulled from the workload, waiting for a slot.
     held: Option<Request>,
     /// An arrival is on the clock (one at a time, so the workload is read lazily).
@@ -654,6 +673,7 @@ impl Slots {
                 (rng, client.jitter_ns)
             }),
             frontend_ns: client.frontend_ns,
+            serial_request_ns: client.serial_request_ns,
             held: None,
             scheduled: false,
             exhausted: false,
@@ -722,7 +742,10 @@ impl Slots {
         // The workload yields in arrival order; guard anyway so time never runs back.
         // Never before `now` as the scheduler counts it: a send at `t` arrives at
         // `t + frontend`.
-        let slot = if self.cap.is_some() {
+        // A serial front end takes the send itself at `t` (never before `now`).
+        let slot = if self.serial_request_ns > 0 {
+            slot.max(now)
+        } else if self.cap.is_some() {
             slot.max(now.saturating_sub(self.frontend_ns))
         } else {
             slot
@@ -732,7 +755,11 @@ impl Slots {
         req.arrival = t;
         *arrived += 1;
         self.scheduled = true;
-        clock.push(t.saturating_add(self.frontend_ns), Event::Arrival(req));
+        if self.serial_request_ns > 0 {
+            clock.push(t, Event::Sent(req));
+        } else {
+            clock.push(t.saturating_add(self.frontend_ns), Event::Arrival(req));
+        }
         Ok(())
     }
 }
@@ -884,6 +911,11 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
     // Where each replica last found nothing to run with work left (for a stall report).
     let mut idle_with_work: Vec<Option<(Nanos, u32, u32)>> = vec![None; n];
     let mut slots = Slots::new(client);
+    // The front end's serial process ([`Client::serial_request_ns`],
+    // [`Client::serial_update_ns`]): when it is next free, and how long after its step
+    // each sequence's first token reached the client (only sequences in flight).
+    let mut frontend_free: Nanos = 0;
+    let mut first_delay: rustc_hash::FxHashMap<SeqId, Nanos> = rustc_hash::FxHashMap::default();
     slots.send_next(workload, &mut clock, &mut arrived, 0)?;
     let mut pool_blocks = Vec::with_capacity(n);
     let mut block_sizes = Vec::with_capacity(n);
@@ -913,8 +945,21 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
         // KV reaching its decode replica.
         let mut delivery: Option<(Request, usize)> = None;
         match ev.event {
-            Event::Arrival(req) => {
+            Event::Sent(req) => {
+                // The front end serves the request when it is free, then the request
+                // takes the front end's delay to the scheduler.
                 slots.scheduled = false;
+                let done = frontend_free
+                    .max(now)
+                    .saturating_add(client.serial_request_ns);
+                frontend_free = done;
+                clock.push(done.saturating_add(client.frontend_ns), Event::Arrival(req));
+                slots.send_next(workload, &mut clock, &mut arrived, now)?;
+            }
+            Event::Arrival(req) => {
+                if client.serial_request_ns == 0 {
+                    slots.scheduled = false;
+                }
                 let (req, r) = match router.as_deref_mut() {
                     None => (req, 0),
                     Some(router) => {
@@ -980,6 +1025,24 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
             Event::StepDone(r, plan, outcome) => {
                 in_flight[r] = in_flight[r].saturating_sub(1);
                 busy[r] = in_flight[r] > 0;
+                // The front end sends the step's updates (one per sequence with output)
+                // after what it already holds; the client sees them `delay` after the step.
+                let mut delay: Nanos = 0;
+                if client.serial_update_ns > 0 {
+                    let updates = plan.work.iter().filter(|w| w.sample).count() as u64;
+                    if updates > 0 {
+                        let done = frontend_free
+                            .max(now)
+                            .saturating_add(updates.saturating_mul(client.serial_update_ns));
+                        frontend_free = done;
+                        delay = done - now;
+                    }
+                    for w in &plan.work {
+                        if w.sample && w.kind == engine::plan::WorkKind::Prefill {
+                            first_delay.entry(w.seq).or_insert(delay);
+                        }
+                    }
+                }
                 let (mut result, gaps) = engines[r].commit(plan, outcome, now).await?;
                 sink.itl(r, &gaps);
                 if !tickets.is_empty() {
@@ -1009,6 +1072,7 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
                                     router.handoff(id, r, t.decode).await?;
                                 }
                                 t.prefill = Some((r, rec));
+                                first_delay.remove(&id);
                                 clock.push(end, Event::KvArrived(id));
                             }
                             Some(_) => ended.push(merged(tickets.remove(&id), rec)),
@@ -1016,6 +1080,13 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
                         }
                     }
                     result.finished = ended;
+                }
+                if client.serial_update_ns > 0 {
+                    for rec in &mut result.finished {
+                        let first = first_delay.remove(&rec.request_id).unwrap_or(delay);
+                        rec.first_token_ns = rec.first_token_ns.map(|t| t.saturating_add(first));
+                        rec.finish_ns = rec.finish_ns.saturating_add(delay);
+                    }
                 }
                 for rec in &result.finished {
                     sink.request(r, rec)?;
@@ -1026,7 +1097,7 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
                     stats.replicas[r].ended += k;
                     progress(stats.ended);
                     for _ in &result.finished {
-                        slots.release(now);
+                        slots.release(now.saturating_add(delay));
                     }
                     if let Some(router) = router.as_deref_mut() {
                         let ids = result.finished.iter().map(|f| f.request_id).collect();

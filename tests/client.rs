@@ -200,6 +200,14 @@ fn a_closed_loop_jitters_each_pause_from_the_seed() {
     assert_eq!(requests(&again.path().join("out"), "base"), rows);
 }
 
+/// `(id, arrival ns, first scheduled ns)` of every request of `variant`, by id.
+fn scheduled(dir: &Path, variant: &str) -> Vec<(u64, u64, u64)> {
+    timelines(dir, variant)
+        .into_iter()
+        .map(|(id, arrival, scheduled, ..)| (id, arrival, scheduled))
+        .collect()
+}
+
 /// `cost.request_overhead_ms`: the engine's front end delays every request on its way to
 /// the scheduler; its arrival stays the send, so TTFT includes the delay, and a closed
 /// loop's clients still send at once.
@@ -209,17 +217,7 @@ fn the_front_end_delays_requests_on_their_way_to_the_scheduler() {
         r#"arrival = { process = "closed-loop", concurrency = 4 }"#,
         "[[variant]]\nname = \"fe\"\ncost.request_overhead_ms = 25.0\n",
     );
-    let path = dir.path().join("out").join("fe").join("requests.csv");
-    let mut rdr = csv::Reader::from_path(path).expect("csv");
-    let ns = |s: &str| (s.parse::<f64>().expect("seconds") * 1e9).round() as u64;
-    let mut rows: Vec<(u64, u64, u64)> = rdr
-        .records()
-        .map(|r| {
-            let r = r.expect("row");
-            (r[0].parse().expect("id"), ns(&r[2]), ns(&r[3]))
-        })
-        .collect();
-    rows.sort_unstable();
+    let rows = scheduled(dir.path(), "fe");
     assert_eq!(rows.len(), 300);
     for (id, arrival, scheduled) in &rows {
         assert!(scheduled - arrival >= 25_000_000, "request {id}");
@@ -227,5 +225,121 @@ fn the_front_end_delays_requests_on_their_way_to_the_scheduler() {
     assert!(
         rows[..4].iter().all(|r| r.1 == 0),
         "the four clients send at once"
+    );
+}
+
+/// `(id, arrival, first scheduled, first token, finish)` in ns, by id, of `variant`'s
+/// `requests.csv` under `dir/out`.
+fn timelines(dir: &Path, variant: &str) -> Vec<(u64, u64, u64, u64, u64)> {
+    let path = dir.join("out").join(variant).join("requests.csv");
+    let mut rdr = csv::Reader::from_path(path).expect("csv");
+    let ns = |s: &str| (s.parse::<f64>().expect("seconds") * 1e9).round() as u64;
+    let mut rows: Vec<_> = rdr
+        .records()
+        .map(|r| {
+            let r = r.expect("row");
+            (
+                r[0].parse().expect("id"),
+                ns(&r[2]),
+                ns(&r[3]),
+                ns(&r[4]),
+                ns(&r[5]),
+            )
+        })
+        .collect();
+    rows.sort_unstable();
+    rows
+}
+
+/// `cost.frontend_update_us`: one front-end process sends every sequence's output of every
+/// step, first come first served. The client sees no token before its step's end, a closed
+/// loop's delivered updates cannot come faster than one per `frontend_update_us`, and, once
+/// the front end is the bottleneck, first tokens wait behind its backlog: TTFT grows far
+/// beyond the engine's while the engine itself runs a smaller batch.
+#[test]
+fn a_serial_front_end_caps_the_updates_it_delivers() {
+    let workload = r#"arrival = { process = "closed-loop", concurrency = 64 }"#;
+    let dir = run(
+        workload,
+        "[[variant]]\nname = \"off\"\n\n[[variant]]\nname = \"slow\"\ncost.frontend_update_us = 1000.0\n",
+    );
+    let off = timelines(dir.path(), "off");
+    let slow = timelines(dir.path(), "slow");
+    assert_eq!(off.len(), 300);
+    assert_eq!(slow.len(), 300);
+    // Every request's tokens were sent by the front end (one update each: no parallel
+    // sampling or speculation here): a closed loop's delivered tokens over its span are
+    // at most one per 1,000 us.
+    let tokens: u64 = {
+        let path = dir.path().join("out").join("slow").join("requests.csv");
+        let mut rdr = csv::Reader::from_path(path).expect("csv");
+        rdr.records()
+            .map(|r| r.expect("row")[7].parse::<u64>().expect("output_len"))
+            .sum()
+    };
+    let span = slow.iter().map(|r| r.4).max().expect("rows")
+        - slow.iter().map(|r| r.1).min().expect("rows");
+    let rate = tokens as f64 / (span as f64 * 1e-9);
+    assert!(
+        rate <= 1e6 / 1000.0 * 1.001,
+        "{rate} tokens/s through a 1,000 us front end"
+    );
+    // Unloaded, the same engine delivers far faster (its steps carry 64 sequences).
+    let span_off =
+        off.iter().map(|r| r.4).max().expect("rows") - off.iter().map(|r| r.1).min().expect("rows");
+    assert!(
+        span_off * 2 < span,
+        "{span_off} ns unloaded against {span} ns"
+    );
+    let ttft = |rows: &[(u64, u64, u64, u64, u64)]| {
+        let mut v: Vec<u64> = rows.iter().map(|r| r.3 - r.1).collect();
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
+    assert!(
+        ttft(&slow) > 3 * ttft(&off),
+        "median TTFT {} ns behind the front end, {} ns without",
+        ttft(&slow),
+        ttft(&off)
+    );
+    for r in &slow {
+        assert!(r.1 <= r.3 && r.3 <= r.4, "request {} in order", r.0);
+    }
+    // Off, the front end changes nothing: the same run without the key is identical.
+    let again = run(
+        workload,
+        "[[variant]]\nname = \"off\"\ncost.frontend_update_us = 0.0\n",
+    );
+    assert_eq!(timelines(again.path(), "off"), off);
+}
+
+/// `cost.frontend_request_ms`: the front end takes requests one at a time, so a closed
+/// loop's clients that send at once are served one after another: the k-th of them reaches
+/// the scheduler no sooner than k x the serial time after the send, and no run sends more
+/// requests a second than the front end serves.
+#[test]
+fn a_serial_front_end_takes_requests_one_at_a_time() {
+    let dir = run(
+        r#"arrival = { process = "closed-loop", concurrency = 8 }"#,
+        "[[variant]]\nname = \"fe\"\ncost.frontend_request_ms = 20.0\ncost.request_overhead_ms = 5.0\n",
+    );
+    let rows = scheduled(dir.path(), "fe");
+    assert_eq!(rows.len(), 300);
+    assert!(
+        rows[..8].iter().all(|r| r.1 == 0),
+        "the clients send at once"
+    );
+    let mut first: Vec<u64> = rows[..8].iter().map(|r| r.2).collect();
+    first.sort_unstable();
+    for (k, t) in first.iter().enumerate() {
+        assert!(
+            *t >= (k as u64 + 1) * 20_000_000 + 5_000_000,
+            "{k}-th scheduled at {t} ns"
+        );
+    }
+    let last = rows.iter().map(|r| r.2).max().expect("rows");
+    assert!(
+        last >= 300 * 20_000_000,
+        "300 requests through a 20 ms front end by {last} ns"
     );
 }

@@ -305,6 +305,21 @@ pub struct CostParams {
     /// as a benchmark client measures them (default 0: none modelled).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_overhead_ms: Option<f64>,
+    /// The front end's serial time per request, milliseconds: the part of its work one
+    /// process does for one request at a time (parsing, tokenizing, handing the request
+    /// to the scheduler), so requests queue for it when they come faster than it serves
+    /// them. Served first come first served with [`Self::frontend_update_us`]'s work, before
+    /// `request_overhead_ms`'s delay (default 0: none modelled).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frontend_request_ms: Option<f64>,
+    /// The front end's serial time per streamed update, microseconds: each sequence that
+    /// produced output in a step is one update (detokenizing, one server-sent event) that
+    /// the same process serves first come first served, so a client sees a step's tokens
+    /// when the front end has sent them. An API server that cannot keep up caps the
+    /// tokens a second it delivers and delays every first token behind its backlog
+    /// (default 0: tokens reach the client when their step ends).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frontend_update_us: Option<f64>,
     /// Fraction of the 16-bit GEMM rate kept when weights are dequantized on the fly
     /// (weight-only int8/int4/GGUF formats: the unpacking costs ALU work in the GEMM).
     pub dequant_compute_eff: f64,
@@ -440,6 +455,8 @@ impl Default for CostParams {
             step_overhead_us: None,
             per_seq_overhead_us: None,
             request_overhead_ms: None,
+            frontend_request_ms: None,
+            frontend_update_us: None,
             dequant_compute_eff: 0.85,
             w8_memory_eff: 0.74,
             w4_memory_eff: 0.56,
@@ -549,6 +566,15 @@ impl CostParams {
     /// The front end's delay per request in effect, nanoseconds.
     pub fn request_overhead_ns(&self) -> u64 {
         (self.request_overhead_ms.unwrap_or(0.0) * 1e6).round() as u64
+    }
+
+    /// The front end's serial times in effect, nanoseconds: per request and per streamed
+    /// update.
+    pub fn frontend_serial_ns(&self) -> (u64, u64) {
+        (
+            (self.frontend_request_ms.unwrap_or(0.0) * 1e6).round() as u64,
+            (self.frontend_update_us.unwrap_or(0.0) * 1e3).round() as u64,
+        )
     }
 
     /// CPU overhead per sequence in effect, microseconds.
@@ -713,6 +739,20 @@ impl CostParams {
             if !(0.0..=60_000.0).contains(&ms) {
                 return Err(format!(
                     "cost.request_overhead_ms: must be 0 to 60000 ms, got {ms}"
+                ));
+            }
+        }
+        if let Some(ms) = self.frontend_request_ms {
+            if !(0.0..=60_000.0).contains(&ms) {
+                return Err(format!(
+                    "cost.frontend_request_ms: must be 0 to 60000 ms, got {ms}"
+                ));
+            }
+        }
+        if let Some(us) = self.frontend_update_us {
+            if !(0.0..=1_000_000.0).contains(&us) {
+                return Err(format!(
+                    "cost.frontend_update_us: must be 0 to 1000000 us, got {us}"
                 ));
             }
         }

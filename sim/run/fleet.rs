@@ -259,6 +259,8 @@ pub(super) fn run_fleet_variant(
     };
     let client = crate::driver::Client {
         frontend_ns: variant.config.cost.request_overhead_ns(),
+        serial_request_ns: variant.config.cost.frontend_serial_ns().0,
+        serial_update_ns: variant.config.cost.frontend_serial_ns().1,
         seed: scenario.seed,
         ..variant.config.workload.client()
     };

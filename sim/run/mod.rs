@@ -188,6 +188,8 @@ fn run_variant_into(
     let dp = variant.deployment.parallel.dp.max(1);
     let mut client = crate::driver::Client {
         frontend_ns: variant.config.cost.request_overhead_ns(),
+        serial_request_ns: variant.config.cost.frontend_serial_ns().0,
+        serial_update_ns: variant.config.cost.frontend_serial_ns().1,
         seed: scenario.seed,
         ..variant.config.workload.client()
     };

@@ -286,7 +286,9 @@ for key, v, expect in [("gemm_compute_eff", "0.0", "gemm_compute_eff"), ("gemm_m
                        ("moe_routing_skew", "nan", "moe_routing_skew"), ("moe_layer_us", "-3.0", "moe_layer_us"),
                        ("eager_layer_us", "-100.0", "cost.eager_layer_us"), ("eager_layer_us", "nan", "cost.eager_layer_us"),
                        ("graph_max_tokens", "0", "cost.graph_max_tokens"), ("graph_max_tokens", "-8", "graph_max_tokens"),
-                       ("graph_max_tokens", "512", "needs cost.eager_layer_us")]:
+                       ("graph_max_tokens", "512", "needs cost.eager_layer_us"),
+                       ("frontend_request_ms", "-1.0", "cost.frontend_request_ms"), ("frontend_request_ms", "nan", "cost.frontend_request_ms"),
+                       ("frontend_update_us", "-5.0", "cost.frontend_update_us"), ("frontend_update_us", "1e9", "cost.frontend_update_us")]:
     m(f"cost-{key}-{v.strip(chr(34)).replace('.', '_').replace('/', '').replace('-', 'neg')[:20]}", f"cost.{key}", v, expect)
 # Efficiencies scoped to one GPU: a GPU the catalog lacks, a key it does not scope, a value out of range.
 for name, v, expect in [("gpu", '{ z100 = { fp8_compute_eff = 0.5 } }', "cost.by_gpu.z100"),
