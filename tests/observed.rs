@@ -615,7 +615,7 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
         fp8_compute_eff: Some(1.0),
         ..Default::default()
     };
-    let fits = fit_engine_costs(&rows, 3, &fp8_at_16_bit).expect("fits");
+    let fits = fit_engine_costs(&rows, 3, &fp8_at_16_bit, None).expect("fits");
     assert_eq!(fits.len(), 1);
     let f = &fits[0];
     assert_eq!((f.engine.as_str(), f.rows), ("trtllm", 12));

@@ -72,11 +72,14 @@ pub struct Args {
     /// the rows name). The shared stages still fit every engine's rows.
     #[arg(long, value_delimiter = ',', value_enum)]
     pub engine: Vec<EngineName>,
-    /// With --observed measured deployments: keep the `moe-engines` stage's simulated rows
-    /// (every candidate's errors on every row, `moe-engines-<engine>.passes.csv`) in this
-    /// folder, and reuse them when the rows, the terms under them and the candidates are
-    /// the same: the choices and folds are redone in seconds, without simulating again
-    /// (delete the files after changing the simulator: its code is not part of the key).
+    /// With --observed measured deployments: keep the per-engine stages' simulated rows in
+    /// this folder and reuse them: the `moe-engines` stage's (every candidate's errors on
+    /// every row, `moe-engines-<engine>.passes.csv`, reused when the rows, the terms under
+    /// them and the candidates are the same) and the `engines` stage's (every row's errors
+    /// under every engine cost it was simulated with, `engines-<engine>.passes.tsv`,
+    /// appended as passes finish, so a stopped run keeps its work; a rerun simulates only
+    /// the costs it has not seen). Delete the files after changing the simulator: its code
+    /// is not part of the key.
     #[arg(long)]
     pub passes: Option<PathBuf>,
 }
@@ -379,9 +382,25 @@ fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<(
             before - rows.len()
         );
     }
-    let fits = sim::cost_model::calibration::observed::fit_engine_costs(&rows, args.folds, &prior)?;
+    let fits = sim::cost_model::calibration::observed::fit_engine_costs(
+        &rows,
+        args.folds,
+        &prior,
+        args.passes.as_deref(),
+    )?;
     out.push_str(&sim::cost_model::calibration::observed::fit_table(&fits));
     for f in &fits {
+        if let Some(dir) = &args.passes {
+            outln!(
+                out,
+                "{}: {} rows simulated, {} read from {}",
+                f.engine,
+                f.passes.0,
+                f.passes.1,
+                dir.join(format!("engines-{}.passes.tsv", f.engine))
+                    .display()
+            );
+        }
         let text = sim::cost_model::calibration::observed::fit_toml(
             f,
             &path.display().to_string(),

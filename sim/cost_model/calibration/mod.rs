@@ -21,6 +21,7 @@ use super::{CostModel, CostParams, Deployment, Framework};
 use crate::catalog::{find_gpu, Dtype};
 
 pub mod efficiency;
+pub mod memo;
 pub mod memory;
 pub mod moe_engines;
 pub mod observed;

@@ -30,6 +30,7 @@ use std::collections::HashMap;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
+use super::memo::memo_pass;
 use crate::cost_model::validation::silicon::{self, silicon_checks_with, EngineCost};
 use crate::observed::silicon::AggregateRow;
 
@@ -297,6 +298,9 @@ pub struct EngineFit {
     pub gpus: Vec<&'static str>,
     /// `(row index, fold)` of each held-out error, in the order of `held_out_ttft`.
     pub held_out_rows: Vec<(usize, usize)>,
+    /// Row simulations the fit ran, and those it read from kept passes instead
+    /// ([`super::memo`]).
+    pub passes: (u64, u64),
 }
 
 impl EngineFit {
@@ -378,30 +382,22 @@ pub fn median_abs(v: &[f64]) -> f64 {
     analysis::median(&a)
 }
 
-/// `(TTFT, TPOT)` errors of `rows` (one engine's) with `cost(gpu)`, in the order of its
-/// checks.
+/// Every simulable row's TTFT and TPOT errors under `cost` (each GPU's terms), in the
+/// rows' order.
+#[cfg(test)]
 fn pass(
     rows: &[AggregateRow],
     cost: &(dyn Fn(&str) -> EngineCost + Sync),
 ) -> Result<Errors, crate::SimError> {
-    Ok(pass_with_ids(rows, cost)?.2)
-}
-
-/// [`pass`], with the ids and GPUs of the rows simulated (the same rows, in the same order,
-/// under every candidate: the terms fitted here do not change what fits in memory).
-pub(super) fn pass_with_ids(
-    rows: &[AggregateRow],
-    cost: &(dyn Fn(&str) -> EngineCost + Sync),
-) -> Result<(Vec<String>, Vec<&'static str>, Errors), crate::SimError> {
-    let (ids, gpus, errors, _) = pass_with_lines(rows, cost)?;
-    Ok((ids, gpus, errors))
+    Ok(pass_with_lines(rows, cost)?.2)
 }
 
 /// A pass's ids, GPUs and errors by row, and each row's position by its line in the file.
 pub(super) type LinedPass = (Vec<String>, Vec<&'static str>, Errors, HashMap<u64, usize>);
 
-/// [`pass_with_ids`], with each simulated row's position by its line in the file (what
-/// [`pass_moving`] splices by).
+/// A pass's ids, GPUs and errors (the same rows, in the same order, under every candidate:
+/// the terms fitted here do not change what fits in memory), with each simulated row's
+/// position by its line in the file (what [`pass_moving`] splices by).
 pub(super) fn pass_with_lines(
     rows: &[AggregateRow],
     cost: &(dyn Fn(&str) -> EngineCost + Sync),
@@ -596,6 +592,7 @@ pub fn fit_engine_costs(
     rows: &[AggregateRow],
     folds: usize,
     prior: &EngineCost,
+    passes: Option<&std::path::Path>,
 ) -> Result<Vec<EngineFit>, crate::SimError> {
     let folds = folds.max(2);
     let mut engines: Vec<String> = rows.iter().map(|r| r.backend.clone()).collect();
@@ -613,12 +610,21 @@ pub fn fit_engine_costs(
         if n < folds {
             continue;
         }
+        // Every pass below goes through the memo ([`super::memo`]): kept in `passes` when
+        // given, else in memory (a pass it has seen is not simulated twice either way).
+        let memo = std::cell::RefCell::new(match passes {
+            Some(dir) => super::memo::Memo::open(dir, &engine, &mine)?,
+            None => super::memo::Memo::in_memory(),
+        });
+        let gpu_of: HashMap<u64, &'static str> =
+            index.iter().map(|(&l, &i)| (l, gpus[i])).collect();
+        let mine_ref: &[AggregateRow] = &mine;
         // One pass at step overhead `s` and all-reduce latency `a` (candidate indices), an
         // eager floor, a front-end cost, and the efficiencies per GPU (`None`: the kernels'
         // fit, the catalog's).
         type EffsOf<'a> = &'a (dyn Fn(&str) -> Effs + Sync);
         let run = |s: usize, a: usize, eager_us: f64, request_ms: f64, eff: EffsOf| {
-            pass(&mine, &|gpu| {
+            memo_pass(&memo, mine_ref, &gpu_of, (&index, &baseline), &|gpu| {
                 candidate(
                     STEP_CANDIDATES_US[s],
                     ALLREDUCE_CANDIDATES_US[a],
@@ -637,7 +643,8 @@ pub fn fit_engine_costs(
                           a: usize,
                           eager_us: f64,
                           eff: EffsOf| {
-            pass_moving(&mine, moves, (&index, base), &|gpu| {
+            let moving: Vec<AggregateRow> = mine.iter().filter(|r| moves(r)).cloned().collect();
+            memo_pass(&memo, &moving, &gpu_of, (&index, base), &|gpu| {
                 candidate(
                     STEP_CANDIDATES_US[s],
                     ALLREDUCE_CANDIDATES_US[a],
@@ -846,6 +853,10 @@ pub fn fit_engine_costs(
             ids,
             gpus,
             held_out_rows,
+            passes: {
+                let m = memo.borrow();
+                (m.simulated, m.reused)
+            },
             baseline_ttft: baseline.iter().map(|e| e.0).collect(),
             baseline_tpot: baseline.iter().map(|e| e.1).collect(),
         });
@@ -1163,6 +1174,7 @@ mod tests {
             ids: (0..4).map(|i| format!("row{i}")).collect(),
             gpus: vec!["h200"; 4],
             held_out_rows: vec![(0, 0), (1, 1), (2, 0), (3, 1)],
+            passes: (0, 0),
         };
         assert!(fit.kept_defaults());
         let text = fit_toml(&fit, "silicon.csv", 2);
