@@ -43,10 +43,15 @@ pub struct Memo {
     pub reused: u64,
 }
 
+/// An error of `file` at `line` (0: the file as a whole).
 fn err(file: &Path, line: usize, msg: impl std::fmt::Display) -> crate::SimError {
     crate::SimError::Scenario(crate::scenario::ScenarioError {
         file: file.display().to_string(),
-        msg: format!("line {line}: {msg}"),
+        msg: if line == 0 {
+            msg.to_string()
+        } else {
+            format!("line {line}: {msg}")
+        },
     })
 }
 
@@ -84,7 +89,8 @@ impl Memo {
         let head = header(engine, rows);
         let mut memo = Memo::in_memory();
         let kept = match std::fs::read_to_string(&path) {
-            Ok(text) if text.lines().next() == Some(head.as_str()) => {
+            // Kept for these rows, its header line whole.
+            Ok(text) if text.starts_with(&format!("{head}\n")) => {
                 memo.read(&path, &text)?;
                 if !text.ends_with('\n') {
                     // Drop the line cut short, so that appending starts on a line of its own.
@@ -115,7 +121,7 @@ impl Memo {
         let whole = if text.ends_with('\n') {
             lines.len()
         } else {
-            lines.len() - 1
+            lines.len().saturating_sub(1)
         };
         for (i, line) in lines.iter().enumerate().take(whole).skip(1) {
             let n = i + 1;
@@ -203,7 +209,13 @@ impl Memo {
         self.simulated += done.len() as u64;
         for k in &done {
             let e = (k.ttft_error(), k.tpot_error());
-            let key = key_of[&k.row.line];
+            let key = *key_of.get(&k.row.line).ok_or_else(|| {
+                err(
+                    Path::new("silicon.csv"),
+                    0,
+                    format!("row `{}` ran but was not asked for", k.row.id),
+                )
+            })?;
             if let Some((path, f)) = &mut self.file {
                 writeln!(f, "R\t{}\t{key}\t{}\t{}", k.row.line, e.0, e.1)
                     .map_err(|e| err(path, 0, e))?;
