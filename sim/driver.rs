@@ -915,6 +915,8 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
     // [`Client::serial_update_ns`]): when it is next free, and how long after its step
     // each sequence's first token reached the client (only sequences in flight).
     let mut frontend_free: Nanos = 0;
+    // The last token a client saw (the run lasts until then).
+    let mut delivered_end: Nanos = 0;
     let mut first_delay: rustc_hash::FxHashMap<SeqId, Nanos> = rustc_hash::FxHashMap::default();
     slots.send_next(workload, &mut clock, &mut arrived, 0)?;
     let mut pool_blocks = Vec::with_capacity(n);
@@ -1086,6 +1088,7 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
                         let first = first_delay.remove(&rec.request_id).unwrap_or(delay);
                         rec.first_token_ns = rec.first_token_ns.map(|t| t.saturating_add(first));
                         rec.finish_ns = rec.finish_ns.saturating_add(delay);
+                        delivered_end = delivered_end.max(rec.finish_ns);
                     }
                 }
                 for rec in &result.finished {
@@ -1313,6 +1316,7 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
         s.spec = e.spec_stats().await?;
         s.offload = e.offload_stats().await?;
     }
+    stats.end_time = stats.end_time.max(delivered_end);
     Ok(stats)
 }
 
