@@ -1858,3 +1858,29 @@ fn efficiencies_scoped_to_a_gpu_apply_on_that_gpu_only() {
         .expect_err("refused")
         .contains("cost.by_gpu.h200.moe_prefill_expert_us"));
 }
+
+/// The host's eager floor on one GPU (`[cost.by_gpu.<gpu>] eager_layer_us`): each GPU's
+/// deployments run on hosts of their own, so the floor may differ by GPU. It applies on that
+/// GPU even where `[cost]` sets none, and a value out of range is refused by its path.
+#[test]
+fn the_eager_floor_can_be_set_per_gpu() {
+    let read = |text: &str| toml::from_str::<CostParams>(text).map_err(|e| e.to_string());
+    let p = read("[by_gpu.h100-sxm]\neager_layer_us = 900.0\n").expect("parses");
+    p.validate().expect("valid");
+    assert_eq!(p.on_gpu("h100-sxm").eager_layer_us, Some(900.0));
+    assert_eq!(p.on_gpu("h200").eager_layer_us, None);
+    let prefill = |gpu: &str| {
+        let m = CostModel::new(deployment("llama-3.1-8b", gpu, 1, Dtype::Bf16), p.clone());
+        m.step_cost(std::iter::once((0, 16)), std::iter::empty(), 1, 1)
+            .seconds
+    };
+    // Llama-3.1-8B's 32 layers at 900 us: a short prefill lasts the host's 28.8 ms.
+    let (h100, h200) = (prefill("h100-sxm"), prefill("h200"));
+    assert!((h100 - 32.0 * 900e-6).abs() < 1e-3, "{h100} s on the H100");
+    assert!(h200 < 0.01, "{h200} s on the H200, without a floor");
+    let bad = read("[by_gpu.b200]\neager_layer_us = -5.0\n")
+        .expect("parses")
+        .validate()
+        .expect_err("refused");
+    assert!(bad.contains("cost.by_gpu.b200.eager_layer_us"), "{bad}");
+}

@@ -188,6 +188,11 @@ pub struct GpuCost {
     /// `allreduce_eff` on this GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allreduce_eff: Option<f64>,
+    /// `eager_layer_us` on this GPU, microseconds: the host's time to launch a layer
+    /// outside CUDA graphs is the host's, and each GPU's deployments run on hosts of their
+    /// own (a floor set here applies even where `[cost]` sets none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eager_layer_us: Option<f64>,
     /// `moe_gemm_eff` on this GPU (an engine's own expert kernels there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe_gemm_eff: Option<f64>,
@@ -540,6 +545,9 @@ impl CostParams {
             if o.allreduce_eff.is_some() {
                 p.allreduce_eff = o.allreduce_eff;
             }
+            if o.eager_layer_us.is_some() {
+                p.eager_layer_us = o.eager_layer_us;
+            }
             ExpertCost {
                 moe_gemm_eff: o.moe_gemm_eff,
                 moe_compute_eff: o.moe_compute_eff,
@@ -712,11 +720,18 @@ impl CostParams {
                 self.moe_routing_skew
             ));
         }
-        if let Some(us) = self.eager_layer_us {
-            if !(0.0..=100_000.0).contains(&us) {
-                return Err(format!(
-                    "cost.eager_layer_us: must be 0 to 100000 us, got {us}"
-                ));
+        let eager = std::iter::once(("cost.eager_layer_us".to_string(), self.eager_layer_us))
+            .chain(self.by_gpu.iter().map(|(name, o)| {
+                (
+                    format!("cost.by_gpu.{name}.eager_layer_us"),
+                    o.eager_layer_us,
+                )
+            }));
+        for (k, us) in eager {
+            if let Some(us) = us {
+                if !(0.0..=100_000.0).contains(&us) {
+                    return Err(format!("{k}: must be 0 to 100000 us, got {us}"));
+                }
             }
         }
         match (self.graph_max_tokens, self.eager_layer_us) {
