@@ -684,7 +684,10 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
     }
     assert_eq!(
         toml.contains("[cost.by_gpu."),
-        !f.by_gpu.fp8.is_empty() || !f.by_gpu.fp4.is_empty() || !f.by_gpu.allreduce.is_empty(),
+        !f.by_gpu.fp8.is_empty()
+            || !f.by_gpu.fp4.is_empty()
+            || !f.by_gpu.allreduce.is_empty()
+            || !f.by_gpu.eager.is_empty(),
         "{toml}"
     );
     // The engine keys it names are the ones the shipped TensorRT-LLM fit names.

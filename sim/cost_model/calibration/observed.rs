@@ -16,10 +16,12 @@
 //! weights keep their errors under the fp8 (fp4) candidates, rows at TP 1 under the
 //! all-reduce ones. Per fold, the step overhead with the smallest median absolute TPOT
 //! error on the other folds is chosen, then, with it, the all-reduce latency, then, with
-//! both, the eager floor and each GPU's fp8 and fp4 efficiencies with the smallest sum of
+//! both, each GPU's eager floor and fp8 and fp4 efficiencies with the smallest sum of
 //! the median absolute TTFT and TPOT errors (the floor moves TTFT, the efficiencies both;
-//! each GPU's fp8 and fp4 efficiencies are chosen on its own rows with fp8 or fp4
-//! weights), then each GPU's all-reduce efficiency on its own rows at TP > 1 (the same
+//! each GPU's floor is chosen on its own rows, since the host's launch time is that of the
+//! GPU's hosts, and written as `[cost] eager_layer_us` where it is the floor of the most
+//! rows, else as `[cost.by_gpu.<gpu>] eager_layer_us`; each GPU's fp8 and fp4
+//! efficiencies are chosen on its own rows with fp8 or fp4 weights), then each GPU's all-reduce efficiency on its own rows at TP > 1 (the same
 //! score), then the front-end cost with the smallest median absolute TTFT error (one stage
 //! at a time, so the grid stays small); the held-out fold's errors under that fit are
 //! kept. Reported errors are those held-out errors; the spread of the fold fits is the
@@ -87,6 +89,8 @@ pub struct ByGpu {
     pub fp4: Vec<(&'static str, f64)>,
     /// `allreduce_eff`.
     pub allreduce: Vec<(&'static str, f64)>,
+    /// `eager_layer_us`, where a GPU's floor departs from the `[cost]` one.
+    pub eager: Vec<(&'static str, f64)>,
 }
 
 impl ByGpu {
@@ -107,6 +111,7 @@ impl ByGpu {
             fp8: pick(fp8, &FP8_CANDIDATES),
             fp4: pick(fp4, &FP4_CANDIDATES),
             allreduce: pick(allreduce, &ALLREDUCE_EFF_CANDIDATES),
+            eager: Vec::new(),
         }
     }
 
@@ -117,9 +122,14 @@ impl ByGpu {
             (&self.fp8, "fp8_compute_eff"),
             (&self.fp4, "fp4_compute_eff"),
             (&self.allreduce, "allreduce_eff"),
+            (&self.eager, "eager_layer_us"),
         ] {
             for &(g, e) in list {
-                let kv = format!("{key} = {e:.2}");
+                let kv = if key == "eager_layer_us" {
+                    format!("{key} = {e:.1}")
+                } else {
+                    format!("{key} = {e:.2}")
+                };
                 match out.iter_mut().find(|(n, _)| *n == g) {
                     Some((_, keys)) => keys.push(kv),
                     None => out.push((g, vec![kv])),
@@ -158,16 +168,25 @@ impl ByGpu {
             let entries: Vec<String> = v.iter().map(|(g, e)| format!("{g} {e:.2}")).collect();
             format!("{what} {}", entries.join(", "))
         };
+        let eager: Vec<String> = self
+            .eager
+            .iter()
+            .map(|(g, us)| format!(" / eager {g} {us:.0} us"))
+            .collect();
         format!(
-            "{} / {} / {}",
+            "{} / {} / {}{}",
             list(&self.fp8, "fp8"),
             list(&self.fp4, "fp4"),
-            list(&self.allreduce, "all-reduce eff")
+            list(&self.allreduce, "all-reduce eff"),
+            eager.concat()
         )
     }
 
     fn is_empty(&self) -> bool {
-        self.fp8.is_empty() && self.fp4.is_empty() && self.allreduce.is_empty()
+        self.fp8.is_empty()
+            && self.fp4.is_empty()
+            && self.allreduce.is_empty()
+            && self.eager.is_empty()
     }
 }
 
@@ -227,8 +246,8 @@ pub struct FoldFit {
     pub eager_layer_us: f64,
     /// `cost.request_overhead_ms`.
     pub request_overhead_ms: f64,
-    /// `[cost.by_gpu.<gpu>]` `fp8_compute_eff`, `fp4_compute_eff` and `allreduce_eff` (GPUs
-    /// not listed: the defaults).
+    /// `[cost.by_gpu.<gpu>]` `fp8_compute_eff`, `fp4_compute_eff`, `allreduce_eff` and
+    /// `eager_layer_us` (GPUs not listed: the defaults, and `eager_layer_us` above).
     pub by_gpu: ByGpu,
 }
 
@@ -623,12 +642,13 @@ pub fn fit_engine_costs(
         // eager floor, a front-end cost, and the efficiencies per GPU (`None`: the kernels'
         // fit, the catalog's).
         type EffsOf<'a> = &'a (dyn Fn(&str) -> Effs + Sync);
-        let run = |s: usize, a: usize, eager_us: f64, request_ms: f64, eff: EffsOf| {
+        type EagerOf<'a> = &'a (dyn Fn(&str) -> f64 + Sync);
+        let run = |s: usize, a: usize, eager: EagerOf, request_ms: f64, eff: EffsOf| {
             memo_pass(&memo, mine_ref, &gpu_of, (&index, &baseline), &|gpu| {
                 candidate(
                     STEP_CANDIDATES_US[s],
                     ALLREDUCE_CANDIDATES_US[a],
-                    eager_us,
+                    eager(gpu),
                     request_ms,
                     eff(gpu),
                     prior,
@@ -641,14 +661,14 @@ pub fn fit_engine_costs(
                           base: &Errors,
                           s: usize,
                           a: usize,
-                          eager_us: f64,
+                          eager: EagerOf,
                           eff: EffsOf| {
             let moving: Vec<AggregateRow> = mine.iter().filter(|r| moves(r)).cloned().collect();
             memo_pass(&memo, &moving, &gpu_of, (&index, base), &|gpu| {
                 candidate(
                     STEP_CANDIDATES_US[s],
                     ALLREDUCE_CANDIDATES_US[a],
-                    eager_us,
+                    eager(gpu),
                     0.0,
                     eff(gpu),
                     prior,
@@ -658,7 +678,7 @@ pub fn fit_engine_costs(
         // TPOT under each step overhead (no front-end cost: it barely moves TPOT).
         let mut by_step = Vec::new();
         for s in 0..STEP_CANDIDATES_US.len() {
-            by_step.push(run(s, 0, 0.0, 0.0, none)?);
+            by_step.push(run(s, 0, &|_| 0.0, 0.0, none)?);
         }
         // A fixed shuffle, so folds mix GPUs, models and concurrencies.
         let mut idx: Vec<usize> = (0..n).collect();
@@ -682,7 +702,7 @@ pub fn fit_engine_costs(
         for &s in &steps_needed {
             let mut errs = vec![by_step[s].clone()];
             for a in 1..ALLREDUCE_CANDIDATES_US.len() {
-                errs.push(run_moving(&all_reduces, &by_step[s], s, a, 0.0, none)?);
+                errs.push(run_moving(&all_reduces, &by_step[s], s, a, &|_| 0.0, none)?);
             }
             by_ar.push((s, errs));
         }
@@ -706,7 +726,7 @@ pub fn fit_engine_costs(
                 let base = if us == 0.0 {
                     at(&by_ar, s)[a].clone()
                 } else {
-                    run(s, a, us, 0.0, none)?
+                    run(s, a, &|_| us, 0.0, none)?
                 };
                 // `base`, then each candidate of `table` (`effs` of it on every GPU) over the
                 // rows `moves` picks.
@@ -715,7 +735,7 @@ pub fn fit_engine_costs(
                             effs: fn(Option<f64>) -> Effs| {
                     let mut errs = vec![base.clone()];
                     for &eff in &table[1..] {
-                        errs.push(run_moving(moves, &base, s, a, us, &|_| effs(eff))?);
+                        errs.push(run_moving(moves, &base, s, a, &|_| us, &|_| effs(eff))?);
                     }
                     Ok::<_, crate::SimError>(errs)
                 };
@@ -734,23 +754,81 @@ pub fn fit_engine_costs(
         }
         // The eager floor (index) whose errors, with each GPU's fp8 and fp4 efficiencies
         // chosen on `train`, score best on `train`; those per-GPU choices.
+        // Each GPU's floor is chosen on its own rows of `train` (the host's launch time is
+        // its hosts'), the GPU's fp8 and fp4 efficiencies with it; a GPU without rows in
+        // `train` takes the floor that scores best over all of them.
+        let mut names: Vec<&'static str> = gpus.clone();
+        names.sort_unstable();
+        names.dedup();
         let eager_fit = |pair: (usize, usize), train: &[usize]| {
             let per_eager: Vec<(PerGpu, PerGpu, Errors)> = at(&by_eager, pair)
                 .iter()
                 .map(|lp| lp.fit(&gpus, train))
                 .collect();
             let combined: Vec<Errors> = per_eager.iter().map(|c| c.2.clone()).collect();
-            let e = best(&combined, train, Score::BOTH);
-            (e, per_eager[e].0.clone(), per_eager[e].1.clone())
+            let global = best(&combined, train, Score::BOTH);
+            let of = |c: &PerGpu, g: &str| c.iter().find(|(n, _)| *n == g).map_or(0, |x| x.1);
+            let (mut e, mut c8, mut c4): (PerGpu, PerGpu, PerGpu) = Default::default();
+            for &g in &names {
+                let rows: Vec<usize> = train.iter().copied().filter(|&i| gpus[i] == g).collect();
+                let k = if rows.is_empty() {
+                    global
+                } else {
+                    best(&combined, &rows, Score::BOTH)
+                };
+                e.push((g, k));
+                c8.push((g, of(&per_eager[k].0, g)));
+                c4.push((g, of(&per_eager[k].1, g)));
+            }
+            (e, c8, c4)
         };
-        let eager_of: Vec<(usize, PerGpu, PerGpu)> = (0..folds)
+        // Every row's errors under its GPU's floor (`e`) and fp8 and fp4 choices.
+        let eager_errors = |pair: (usize, usize), e: &PerGpu, c8: &PerGpu, c4: &PerGpu| {
+            let lps = at(&by_eager, pair);
+            let mut ks: Vec<usize> = e.iter().map(|x| x.1).collect();
+            ks.sort_unstable();
+            ks.dedup();
+            let under_k: Vec<(usize, Errors)> = ks
+                .iter()
+                .map(|&k| (k, lps[k].under(c8, c4, &gpus)))
+                .collect();
+            (0..gpus.len())
+                .map(|i| {
+                    let k = e.iter().find(|x| x.0 == gpus[i]).map_or(0, |x| x.1);
+                    under_k
+                        .iter()
+                        .find(|u| u.0 == k)
+                        .map_or((0.0, 0.0), |u| u.1[i])
+                })
+                .collect::<Errors>()
+        };
+        let eager_us = |e: &PerGpu, gpu: &str| -> f64 {
+            EAGER_CANDIDATES_US[e.iter().find(|x| x.0 == gpu).map_or(0, |x| x.1)]
+        };
+        // The `[cost]` floor (the one of the most rows) and the GPUs' departures from it.
+        let shared_eager = |e: &PerGpu| -> (f64, Vec<(&'static str, f64)>) {
+            let mut rows = vec![0usize; EAGER_CANDIDATES_US.len()];
+            for &(g, k) in e {
+                rows[k] += gpus.iter().filter(|&&x| x == g).count();
+            }
+            let shared = (0..rows.len())
+                .max_by_key(|&k| (rows[k], std::cmp::Reverse(k)))
+                .unwrap_or(0);
+            let departs = e
+                .iter()
+                .filter(|x| x.1 != shared)
+                .map(|&(g, k)| (g, EAGER_CANDIDATES_US[k]))
+                .collect();
+            (EAGER_CANDIDATES_US[shared], departs)
+        };
+        let eager_of: Vec<(PerGpu, PerGpu, PerGpu)> = (0..folds)
             .map(|f| eager_fit((step_of[f], ar_of[f]), &split(f).1))
             .collect();
         let eager_all = eager_fit((step_all, ar_all), &idx);
         // Each all-reduce efficiency on every GPU, at every (step overhead, all-reduce
         // latency, eager floor, fp8 and fp4 per GPU) a fit chose; then each GPU's, chosen on
         // its own rows at TP > 1 (the catalog's efficiency is the eager stage's pass).
-        type Key = (usize, usize, usize, PerGpu, PerGpu);
+        type Key = (usize, usize, PerGpu, PerGpu, PerGpu);
         let eager_key = |f: usize| -> Key {
             let (e, c8, c4) = eager_of[f].clone();
             (step_of[f], ar_of[f], e, c8, c4)
@@ -758,7 +836,7 @@ pub fn fit_engine_costs(
         let eager_key_all: Key = (
             step_all,
             ar_all,
-            eager_all.0,
+            eager_all.0.clone(),
             eager_all.1.clone(),
             eager_all.2.clone(),
         );
@@ -769,15 +847,14 @@ pub fn fit_engine_costs(
         let mut by_ar_eff: Vec<(Key, Vec<Errors>)> = Vec::new();
         for key in &keys {
             let (s, a, e, c8, c4) = key;
-            let lp = &at(&by_eager, (*s, *a))[*e];
-            let mut errs = vec![lp.under(c8, c4, &gpus)];
+            let mut errs = vec![eager_errors((*s, *a), e, c8, c4)];
             for &ar in &ALLREDUCE_EFF_CANDIDATES[1..] {
                 let moved = run_moving(
                     &all_reduces,
                     &errs[0],
                     *s,
                     *a,
-                    EAGER_CANDIDATES_US[*e],
+                    &|gpu| eager_us(e, gpu),
                     &|gpu| Effs {
                         fp8: pick(c8, &FP8_CANDIDATES, gpu),
                         fp4: pick(c4, &FP4_CANDIDATES, gpu),
@@ -806,10 +883,10 @@ pub fn fit_engine_costs(
         for key in &needed {
             let ((s, a, e, c8, c4), ar_choice) = key;
             // No front-end cost is the all-reduce stage's pass.
-            let ar_effs = at(&by_ar_eff, (*s, *a, *e, c8.clone(), c4.clone()));
+            let ar_effs = at(&by_ar_eff, (*s, *a, e.clone(), c8.clone(), c4.clone()));
             let mut errs = vec![under(ar_effs, ar_choice, &gpus)];
             for &ms in &CANDIDATES_MS[1..] {
-                errs.push(run(*s, *a, EAGER_CANDIDATES_US[*e], ms, &|gpu| Effs {
+                errs.push(run(*s, *a, &|gpu| eager_us(e, gpu), ms, &|gpu| Effs {
                     fp8: pick(c8, &FP8_CANDIDATES, gpu),
                     fp4: pick(c4, &FP4_CANDIDATES, gpu),
                     allreduce: pick(ar_choice, &ALLREDUCE_EFF_CANDIDATES, gpu),
@@ -828,9 +905,12 @@ pub fn fit_engine_costs(
             fold_fits.push(FoldFit {
                 step_overhead_us: STEP_CANDIDATES_US[step_of[f]],
                 allreduce_latency_us: ALLREDUCE_CANDIDATES_US[ar_of[f]],
-                eager_layer_us: EAGER_CANDIDATES_US[eager_of[f].0],
+                eager_layer_us: shared_eager(&eager_of[f].0).0,
                 request_overhead_ms: CANDIDATES_MS[r],
-                by_gpu: ByGpu::of(&eager_of[f].1, &eager_of[f].2, &ar_eff_of[f]),
+                by_gpu: ByGpu {
+                    eager: shared_eager(&eager_of[f].0).1,
+                    ..ByGpu::of(&eager_of[f].1, &eager_of[f].2, &ar_eff_of[f])
+                },
             });
             for &i in &test {
                 held_out_ttft.push(errs[r][i].0);
@@ -845,8 +925,11 @@ pub fn fit_engine_costs(
             request_overhead_ms: CANDIDATES_MS[r_all],
             step_overhead_us: STEP_CANDIDATES_US[step_all],
             allreduce_latency_us: ALLREDUCE_CANDIDATES_US[ar_all],
-            eager_layer_us: EAGER_CANDIDATES_US[eager_all.0],
-            by_gpu: ByGpu::of(&eager_all.1, &eager_all.2, &ar_eff_all),
+            eager_layer_us: shared_eager(&eager_all.0).0,
+            by_gpu: ByGpu {
+                eager: shared_eager(&eager_all.0).1,
+                ..ByGpu::of(&eager_all.1, &eager_all.2, &ar_eff_all)
+            },
             fold_fits,
             held_out_ttft,
             held_out_tpot,
