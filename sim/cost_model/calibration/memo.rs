@@ -188,11 +188,20 @@ impl Memo {
         let mut out = HashMap::new();
         let mut missing: Vec<AggregateRow> = Vec::new();
         let mut key_of: HashMap<u64, usize> = HashMap::new();
+        // A pass's cost is one per GPU: named once per GPU, not once per row.
+        let mut key_of_gpu: HashMap<&str, usize> = HashMap::new();
         for r in rows {
-            let Some(gpu) = gpu_of.get(&r.line) else {
+            let Some(&gpu) = gpu_of.get(&r.line) else {
                 continue;
             };
-            let k = self.key(&cost(gpu))?;
+            let k = match key_of_gpu.get(gpu) {
+                Some(&k) => k,
+                None => {
+                    let k = self.key(&cost(gpu))?;
+                    key_of_gpu.insert(gpu, k);
+                    k
+                }
+            };
             key_of.insert(r.line, k);
             match self.errors.get(&(r.line, k)) {
                 Some(&e) => {

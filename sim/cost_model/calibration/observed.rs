@@ -21,8 +21,8 @@
 //! each GPU's floor is chosen on its own rows, since the host's launch time is that of the
 //! GPU's hosts, and written as `[cost] eager_layer_us` where it is the floor of the most
 //! rows, else as `[cost.by_gpu.<gpu>] eager_layer_us`; each GPU's fp8 and fp4
-//! efficiencies are chosen on its own rows with fp8 or fp4 weights), then each GPU's all-reduce efficiency on its own rows at TP > 1 (the same
-//! score), then the front-end cost with the smallest median absolute TTFT error (one stage
+//! efficiencies are chosen on its own rows with fp8 or fp4 weights), then each GPU's
+//! all-reduce efficiency on its own rows at TP > 1 (the same score), then the front-end cost with the smallest median absolute TTFT error (one stage
 //! at a time, so the grid stays small); the held-out fold's errors under that fit are
 //! kept. Reported errors are those held-out errors; the spread of the fold fits is the
 //! fit's uncertainty. The fit on all rows is what the calibration file carries.
@@ -752,8 +752,6 @@ pub fn fit_engine_costs(
             }
             by_eager.push(((s, a), per_eager));
         }
-        // The eager floor (index) whose errors, with each GPU's fp8 and fp4 efficiencies
-        // chosen on `train`, score best on `train`; those per-GPU choices.
         // Each GPU's floor is chosen on its own rows of `train` (the host's launch time is
         // its hosts'), the GPU's fp8 and fp4 efficiencies with it; a GPU without rows in
         // `train` takes the floor that scores best over all of them.
