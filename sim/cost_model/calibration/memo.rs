@@ -12,8 +12,8 @@
 //!
 //! The file (`DIR/engines-<engine>.passes.tsv`) is appended to as passes finish, so a run
 //! stopped part way keeps what it simulated. Its first line names the rows it was kept for
-//! (their count and a hash of their lines, ids, lengths, clients and measurements); a file
-//! kept for other rows is replaced. Then `K <index> <cost>` lines name each cost once and
+//! (their count and a hash of every field of each, as read); a file kept for other rows is
+//! replaced. Then `K <index> <cost>` lines name each cost once and
 //! `R <line> <index> <ttft error> <tpot error>` lines give a row's errors under it, tab
 //! separated. A last line cut short (a run stopped while writing) is dropped; any other bad
 //! line is refused with its file and line number.
@@ -55,12 +55,14 @@ fn err(file: &Path, line: usize, msg: impl std::fmt::Display) -> crate::SimError
     })
 }
 
-/// The first line of a memo kept for `rows`.
+/// The first line of a memo kept for `rows`: a hash of every field of every row (its
+/// `Debug` text, which names each field and prints floats exactly), so that a row whose
+/// settings changed (its version, weight format, parallelism, client) is not served the
+/// errors it had under the old ones.
 fn header(engine: &str, rows: &[AggregateRow]) -> String {
     let mut h = rustc_hash::FxHasher::default();
     for r in rows {
-        (r.line, &r.id, r.isl, r.osl, r.batch_size, r.tp).hash(&mut h);
-        (r.ttft_ms.to_bits(), r.tpot_ms.to_bits()).hash(&mut h);
+        format!("{r:?}").hash(&mut h);
     }
     format!(
         "# sim calibrate --observed engines passes of {engine}: {} rows, hash {:016x}",
@@ -340,6 +342,12 @@ mod tests {
         // Kept for other rows: replaced.
         let other = Memo::open(dir.path(), "vllm", &rows[1..]).expect("memo");
         drop(other);
+        assert_eq!(kept(open()), (full.clone(), n));
+        // Kept for the same rows with a setting changed that no length or measurement shows
+        // (the engine's version): replaced too.
+        let mut changed = rows.clone();
+        changed[0].backend_version.push_str(".post1");
+        drop(Memo::open(dir.path(), "vllm", &changed).expect("memo"));
         assert_eq!(kept(open()), (full.clone(), n));
         // A bad line inside the file.
         let text = std::fs::read_to_string(&path).expect("file");
