@@ -477,3 +477,52 @@ fn a_disk_tier_keeps_what_the_cpu_tier_drops() {
     );
     assert!(fast.mean_ttft_ms < cpu.mean_ttft_ms);
 }
+
+/// A benchmark client's prompt pool (aiperf's 100 synthetic prompts, here 4): with a cache
+/// that never evicts, the first request of each entry computes its prompt and every later
+/// one hits all of it but the last token's block; without the pool, no prompt shares a
+/// block with another.
+#[test]
+fn a_prompt_pool_hits_each_entry_after_its_first_use() {
+    use sim::workload::{Workload, WorkloadConfig};
+    let toml = r#"
+        num_requests = 40
+        arrival = { process = "poisson", rate = 0.5 }
+        [[class]]
+        name = "pool"
+        prompt = { dist = "uniform", min = 40, max = 200 }
+        output = { dist = "uniform", min = 1, max = 20 }
+        prompt_pool = { size = 4, sampling = "random" }
+    "#;
+    let cfg: WorkloadConfig = toml::from_str(toml).expect("workload toml");
+    let requests: Vec<Request> = Workload::open(&cfg, std::path::Path::new("."), 3)
+        .expect("open")
+        .collect::<Result<_, _>>()
+        .expect("requests");
+    let records = run_requests(requests.clone(), 1 << 20);
+    let mut seen = std::collections::HashSet::new();
+    let mut hits = 0;
+    for (r, rec) in requests.iter().zip(&records) {
+        if seen.insert(r.prompt_tokens.clone()) {
+            assert_eq!(rec.cached_tokens, 0, "request {}", r.id);
+        } else {
+            assert_eq!(
+                rec.cached_tokens,
+                (r.prompt_len - 1) / 16 * 16,
+                "request {}",
+                r.id
+            );
+            hits += 1;
+        }
+    }
+    assert_eq!(seen.len(), 4);
+    assert_eq!(hits, 36);
+    let unpooled = toml.replace("prompt_pool = { size = 4, sampling = \"random\" }", "");
+    let cfg: WorkloadConfig = toml::from_str(&unpooled).expect("workload toml");
+    let requests: Vec<Request> = Workload::open(&cfg, std::path::Path::new("."), 3)
+        .expect("open")
+        .collect::<Result<_, _>>()
+        .expect("requests");
+    let records = run_requests(requests, 1 << 20);
+    assert!(records.iter().all(|r| r.cached_tokens == 0));
+}

@@ -109,6 +109,42 @@ pub struct ClassConfig {
     /// `prompt` distribution gives), so the prefix cache sees real sharing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_prefix: Option<SharedPrefix>,
+    /// A benchmark client's finite dataset: the class's requests draw their prompts (and
+    /// requested output lengths) from `size` entries made once from the class's length
+    /// distributions, so an entry sent again repeats its prompt token for token and the
+    /// prefix cache can serve it whole. aiperf's synthetic prompts are 100 such entries
+    /// (drawn at random up to 0.2, shuffled from 0.3). After `shared_prefix` when both are
+    /// given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_pool: Option<PromptPool>,
+}
+
+/// `prompt_pool = { size = 100, sampling = "shuffle" }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptPool {
+    /// Distinct entries (at most [`MAX_POOL_ENTRIES`]).
+    pub size: u32,
+    /// How each request picks its entry.
+    #[serde(default)]
+    pub sampling: PoolSampling,
+}
+
+/// The most entries a prompt pool may hold: 4,194,304 (each keeps its two lengths and a
+/// place in the shuffle, 12 bytes: 48 MiB at most).
+pub const MAX_POOL_ENTRIES: u32 = 1 << 22;
+
+/// How a request picks its prompt pool entry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PoolSampling {
+    /// Every entry once in a random order, then again in a new order (aiperf from 0.3).
+    #[default]
+    Shuffle,
+    /// Uniformly at random, with replacement (aiperf up to 0.2).
+    Random,
+    /// In order, then again from the first (a dataset replayed as written).
+    Sequential,
 }
 
 /// `shared_prefix = { tokens = 1000, groups = 4 }`.
@@ -334,6 +370,14 @@ impl ClassConfig {
                         "must be at least 1, got 0",
                     ));
                 }
+            }
+        }
+        if let Some(p) = self.prompt_pool {
+            if p.size == 0 || p.size > MAX_POOL_ENTRIES {
+                return Err(WorkloadError::config(
+                    format!("{key}.prompt_pool.size"),
+                    format!("must be 1 to {MAX_POOL_ENTRIES} entries, got {}", p.size),
+                ));
             }
         }
         if self.beam_search && self.n < 2 {

@@ -35,7 +35,9 @@ use std::path::Path;
 use engine::request::{Request, SamplingParams, NANOS_PER_SEC};
 
 pub use arrivals::ArrivalConfig;
-pub use config::{ClassConfig, SharedPrefix, WorkloadConfig};
+pub use config::{
+    ClassConfig, PoolSampling, PromptPool, SharedPrefix, WorkloadConfig, MAX_POOL_ENTRIES,
+};
 pub use error::WorkloadError;
 pub use lengths::{JointLengths, LengthDist};
 pub use multi_turn::{MultiTurnConfig, MULTI_TURN_CLASSES};

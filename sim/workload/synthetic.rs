@@ -1,10 +1,14 @@
 //! The class-based synthetic workload (`arrival` plus `[[workload.class]]`): arrivals from
 //! the arrival process, each request's class drawn by weight, its prompt and output lengths
-//! from the class's distributions, and an optional shared system prompt per class.
+//! from the class's distributions, an optional shared system prompt per class, and an
+//! optional prompt pool per class (a benchmark client's finite dataset: each request takes
+//! one of the pool's entries, whose prompt tokens and lengths were fixed when the pool was
+//! made, so a repeated entry repeats its prompt token for token).
 
 use std::path::Path;
 
 use rand::distr::weighted::WeightedIndex;
+use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::Distribution;
@@ -15,13 +19,69 @@ use super::lengths::{ClassLengths, ClassSampler, LenSampler};
 use super::streams::{
     purpose_output, purpose_prompt, stream, synthetic_token, PURPOSE_ARRIVALS, PURPOSE_CLASS,
 };
-use super::{Generated, SharedPrefix, WorkloadConfig, WorkloadError};
+use super::{Generated, PoolSampling, PromptPool, SharedPrefix, WorkloadConfig, WorkloadError};
+
+/// Where pool entries' tokens live among the synthetic tokens' `b` values: above every
+/// shared prefix's group (a `u32`), so an entry never repeats a system prompt's tokens.
+const POOL_TOKENS: u64 = 1 << 40;
+
+/// One class's prompt pool: its entries' (prompt, output) lengths, and where the sampling
+/// stands.
+#[derive(Debug, Clone)]
+struct Pool {
+    entries: Vec<(u32, u32)>,
+    sampling: PoolSampling,
+    /// The current pass's order (shuffle), and the next place in it (shuffle, sequential).
+    order: Vec<u32>,
+    pos: usize,
+    rng: ChaCha8Rng,
+}
+
+impl Pool {
+    /// `cfg.size` entries drawn from `sampler` (its lengths), picked later with `rng`.
+    fn new(cfg: PromptPool, sampler: &mut ClassSampler, rng: ChaCha8Rng) -> Pool {
+        let entries = (0..cfg.size).map(|_| sampler.sample()).collect();
+        Pool {
+            entries,
+            sampling: cfg.sampling,
+            order: Vec::new(),
+            pos: 0,
+            rng,
+        }
+    }
+
+    /// The next request's entry.
+    fn pick(&mut self) -> u32 {
+        let n = self.entries.len() as u32;
+        match self.sampling {
+            PoolSampling::Random => self.rng.random_range(0..n),
+            PoolSampling::Sequential => {
+                let i = (self.pos % self.entries.len()) as u32;
+                self.pos = self.pos.wrapping_add(1);
+                i
+            }
+            PoolSampling::Shuffle => {
+                if self.pos >= self.order.len() {
+                    // A new pass: every entry once, in an order of its own.
+                    self.order = (0..n).collect();
+                    self.order.shuffle(&mut self.rng);
+                    self.pos = 0;
+                }
+                let i = self.order[self.pos];
+                self.pos += 1;
+                i
+            }
+        }
+    }
+}
 
 /// A synthetic workload's state.
 #[derive(Debug, Clone)]
 pub(super) struct Synthetic {
     /// Per class: its shared prefix and the stream choosing the group.
     prefixes: Vec<Option<(SharedPrefix, ChaCha8Rng)>>,
+    /// Per class: its prompt pool.
+    pools: Vec<Option<Pool>>,
     gaps: Gaps,
     /// Time of the last arrival, in seconds.
     t: f64,
@@ -66,6 +126,18 @@ impl Synthetic {
                 output_rng: stream(seed, purpose_output(i)),
             });
         }
+        // Each pool's entries take their lengths from the class's streams, which a pooled
+        // class uses for nothing else.
+        let pools = cfg
+            .classes
+            .iter()
+            .zip(classes.iter_mut())
+            .enumerate()
+            .map(|(i, (c, sampler))| {
+                c.prompt_pool
+                    .map(|p| Pool::new(p, sampler, stream(seed, 0x3_0000 + i as u64)))
+            })
+            .collect();
         Ok(Synthetic {
             prefixes: cfg
                 .classes
@@ -76,6 +148,7 @@ impl Synthetic {
                         .map(|p| (p, stream(seed, 0x2_0000 + i as u64)))
                 })
                 .collect(),
+            pools,
             gaps,
             t: 0.0,
             arrival_rng: stream(seed, PURPOSE_ARRIVALS),
@@ -95,15 +168,29 @@ impl Synthetic {
         } else {
             self.class_index.sample(&mut self.class_rng)
         };
-        let (mut p, o) = self.classes[class].sample();
+        // The request's own prompt: a pool entry's (tokens named by the entry, the same
+        // each time it is sent) or its own (tokens named by its id).
+        let (mut p, o, own, pooled) = match self.pools.get_mut(class).and_then(Option::as_mut) {
+            Some(pool) => {
+                let e = pool.pick();
+                let (p, o) = pool.entries[e as usize];
+                (p, o, (class as u64, POOL_TOKENS + u64::from(e)), true)
+            }
+            None => {
+                let (p, o) = self.classes[class].sample();
+                (p, o, (u64::MAX - id, 0), false)
+            }
+        };
         let mut prompt = Vec::new();
         if let Some((prefix, rng)) = self.prefixes.get_mut(class).and_then(Option::as_mut) {
             let group = rng.random_range(0..prefix.groups.max(1));
             prompt = (0..prefix.tokens)
                 .map(|j| synthetic_token(class as u64, u64::from(group), j))
-                .chain((0..p).map(|j| synthetic_token(u64::MAX - id, 0, j)))
+                .chain((0..p).map(|j| synthetic_token(own.0, own.1, j)))
                 .collect();
             p = p.saturating_add(prefix.tokens);
+        } else if pooled {
+            prompt = (0..p).map(|j| synthetic_token(own.0, own.1, j)).collect();
         }
         Generated {
             arrival_s: t,

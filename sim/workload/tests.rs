@@ -35,6 +35,7 @@ fn fixed_class(name: &str, weight: f64) -> ClassConfig {
         lengths: None,
         priority: 0,
         shared_prefix: None,
+        prompt_pool: None,
         acceptance: None,
         mean_acceptance_length: None,
         n: 1,
@@ -462,6 +463,7 @@ fn mixed_cfg() -> WorkloadConfig {
                 lengths: None,
                 priority: 0,
                 shared_prefix: None,
+                prompt_pool: None,
                 acceptance: None,
                 mean_acceptance_length: None,
                 n: 1,
@@ -483,6 +485,7 @@ fn mixed_cfg() -> WorkloadConfig {
                 lengths: None,
                 priority: 0,
                 shared_prefix: None,
+                prompt_pool: None,
                 acceptance: None,
                 mean_acceptance_length: None,
                 n: 1,
@@ -814,6 +817,7 @@ fn empirical_and_joint_lengths() {
                 lengths: None,
                 priority: 0,
                 shared_prefix: None,
+                prompt_pool: None,
                 acceptance: None,
                 mean_acceptance_length: None,
                 n: 1,
@@ -834,6 +838,7 @@ fn empirical_and_joint_lengths() {
                 }),
                 priority: 0,
                 shared_prefix: None,
+                prompt_pool: None,
                 acceptance: None,
                 mean_acceptance_length: None,
                 n: 1,
@@ -905,6 +910,7 @@ fn real_sharegpt_joint_lengths() {
             }),
             priority: 0,
             shared_prefix: None,
+            prompt_pool: None,
             acceptance: None,
             mean_acceptance_length: None,
             n: 1,
@@ -926,5 +932,120 @@ fn real_sharegpt_joint_lengths() {
         assert!(rows
             .iter()
             .any(|[p, o]| (*p).max(1) == r.prompt_len && (*o).max(1) == r.max_tokens));
+    }
+}
+
+/// A prompt pool's requests repeat its entries token for token: shuffled, every run of
+/// `size` requests from a pass's start holds each entry once; in order, request `i` and
+/// `i + size` are the same prompt; at random, only the pool's entries appear. Lengths are
+/// fixed per entry (drawn from the class's distributions once), and the same seed gives
+/// the same requests.
+#[test]
+fn a_prompt_pool_repeats_its_entries() {
+    use std::collections::HashSet;
+    let mut class = fixed_class("pool", 1.0);
+    class.prompt = Some(LengthDist::Uniform { min: 10, max: 60 });
+    class.output = Some(LengthDist::Uniform { min: 1, max: 9 });
+    for sampling in [
+        PoolSampling::Shuffle,
+        PoolSampling::Sequential,
+        PoolSampling::Random,
+    ] {
+        class.prompt_pool = Some(PromptPool { size: 5, sampling });
+        let cfg = synthetic(
+            ArrivalConfig::Poisson { rate: 5.0 },
+            23,
+            vec![class.clone()],
+        );
+        let reqs = collect(&cfg, Path::new("."), 4);
+        assert_eq!(reqs.len(), 23);
+        let key = |r: &Request| (r.prompt_tokens.clone(), r.max_tokens);
+        for r in &reqs {
+            assert_eq!(r.prompt_tokens.len() as u32, r.prompt_len, "{sampling:?}");
+        }
+        let distinct: HashSet<_> = reqs.iter().map(key).collect();
+        // Every prompt is one of the five entries, each with its own output length.
+        let prompts: HashSet<_> = reqs.iter().map(|r| r.prompt_tokens.clone()).collect();
+        assert_eq!(distinct.len(), prompts.len(), "{sampling:?}");
+        match sampling {
+            PoolSampling::Shuffle => {
+                assert_eq!(prompts.len(), 5);
+                for pass in reqs.chunks(5).filter(|c| c.len() == 5) {
+                    let seen: HashSet<_> = pass.iter().map(key).collect();
+                    assert_eq!(seen.len(), 5, "each pass takes every entry once");
+                }
+            }
+            PoolSampling::Sequential => {
+                assert_eq!(prompts.len(), 5);
+                for (a, b) in reqs.iter().zip(&reqs[5..]) {
+                    assert_eq!(key(a), key(b));
+                }
+            }
+            PoolSampling::Random => assert!(prompts.len() <= 5 && prompts.len() >= 2),
+        }
+        let again = collect(&cfg, Path::new("."), 4);
+        assert_eq!(
+            again.iter().map(key).collect::<Vec<_>>(),
+            reqs.iter().map(key).collect::<Vec<_>>()
+        );
+    }
+    // With a shared prefix, the pool's prompt follows it, and no entry starts like the
+    // system prompt.
+    class.prompt_pool = Some(PromptPool {
+        size: 3,
+        sampling: PoolSampling::Shuffle,
+    });
+    class.shared_prefix = Some(SharedPrefix {
+        tokens: 16,
+        groups: 1,
+    });
+    let cfg = synthetic(ArrivalConfig::Poisson { rate: 5.0 }, 9, vec![class]);
+    let reqs = collect(&cfg, Path::new("."), 4);
+    let own: HashSet<_> = reqs
+        .iter()
+        .map(|r| r.prompt_tokens[16..].to_vec())
+        .collect();
+    assert_eq!(own.len(), 3);
+    assert!(reqs
+        .iter()
+        .all(|r| r.prompt_tokens[..16] == reqs[0].prompt_tokens[..16]));
+    assert!(own
+        .iter()
+        .all(|o| o[..] != reqs[0].prompt_tokens[..o.len().min(16)]));
+}
+
+/// A pool's size is checked before anything is made, and its keys are the documented ones.
+#[test]
+fn prompt_pool_errors_name_the_key() {
+    let mut class = fixed_class("pool", 1.0);
+    for size in [0, MAX_POOL_ENTRIES + 1] {
+        class.prompt_pool = Some(PromptPool {
+            size,
+            sampling: PoolSampling::Shuffle,
+        });
+        let cfg = synthetic(ArrivalConfig::Poisson { rate: 5.0 }, 3, vec![class.clone()]);
+        let err = Workload::open(&cfg, Path::new("."), 1)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            err.contains("workload.class[0].prompt_pool.size") && err.contains("4194304"),
+            "{err}"
+        );
+    }
+    for (text, expected) in [
+        (
+            "prompt_pool = { size = 10, sampling = \"fifo\" }",
+            "unknown variant `fifo`",
+        ),
+        (
+            "prompt_pool = { size = 10, entries = 4 }",
+            "unknown field `entries`",
+        ),
+    ] {
+        let toml_text = format!(
+            "[workload]\nnum_requests = 3\narrival = {{ process = \"poisson\", rate = 1.0 }}\n[[workload.class]]\nname = \"c\"\nprompt = {{ dist = \"fixed\", value = 8 }}\noutput = {{ dist = \"fixed\", value = 8 }}\n{text}\n"
+        );
+        let err = parse(&toml_text).expect_err("refused").to_string();
+        assert!(err.contains(expected), "{err}");
     }
 }
