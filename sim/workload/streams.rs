@@ -29,6 +29,12 @@ pub(super) fn purpose_output(i: usize) -> u64 {
     0x1_0000 + 2 * i as u64 + 1
 }
 
+/// Purpose of the stream that picks class `i`'s prompt pool entries (above every other
+/// class-indexed purpose: classes number at most 65,536).
+pub(super) fn purpose_pool(i: usize) -> u64 {
+    0x10_0000 + i as u64
+}
+
 /// A generator for `purpose`, independent of every other purpose under the same seed.
 pub fn stream(seed: u64, purpose: u64) -> ChaCha8Rng {
     let mut state = splitmix64(seed) ^ splitmix64(purpose.wrapping_mul(0xD1B5_4A32_D192_ED03));

@@ -17,7 +17,8 @@ use super::arrivals::Gaps;
 use super::csv_file::load_counts;
 use super::lengths::{ClassLengths, ClassSampler, LenSampler};
 use super::streams::{
-    purpose_output, purpose_prompt, stream, synthetic_token, PURPOSE_ARRIVALS, PURPOSE_CLASS,
+    purpose_output, purpose_pool, purpose_prompt, stream, synthetic_token, PURPOSE_ARRIVALS,
+    PURPOSE_CLASS,
 };
 use super::{Generated, PoolSampling, PromptPool, SharedPrefix, WorkloadConfig, WorkloadError};
 
@@ -40,7 +41,8 @@ struct Pool {
 impl Pool {
     /// `cfg.size` entries drawn from `sampler` (its lengths), picked later with `rng`.
     fn new(cfg: PromptPool, sampler: &mut ClassSampler, rng: ChaCha8Rng) -> Pool {
-        let entries = (0..cfg.size).map(|_| sampler.sample()).collect();
+        // `validate` keeps the size at 1 or more; an empty pool could pick nothing.
+        let entries = (0..cfg.size.max(1)).map(|_| sampler.sample()).collect();
         Pool {
             entries,
             sampling: cfg.sampling,
@@ -135,7 +137,7 @@ impl Synthetic {
             .enumerate()
             .map(|(i, (c, sampler))| {
                 c.prompt_pool
-                    .map(|p| Pool::new(p, sampler, stream(seed, 0x3_0000 + i as u64)))
+                    .map(|p| Pool::new(p, sampler, stream(seed, purpose_pool(i))))
             })
             .collect();
         Ok(Synthetic {
