@@ -503,6 +503,16 @@ const BAD: &[(&str, &str, &str)] = &[
     ("m.txt", "x", "unknown run format"),
     ("n.csv", "request_id,input_tokens,output_tokens,send_time_us,first_chunk_time_us,last_chunk_time_us,status\n1,10,5,1000,500,2000,ok\n", ":2: first_chunk_time_us"),
     ("o.csv", "request_id,input_tokens,output_tokens,send_time_us,first_chunk_time_us\n", "last_chunk_time_us: column not found"),
+    // aiperf's per-request records.
+    ("p.jsonl", "{\"metadata\": {\"benchmark_phase\": \"profiling\"}, \"metrics\": {}, \"error\": null}\n", ":1: metadata.request_start_ns: missing"),
+    ("q.jsonl", "\n{\"metadata\": {\"request_start_ns\": 5}, \"metrics\": {\"input_sequence_length\": {\"value\": 9, \"unit\": \"tokens\"}, \"output_sequence_length\": {\"value\": 3, \"unit\": \"tokens\"}, \"time_to_first_token\": {\"value\": 4, \"unit\": \"furlongs\"}, \"request_latency\": {\"value\": 9, \"unit\": \"ms\"}}, \"error\": null}\n", ":2: metrics.time_to_first_token: unit `furlongs`"),
+    ("r.jsonl", "{\"metadata\": {\"request_start_ns\": 5}, \"metrics\": {\"input_sequence_length\": {\"value\": 9, \"unit\": \"tokens\"}, \"output_sequence_length\": {\"value\": 3, \"unit\": \"tokens\"}, \"time_to_first_token\": {\"value\": 40, \"unit\": \"ms\"}, \"request_latency\": {\"value\": 9, \"unit\": \"ms\"}}, \"error\": null}\n", ":1: metrics.request_latency: 9 ms is below"),
+    ("s.jsonl", "{\"metadata\": ", ":1: json"),
+    ("x.jsonl", "{\"metadata\": {\"request_start_ns\": 5, \"request_end_ns\": 3}, \"metrics\": {}, \"error\": {\"message\": \"boom\"}}\n", ":1: metadata.request_end_ns: 3 is before"),
+    ("t.jsonl", "\n", "no requests"),
+    ("u.jsonl", "{\"metadata\": {\"request_start_ns\": 5}, \"metrics\": {\"input_sequence_length\": {\"value\": 9, \"unit\": \"tokens\"}, \"output_sequence_length\": {\"value\": 3, \"unit\": \"tokens\"}, \"request_latency\": {\"value\": 9, \"unit\": \"ms\"}}, \"error\": null}\n", "metrics.time_to_first_token: missing: TTFT needs a streamed run"),
+    ("v.jsonl", "{\"metadata\": {\"request_start_ns\": 5}, \"metrics\": {\"input_sequence_length\": {\"value\": 9.5, \"unit\": \"tokens\"}}, \"error\": null}\n", ":1: metrics.input_sequence_length: expected a whole number of tokens"),
+    ("w.jsonl", "{\"metadata\": {\"request_start_ns\": 5}, \"metrics\": {\"input_sequence_length\": {\"value\": 9, \"unit\": \"tokens\"}, \"output_sequence_length\": {\"value\": 3, \"unit\": \"tokens\"}, \"time_to_first_token\": {\"value\": -4, \"unit\": \"ms\"}, \"request_latency\": {\"value\": 9, \"unit\": \"ms\"}}, \"error\": null}\n", ":1: metrics.time_to_first_token: must be a finite, non-negative latency"),
 ];
 
 #[test]

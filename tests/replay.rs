@@ -308,3 +308,50 @@ fn a_run_without_chunked_prefill_replays_without_it() {
     let text = std::fs::read_to_string(out.join("replay.toml")).expect("replay.toml");
     assert!(text.contains("enable_chunked_prefill = false"), "{text}");
 }
+
+/// An aiperf artifact folder (`profile_export.jsonl` and `profile_export_aiperf.json`)
+/// replays as the closed loop its settings name: every profiling record a request, the
+/// model from the settings, the GPU given.
+#[test]
+fn an_aiperf_run_replays_as_its_closed_loop() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run_dir = dir.path().join("artifacts");
+    std::fs::create_dir_all(&run_dir).expect("mkdir");
+    let mut records = String::new();
+    // 4 clients, 3 rounds each, 512-token prompts and 64-token answers; written as they
+    // ended (round by round, the clients' order reversed).
+    for round in 0..3u64 {
+        for client in (0..4u64).rev() {
+            let start = 1_700_000_000_000_000_000 + round * 700_000_000 + client * 1_000_000;
+            records.push_str(&format!(
+                "{{\"metadata\": {{\"session_num\": {}, \"request_start_ns\": {start}, \"benchmark_phase\": \"profiling\", \"was_cancelled\": false}}, \"metrics\": {{\"input_sequence_length\": {{\"value\": 512, \"unit\": \"tokens\"}}, \"output_sequence_length\": {{\"value\": 64, \"unit\": \"tokens\"}}, \"time_to_first_token\": {{\"value\": 45.0, \"unit\": \"ms\"}}, \"request_latency\": {{\"value\": 650.0, \"unit\": \"ms\"}}}}, \"error\": null}}\n",
+                round * 4 + client
+            ));
+        }
+    }
+    std::fs::write(run_dir.join("profile_export.jsonl"), records).expect("write");
+    std::fs::write(
+        run_dir.join("profile_export_aiperf.json"),
+        "{\"input_config\": {\"endpoint\": {\"model_names\": [\"meta-llama/Llama-3.1-8B-Instruct\"]}, \"loadgen\": {\"concurrency\": 4, \"request_count\": 12}}}",
+    )
+    .expect("write");
+    let observed = sim::observed::open(&run_dir).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(observed.format, "aiperf");
+    assert_eq!(observed.requests.len(), 12);
+    let opts = ReplayOptions {
+        out_dir: dir.path().join("replay"),
+        calibration: None,
+        model: None,
+        gpu: Some("h100-sxm".into()),
+        gpu_file: None,
+        driver: DriverKind::Inline,
+        profiles: ProfileChoice::Auto,
+    };
+    let r = replay(&observed, &opts).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.requests, 12);
+    let note = r.note.as_deref().expect("a note");
+    assert!(note.contains("a closed loop of 4 clients"), "{note}");
+    let ttft = r.figure("ttft_mean_ms").expect("ttft");
+    assert!((ttft.measured - 45.0).abs() < 1e-9, "{ttft:?}");
+    assert!(ttft.simulated > 0.0);
+}

@@ -11,8 +11,8 @@ use sim::replay::{replay, ProfileChoice, Replay, ReplayError, ReplayOptions};
 ///
 /// RUN is an LLMServingSim run directory (vllm/meta.json + vllm/requests.jsonl), a `vllm
 /// bench serve --save-result --save-detailed` JSON (vLLM 0.15 or later, for the send
-/// times), a BLIS TraceV2 CSV, or sim's plain run CSV (send_s, prompt_len, output_len,
-/// ttft_ms, e2el_ms). A folder holding such runs (LLMServingSim's `<GPU>/<model>/` layout
+/// times), an aiperf artifact folder or its profile_export.jsonl, a BLIS TraceV2 CSV, or
+/// sim's plain run CSV (send_s, prompt_len, output_len, ttft_ms, e2el_ms). A folder holding such runs (LLMServingSim's `<GPU>/<model>/` layout
 /// included) replays each, one row per run, with the medians of the errors.
 #[derive(clap::Args)]
 pub struct Args {
@@ -48,16 +48,19 @@ pub struct Args {
     pub no_profiles: bool,
 }
 
-/// The runs under `dir`: LLMServingSim run folders and run files, down to two folders
-/// deep (LLMServingSim's `<GPU>/<model>/`), sorted.
+/// The runs under `dir`: LLMServingSim run folders, aiperf artifact folders, runs `sim`
+/// wrote and run files, down to two folders deep (LLMServingSim's `<GPU>/<model>/`),
+/// sorted.
 pub(crate) fn runs_in(dir: &Path, depth: u32, runs: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     for p in entries.flatten().map(|e| e.path()) {
         if p.join("vllm").join("meta.json").is_file()
+            || sim::observed::is_aiperf_run(&p)
             || sim::observed::sim_run::is_sim_run(&p)
-            || p.extension().is_some_and(|x| x == "json" || x == "csv")
+            || p.extension()
+                .is_some_and(|x| x == "json" || x == "jsonl" || x == "csv")
         {
             runs.push(p);
         } else if p.is_dir() && depth < 2 {
@@ -88,6 +91,7 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
     };
     let is_folder = args.run.is_dir()
         && !args.run.join("vllm").join("meta.json").is_file()
+        && !sim::observed::is_aiperf_run(&args.run)
         && !sim::observed::sim_run::is_sim_run(&args.run);
     if !is_folder {
         let observed = sim::observed::open(&args.run)?;

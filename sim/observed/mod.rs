@@ -7,6 +7,8 @@
 //! - `llmservingsim.rs`: a run directory of LLMServingSim's vLLM harness (`vllm/meta.json`,
 //!   `vllm/requests.jsonl` with engine-side timestamps);
 //! - `vllm_bench.rs`: `vllm bench serve --save-result --save-detailed` JSON;
+//! - `aiperf.rs`: NVIDIA aiperf's per-request export (`profile_export.jsonl`, with the run's
+//!   settings from `profile_export_aiperf.json` beside it);
 //! - `blis.rs`: a BLIS / inference-sim TraceV2 CSV;
 //! - `plain_csv.rs`: a documented CSV for any other engine;
 //! - `sim_run.rs`: a folder `sim serve` (or `sim run`) wrote: its `requests.csv` and
@@ -18,6 +20,7 @@
 //! versions); every field they use is checked, and an error names the file, the line and the
 //! field.
 
+mod aiperf;
 mod blis;
 mod llmservingsim;
 pub mod operator_profile;
@@ -202,7 +205,7 @@ pub struct ObservedEngine {
 pub struct ObservedRun {
     /// The file or directory read.
     pub path: PathBuf,
-    /// Its format (`llmservingsim`, `vllm-bench`, `tracev2`, `csv`).
+    /// Its format (`llmservingsim`, `vllm-bench`, `aiperf`, `tracev2`, `csv`).
     pub format: &'static str,
     /// What the files say about the deployment.
     pub engine: ObservedEngine,
@@ -213,25 +216,35 @@ pub struct ObservedRun {
 /// Longest run read (requests), so that a corrupt file cannot exhaust memory.
 pub const MAX_REQUESTS: usize = 10_000_000;
 
+/// Whether `dir` is an aiperf artifact folder (it holds `profile_export.jsonl`).
+pub fn is_aiperf_run(dir: &Path) -> bool {
+    dir.join(aiperf::RECORDS_FILE).is_file()
+}
+
 /// Reads a run, its format told by its shape: a directory with `vllm/meta.json`
-/// (LLMServingSim), a `.json` file (vLLM bench), a `.csv` whose header has
+/// (LLMServingSim) or `profile_export.jsonl` (an aiperf artifact folder), a `.json` file
+/// (vLLM bench), a `.jsonl` file (aiperf's records), a `.csv` whose header has
 /// `send_time_us` (TraceV2) or `send_s` (the plain CSV).
 pub fn open(path: &Path) -> Result<ObservedRun, ObservedError> {
     if path.is_dir() {
         if path.join("vllm").join("meta.json").is_file() {
             return llmservingsim::read(path);
         }
+        if is_aiperf_run(path) {
+            return aiperf::read(path);
+        }
         if sim_run::is_sim_run(path) {
             return sim_run::read(path);
         }
         return Err(ObservedError::new(
             path,
-            "not a run: a directory must hold vllm/meta.json and vllm/requests.jsonl (LLMServingSim), or requests.csv and plan.json (a run sim serve or sim run wrote)",
+            "not a run: a directory must hold vllm/meta.json and vllm/requests.jsonl (LLMServingSim), profile_export.jsonl (aiperf), or requests.csv and plan.json (a run sim serve or sim run wrote)",
         ));
     }
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
     match ext {
         "json" => vllm_bench::read(path),
+        "jsonl" => aiperf::read(path),
         "csv" => {
             let header = first_line(path)?;
             let cols: Vec<&str> = header.split(',').map(str::trim).collect();
@@ -248,7 +261,7 @@ pub fn open(path: &Path) -> Result<ObservedRun, ObservedError> {
         }
         _ => Err(ObservedError::new(
             path,
-            "unknown run format: give an LLMServingSim run directory, a vLLM bench .json, or a .csv (TraceV2 or plain)",
+            "unknown run format: give an LLMServingSim run directory, a vLLM bench .json, aiperf's profile_export.jsonl (or its folder), or a .csv (TraceV2 or plain)",
         )),
     }
 }
