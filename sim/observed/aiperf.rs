@@ -117,14 +117,15 @@ pub(super) fn read(path: &Path) -> Result<ObservedRun, ObservedError> {
     if sent.is_empty() {
         return Err(ObservedError::new(&records, "no requests"));
     }
-    // Written as they ended: taken in the order they were sent.
+    // Written as they ended: taken in the order they were sent, relative to the first in
+    // integer nanoseconds (wall-clock ones lose precision as f64).
     sent.sort_by_key(|&(start, line, _)| (start, line));
+    let first = sent.first().map_or(0, |s| s.0);
     let sends: Vec<(Option<u64>, f64)> = sent
         .iter()
-        .map(|&(start, line, _)| (Some(line), start as f64 * 1e-9))
+        .map(|&(start, line, _)| (Some(line), (start - first) as f64 * 1e-9))
         .collect();
     let rel = relative_sends(&records, &sends, "metadata.request_start_ns")?;
-    let first = sent.first().map_or(0, |s| s.0);
     let requests = sent
         .into_iter()
         .zip(rel)
