@@ -12,8 +12,9 @@ use sim::replay::{replay, ProfileChoice, Replay, ReplayError, ReplayOptions};
 /// RUN is an LLMServingSim run directory (vllm/meta.json + vllm/requests.jsonl), a `vllm
 /// bench serve --save-result --save-detailed` JSON (vLLM 0.15 or later, for the send
 /// times), an aiperf artifact folder or its profile_export.jsonl, a BLIS TraceV2 CSV, or
-/// sim's plain run CSV (send_s, prompt_len, output_len, ttft_ms, e2el_ms). A folder holding such runs (LLMServingSim's `<GPU>/<model>/` layout
-/// included) replays each, one row per run, with the medians of the errors.
+/// sim's plain run CSV (send_s, prompt_len, output_len, ttft_ms, e2el_ms). A folder holding
+/// such runs (LLMServingSim's `<GPU>/<model>/` layout included) replays each, one row per
+/// run, with the medians of the errors.
 #[derive(clap::Args)]
 pub struct Args {
     /// The run, or a folder of runs.
