@@ -10,8 +10,9 @@
 //! replica, stepping in lockstep behind least-outstanding routing), the client's cap
 //! on requests in flight, and exactly its requests: each sent when the engine saw it, with
 //! its prompt and output lengths (failed requests are left out and counted). The scenario
-//! and its trace are written into the output folder (`replay.toml`, `trace.csv`), so `sim
-//! run` repeats the replay. Out: TTFT, TPOT, E2EL (mean, p50, p90, p99), queueing delay,
+//! and its trace are written into the output folder (`replay.toml`, and `trace.csv`, or
+//! `trace.jsonl` in Mooncake's format when the run names the prompt each request sent), so
+//! `sim run` repeats the replay. Out: TTFT, TPOT, E2EL (mean, p50, p90, p99), queueing delay,
 //! throughput and the KV capacity the memory plan predicts, each measured, simulated and
 //! the signed error, as a table, `replay.csv`, and `replay.html` with the measured and
 //! simulated distributions (CDFs) overlaid.
@@ -310,11 +311,28 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
             e.max_concurrency.unwrap_or(1)
         ));
     }
-    for (r, t) in ok.iter().zip(&sends) {
-        let t = if closed { t.min(last_start) } else { *t };
-        let _ = writeln!(trace, "{t:.9},{},{}", r.prompt_len, r.output_len);
+    // A run that names each request's prompt (`prompt_key`) replays in Mooncake's format,
+    // whose 512-token blocks carry ids: requests of one prompt send the same tokens.
+    let keyed = keyed(run);
+    if keyed {
+        trace.clear();
     }
-    let trace_path = opts.out_dir.join("trace.csv");
+    for (i, (r, t)) in ok.iter().zip(&sends).enumerate() {
+        let t = if closed { t.min(last_start) } else { *t };
+        if keyed {
+            let _ = writeln!(
+                trace,
+                "{{\"timestamp\": {:.6}, \"input_length\": {}, \"output_length\": {}, \"hash_ids\": {:?}}}",
+                t * 1e3,
+                r.prompt_len,
+                r.output_len,
+                block_ids(r.prompt_key, i, r.prompt_len)
+            );
+        } else {
+            let _ = writeln!(trace, "{t:.9},{},{}", r.prompt_len, r.output_len);
+        }
+    }
+    let trace_path = opts.out_dir.join(trace_file(keyed));
     std::fs::write(&trace_path, trace).map_err(|e| io(&trace_path, e))?;
     // The memory plan's own prediction first; then, when the run records the KV blocks
     // the engine allocated, the replay holds exactly those, with the runtime reserve that
@@ -474,6 +492,34 @@ fn described_link(e: &crate::observed::ObservedEngine, catalog_gpu: Option<&str>
 /// `cost.allreduce_eff` and `cost.allreduce_latency_us` of the run's link, when it says.
 type Link = (Option<f64>, Option<f64>);
 
+/// Whether the run names the prompt each request sent (so its trace carries block ids).
+fn keyed(run: &ObservedRun) -> bool {
+    run.requests.iter().any(|r| r.ok && r.prompt_key.is_some())
+}
+
+/// The trace's file: Mooncake's JSON lines when the run names its prompts, else Vidur's CSV.
+fn trace_file(keyed: bool) -> &'static str {
+    if keyed {
+        "trace.jsonl"
+    } else {
+        "trace.csv"
+    }
+}
+
+/// The ids of a prompt's 512-token blocks in the replay's Mooncake trace: from its key, so
+/// requests of one prompt share them, or from its place in the trace (`i`) when it has none.
+fn block_ids(key: Option<u64>, i: usize, prompt_len: u32) -> Vec<u64> {
+    use std::hash::{Hash, Hasher};
+    let blocks = (prompt_len as usize).div_ceil(crate::workload::MOONCAKE_BLOCK_TOKENS);
+    (0..blocks)
+        .map(|b| {
+            let mut h = rustc_hash::FxHasher::default();
+            (key.is_some(), key.unwrap_or(i as u64), b).hash(&mut h);
+            h.finish()
+        })
+        .collect()
+}
+
 /// The replay's scenario file.
 fn scenario_text(
     run: &ObservedRun,
@@ -486,9 +532,12 @@ fn scenario_text(
 ) -> String {
     let e = &run.engine;
     let mut s = deployment_text(run, model, gpu_line, blocks);
+    let keyed = keyed(run);
     let _ = writeln!(
         s,
-        "\n[workload]\ntrace = {{ format = \"vidur\", path = \"trace.csv\" }}"
+        "\n[workload]\ntrace = {{ format = \"{}\", path = \"{}\" }}",
+        if keyed { "mooncake" } else { "vidur" },
+        trace_file(keyed)
     );
     if let Some(c) = e.max_concurrency {
         let _ = writeln!(s, "max_in_flight = {c}");

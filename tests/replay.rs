@@ -311,47 +311,72 @@ fn a_run_without_chunked_prefill_replays_without_it() {
 
 /// An aiperf artifact folder (`profile_export.jsonl` and `profile_export_aiperf.json`)
 /// replays as the closed loop its settings name: every profiling record a request, the
-/// model from the settings, the GPU given.
+/// model from the settings, the GPU given. Records that name their dataset entry
+/// (`conversation_id`) replay with that entry's prompt, so repeats hit the prefix cache and
+/// the simulated TTFT falls; without the ids every prompt is its own.
 #[test]
 fn an_aiperf_run_replays_as_its_closed_loop() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let run_dir = dir.path().join("artifacts");
-    std::fs::create_dir_all(&run_dir).expect("mkdir");
-    let mut records = String::new();
-    // 4 clients, 3 rounds each, 512-token prompts and 64-token answers; written as they
-    // ended (round by round, the clients' order reversed).
-    for round in 0..3u64 {
-        for client in (0..4u64).rev() {
-            let start = 1_700_000_000_000_000_000 + round * 700_000_000 + client * 1_000_000;
-            records.push_str(&format!(
-                "{{\"metadata\": {{\"session_num\": {}, \"request_start_ns\": {start}, \"benchmark_phase\": \"profiling\", \"was_cancelled\": false}}, \"metrics\": {{\"input_sequence_length\": {{\"value\": 512, \"unit\": \"tokens\"}}, \"output_sequence_length\": {{\"value\": 64, \"unit\": \"tokens\"}}, \"time_to_first_token\": {{\"value\": 45.0, \"unit\": \"ms\"}}, \"request_latency\": {{\"value\": 650.0, \"unit\": \"ms\"}}}}, \"error\": null}}\n",
-                round * 4 + client
-            ));
+    let replay_of = |ids: bool| {
+        let run_dir = dir.path().join(format!("artifacts-{ids}"));
+        std::fs::create_dir_all(&run_dir).expect("mkdir");
+        let mut records = String::new();
+        // 4 clients, 3 rounds each, 2,048-token prompts from 3 entries and 64-token
+        // answers; written as they ended (round by round, the clients' order reversed).
+        for round in 0..3u64 {
+            for client in (0..4u64).rev() {
+                let start = 1_700_000_000_000_000_000 + round * 900_000_000 + client * 1_000_000;
+                let conversation = if ids {
+                    format!("\"conv-{}\"", (round * 4 + client) % 3)
+                } else {
+                    "null".into()
+                };
+                records.push_str(&format!(
+                    "{{\"metadata\": {{\"session_num\": {}, \"conversation_id\": {conversation}, \"request_start_ns\": {start}, \"benchmark_phase\": \"profiling\", \"was_cancelled\": false}}, \"metrics\": {{\"input_sequence_length\": {{\"value\": 2048, \"unit\": \"tokens\"}}, \"output_sequence_length\": {{\"value\": 64, \"unit\": \"tokens\"}}, \"time_to_first_token\": {{\"value\": 45.0, \"unit\": \"ms\"}}, \"request_latency\": {{\"value\": 650.0, \"unit\": \"ms\"}}}}, \"error\": null}}\n",
+                    round * 4 + client
+                ));
+            }
         }
-    }
-    std::fs::write(run_dir.join("profile_export.jsonl"), records).expect("write");
-    std::fs::write(
-        run_dir.join("profile_export_aiperf.json"),
-        "{\"input_config\": {\"endpoint\": {\"model_names\": [\"meta-llama/Llama-3.1-8B-Instruct\"]}, \"loadgen\": {\"concurrency\": 4, \"request_count\": 12}}}",
-    )
-    .expect("write");
-    let observed = sim::observed::open(&run_dir).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(observed.format, "aiperf");
-    assert_eq!(observed.requests.len(), 12);
-    let opts = ReplayOptions {
-        out_dir: dir.path().join("replay"),
-        calibration: None,
-        model: None,
-        gpu: Some("h100-sxm".into()),
-        gpu_file: None,
-        driver: DriverKind::Inline,
-        profiles: ProfileChoice::Auto,
+        std::fs::write(run_dir.join("profile_export.jsonl"), records).expect("write");
+        std::fs::write(
+            run_dir.join("profile_export_aiperf.json"),
+            "{\"input_config\": {\"endpoint\": {\"model_names\": [\"meta-llama/Llama-3.1-8B-Instruct\"]}, \"loadgen\": {\"concurrency\": 4, \"request_count\": 12}}}",
+        )
+        .expect("write");
+        let observed = sim::observed::open(&run_dir).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(observed.format, "aiperf");
+        assert_eq!(observed.requests.len(), 12);
+        let out = dir.path().join(format!("replay-{ids}"));
+        let opts = ReplayOptions {
+            out_dir: out.clone(),
+            calibration: None,
+            model: None,
+            gpu: Some("h100-sxm".into()),
+            gpu_file: None,
+            driver: DriverKind::Inline,
+            profiles: ProfileChoice::Auto,
+        };
+        let r = replay(&observed, &opts).unwrap_or_else(|e| panic!("{e}"));
+        (r, out)
     };
-    let r = replay(&observed, &opts).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(r.requests, 12);
-    let note = r.note.as_deref().expect("a note");
+    let (unique, out) = replay_of(false);
+    assert_eq!(unique.requests, 12);
+    let note = unique.note.as_deref().expect("a note");
     assert!(note.contains("a closed loop of 4 clients"), "{note}");
-    let ttft = r.figure("ttft_mean_ms").expect("ttft");
+    assert!(out.join("trace.csv").is_file());
+    let ttft = unique.figure("ttft_mean_ms").expect("ttft");
     assert!((ttft.measured - 45.0).abs() < 1e-9, "{ttft:?}");
-    assert!(ttft.simulated > 0.0);
+    let (pooled, out) = replay_of(true);
+    let trace = std::fs::read_to_string(out.join("trace.jsonl")).expect("trace");
+    let ids: std::collections::HashSet<&str> = trace
+        .lines()
+        .map(|l| &l[l.find("hash_ids").expect("ids")..])
+        .collect();
+    assert_eq!((trace.lines().count(), ids.len()), (12, 3));
+    let cached = pooled.figure("ttft_mean_ms").expect("ttft").simulated;
+    assert!(
+        cached < 0.8 * ttft.simulated,
+        "with the entries {cached} ms, unique {} ms",
+        ttft.simulated
+    );
 }

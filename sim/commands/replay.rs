@@ -100,7 +100,7 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         out.push_str(&r.table());
         outln!(
             out,
-            "results in {} (replay.csv, replay.html, replay.toml, trace.csv, sim/)",
+            "results in {} (replay.csv, replay.html, replay.toml, its trace, sim/)",
             out_dir.display()
         );
         return Ok(());

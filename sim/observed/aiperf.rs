@@ -3,7 +3,8 @@
 //! - `metadata`: `request_start_ns` (wall clock, when the HTTP request went out),
 //!   `request_end_ns` (its last response; the run's duration runs from the first send to
 //!   the last end), `benchmark_phase` (`warmup` records are skipped; aiperf leaves them out
-//!   itself), `was_cancelled`;
+//!   itself), `was_cancelled`, `conversation_id` (the dataset entry it sent: requests of
+//!   one entry sent the same prompt, which a replay's prefix cache can serve again);
 //! - `metrics`, each `{"value": ..., "unit": ...}`: `time_to_first_token` and
 //!   `request_latency` (ms; `s`, `us` and `ns` are converted), `input_sequence_length` and
 //!   `output_sequence_length` (tokens; a failed request may carry only `error_isl`);
@@ -45,6 +46,7 @@ struct Metadata {
     benchmark_phase: Option<String>,
     #[serde(default)]
     was_cancelled: bool,
+    conversation_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -237,6 +239,12 @@ fn request(
             prompt_len,
             output_len,
             prompt_tokens: Vec::new(),
+            prompt_key: meta.conversation_id.as_deref().map(|c| {
+                use std::hash::{Hash, Hasher};
+                let mut h = rustc_hash::FxHasher::default();
+                c.hash(&mut h);
+                h.finish()
+            }),
             ok,
             ttft_ms,
             e2el_ms,

@@ -265,6 +265,7 @@ pub(super) fn read(path: &Path) -> Result<ObservedRun, ObservedError> {
                 prompt_len: prompt,
                 output_len: tokens(output, "output_tokens")?,
                 prompt_tokens: Vec::new(),
+                prompt_key: None,
                 ok,
                 ttft_ms: ttft,
                 e2el_ms: e2el,

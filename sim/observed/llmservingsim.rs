@@ -211,6 +211,7 @@ pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
             prompt_len: l.input_toks,
             output_len: l.output_toks,
             prompt_tokens: Vec::new(),
+            prompt_key: None,
             ok: true,
             ttft_ms: Some(ttft),
             e2el_ms: Some(e2el),

@@ -116,6 +116,10 @@ pub struct ObservedRequest {
     pub output_len: u32,
     /// Prompt token ids, when the run ships them (for the prefix cache).
     pub prompt_tokens: Vec<u32>,
+    /// Which prompt of the client's dataset it sent, when the run records it (aiperf's
+    /// `conversation_id`): requests with the same key sent the same prompt, which a prefix
+    /// cache can serve again.
+    pub prompt_key: Option<u64>,
     /// False when the request failed (its latencies are then `None`).
     pub ok: bool,
     /// Time to first token (ms).

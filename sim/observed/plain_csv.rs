@@ -119,6 +119,7 @@ pub(super) fn read(path: &Path) -> Result<ObservedRun, ObservedError> {
             prompt_len: p,
             output_len: tokens(output, "output_len")?,
             prompt_tokens: Vec::new(),
+            prompt_key: None,
             ok,
             ttft_ms: t,
             e2el_ms: e,

@@ -218,6 +218,7 @@ pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
                 prompt_len: tokens(prompt, "prompt_len")?,
                 output_len: tokens(output, "output_len")?,
                 prompt_tokens: Vec::new(),
+                prompt_key: None,
                 ok,
                 ttft_ms: lat(ttft, "ttft_ms")?,
                 e2el_ms: lat(e2el, "e2el_ms")?,

@@ -117,6 +117,7 @@ pub(super) fn read(path: &Path) -> Result<ObservedRun, ObservedError> {
             prompt_len: input[i],
             output_len: output[i],
             prompt_tokens: Vec::new(),
+            prompt_key: None,
             ok,
             ttft_ms,
             e2el_ms,
