@@ -279,13 +279,21 @@ fn run_requests(requests: Vec<Request>, blocks: u32) -> Vec<RequestRecord> {
     records
 }
 
+/// Every request of the workload `cfg` under `seed`.
+fn requests_of(cfg: &sim::workload::WorkloadConfig, seed: u64) -> Vec<Request> {
+    sim::workload::Workload::open(cfg, std::path::Path::new("."), seed)
+        .expect("open")
+        .collect::<Result<_, _>>()
+        .expect("requests")
+}
+
 /// Multi-turn conversations with a cache that never evicts and turns far apart: every
 /// follow-up turn hits exactly the full blocks its previous turn computed (its prompt and
 /// the answer's blocks, cached as they were generated, up to the answer's last token,
 /// which is never computed), capped below its own last token.
 #[test]
 fn multi_turn_follow_ups_hit_the_previous_turn_and_its_answer() {
-    use sim::workload::{MultiTurnConfig, Workload, WorkloadConfig};
+    use sim::workload::{MultiTurnConfig, WorkloadConfig};
     let toml = r#"
         num_requests = 400
         arrival = { process = "poisson", rate = 0.5 }
@@ -298,10 +306,7 @@ fn multi_turn_follow_ups_hit_the_previous_turn_and_its_answer() {
     "#;
     let cfg: WorkloadConfig = toml::from_str(toml).expect("workload toml");
     let _: &MultiTurnConfig = cfg.multi_turn.as_ref().expect("multi_turn");
-    let requests: Vec<Request> = Workload::open(&cfg, std::path::Path::new("."), 7)
-        .expect("open")
-        .collect::<Result<_, _>>()
-        .expect("requests");
+    let requests = requests_of(&cfg, 7);
     let records = run_requests(requests.clone(), 1 << 20);
     let (mut follow_ups, mut hit_answer) = (0, 0);
     for (r, rec) in requests.iter().zip(&records) {
@@ -340,7 +345,7 @@ fn multi_turn_follow_ups_hit_the_previous_turn_and_its_answer() {
 /// but the first of its group hits the whole system prompt.
 #[test]
 fn generated_shared_prefix_hits_the_system_prompt() {
-    use sim::workload::{Workload, WorkloadConfig};
+    use sim::workload::WorkloadConfig;
     let toml = r#"
         arrival = { process = "poisson", rate = 2.0 }
         [generated_shared_prefix]
@@ -351,10 +356,7 @@ fn generated_shared_prefix_hits_the_system_prompt() {
         output_len = 8
     "#;
     let cfg: WorkloadConfig = toml::from_str(toml).expect("workload toml");
-    let requests: Vec<Request> = Workload::open(&cfg, std::path::Path::new("."), 3)
-        .expect("open")
-        .collect::<Result<_, _>>()
-        .expect("requests");
+    let requests = requests_of(&cfg, 3);
     assert_eq!(requests.len(), 48);
     assert!(requests
         .iter()
@@ -484,7 +486,7 @@ fn a_disk_tier_keeps_what_the_cpu_tier_drops() {
 /// block with another.
 #[test]
 fn a_prompt_pool_hits_each_entry_after_its_first_use() {
-    use sim::workload::{Workload, WorkloadConfig};
+    use sim::workload::WorkloadConfig;
     let toml = r#"
         num_requests = 40
         arrival = { process = "poisson", rate = 0.5 }
@@ -495,10 +497,7 @@ fn a_prompt_pool_hits_each_entry_after_its_first_use() {
         prompt_pool = { size = 4, sampling = "random" }
     "#;
     let cfg: WorkloadConfig = toml::from_str(toml).expect("workload toml");
-    let requests: Vec<Request> = Workload::open(&cfg, std::path::Path::new("."), 3)
-        .expect("open")
-        .collect::<Result<_, _>>()
-        .expect("requests");
+    let requests = requests_of(&cfg, 3);
     let records = run_requests(requests.clone(), 1 << 20);
     let mut seen = std::collections::HashSet::new();
     let mut hits = 0;
@@ -519,10 +518,7 @@ fn a_prompt_pool_hits_each_entry_after_its_first_use() {
     assert_eq!(hits, 36);
     let unpooled = toml.replace("prompt_pool = { size = 4, sampling = \"random\" }", "");
     let cfg: WorkloadConfig = toml::from_str(&unpooled).expect("workload toml");
-    let requests: Vec<Request> = Workload::open(&cfg, std::path::Path::new("."), 3)
-        .expect("open")
-        .collect::<Result<_, _>>()
-        .expect("requests");
+    let requests = requests_of(&cfg, 3);
     let records = run_requests(requests, 1 << 20);
     assert!(records.iter().all(|r| r.cached_tokens == 0));
 }

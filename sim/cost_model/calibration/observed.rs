@@ -22,8 +22,9 @@
 //! GPU's hosts, and written as `[cost] eager_layer_us` where it is the floor of the most
 //! rows, else as `[cost.by_gpu.<gpu>] eager_layer_us`; each GPU's fp8 and fp4
 //! efficiencies are chosen on its own rows with fp8 or fp4 weights), then each GPU's
-//! all-reduce efficiency on its own rows at TP > 1 (the same score), then the front-end cost with the smallest median absolute TTFT error (one stage
-//! at a time, so the grid stays small); the held-out fold's errors under that fit are
+//! all-reduce efficiency on its own rows at TP > 1 (the same score), then the front-end
+//! cost with the smallest median absolute TTFT error (one stage at a time, so the grid
+//! stays small); the held-out fold's errors under that fit are
 //! kept. Reported errors are those held-out errors; the spread of the fold fits is the
 //! fit's uncertainty. The fit on all rows is what the calibration file carries.
 
@@ -900,13 +901,14 @@ pub fn fit_engine_costs(
             let (test, train) = split(f);
             let errs = at(&by_req, key_of(f));
             let r = best(errs, &train, Score::Ttft);
+            let (eager_layer_us, eager) = shared_eager(&eager_of[f].0);
             fold_fits.push(FoldFit {
                 step_overhead_us: STEP_CANDIDATES_US[step_of[f]],
                 allreduce_latency_us: ALLREDUCE_CANDIDATES_US[ar_of[f]],
-                eager_layer_us: shared_eager(&eager_of[f].0).0,
+                eager_layer_us,
                 request_overhead_ms: CANDIDATES_MS[r],
                 by_gpu: ByGpu {
-                    eager: shared_eager(&eager_of[f].0).1,
+                    eager,
                     ..ByGpu::of(&eager_of[f].1, &eager_of[f].2, &ar_eff_of[f])
                 },
             });
@@ -917,15 +919,16 @@ pub fn fit_engine_costs(
             }
         }
         let r_all = best(at(&by_req, key_all), &idx, Score::Ttft);
+        let (eager_layer_us, eager) = shared_eager(&eager_all.0);
         fits.push(EngineFit {
             engine,
             rows: n,
             request_overhead_ms: CANDIDATES_MS[r_all],
             step_overhead_us: STEP_CANDIDATES_US[step_all],
             allreduce_latency_us: ALLREDUCE_CANDIDATES_US[ar_all],
-            eager_layer_us: shared_eager(&eager_all.0).0,
+            eager_layer_us,
             by_gpu: ByGpu {
-                eager: shared_eager(&eager_all.0).1,
+                eager,
                 ..ByGpu::of(&eager_all.1, &eager_all.2, &ar_eff_all)
             },
             fold_fits,
