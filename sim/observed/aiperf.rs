@@ -18,12 +18,11 @@
 //! are taken in the order they were sent.
 
 use std::collections::HashMap;
-use std::io::BufRead;
 use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{latency, relative_sends, ObservedEngine, ObservedError, ObservedRequest, ObservedRun};
+use super::{latency, ObservedEngine, ObservedError, ObservedRequest, ObservedRun};
 
 /// The records' file name in an aiperf artifact folder.
 pub const RECORDS_FILE: &str = "profile_export.jsonl";
@@ -84,58 +83,23 @@ pub(super) fn read(path: &Path) -> Result<ObservedRun, ObservedError> {
     } else {
         path.to_path_buf()
     };
-    let file = std::fs::File::open(&records)
-        .map_err(|e| ObservedError::new(&records, format!("cannot read: {e}")))?;
     let mut sent: Vec<(u64, u64, ObservedRequest)> = Vec::new();
     // The last response of the run (ns), when every record says when it ended.
     let mut last_end: Option<u64> = Some(0);
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let n = i as u64 + 1;
-        let line = line.map_err(|e| ObservedError::at(&records, Some(n), "line", e.to_string()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        if sent.len() >= super::MAX_REQUESTS {
-            return Err(ObservedError::at(
-                &records,
-                Some(n),
-                "line",
-                format!("more than {} requests", super::MAX_REQUESTS),
-            ));
-        }
-        let r: Record = serde_json::from_str(&line).map_err(|e| {
-            ObservedError::at(
-                &records,
-                Some(n),
-                "json",
-                crate::messages::concise(&e.to_string()),
-            )
-        })?;
+    super::for_json_lines(&records, |n, r: Record| {
         if let Some((start, end, req)) = request(&records, n, r)? {
             last_end = last_end.zip(end).map(|(a, b)| a.max(b));
             sent.push((start, n, req));
         }
-    }
+        Ok(())
+    })?;
     if sent.is_empty() {
         return Err(ObservedError::new(&records, "no requests"));
     }
-    // Written as they ended: taken in the order they were sent, relative to the first in
-    // integer nanoseconds (wall-clock ones lose precision as f64).
+    // Written as they ended: taken in the order they were sent.
     sent.sort_by_key(|&(start, line, _)| (start, line));
     let first = sent.first().map_or(0, |s| s.0);
-    let sends: Vec<(Option<u64>, f64)> = sent
-        .iter()
-        .map(|&(start, line, _)| (Some(line), (start - first) as f64 * 1e-9))
-        .collect();
-    let rel = relative_sends(&records, &sends, "metadata.request_start_ns")?;
-    let requests = sent
-        .into_iter()
-        .zip(rel)
-        .map(|((_, _, mut r), t)| {
-            r.send_s = Some(t);
-            r
-        })
-        .collect();
+    let requests = super::sent_in_order(sent, 1e9);
     let dir = records.parent().unwrap_or(Path::new("."));
     let mut engine = settings(&dir.join(SUMMARY_FILE))?;
     engine.duration_s = last_end

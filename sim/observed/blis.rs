@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::{latency, relative_sends, ObservedEngine, ObservedError, ObservedRequest, ObservedRun};
+use super::{latency, ObservedEngine, ObservedError, ObservedRequest, ObservedRun};
 
 /// `trace_header.yaml` (inference-sim's `TraceHeader`; unknown keys are errors, as there).
 #[derive(Debug, Deserialize)]
@@ -293,21 +293,7 @@ pub(super) fn read(path: &Path) -> Result<ObservedRun, ObservedError> {
             },
         ));
     }
-    // Relative to the first send in integer microseconds (absolute ones lose precision as f64).
-    let t0 = rows[0].0;
-    let sends: Vec<(Option<u64>, f64)> = rows
-        .iter()
-        .map(|r| (Some(r.1), (r.0 - t0) as f64 / 1e6))
-        .collect();
-    let rel = relative_sends(path, &sends, "send_time_us")?;
-    let requests = rows
-        .into_iter()
-        .zip(rel)
-        .map(|((_, _, mut r), t)| {
-            r.send_s = Some(t);
-            r
-        })
-        .collect();
+    let requests = super::sent_in_order(rows, 1e6);
     Ok(ObservedRun {
         path: path.to_path_buf(),
         format: "tracev2",

@@ -157,32 +157,9 @@ pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
         ..ObservedEngine::default()
     };
     let req_path = dir.join("vllm").join("requests.jsonl");
-    let file = std::fs::File::open(&req_path)
-        .map_err(|e| ObservedError::new(&req_path, format!("cannot read: {e}")))?;
     let mut requests = Vec::new();
     let mut sends = Vec::new();
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let n = i as u64 + 1;
-        let line = line.map_err(|e| {
-            ObservedError::at(&req_path, Some(n), "line", format!("cannot read: {e}"))
-        })?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        if requests.len() >= super::MAX_REQUESTS {
-            return Err(ObservedError::new(
-                &req_path,
-                format!("more than {} requests", super::MAX_REQUESTS),
-            ));
-        }
-        let l: Line = serde_json::from_str(&line).map_err(|e| {
-            ObservedError::at(
-                &req_path,
-                Some(n),
-                "json",
-                crate::messages::concise(&e.to_string()),
-            )
-        })?;
+    super::for_json_lines(&req_path, |n, l: Line| {
         let ms =
             |field: &str, from: f64, to: f64| latency(&req_path, Some(n), field, (to - from) * 1e3);
         let ttft = ms("first_token_ts", l.queued_ts, l.first_token_ts)?;
@@ -217,7 +194,8 @@ pub(super) fn read(dir: &Path) -> Result<ObservedRun, ObservedError> {
             e2el_ms: Some(e2el),
             queue_ms: Some(queue),
         });
-    }
+        Ok(())
+    })?;
     if requests.is_empty() {
         return Err(ObservedError::new(&req_path, "no requests"));
     }

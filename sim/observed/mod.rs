@@ -84,6 +84,46 @@ pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T
     })
 }
 
+/// Each non-blank line of the JSON-lines file `path` parsed as a `T` and handed to `each`
+/// with its 1-based line number. An unreadable file or line, a line that is not a `T`, or
+/// more than [`MAX_REQUESTS`] records is one error naming the file and the line.
+pub(crate) fn for_json_lines<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    mut each: impl FnMut(u64, T) -> Result<(), ObservedError>,
+) -> Result<(), ObservedError> {
+    use std::io::BufRead;
+    let file = std::fs::File::open(path)
+        .map_err(|e| ObservedError::new(path, format!("cannot read: {e}")))?;
+    let mut records = 0usize;
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let n = i as u64 + 1;
+        let line = line
+            .map_err(|e| ObservedError::at(path, Some(n), "line", format!("cannot read: {e}")))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        records += 1;
+        if records > MAX_REQUESTS {
+            return Err(ObservedError::at(
+                path,
+                Some(n),
+                "line",
+                format!("more than {MAX_REQUESTS} requests"),
+            ));
+        }
+        let record: T = serde_json::from_str(&line).map_err(|e| {
+            ObservedError::at(
+                path,
+                Some(n),
+                "json",
+                crate::messages::concise(&e.to_string()),
+            )
+        })?;
+        each(n, record)?;
+    }
+    Ok(())
+}
+
 /// Checks that each field given (`(name, value)`) is a positive, finite number.
 pub(crate) fn check_positive(
     path: &Path,
@@ -354,6 +394,22 @@ pub(crate) fn latency(
         ));
     }
     Ok(ms)
+}
+
+/// Requests sorted by an integer send clock (`(time, line, request)`, `per_s` ticks a
+/// second), each given its send time in seconds after the first: counted in ticks before
+/// they become seconds, since absolute clock readings lose precision as f64.
+pub(crate) fn sent_in_order(
+    rows: Vec<(u64, u64, ObservedRequest)>,
+    per_s: f64,
+) -> Vec<ObservedRequest> {
+    let t0 = rows.first().map_or(0, |r| r.0);
+    rows.into_iter()
+        .map(|(t, _, mut r)| {
+            r.send_s = Some(t.saturating_sub(t0) as f64 / per_s);
+            r
+        })
+        .collect()
 }
 
 /// Turns absolute send times into seconds after the first, checking they never go back.
