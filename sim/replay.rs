@@ -242,8 +242,64 @@ fn resolve_gpu(run: &ObservedRun, over: Option<&str>) -> Result<&'static str, Re
         })
 }
 
-/// Replays `run` and compares.
+/// The catalog model `run` replays (the one it names).
+pub fn model_of(run: &ObservedRun) -> Result<&'static str, ReplayError> {
+    resolve_model(run, None)
+}
+
+/// The catalog GPU `run` replays on (the device it names).
+pub fn gpu_of(run: &ObservedRun) -> Result<&'static str, ReplayError> {
+    resolve_gpu(run, None)
+}
+
+/// Replays `run` and compares: the comparison, `replay.html` and `replay.csv` in the
+/// output folder.
 pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayError> {
+    let Replayed {
+        replay,
+        measured,
+        simulated,
+    } = replay_samples(run, opts)?;
+    let io = |path: &Path, err: std::io::Error| ReplayError::Io {
+        path: path.to_path_buf(),
+        message: err.to_string(),
+    };
+    let html_path = opts.out_dir.join("replay.html");
+    std::fs::write(&html_path, report_html(&replay, &measured, &simulated))
+        .map_err(|e| io(&html_path, e))?;
+    let csv_path = opts.out_dir.join("replay.csv");
+    let mut csv = String::from("metric,measured,simulated,error_pct\n");
+    for f in &replay.figures {
+        let _ = writeln!(
+            csv,
+            "{},{:.6},{:.6},{}",
+            f.metric,
+            f.measured,
+            f.simulated,
+            f.error_pct().map_or(String::new(), |e| format!("{e:.3}"))
+        );
+    }
+    std::fs::write(&csv_path, csv).map_err(|e| io(&csv_path, e))?;
+    Ok(replay)
+}
+
+/// A replay with both sides' requests: what `sim calibrate --observed` scores candidate
+/// terms on.
+pub(crate) struct Replayed {
+    /// The comparison.
+    pub replay: Replay,
+    /// The run's requests that succeeded, in send order (`id` is the index).
+    pub measured: Vec<Sample>,
+    /// The simulated requests (`id`: the measured request it replays).
+    pub simulated: Vec<Sample>,
+}
+
+/// Replays `run` (the scenario, its trace and the simulated run in the output folder) and
+/// compares, keeping both sides' requests.
+pub(crate) fn replay_samples(
+    run: &ObservedRun,
+    opts: &ReplayOptions,
+) -> Result<Replayed, ReplayError> {
     let e = &run.engine;
     let model = resolve_model(run, opts.model.as_deref())?;
     let (gpu, gpu_line) = match &opts.gpu_file {
@@ -390,7 +446,9 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
     let measured: Vec<Sample> = ok
         .iter()
         .zip(&sends)
-        .map(|(r, &send_s)| Sample {
+        .enumerate()
+        .map(|(id, (r, &send_s))| Sample {
+            id,
             send_s,
             ttft_ms: r.ttft_ms.unwrap_or(0.0),
             tpot_ms: r.tpot_ms(),
@@ -431,23 +489,11 @@ pub fn replay(run: &ObservedRun, opts: &ReplayOptions) -> Result<Replay, ReplayE
         },
         profile,
     };
-    let html_path = opts.out_dir.join("replay.html");
-    std::fs::write(&html_path, report_html(&replay, &measured, &simulated))
-        .map_err(|e| io(&html_path, e))?;
-    let csv_path = opts.out_dir.join("replay.csv");
-    let mut csv = String::from("metric,measured,simulated,error_pct\n");
-    for f in &replay.figures {
-        let _ = writeln!(
-            csv,
-            "{},{:.6},{:.6},{}",
-            f.metric,
-            f.measured,
-            f.simulated,
-            f.error_pct().map_or(String::new(), |e| format!("{e:.3}"))
-        );
-    }
-    std::fs::write(&csv_path, csv).map_err(|e| io(&csv_path, e))?;
-    Ok(replay)
+    Ok(Replayed {
+        replay,
+        measured,
+        simulated,
+    })
 }
 
 /// A run's name for folders and scenario names: its file or folder name, with anything
@@ -766,12 +812,19 @@ fn find_profile(run: &ObservedRun, opts: &ReplayOptions) -> Result<Option<PathBu
 }
 
 /// One request's figures, measured or simulated.
-struct Sample {
-    send_s: f64,
-    ttft_ms: f64,
-    tpot_ms: Option<f64>,
-    e2el_ms: f64,
-    queue_ms: Option<f64>,
+pub(crate) struct Sample {
+    /// The request: its place among the run's requests that succeeded, in send order.
+    pub id: usize,
+    /// Sent (s from the run's first send).
+    pub send_s: f64,
+    /// Time to first token (ms).
+    pub ttft_ms: f64,
+    /// Time per output token after the first (ms; `None` with one output token).
+    pub tpot_ms: Option<f64>,
+    /// End-to-end latency (ms).
+    pub e2el_ms: f64,
+    /// Queueing delay (ms), where recorded.
+    pub queue_ms: Option<f64>,
 }
 
 /// The simulated requests, from the replay's `requests.csv`.
@@ -787,7 +840,8 @@ fn read_simulated(path: &Path) -> Result<Vec<Sample>, ReplayError> {
             .position(|c| c == n)
             .ok_or_else(|| err(format!("no column {n}")))
     };
-    let (arrival, ttft, tpot, e2el, queue, reason) = (
+    let (id, arrival, ttft, tpot, e2el, queue, reason) = (
+        col("request_id")?,
         col("arrival_s")?,
         col("ttft_ms")?,
         col("tpot_ms")?,
@@ -802,7 +856,11 @@ fn read_simulated(path: &Path) -> Result<Vec<Sample>, ReplayError> {
             continue;
         }
         let num = |c: usize| rec[c].parse::<f64>().ok();
+        let id = rec[id]
+            .parse::<usize>()
+            .map_err(|e| err(format!("request_id `{}`: {e}", &rec[id])))?;
         out.push(Sample {
+            id,
             send_s: num(arrival).unwrap_or(0.0),
             ttft_ms: num(ttft).unwrap_or(0.0),
             tpot_ms: num(tpot),

@@ -961,3 +961,136 @@ fn claims_backend_flags_are_checked() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("no-such.gguf"), "{err}");
 }
+
+/// `sim calibrate --observed` on real runs: a folder without runs, and runs that cannot be
+/// replayed, are one-line errors; an aiperf export replays on `--gpu` (it names no GPU),
+/// and the calibration file it writes feeds `sim replay`, inside the output folder only.
+#[test]
+fn calibrate_fits_runs_it_can_replay_and_says_why_not_otherwise() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("fits");
+    let o = out.to_str().expect("utf-8");
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).expect("mkdir");
+    let e = sim(&[
+        "calibrate",
+        "--observed",
+        empty.to_str().expect("utf-8"),
+        "--out",
+        o,
+    ]);
+    assert_eq!(e.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&e.stderr);
+    assert!(err.contains("no run in the folder"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    // A plain CSV names neither its model nor its GPU.
+    let plain = write(
+        dir.path(),
+        "plain.csv",
+        "send_s,prompt_len,output_len,ttft_ms,e2el_ms\n0,512,32,40,400\n0.5,256,16,30,200\n",
+    );
+    let e = sim(&[
+        "calibrate",
+        "--observed",
+        plain.to_str().expect("utf-8"),
+        "--gpu",
+        "h100-sxm",
+        "--out",
+        o,
+    ]);
+    assert_eq!(e.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&e.stderr);
+    assert!(
+        stderr.contains("plain.csv: the run does not name its model"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    // In a folder it is skipped, and a folder of nothing replayable is an error.
+    let folder = dir.path().join("runs");
+    std::fs::create_dir_all(&folder).expect("mkdir");
+    std::fs::copy(&plain, folder.join("plain.csv")).expect("copy");
+    let e = sim(&[
+        "calibrate",
+        "--observed",
+        folder.to_str().expect("utf-8"),
+        "--gpu",
+        "h100-sxm",
+        "--out",
+        o,
+    ]);
+    assert_eq!(e.status.code(), Some(2));
+    let stdout = String::from_utf8_lossy(&e.stdout);
+    assert!(
+        stdout.contains("skipped") && stdout.contains("does not name its model"),
+        "{stdout}"
+    );
+    assert!(String::from_utf8_lossy(&e.stderr).contains("no run could be replayed"));
+    let e = sim(&[
+        "calibrate",
+        "--observed",
+        plain.to_str().expect("utf-8"),
+        "--folds",
+        "1",
+    ]);
+    assert!(String::from_utf8_lossy(&e.stderr).contains("--folds: must be 2 to 20"));
+    // An aiperf export of 4 clients (16 requests).
+    let run = dir.path().join("artifacts");
+    std::fs::create_dir_all(&run).expect("mkdir");
+    let mut records = String::new();
+    for i in 0..16u64 {
+        let start = 1_700_000_000_000_000_000 + (i / 4) * 700_000_000 + (i % 4) * 1_000_000;
+        records.push_str(&format!(
+            "{{\"metadata\": {{\"session_num\": {i}, \"request_start_ns\": {start}, \"benchmark_phase\": \"profiling\", \"was_cancelled\": false}}, \"metrics\": {{\"input_sequence_length\": {{\"value\": 1024, \"unit\": \"tokens\"}}, \"output_sequence_length\": {{\"value\": 64, \"unit\": \"tokens\"}}, \"time_to_first_token\": {{\"value\": 60.0, \"unit\": \"ms\"}}, \"request_latency\": {{\"value\": 650.0, \"unit\": \"ms\"}}}}, \"error\": null}}\n"
+        ));
+    }
+    std::fs::write(run.join("profile_export.jsonl"), records).expect("write");
+    std::fs::write(
+        run.join("profile_export_aiperf.json"),
+        "{\"input_config\": {\"endpoint\": {\"model_names\": [\"meta-llama/Llama-3.1-8B-Instruct\"]}, \"loadgen\": {\"concurrency\": 4, \"request_count\": 16}}}",
+    )
+    .expect("write");
+    let text = sim_ok(&[
+        "calibrate",
+        "--observed",
+        run.to_str().expect("utf-8"),
+        "--gpu",
+        "h100-sxm",
+        "--folds",
+        "2",
+        "--out",
+        o,
+    ]);
+    assert!(
+        text.contains("llama-3.1-8b on h100-sxm: 1 run replayed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the memory plan's reserve is not fitted"),
+        "{text}"
+    );
+    let mut files: Vec<String> = std::fs::read_dir(&out)
+        .expect("out")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            "replayed-llama-3.1-8b-h100-sxm.csv",
+            "replayed-llama-3.1-8b-h100-sxm.toml"
+        ]
+    );
+    let cal = out.join("replayed-llama-3.1-8b-h100-sxm.toml");
+    let replayed = dir.path().join("replayed");
+    let text = sim_ok(&[
+        "replay",
+        run.to_str().expect("utf-8"),
+        "--gpu",
+        "h100-sxm",
+        "--calibration",
+        cal.to_str().expect("utf-8"),
+        "--out",
+        replayed.to_str().expect("utf-8"),
+    ]);
+    assert!(text.contains("ttft_mean_ms"), "{text}");
+}

@@ -380,3 +380,142 @@ fn an_aiperf_run_replays_as_its_closed_loop() {
         ttft.simulated
     );
 }
+
+/// `sim calibrate --observed` on runs: two runs made by the simulator under known terms
+/// (aiperf exports at 4 and 8 req/s whose latencies are a replay's under a slow GEMM, a
+/// large step overhead and a front end of 20 ms) are fitted back. The replay under the
+/// defaults misses them by far (over 30% on mean TTFT); the fit's held-out replays, each
+/// fifth of a run's requests predicted by the fit on the other four fifths of both runs, and
+/// each run predicted by the fit on the other, land within 3% on every figure. The GEMMs'
+/// compute efficiency and the front end come back exactly; the step overhead trades with the
+/// weights' streaming efficiency (both a fixed cost per decode step at these loads).
+#[test]
+fn calibrating_to_runs_made_under_known_terms_recovers_them() {
+    use sim::cost_model::calibration::replayed::{fit_runs, Figures, FitOptions, FitRun};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write_run = |run_dir: &Path, gap_ms: u64, latencies: &[(f64, f64)]| {
+        std::fs::create_dir_all(run_dir).expect("mkdir");
+        let mut records = String::new();
+        for (i, (ttft, latency)) in latencies.iter().enumerate() {
+            let i = i as u64;
+            let start = 1_700_000_000_000_000_000 + i * gap_ms * 1_000_000;
+            let (isl, osl) = (200 + (i * 397) % 3000, 16 + (i * 53) % 180);
+            records.push_str(&format!(
+                "{{\"metadata\": {{\"session_num\": {i}, \"request_start_ns\": {start}, \"benchmark_phase\": \"profiling\", \"was_cancelled\": false}}, \"metrics\": {{\"input_sequence_length\": {{\"value\": {isl}, \"unit\": \"tokens\"}}, \"output_sequence_length\": {{\"value\": {osl}, \"unit\": \"tokens\"}}, \"time_to_first_token\": {{\"value\": {ttft}, \"unit\": \"ms\"}}, \"request_latency\": {{\"value\": {latency}, \"unit\": \"ms\"}}}}, \"error\": null}}\n"
+            ));
+        }
+        std::fs::write(run_dir.join("profile_export.jsonl"), records).expect("write");
+        std::fs::write(
+            run_dir.join("profile_export_aiperf.json"),
+            format!("{{\"input_config\": {{\"endpoint\": {{\"model_names\": [\"meta-llama/Llama-3.1-8B-Instruct\"]}}, \"loadgen\": {{\"request_rate\": {}, \"request_count\": 60}}}}}}", 1000.0 / gap_ms as f64),
+        )
+        .expect("write");
+    };
+    let opts = |out: &Path, calibration: Option<std::path::PathBuf>| ReplayOptions {
+        out_dir: out.to_path_buf(),
+        calibration,
+        model: None,
+        gpu: Some("h100-sxm".into()),
+        gpu_file: None,
+        driver: DriverKind::Inline,
+        profiles: ProfileChoice::Off,
+    };
+    let truth_cost = dir.path().join("truth.toml");
+    std::fs::write(
+        &truth_cost,
+        "[cost]\ngemm_compute_eff = 0.55\nstep_overhead_us = 2000.0\nrequest_overhead_ms = 20.0\n",
+    )
+    .expect("write");
+    // A run at one request every `gap_ms`: placeholder latencies, replayed under the known
+    // terms, and the replay's latencies written as the measured ones.
+    let truth_run = |name: &str, gap_ms: u64| {
+        let placeholder = dir.path().join(format!("{name}-placeholder"));
+        write_run(&placeholder, gap_ms, &[(1.0, 10.0); 60]);
+        let observed = sim::observed::open(&placeholder).expect("run");
+        let truth_out = dir.path().join(format!("{name}-truth"));
+        replay(&observed, &opts(&truth_out, Some(truth_cost.clone()))).expect("replay");
+        let sim_csv =
+            std::fs::read_to_string(truth_out.join("sim/base/requests.csv")).expect("csv");
+        let mut latencies = vec![(0.0, 0.0); 60];
+        let mut lines = sim_csv.lines();
+        let header: Vec<&str> = lines.next().expect("header").split(',').collect();
+        let col = |n: &str| header.iter().position(|c| *c == n).expect(n);
+        let (id, ttft, e2el) = (col("request_id"), col("ttft_ms"), col("e2el_ms"));
+        for line in lines {
+            let f: Vec<&str> = line.split(',').collect();
+            let i: usize = f[id].parse().expect("id");
+            latencies[i] = (
+                f[ttft].parse().expect("ttft"),
+                f[e2el].parse().expect("e2el"),
+            );
+        }
+        assert!(
+            latencies.iter().all(|&(t, e)| t > 20.0 && e > t),
+            "{latencies:?}"
+        );
+        let measured_dir = dir.path().join(name);
+        write_run(&measured_dir, gap_ms, &latencies);
+        FitRun {
+            name: name.into(),
+            run: sim::observed::open(&measured_dir).expect("run"),
+        }
+    };
+    let runs = [truth_run("at-4", 250), truth_run("at-8", 125)];
+    let scratch = dir.path().join("scratch");
+    let fit = fit_runs(
+        "llama-3.1-8b on h100-sxm",
+        &runs,
+        &FitOptions {
+            scratch: scratch.clone(),
+            replay: opts(dir.path(), None),
+            folds: 5,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!scratch.exists(), "the candidates' replays are removed");
+    let err = |sim: f64, measured: f64| (sim / measured - 1.0).abs();
+    for r in &fit.runs {
+        // The defaults miss the slow GEMMs, the step overhead and the front end.
+        assert!(
+            err(r.defaults.ttft_mean, r.measured.ttft_mean) > 0.3,
+            "{:?} vs {:?}",
+            r.defaults,
+            r.measured
+        );
+        let other = r.other_runs.expect("held out by run");
+        for (i, name) in Figures::NAMES.iter().enumerate() {
+            let m = r.measured.values()[i];
+            for (how, v) in [("time", r.held_out.values()[i]), ("run", other.values()[i])] {
+                assert!(
+                    err(v, m) < 0.03,
+                    "{}: {name} held out by {how}: {v} vs {m}\n{}",
+                    r.name,
+                    fit.table()
+                );
+            }
+        }
+    }
+    assert_eq!(
+        fit.fit.get("request_overhead_ms"),
+        Some(&20.0),
+        "{:?}",
+        fit.fit
+    );
+    assert_eq!(
+        fit.fit.get("gemm_compute_eff"),
+        Some(&0.55),
+        "{:?}",
+        fit.fit
+    );
+    assert_eq!((fit.folds.len(), fit.run_folds.len()), (5, 2));
+    // The file is a calibration file a replay reads.
+    let file = dir.path().join("replayed.toml");
+    std::fs::write(&file, fit.toml("runs")).expect("write");
+    let again = replay(&runs[0].run, &opts(&dir.path().join("again"), Some(file))).expect("replay");
+    let e = again
+        .figure("ttft_mean_ms")
+        .expect("ttft")
+        .error_pct()
+        .expect("pct");
+    assert!(e.abs() < 3.0, "{e}%");
+}

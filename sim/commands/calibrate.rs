@@ -1,8 +1,10 @@
 //! `sim calibrate`: the cost model's parameters fitted to measurements
 //! ([`sim::cost_model::calibration`]). From operator profiles or measured GEMMs (the default:
 //! Vidur's profiles in `calibration/`), or from whole steps of the CUDA runtime, measured
-//! here on a GPU (`--backend cuda`) or recorded earlier (`--steps FILE --gpu G`). Writes the
-//! fit as a `[cost]` TOML and prints it.
+//! here on a GPU (`--backend cuda`) or recorded earlier (`--steps FILE --gpu G`); or with
+//! `--observed` from real runs (each GPU's replay terms, and the memory plan's reserve),
+//! measured deployments (aiconfigurator's `silicon.csv`), or a run `sim serve` wrote. Writes
+//! the fit as a `[cost]` TOML and prints it.
 
 use std::path::{Path, PathBuf};
 
@@ -38,7 +40,8 @@ pub struct Args {
     #[arg(long)]
     pub steps: Option<PathBuf>,
     /// The GPU the steps run or ran on (catalog name): required with --steps; with
-    /// --backend cuda it defaults to the catalog entry of the device found.
+    /// --backend cuda it defaults to the catalog entry of the device found. With --observed
+    /// runs: the GPU of those that name none (aiperf's, BLIS's).
     #[arg(long)]
     pub gpu: Option<String>,
     /// Fit the spread of the aiperf clients' turnaround (the rows aiperf measured), the fp8
@@ -52,11 +55,21 @@ pub struct Args {
     /// `fp8-memory.toml`, `fp8-gemm.toml`, `fp4-memory.toml`, `fp4-gemm.toml`,
     /// `moe-gemm.toml`, `moe-prefill.toml`, `observed-moe-<engine>.toml`,
     /// `observed-<engine>.toml` and their `.rows.csv` (every row's held-out errors; default
-    /// folder: calibration/). A folder of engine runs that record the KV blocks the engine
-    /// allocated (LLMServingSim's) fits the memory plan's runtime reserve instead and writes
-    /// `<out folder>/memory-reserve.toml`. One of each may be given.
+    /// folder: calibration/). Real runs instead (a run `sim replay` reads, or a folder of
+    /// them: LLMServingSim's, `vllm bench serve` JSONs, aiperf's exports, TraceV2 or plain
+    /// CSVs): each deployment's (model and GPU) GEMM and all-reduce efficiencies, step and
+    /// per-sequence overheads and per-request front-end cost, fitted by replaying its runs,
+    /// held out by time (each run's requests in k blocks) and by run; writes `<out
+    /// folder>/replayed-<model>-<gpu>.toml` (a calibration file for `sim
+    /// replay`/`run`/`plan --calibration`) and `.csv` (every run's figures); where runs record the KV blocks the engine allocated (LLMServingSim's),
+    /// the memory plan's runtime reserve too (`memory-reserve.toml`). One of each may be
+    /// given.
     #[arg(long, num_args = 1..)]
     pub observed: Vec<PathBuf>,
+    /// With --observed runs: price every replay on the roofline, even where an operator
+    /// profile lies beside a run (as `sim replay --no-profiles`).
+    #[arg(long)]
+    pub no_profiles: bool,
     /// Folds of the cross-validation (--observed).
     #[arg(long, default_value_t = 5)]
     pub folds: usize,
@@ -149,17 +162,22 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         );
     }
     if !args.observed.is_empty() {
-        let dirs = args.observed.iter().filter(|p| p.is_dir()).count();
-        if dirs > 1 || args.observed.len() - dirs > 1 {
+        let mut deployments = 0;
+        for p in &args.observed {
+            if !p.is_dir() && is_deployments_csv(p)? {
+                deployments += 1;
+            }
+        }
+        if deployments > 1 || args.observed.len() - deployments > 1 {
             anyhow::bail!(
-                "--observed: give at most one folder of runs and one file of deployments (each writes its own fits; two of a kind would overwrite each other)"
+                "--observed: give at most one run (or folder of runs) and one file of deployments (each writes its own fits; two of a kind would overwrite each other)"
             );
         }
         for path in &args.observed {
             if sim::observed::sim_run::is_sim_run(path) {
                 from_served(path, &args, out)?;
-            } else if path.is_dir() {
-                reserve_from_runs(path, &args, out)?;
+            } else if path.is_dir() || !is_deployments_csv(path)? {
+                from_runs(path, &args, out)?;
             } else {
                 from_observed(path, &args, out)?;
             }
@@ -242,47 +260,205 @@ fn from_served(dir: &Path, args: &Args, out: &mut String) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Fits the memory plan's runtime reserve to the KV blocks the runs under `dir` record.
-fn reserve_from_runs(dir: &Path, args: &Args, out: &mut String) -> anyhow::Result<()> {
-    let mut runs = Vec::new();
-    if dir.join("vllm").join("meta.json").is_file() {
-        runs.push(dir.to_path_buf());
+/// Whether `path` is a file of measured deployments (aiconfigurator's `silicon.csv`
+/// columns) rather than a run.
+fn is_deployments_csv(path: &Path) -> anyhow::Result<bool> {
+    if path
+        .extension()
+        .is_none_or(|x| !x.eq_ignore_ascii_case("csv"))
+    {
+        return Ok(false);
+    }
+    use std::io::{BufRead, Read};
+    let f = std::fs::File::open(path)
+        .map_err(|e| anyhow::anyhow!("--observed {}: cannot read: {e}", path.display()))?;
+    let mut header = String::new();
+    std::io::BufReader::new(f.take(1 << 16))
+        .read_line(&mut header)
+        .map_err(|e| anyhow::anyhow!("--observed {}: cannot read: {e}", path.display()))?;
+    Ok(header
+        .trim_start_matches('\u{feff}')
+        .split(',')
+        .any(|c| c.trim().trim_matches('"') == "silicon_ttft_ms"))
+}
+
+/// How an `--observed` run is replayed: on `gpu` (the one it names, or `--gpu` where it
+/// names none), its steps priced from its operator profile unless `--no-profiles`.
+fn replay_options(args: &Args, out_dir: &Path, gpu: &str) -> sim::replay::ReplayOptions {
+    sim::replay::ReplayOptions {
+        out_dir: out_dir.to_path_buf(),
+        calibration: None,
+        model: None,
+        gpu: Some(gpu.to_string()),
+        gpu_file: None,
+        driver: sim::driver::DriverKind::Inline,
+        profiles: if args.no_profiles {
+            sim::replay::ProfileChoice::Off
+        } else {
+            sim::replay::ProfileChoice::Auto
+        },
+    }
+}
+
+/// Fits to real runs (`path`: one run, or a folder of them): the memory plan's runtime
+/// reserve to the KV blocks the runs record, and each deployment's replay terms.
+fn from_runs(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<()> {
+    if !(2..=20).contains(&args.folds) {
+        anyhow::bail!("--folds: must be 2 to 20, got {}", args.folds);
+    }
+    let mut paths = Vec::new();
+    let is_run = !path.is_dir()
+        || path.join("vllm").join("meta.json").is_file()
+        || sim::observed::is_aiperf_run(path);
+    if is_run {
+        paths.push(path.to_path_buf());
     } else {
-        super::replay::runs_in(dir, 0, &mut runs);
+        super::replay::runs_in(path, 0, &mut paths);
     }
-    runs.sort();
-    let mut checks = Vec::new();
-    for run in &runs {
-        let observed = sim::observed::open(run)?;
-        match sim::replay::memory_check(&observed) {
-            Ok(Some(c)) => checks.push(c),
-            Ok(None) => {}
-            Err(sim::replay::ReplayError::Run { message, .. }) => {
-                outln!(out, "skipped {}: {message}", run.display());
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let Some(fit) = sim::cost_model::calibration::memory::fit_runtime_reserve(checks) else {
+    paths.sort();
+    if paths.is_empty() {
         anyhow::bail!(
-            "--observed {}: no run records the KV blocks its engine allocated (vLLM's num_gpu_blocks)",
-            dir.display()
+            "--observed {}: no run in the folder (LLMServingSim run folders, vLLM bench .json, aiperf exports, TraceV2 or plain .csv)",
+            path.display()
         );
-    };
-    out.push_str(&fit.table());
+    }
     let out_dir = args
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("calibration"));
+    let mut checks = Vec::new();
+    let mut groups: std::collections::BTreeMap<
+        (&'static str, &'static str),
+        Vec<calibration::replayed::FitRun>,
+    > = Default::default();
+    // In a folder, a run that cannot be read or replayed is skipped with the reason (as
+    // `sim replay` does); a run given alone is an error.
+    let skip = |out: &mut String, p: &Path, why: String| -> anyhow::Result<()> {
+        if is_run {
+            anyhow::bail!("--observed {}: {why}", p.display());
+        }
+        outln!(out, "skipped {}: {why}", p.display());
+        Ok(())
+    };
+    let check_dir = out_dir.join(".replay-check");
+    for p in &paths {
+        let observed = match sim::observed::open(p) {
+            Ok(o) => o,
+            Err(e) => {
+                skip(out, p, e.to_string())?;
+                continue;
+            }
+        };
+        match sim::replay::memory_check(&observed) {
+            Ok(Some(c)) => checks.push(c),
+            Ok(None) => {}
+            Err(sim::replay::ReplayError::Run { message, .. }) => {
+                skip(out, p, message)?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let model = match sim::replay::model_of(&observed) {
+            Ok(m) => m,
+            Err(_) => {
+                let why = match &observed.engine.model {
+                    Some(id) => {
+                        format!("model `{id}` is not in the catalog (`sim models` lists them)")
+                    }
+                    None => {
+                        "the run does not name its model (`sim replay --model` replays it on one)"
+                            .into()
+                    }
+                };
+                skip(out, p, why)?;
+                continue;
+            }
+        };
+        // A run that names no GPU replays on --gpu.
+        let gpu = match (&observed.engine.gpu, &args.gpu) {
+            (None, Some(g)) => sim::catalog::find_gpu(g).map(|g| g.name).ok_or_else(|| {
+                anyhow::anyhow!("--gpu {g}: not in the catalog (`sim gpus` lists it)")
+            })?,
+            _ => {
+                match sim::replay::gpu_of(&observed) {
+                    Ok(gpu) => gpu,
+                    Err(_) => {
+                        let why = match &observed.engine.gpu {
+                        Some(g) => format!("GPU `{g}` is not in the catalog: give --gpu (`sim gpus` lists them)"),
+                        None => "the run does not name its GPU: give --gpu".into(),
+                    };
+                        skip(out, p, why)?;
+                        continue;
+                    }
+                }
+            }
+        };
+        // One replay under the defaults: a run the replay refuses (no send times, no
+        // request that succeeded, a dense model's data parallelism) is left out here, not
+        // part way through its deployment's fit.
+        let checked = sim::replay::replay(&observed, &replay_options(args, &check_dir, gpu));
+        let _ = std::fs::remove_dir_all(&check_dir);
+        match checked {
+            Ok(_) => {}
+            Err(sim::replay::ReplayError::Run { message, .. }) => {
+                skip(out, p, message)?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        // Its name in tables: the path under the folder given (the file or folder name of
+        // a run given alone).
+        let name = if is_run {
+            sim::replay::run_name(p)
+        } else {
+            p.strip_prefix(path).unwrap_or(p).display().to_string()
+        };
+        groups
+            .entry((model, gpu))
+            .or_default()
+            .push(calibration::replayed::FitRun {
+                name,
+                run: observed,
+            });
+    }
     std::fs::create_dir_all(&out_dir).map_err(|e| anyhow::anyhow!("{}: {e}", out_dir.display()))?;
-    let file = out_dir.join("memory-reserve.toml");
-    std::fs::write(&file, fit.toml(&dir.display().to_string()))
-        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-    outln!(out, "wrote {}", file.display());
+    let source = path.display().to_string();
+    match calibration::memory::fit_runtime_reserve(checks) {
+        Some(fit) => {
+            out.push_str(&fit.table());
+            let file = out_dir.join("memory-reserve.toml");
+            std::fs::write(&file, fit.toml(&source))
+                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            outln!(out, "wrote {}", file.display());
+        }
+        None => outln!(
+            out,
+            "no run records the KV blocks its engine allocated (vLLM's num_gpu_blocks): the memory plan's reserve is not fitted"
+        ),
+    }
+    if groups.is_empty() {
+        anyhow::bail!("--observed {}: no run could be replayed", path.display());
+    }
+    for ((model, gpu), runs) in &groups {
+        let stem = format!("replayed-{model}-{gpu}");
+        let opts = calibration::replayed::FitOptions {
+            scratch: out_dir.join(format!(".{stem}")),
+            replay: replay_options(args, &out_dir, gpu),
+            folds: args.folds,
+        };
+        let fit = calibration::replayed::fit_runs(&format!("{model} on {gpu}"), runs, &opts)?;
+        out.push_str(&fit.table());
+        let file = out_dir.join(format!("{stem}.toml"));
+        std::fs::write(&file, fit.toml(&source))
+            .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+        let csv = out_dir.join(format!("{stem}.csv"));
+        std::fs::write(&csv, fit.csv()).map_err(|e| anyhow::anyhow!("{}: {e}", csv.display()))?;
+        outln!(out, "wrote {} and {}", file.display(), csv.display());
+    }
     Ok(())
 }
 
-/// Fits each engine's front-end cost to measured deployments, k-fold.
+/// Fits each engine's terms to measured deployments (aiconfigurator's rows), k-fold.
 fn from_observed(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<()> {
     if !(2..=20).contains(&args.folds) {
         anyhow::bail!("--folds: must be 2 to 20, got {}", args.folds);

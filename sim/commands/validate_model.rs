@@ -42,6 +42,8 @@ pub fn run(args: Args, out: &mut String) -> anyhow::Result<()> {
         .into_iter()
         .filter(|r| r.profile.is_some())
         .collect();
+    report.fitted = replay_fits(&runs, ProfileChoice::Off)?;
+    report.fitted_profiled = replay_fits(&runs, ProfileChoice::Auto)?;
     let fit = data.join("observed-vllm.toml");
     if fit.is_file() {
         report.done_calibrated = replays(&runs, Some(&fit), ProfileChoice::Off)?.done;
@@ -151,6 +153,63 @@ fn replays(
     }
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(out)
+}
+
+/// Every LLMServingSim run under `dir` fitted as `sim calibrate --observed` fits them (per
+/// deployment, 5 folds by time), in a scratch folder that is removed afterwards.
+fn replay_fits(
+    dir: &std::path::Path,
+    profiles: ProfileChoice,
+) -> anyhow::Result<Vec<sim::cost_model::calibration::replayed::ReplayedFit>> {
+    use sim::cost_model::calibration::replayed::FitRun;
+    let mut paths = Vec::new();
+    super::replay::runs_in(dir, 0, &mut paths);
+    paths.sort();
+    let mut groups: std::collections::BTreeMap<(&'static str, &'static str), Vec<FitRun>> =
+        Default::default();
+    for p in &paths {
+        let run = sim::observed::open(p)?;
+        if let (Ok(model), Ok(gpu)) = (sim::replay::model_of(&run), sim::replay::gpu_of(&run)) {
+            groups.entry((model, gpu)).or_default().push(FitRun {
+                name: p.strip_prefix(dir).unwrap_or(p).display().to_string(),
+                run,
+            });
+        }
+    }
+    let scratch = std::env::temp_dir().join(format!("sim-validate-fits-{}", std::process::id()));
+    let fits = fit_groups(&groups, &scratch, &profiles);
+    let _ = std::fs::remove_dir_all(&scratch);
+    fits
+}
+
+/// [`replay_fits`]' fits, each group's replays under `scratch`.
+fn fit_groups(
+    groups: &std::collections::BTreeMap<
+        (&'static str, &'static str),
+        Vec<sim::cost_model::calibration::replayed::FitRun>,
+    >,
+    scratch: &std::path::Path,
+    profiles: &ProfileChoice,
+) -> anyhow::Result<Vec<sim::cost_model::calibration::replayed::ReplayedFit>> {
+    use sim::cost_model::calibration::replayed::{fit_runs, FitOptions};
+    let mut fits = Vec::new();
+    for ((model, gpu), runs) in groups {
+        let opts = FitOptions {
+            scratch: scratch.join(format!("{model}-{gpu}")),
+            replay: sim::replay::ReplayOptions {
+                out_dir: scratch.to_path_buf(),
+                calibration: None,
+                model: None,
+                gpu: None,
+                gpu_file: None,
+                driver: sim::driver::DriverKind::Inline,
+                profiles: profiles.clone(),
+            },
+            folds: 5,
+        };
+        fits.push(fit_runs(&format!("{model} on {gpu}"), runs, &opts)?);
+    }
+    Ok(fits)
 }
 
 /// One line per simulated aiconfigurator row.

@@ -8,6 +8,8 @@
 //! - Early vLLM's framework profile to Splitwise's rows ([`splitwise`]).
 //! - Efficiencies and the step overhead to whole steps measured on the CUDA runtime
 //!   ([`steps`], `sim calibrate --backend cuda` or `--steps`).
+//! - The terms a replay feels to real runs, per GPU, held out by time and by run
+//!   ([`replayed`], `sim calibrate --observed` on runs).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -25,6 +27,7 @@ pub mod memo;
 pub mod memory;
 pub mod moe_engines;
 pub mod observed;
+pub mod replayed;
 pub mod served;
 pub mod splitwise;
 pub mod steps;
