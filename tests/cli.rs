@@ -1093,4 +1093,46 @@ fn calibrate_fits_runs_it_can_replay_and_says_why_not_otherwise() {
         replayed.to_str().expect("utf-8"),
     ]);
     assert!(text.contains("ttft_mean_ms"), "{text}");
+    // On top of an engine's calibration: its other terms are carried into the file.
+    let on_top = dir.path().join("on-top");
+    sim_ok(&[
+        "calibrate",
+        "--observed",
+        run.to_str().expect("utf-8"),
+        "--gpu",
+        "h100-sxm",
+        "--folds",
+        "2",
+        "--calibration",
+        "calibration/observed-vllm.toml",
+        "--out",
+        on_top.to_str().expect("utf-8"),
+    ]);
+    let file = std::fs::read_to_string(on_top.join("replayed-llama-3.1-8b-h100-sxm.toml"))
+        .expect("written");
+    let t: toml::Table = file.parse().expect("toml");
+    assert_eq!(
+        t["cost"]["eager_layer_us"].as_float(),
+        Some(600.0),
+        "{file}"
+    );
+    assert_eq!(
+        t["cost"]["by_gpu"]["h200"]["eager_layer_us"].as_float(),
+        Some(900.0)
+    );
+    let bad = write(dir.path(), "bad.toml", "[engine]\nmax_num_seqs = 4\n");
+    let e = sim(&[
+        "calibrate",
+        "--observed",
+        run.to_str().expect("utf-8"),
+        "--gpu",
+        "h100-sxm",
+        "--calibration",
+        bad.to_str().expect("utf-8"),
+        "--out",
+        o,
+    ]);
+    assert_eq!(e.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&e.stderr);
+    assert!(err.contains("bad.toml: no [cost] table"), "{err}");
 }

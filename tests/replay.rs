@@ -469,6 +469,7 @@ fn calibrating_to_runs_made_under_known_terms_recovers_them() {
             scratch: scratch.clone(),
             replay: opts(dir.path(), None),
             folds: 5,
+            base: toml::Table::new(),
         },
     )
     .unwrap_or_else(|e| panic!("{e}"));

@@ -70,6 +70,11 @@ pub struct Args {
     /// profile lies beside a run (as `sim replay --no-profiles`).
     #[arg(long)]
     pub no_profiles: bool,
+    /// With --observed runs: fit on top of this calibration file's `[cost]` (a `sim
+    /// calibrate` output, such as `calibration/observed-vllm.toml`): each term starts from
+    /// its value there, and the files written carry the rest of its terms.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
     /// Folds of the cross-validation (--observed).
     #[arg(long, default_value_t = 5)]
     pub folds: usize,
@@ -282,6 +287,24 @@ fn is_deployments_csv(path: &Path) -> anyhow::Result<bool> {
         .any(|c| c.trim().trim_matches('"') == "silicon_ttft_ms"))
 }
 
+/// The `[cost]` table of a calibration file (`--calibration`), checked as a scenario
+/// checks it.
+fn base_cost(file: &Path) -> anyhow::Result<toml::Table> {
+    let err = |m: String| anyhow::anyhow!("--calibration {}: {m}", file.display());
+    let text = std::fs::read_to_string(file).map_err(|e| err(format!("cannot read: {e}")))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| err(e.message().trim().to_string()))?;
+    let Some(toml::Value::Table(cost)) = table.get("cost") else {
+        return Err(err("no [cost] table".into()));
+    };
+    let params: sim::cost_model::CostParams = toml::Value::Table(cost.clone())
+        .try_into()
+        .map_err(|e: toml::de::Error| err(format!("[cost]: {}", e.message().trim())))?;
+    params.validate().map_err(|e| err(format!("[cost]: {e}")))?;
+    Ok(cost.clone())
+}
+
 /// How an `--observed` run is replayed: on `gpu` (the one it names, or `--gpu` where it
 /// names none), its steps priced from its operator profile unless `--no-profiles`.
 fn replay_options(args: &Args, out_dir: &Path, gpu: &str) -> sim::replay::ReplayOptions {
@@ -322,6 +345,10 @@ fn from_runs(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<()> {
             path.display()
         );
     }
+    let base = match &args.calibration {
+        Some(f) => base_cost(f)?,
+        None => toml::Table::new(),
+    };
     let out_dir = args
         .out
         .clone()
@@ -445,6 +472,7 @@ fn from_runs(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<()> {
             scratch: out_dir.join(format!(".{stem}")),
             replay: replay_options(args, &out_dir, gpu),
             folds: args.folds,
+            base: base.clone(),
         };
         let fit = calibration::replayed::fit_runs(&format!("{model} on {gpu}"), runs, &opts)?;
         out.push_str(&fit.table());

@@ -206,6 +206,7 @@ fn fit_groups(
                 profiles: profiles.clone(),
             },
             folds: 5,
+            base: toml::Table::new(),
         };
         fits.push(fit_runs(&format!("{model} on {gpu}"), runs, &opts)?);
     }

@@ -108,6 +108,9 @@ pub struct FitOptions {
     pub replay: ReplayOptions,
     /// Folds of the split by time (2 or more).
     pub folds: usize,
+    /// The `[cost]` table the fit starts from (a calibration file's; empty: the defaults):
+    /// each term's first candidate is its value here, and the files written carry it.
+    pub base: toml::Table,
 }
 
 /// One run's figures under one fit.
@@ -171,7 +174,8 @@ pub struct RunFigures {
     pub requests: usize,
     /// Measured.
     pub measured: Figures,
-    /// Simulated with the default terms.
+    /// Simulated with the terms the fit started from (the defaults, or the `--calibration`
+    /// file's).
     pub defaults: Figures,
     /// Simulated with the fit on every request (in-sample).
     pub fitted: Figures,
@@ -200,6 +204,8 @@ pub struct ReplayedFit {
     pub block_errors: Vec<(f64, f64)>,
     /// Replays run (distinct fits x runs).
     pub replays: usize,
+    /// The `[cost]` table the fit started from ([`FitOptions::base`]).
+    pub base: toml::Table,
 }
 
 /// One request as the fit scores it.
@@ -253,7 +259,18 @@ struct Evaluator<'a> {
     next: AtomicUsize,
 }
 
-/// A fit as a `[cost]` table's lines (the memo's key, and the candidate's file).
+/// A calibration file's `[cost]` table: `base` with `fit`'s terms over it.
+fn cost_table(base: &toml::Table, fit: &Fit) -> String {
+    let mut cost = base.clone();
+    for (k, v) in fit {
+        cost.insert((*k).to_string(), toml::Value::Float(*v));
+    }
+    let mut root = toml::Table::new();
+    root.insert("cost".into(), toml::Value::Table(cost));
+    toml::to_string(&root).unwrap_or_default()
+}
+
+/// A fit's terms as `key = value` lines (the memo's key).
 fn cost_lines(fit: &Fit) -> String {
     let mut s = String::new();
     for (k, v) in fit {
@@ -274,11 +291,9 @@ impl Evaluator<'_> {
             message: e.to_string(),
         })?;
         let file = dir.join("cost.toml");
-        std::fs::write(&file, format!("[cost]\n{}", cost_lines(fit))).map_err(|e| {
-            ReplayError::Io {
-                path: file.clone(),
-                message: e.to_string(),
-            }
+        std::fs::write(&file, cost_table(&self.opts.base, fit)).map_err(|e| ReplayError::Io {
+            path: file.clone(),
+            message: e.to_string(),
         })?;
         let mut simulated = Vec::with_capacity(self.runs.len());
         let mut measured = Vec::with_capacity(self.runs.len());
@@ -491,6 +506,7 @@ pub fn fit_runs(
         runs: figures,
         block_errors,
         replays: ev.memo.len() * runs.len(),
+        base: opts.base.clone(),
     })
 }
 
@@ -542,15 +558,16 @@ impl ReplayedFit {
         for (r, f) in self.runs.iter().zip(&self.run_folds) {
             let _ = writeln!(s, "  without {}: {}", r.name, describe(f));
         }
+        // What the fit started from: the defaults, or the `--calibration` file's terms.
+        let start = if self.base.is_empty() {
+            "defaults"
+        } else {
+            "calibration"
+        };
         let _ = writeln!(
             s,
             "  {:<14} {:>11} {:>20} {:>20} {:>20} {:>20}",
-            "figure",
-            "measured",
-            "defaults",
-            "fit (in-sample)",
-            "held out (time)",
-            "held out (runs)"
+            "figure", "measured", start, "fit (in-sample)", "held out (time)", "held out (runs)"
         );
         for r in &self.runs {
             let _ = writeln!(s, "  {} ({} requests)", r.name, r.requests);
@@ -577,7 +594,7 @@ impl ReplayedFit {
         let summary = |i: usize| {
             let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}%"));
             format!(
-                "defaults {}, held out by time {}, by run {}",
+                "{start} {}, held out by time {}, by run {}",
                 f(self.median_abs(i, |r| Some(r.defaults))),
                 f(self.median_abs(i, |r| Some(r.held_out))),
                 f(self.median_abs(i, |r| r.other_runs))
@@ -613,7 +630,7 @@ impl ReplayedFit {
         for line in self.table().lines().skip(1) {
             let _ = writeln!(s, "# {}", line.trim_end());
         }
-        let _ = writeln!(s, "[cost]\n{}", cost_lines(&self.fit));
+        let _ = writeln!(s, "{}", cost_table(&self.base, &self.fit));
         if self.block_errors.is_empty() {
             // No block finished a request: no held-out error to give bands from.
             return s;
@@ -728,8 +745,7 @@ mod tests {
         let mut fit = Fit::new();
         fit.insert("step_overhead_us", 500.0);
         fit.insert("gemm_compute_eff", 0.95);
-        let text = format!("[cost]\n{}", cost_lines(&fit));
-        let t: toml::Table = text.parse().expect("toml");
+        let t: toml::Table = cost_table(&toml::Table::new(), &fit).parse().expect("toml");
         let p: crate::cost_model::CostParams =
             toml::Value::Table(t["cost"].as_table().expect("table").clone())
                 .try_into()
@@ -737,5 +753,18 @@ mod tests {
         assert_eq!(p.gemm_compute_eff, 0.95);
         assert_eq!(p.step_overhead_us, Some(500.0));
         assert_eq!(describe(&Fit::new()), "defaults");
+        // Over a base file's table: the fit's terms replace the base's, the rest stay.
+        let base: toml::Table = "step_overhead_us = 600.0\neager_layer_us = 900.0\n[by_gpu.h200]\nfp8_compute_eff = 0.8\n"
+            .parse()
+            .expect("toml");
+        let t: toml::Table = cost_table(&base, &fit).parse().expect("toml");
+        let p: crate::cost_model::CostParams =
+            toml::Value::Table(t["cost"].as_table().expect("table").clone())
+                .try_into()
+                .expect("cost params");
+        assert_eq!(p.step_overhead_us, Some(500.0));
+        assert_eq!(p.eager_layer_us, Some(900.0));
+        assert_eq!(p.gemm_compute_eff, 0.95);
+        assert_eq!(p.by_gpu["h200"].fp8_compute_eff, Some(0.8));
     }
 }
