@@ -511,7 +511,7 @@ fn calibrating_to_runs_made_under_known_terms_recovers_them() {
     assert_eq!((fit.folds.len(), fit.run_folds.len()), (5, 2));
     // The file is a calibration file a replay reads.
     let file = dir.path().join("replayed.toml");
-    std::fs::write(&file, fit.toml("runs")).expect("write");
+    std::fs::write(&file, fit.toml("runs").expect("toml")).expect("write");
     let again = replay(&runs[0].run, &opts(&dir.path().join("again"), Some(file))).expect("replay");
     let e = again
         .figure("ttft_mean_ms")

@@ -477,8 +477,10 @@ fn from_runs(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<()> {
         let fit = calibration::replayed::fit_runs(&format!("{model} on {gpu}"), runs, &opts)?;
         out.push_str(&fit.table());
         let file = out_dir.join(format!("{stem}.toml"));
-        std::fs::write(&file, fit.toml(&source))
+        let text = fit
+            .toml(&source)
             .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+        std::fs::write(&file, text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
         let csv = out_dir.join(format!("{stem}.csv"));
         std::fs::write(&csv, fit.csv()).map_err(|e| anyhow::anyhow!("{}: {e}", csv.display()))?;
         outln!(out, "wrote {} and {}", file.display(), csv.display());

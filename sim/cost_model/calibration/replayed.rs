@@ -260,14 +260,14 @@ struct Evaluator<'a> {
 }
 
 /// A calibration file's `[cost]` table: `base` with `fit`'s terms over it.
-fn cost_table(base: &toml::Table, fit: &Fit) -> String {
+fn cost_table(base: &toml::Table, fit: &Fit) -> Result<String, String> {
     let mut cost = base.clone();
     for (k, v) in fit {
         cost.insert((*k).to_string(), toml::Value::Float(*v));
     }
     let mut root = toml::Table::new();
     root.insert("cost".into(), toml::Value::Table(cost));
-    toml::to_string(&root).unwrap_or_default()
+    toml::to_string(&root).map_err(|e| format!("[cost]: {e}"))
 }
 
 /// A fit's terms as `key = value` lines (the memo's key).
@@ -291,7 +291,11 @@ impl Evaluator<'_> {
             message: e.to_string(),
         })?;
         let file = dir.join("cost.toml");
-        std::fs::write(&file, cost_table(&self.opts.base, fit)).map_err(|e| ReplayError::Io {
+        let text = cost_table(&self.opts.base, fit).map_err(|message| ReplayError::Io {
+            path: file.clone(),
+            message,
+        })?;
+        std::fs::write(&file, text).map_err(|e| ReplayError::Io {
             path: file.clone(),
             message: e.to_string(),
         })?;
@@ -612,7 +616,7 @@ impl ReplayedFit {
     /// The calibration file: the fit under `[cost]`, its folds and held-out error
     /// intervals under `[fit]` (what `sim run` and `sim plan` make bands of), the runs and
     /// their errors in the header. `source` is what was given to `--observed`.
-    pub fn toml(&self, source: &str) -> String {
+    pub fn toml(&self, source: &str) -> Result<String, String> {
         let mut s = String::new();
         let _ = writeln!(
             s,
@@ -630,10 +634,10 @@ impl ReplayedFit {
         for line in self.table().lines().skip(1) {
             let _ = writeln!(s, "# {}", line.trim_end());
         }
-        let _ = writeln!(s, "{}", cost_table(&self.base, &self.fit));
+        let _ = writeln!(s, "{}", cost_table(&self.base, &self.fit)?);
         if self.block_errors.is_empty() {
             // No block finished a request: no held-out error to give bands from.
-            return s;
+            return Ok(s);
         }
         let q = |v: &[f64], p: f64| analysis::percentile(v, p);
         let ttft: Vec<f64> = self.block_errors.iter().map(|e| e.0).collect();
@@ -670,7 +674,7 @@ impl ReplayedFit {
         let _ = writeln!(s, "ttft_error_90 = {}", band(&ttft, 5.0, 95.0));
         let _ = writeln!(s, "tpot_error_50 = {}", band(&tpot, 25.0, 75.0));
         let _ = writeln!(s, "tpot_error_90 = {}", band(&tpot, 5.0, 95.0));
-        s
+        Ok(s)
     }
 
     /// Every run's figures: `run,figure,measured,defaults,fitted,held_out,other_runs`.
@@ -745,7 +749,10 @@ mod tests {
         let mut fit = Fit::new();
         fit.insert("step_overhead_us", 500.0);
         fit.insert("gemm_compute_eff", 0.95);
-        let t: toml::Table = cost_table(&toml::Table::new(), &fit).parse().expect("toml");
+        let t: toml::Table = cost_table(&toml::Table::new(), &fit)
+            .expect("cost table")
+            .parse()
+            .expect("toml");
         let p: crate::cost_model::CostParams =
             toml::Value::Table(t["cost"].as_table().expect("table").clone())
                 .try_into()
@@ -757,7 +764,10 @@ mod tests {
         let base: toml::Table = "step_overhead_us = 600.0\neager_layer_us = 900.0\n[by_gpu.h200]\nfp8_compute_eff = 0.8\n"
             .parse()
             .expect("toml");
-        let t: toml::Table = cost_table(&base, &fit).parse().expect("toml");
+        let t: toml::Table = cost_table(&base, &fit)
+            .expect("cost table")
+            .parse()
+            .expect("toml");
         let p: crate::cost_model::CostParams =
             toml::Value::Table(t["cost"].as_table().expect("table").clone())
                 .try_into()
