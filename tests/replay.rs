@@ -463,7 +463,7 @@ fn calibrating_to_runs_made_under_known_terms_recovers_them() {
     let runs = [truth_run("at-4", 250), truth_run("at-8", 125)];
     let scratch = dir.path().join("scratch");
     let fit = fit_runs(
-        "llama-3.1-8b on h100-sxm",
+        ("llama-3.1-8b", "h100-sxm"),
         &runs,
         &FitOptions {
             scratch: scratch.clone(),

@@ -274,15 +274,8 @@ fn is_deployments_csv(path: &Path) -> anyhow::Result<bool> {
     {
         return Ok(false);
     }
-    use std::io::{BufRead, Read};
-    let f = std::fs::File::open(path)
-        .map_err(|e| anyhow::anyhow!("--observed {}: cannot read: {e}", path.display()))?;
-    let mut header = String::new();
-    std::io::BufReader::new(f.take(1 << 16))
-        .read_line(&mut header)
-        .map_err(|e| anyhow::anyhow!("--observed {}: cannot read: {e}", path.display()))?;
+    let header = sim::observed::first_line(path)?;
     Ok(header
-        .trim_start_matches('\u{feff}')
         .split(',')
         .any(|c| c.trim().trim_matches('"') == "silicon_ttft_ms"))
 }
@@ -305,14 +298,14 @@ fn base_cost(file: &Path) -> anyhow::Result<toml::Table> {
     Ok(cost.clone())
 }
 
-/// How an `--observed` run is replayed: on `gpu` (the one it names, or `--gpu` where it
-/// names none), its steps priced from its operator profile unless `--no-profiles`.
-fn replay_options(args: &Args, out_dir: &Path, gpu: &str) -> sim::replay::ReplayOptions {
+/// How an `--observed` run is replayed: on `gpu` where given (the one it names, or `--gpu`
+/// where it names none), its steps priced from its operator profile unless `--no-profiles`.
+fn replay_options(args: &Args, out_dir: &Path, gpu: Option<&str>) -> sim::replay::ReplayOptions {
     sim::replay::ReplayOptions {
         out_dir: out_dir.to_path_buf(),
         calibration: None,
         model: None,
-        gpu: Some(gpu.to_string()),
+        gpu: gpu.map(str::to_string),
         gpu_file: None,
         driver: sim::driver::DriverKind::Inline,
         profiles: if args.no_profiles {
@@ -354,10 +347,7 @@ fn from_runs(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| PathBuf::from("calibration"));
     let mut checks = Vec::new();
-    let mut groups: std::collections::BTreeMap<
-        (&'static str, &'static str),
-        Vec<calibration::replayed::FitRun>,
-    > = Default::default();
+    let mut groups = calibration::replayed::Deployments::new();
     // In a folder, a run that cannot be read or replayed is skipped with the reason (as
     // `sim replay` does); a run given alone is an error.
     let skip = |out: &mut String, p: &Path, why: String| -> anyhow::Result<()> {
@@ -406,11 +396,11 @@ fn from_runs(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<()> {
             (None, Some(g)) => sim::catalog::find_gpu(g).map(|g| g.name).ok_or_else(|| {
                 anyhow::anyhow!("--gpu {g}: not in the catalog (`sim gpus` lists it)")
             })?,
-            _ => {
+            (named, _) => {
                 match sim::replay::gpu_of(&observed) {
                     Ok(gpu) => gpu,
                     Err(_) => {
-                        let why = match &observed.engine.gpu {
+                        let why = match named {
                         Some(g) => format!("GPU `{g}` is not in the catalog: give --gpu (`sim gpus` lists them)"),
                         None => "the run does not name its GPU: give --gpu".into(),
                     };
@@ -423,7 +413,7 @@ fn from_runs(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<()> {
         // One replay under the defaults: a run the replay refuses (no send times, no
         // request that succeeded, a dense model's data parallelism) is left out here, not
         // part way through its deployment's fit.
-        let checked = sim::replay::replay(&observed, &replay_options(args, &check_dir, gpu));
+        let checked = sim::replay::replay(&observed, &replay_options(args, &check_dir, Some(gpu)));
         let _ = std::fs::remove_dir_all(&check_dir);
         match checked {
             Ok(_) => {}
@@ -466,16 +456,17 @@ fn from_runs(path: &Path, args: &Args, out: &mut String) -> anyhow::Result<()> {
     if groups.is_empty() {
         anyhow::bail!("--observed {}: no run could be replayed", path.display());
     }
-    for ((model, gpu), runs) in &groups {
-        let stem = format!("replayed-{model}-{gpu}");
-        let opts = calibration::replayed::FitOptions {
-            scratch: out_dir.join(format!(".{stem}")),
-            replay: replay_options(args, &out_dir, gpu),
-            folds: args.folds,
-            base: base.clone(),
-        };
-        let fit = calibration::replayed::fit_runs(&format!("{model} on {gpu}"), runs, &opts)?;
+    let fits = calibration::replayed::fit_deployments(
+        &groups,
+        &out_dir,
+        // Each deployment replays on its own GPU.
+        &replay_options(args, &out_dir, None),
+        args.folds,
+        &base,
+    )?;
+    for fit in &fits {
         out.push_str(&fit.table());
+        let stem = format!("replayed-{}-{}", fit.model, fit.gpu);
         let file = out_dir.join(format!("{stem}.toml"));
         let text = fit
             .toml(&source)

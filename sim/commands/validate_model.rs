@@ -161,12 +161,11 @@ fn replay_fits(
     dir: &std::path::Path,
     profiles: ProfileChoice,
 ) -> anyhow::Result<Vec<sim::cost_model::calibration::replayed::ReplayedFit>> {
-    use sim::cost_model::calibration::replayed::FitRun;
+    use sim::cost_model::calibration::replayed::{Deployments, FitRun};
     let mut paths = Vec::new();
     super::replay::runs_in(dir, 0, &mut paths);
     paths.sort();
-    let mut groups: std::collections::BTreeMap<(&'static str, &'static str), Vec<FitRun>> =
-        Default::default();
+    let mut groups = Deployments::new();
     for p in &paths {
         let run = sim::observed::open(p)?;
         if let (Ok(model), Ok(gpu)) = (sim::replay::model_of(&run), sim::replay::gpu_of(&run)) {
@@ -177,40 +176,24 @@ fn replay_fits(
         }
     }
     let scratch = std::env::temp_dir().join(format!("sim-validate-fits-{}", std::process::id()));
-    let fits = fit_groups(&groups, &scratch, &profiles);
+    let replay = sim::replay::ReplayOptions {
+        out_dir: scratch.clone(),
+        calibration: None,
+        model: None,
+        gpu: None,
+        gpu_file: None,
+        driver: sim::driver::DriverKind::Inline,
+        profiles,
+    };
+    let fits = sim::cost_model::calibration::replayed::fit_deployments(
+        &groups,
+        &scratch,
+        &replay,
+        5,
+        &toml::Table::new(),
+    );
     let _ = std::fs::remove_dir_all(&scratch);
-    fits
-}
-
-/// [`replay_fits`]' fits, each group's replays under `scratch`.
-fn fit_groups(
-    groups: &std::collections::BTreeMap<
-        (&'static str, &'static str),
-        Vec<sim::cost_model::calibration::replayed::FitRun>,
-    >,
-    scratch: &std::path::Path,
-    profiles: &ProfileChoice,
-) -> anyhow::Result<Vec<sim::cost_model::calibration::replayed::ReplayedFit>> {
-    use sim::cost_model::calibration::replayed::{fit_runs, FitOptions};
-    let mut fits = Vec::new();
-    for ((model, gpu), runs) in groups {
-        let opts = FitOptions {
-            scratch: scratch.join(format!("{model}-{gpu}")),
-            replay: sim::replay::ReplayOptions {
-                out_dir: scratch.to_path_buf(),
-                calibration: None,
-                model: None,
-                gpu: None,
-                gpu_file: None,
-                driver: sim::driver::DriverKind::Inline,
-                profiles: profiles.clone(),
-            },
-            folds: 5,
-            base: toml::Table::new(),
-        };
-        fits.push(fit_runs(&format!("{model} on {gpu}"), runs, &opts)?);
-    }
-    Ok(fits)
+    Ok(fits?)
 }
 
 /// One line per simulated aiconfigurator row.

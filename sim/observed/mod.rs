@@ -310,7 +310,9 @@ pub fn open(path: &Path) -> Result<ObservedRun, ObservedError> {
     }
 }
 
-fn first_line(path: &Path) -> Result<String, ObservedError> {
+/// The first line of the file at `path` (at most 64 KiB read; a byte-order mark and the
+/// line's end left out): a CSV's header.
+pub fn first_line(path: &Path) -> Result<String, ObservedError> {
     use std::io::{BufRead, Read};
     let f = std::fs::File::open(path)
         .map_err(|e| ObservedError::new(path, format!("cannot read: {e}")))?;

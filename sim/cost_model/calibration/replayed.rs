@@ -188,8 +188,11 @@ pub struct RunFigures {
 /// A deployment's fit.
 #[derive(Debug, Clone)]
 pub struct ReplayedFit {
-    /// The deployment: the catalog model and GPU its runs replay (`llama-3.1-8b on
-    /// rtx-4090`).
+    /// The catalog model its runs replay.
+    pub model: String,
+    /// The catalog GPU they replay on.
+    pub gpu: String,
+    /// The deployment in words (`llama-3.1-8b on rtx-4090`).
     pub deployment: String,
     /// The fit on every request of every run.
     pub fit: Fit,
@@ -443,9 +446,39 @@ fn descend(ev: &mut Evaluator, k: usize, units: Units) -> Result<Fit, ReplayErro
     Ok(fit)
 }
 
-/// Fits one deployment's runs (`deployment` names it in tables and files).
+/// Runs grouped by the deployment they replay: `(catalog model, catalog GPU)`.
+pub type Deployments = BTreeMap<(&'static str, &'static str), Vec<FitRun>>;
+
+/// Fits every deployment of `groups` ([`fit_runs`]): its runs replayed on its GPU with
+/// `replay`'s other options, its candidates' replays in a folder of its own under `scratch`
+/// (removed), `folds` blocks by time, starting from `base`.
+pub fn fit_deployments(
+    groups: &Deployments,
+    scratch: &std::path::Path,
+    replay: &ReplayOptions,
+    folds: usize,
+    base: &toml::Table,
+) -> Result<Vec<ReplayedFit>, ReplayError> {
+    let mut fits = Vec::with_capacity(groups.len());
+    for (&(model, gpu), runs) in groups {
+        let opts = FitOptions {
+            scratch: scratch.join(format!(".replayed-{model}-{gpu}")),
+            replay: ReplayOptions {
+                gpu: Some(gpu.to_string()),
+                ..replay.clone()
+            },
+            folds,
+            base: base.clone(),
+        };
+        fits.push(fit_runs((model, gpu), runs, &opts)?);
+    }
+    Ok(fits)
+}
+
+/// Fits one deployment's runs (`(model, gpu)`, the catalog's names, name it in tables and
+/// files).
 pub fn fit_runs(
-    deployment: &str,
+    (model, gpu): (&str, &str),
     runs: &[FitRun],
     opts: &FitOptions,
 ) -> Result<ReplayedFit, ReplayError> {
@@ -503,7 +536,9 @@ pub fn fit_runs(
         });
     }
     Ok(ReplayedFit {
-        deployment: deployment.to_string(),
+        model: model.to_string(),
+        gpu: gpu.to_string(),
+        deployment: format!("{model} on {gpu}"),
         fit,
         folds,
         run_folds,
