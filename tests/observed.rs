@@ -615,8 +615,9 @@ fn the_aiperf_turnaround_is_fitted_per_engine_with_held_out_errors() {
 #[test]
 fn the_front_end_cost_is_fitted_with_held_out_errors() {
     use sim::cost_model::calibration::observed::{
-        fit_engine_costs, fit_rows_csv, fit_toml, median_abs, ALLREDUCE_EFF_CANDIDATES,
-        CANDIDATES_MS, EAGER_CANDIDATES_US, FP4_CANDIDATES, FP8_CANDIDATES,
+        campaign_of, fit_engine_costs, fit_rows_csv, fit_toml, median_abs,
+        ALLREDUCE_EFF_CANDIDATES, CANDIDATES_MS, EAGER_CANDIDATES_US, FP4_CANDIDATES,
+        FP8_CANDIDATES,
     };
     let rows =
         observed::silicon::read(Path::new("tests/data/observed/silicon-small.csv")).expect("rows");
@@ -658,6 +659,15 @@ fn the_front_end_cost_is_fitted_with_held_out_errors() {
         "{f:?}"
     );
     assert!(median_abs(&f.held_out_ttft) < median_abs(&f.baseline_ttft));
+    // A setting the rows do not record is chosen per campaign, among the rows' own.
+    for (c, _) in f
+        .fold_fits
+        .iter()
+        .flat_map(|ff| &ff.unrecorded)
+        .chain(&f.unrecorded)
+    {
+        assert!(rows.iter().any(|r| &campaign_of(r) == c), "{c}");
+    }
     // Every row's held-out errors, once each, under its fold's fit.
     let csv = fit_rows_csv(f).expect("rows csv");
     let lines: Vec<&str> = csv.lines().collect();
@@ -770,6 +780,45 @@ output = { dist = "fixed", value = 64 }
     assert!(lo <= hi && lo > 0.0);
     let table = sim::bands::table(&bands);
     assert!(table.contains("tpot_mean"));
+}
+
+/// The settings a row does not record, which `sim calibrate --observed` chooses per
+/// campaign, do to a closed loop what they say: on three TensorRT-LLM rows at 8 clients, a
+/// held slot makes one request wait for another to finish (TTFT grows by about an eighth
+/// of a request's duration, TPOT hardly moves), and a pool of 100 prompts drawn with
+/// replacement lets the prefix cache serve the repeats (TTFT falls).
+#[test]
+fn unrecorded_settings_move_a_closed_loop_as_they_say() {
+    use sim::cost_model::validation::silicon::{silicon_checks_with, EngineCost, Unrecorded};
+    let rows =
+        observed::silicon::read(Path::new("tests/data/observed/silicon-small.csv")).expect("rows");
+    let rows = &rows[..3];
+    let under = |unrecorded: Unrecorded| {
+        let cost = EngineCost {
+            unrecorded,
+            ..Default::default()
+        };
+        let (checks, skipped) = silicon_checks_with(rows, None, &|_, _| cost).expect("simulated");
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert_eq!(checks.len(), 3);
+        checks
+    };
+    let recorded = under(Unrecorded::AsRecorded);
+    let held = under(Unrecorded::HeldSlot);
+    let pooled = under(Unrecorded::PromptPool);
+    for ((r, h), p) in recorded.iter().zip(&held).zip(&pooled) {
+        let clients = f64::from(r.row.batch_size.expect("clients"));
+        let duration = r.ttft_ms + f64::from(r.row.osl - 1) * r.tpot_ms;
+        let wait = (h.ttft_ms - r.ttft_ms) / (duration / clients);
+        assert!(
+            (0.4..1.6).contains(&wait),
+            "{wait} of a request's share: {r:?} {h:?}"
+        );
+        assert!((h.tpot_ms / r.tpot_ms - 1.0).abs() < 0.1, "{r:?} {h:?}");
+        assert!(p.ttft_ms < r.ttft_ms * 0.95, "{r:?} {p:?}");
+    }
+    let names: Vec<&str> = Unrecorded::ALL.iter().map(|u| u.name()).collect();
+    assert_eq!(names, ["as-recorded", "held-slot", "prompt-pool"]);
 }
 
 /// SGLang's prefill batches run alone and first: with aiperf's fixed lengths the clients stay

@@ -24,7 +24,10 @@
 //! efficiencies are chosen on its own rows with fp8 or fp4 weights), then each GPU's
 //! all-reduce efficiency on its own rows at TP > 1 (the same score), then the front-end
 //! cost with the smallest median absolute TTFT error (one stage at a time, so the grid
-//! stays small); the held-out fold's errors under that fit are
+//! stays small), and last, per campaign (one engine version, model and GPU), a setting
+//! of the benchmark its rows do not record ([`Unrecorded`]: a held slot, repeated prompts)
+//! where the campaign's training rows fit it better and a k-fold inside them says the
+//! choice holds out; the held-out fold's errors under that fit are
 //! kept. Reported errors are those held-out errors; the spread of the fold fits is the
 //! fit's uncertainty. The fit on all rows is what the calibration file carries.
 
@@ -34,7 +37,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use super::memo::memo_pass;
-use crate::cost_model::validation::silicon::{self, silicon_checks_with, EngineCost};
+use crate::cost_model::validation::silicon::{self, silicon_checks_with, EngineCost, Unrecorded};
 use crate::observed::silicon::AggregateRow;
 
 /// The front-end costs tried, milliseconds (the first, none, is the stage before's pass).
@@ -250,6 +253,9 @@ pub struct FoldFit {
     /// `[cost.by_gpu.<gpu>]` `fp8_compute_eff`, `fp4_compute_eff`, `allreduce_eff` and
     /// `eager_layer_us` (GPUs not listed: the defaults, and `eager_layer_us` above).
     pub by_gpu: ByGpu,
+    /// The campaigns run with a setting their rows do not record ([`Unrecorded`]; the
+    /// others as recorded), by campaign ([`campaign_of`]).
+    pub unrecorded: Vec<(String, Unrecorded)>,
 }
 
 impl FoldFit {
@@ -262,8 +268,11 @@ impl FoldFit {
             });
         let effs = self.by_gpu.describe();
         format!(
-            "{:.0} us / {ar} / {:.0} us eager layer / {effs} / {:.0} ms",
-            self.step_overhead_us, self.eager_layer_us, self.request_overhead_ms
+            "{:.0} us / {ar} / {:.0} us eager layer / {effs} / {:.0} ms{}",
+            self.step_overhead_us,
+            self.eager_layer_us,
+            self.request_overhead_ms,
+            describe_unrecorded(&self.unrecorded)
         )
     }
 
@@ -302,6 +311,8 @@ pub struct EngineFit {
     /// The engine's fp8 and fp4 GEMM and all-reduce efficiencies on each GPU, fitted on
     /// every row.
     pub by_gpu: ByGpu,
+    /// The campaigns run with a setting their rows do not record, chosen on every row.
+    pub unrecorded: Vec<(String, Unrecorded)>,
     /// Each fold's fit.
     pub fold_fits: Vec<FoldFit>,
     /// Held-out signed TTFT errors (one per row).
@@ -644,17 +655,28 @@ pub fn fit_engine_costs(
         // fit, the catalog's).
         type EffsOf<'a> = &'a (dyn Fn(&str) -> Effs + Sync);
         type EagerOf<'a> = &'a (dyn Fn(&str) -> f64 + Sync);
-        let run = |s: usize, a: usize, eager: EagerOf, request_ms: f64, eff: EffsOf| {
+        let run_as = |s: usize,
+                      a: usize,
+                      eager: EagerOf,
+                      request_ms: f64,
+                      eff: EffsOf,
+                      unrecorded: Unrecorded| {
             memo_pass(&memo, mine_ref, &gpu_of, (&index, &baseline), &|gpu| {
-                candidate(
-                    STEP_CANDIDATES_US[s],
-                    ALLREDUCE_CANDIDATES_US[a],
-                    eager(gpu),
-                    request_ms,
-                    eff(gpu),
-                    prior,
-                )
+                EngineCost {
+                    unrecorded,
+                    ..candidate(
+                        STEP_CANDIDATES_US[s],
+                        ALLREDUCE_CANDIDATES_US[a],
+                        eager(gpu),
+                        request_ms,
+                        eff(gpu),
+                        prior,
+                    )
+                }
             })
+        };
+        let run = |s: usize, a: usize, eager: EagerOf, request_ms: f64, eff: EffsOf| {
+            run_as(s, a, eager, request_ms, eff, Unrecorded::AsRecorded)
         };
         let none: EffsOf = &|_| Effs::default();
         // `run` over only the rows `moves` picks, the rest keeping `base`'s errors.
@@ -893,14 +915,73 @@ pub fn fit_engine_costs(
             }
             by_req.push((key.clone(), errs));
         }
+        let r_of: Vec<usize> = (0..folds)
+            .map(|f| best(at(&by_req, key_of(f)), &split(f).1, Score::Ttft))
+            .collect();
+        let r_all = best(at(&by_req, key_all.clone()), &idx, Score::Ttft);
+        // Last, the settings the rows do not record: every row under each fit's whole cost
+        // with each setting (as recorded is the front-end stage's pass), then each
+        // campaign's setting chosen on its own rows of `train` (the sum of the medians, as
+        // for the terms: a setting moves TTFT most, and TPOT with it), where a k-fold
+        // inside those rows says that choosing one holds out better than none.
+        let (campaigns, campaign) = campaigns_of(&mine, &index, n);
+        let mut whole: Vec<((FullKey, usize), Vec<Errors>)> = Vec::new();
+        let mut wanted: Vec<(FullKey, usize)> = (0..folds).map(|f| (key_of(f), r_of[f])).collect();
+        wanted.push((key_all.clone(), r_all));
+        wanted.sort();
+        wanted.dedup();
+        for (key, r) in wanted {
+            let ((s, a, e, c8, c4), ar_choice) = &key;
+            let mut errs = vec![at(&by_req, key.clone())[r].clone()];
+            for &setting in &Unrecorded::ALL[1..] {
+                errs.push(run_as(
+                    *s,
+                    *a,
+                    &|gpu| eager_us(e, gpu),
+                    CANDIDATES_MS[r],
+                    &|gpu| Effs {
+                        fp8: pick(c8, &FP8_CANDIDATES, gpu),
+                        fp4: pick(c4, &FP4_CANDIDATES, gpu),
+                        allreduce: pick(ar_choice, &ALLREDUCE_EFF_CANDIDATES, gpu),
+                    },
+                    setting,
+                )?);
+            }
+            whole.push(((key, r), errs));
+        }
+        let settings_fit = |errs: &[Errors], train: &[usize]| -> Vec<usize> {
+            (0..campaigns.len())
+                .map(|c| {
+                    let rows: Vec<usize> = train
+                        .iter()
+                        .copied()
+                        .filter(|&i| campaign[i] == c)
+                        .collect();
+                    if rows.len() < MIN_CAMPAIGN_ROWS || !holds_out(errs, &rows) {
+                        0
+                    } else {
+                        best(errs, &rows, Score::BOTH)
+                    }
+                })
+                .collect()
+        };
+        let named = |chosen: &[usize]| -> Vec<(String, Unrecorded)> {
+            chosen
+                .iter()
+                .enumerate()
+                .filter(|&(_, &k)| k != 0)
+                .map(|(c, &k)| (campaigns[c].clone(), Unrecorded::ALL[k]))
+                .collect()
+        };
         let mut held_out_ttft = Vec::new();
         let mut held_out_tpot = Vec::new();
         let mut held_out_rows = Vec::new();
         let mut fold_fits = Vec::new();
         for f in 0..folds {
             let (test, train) = split(f);
-            let errs = at(&by_req, key_of(f));
-            let r = best(errs, &train, Score::Ttft);
+            let r = r_of[f];
+            let errs = at(&whole, (key_of(f), r));
+            let chosen = settings_fit(errs, &train);
             let (eager_layer_us, eager) = shared_eager(&eager_of[f].0);
             fold_fits.push(FoldFit {
                 step_overhead_us: STEP_CANDIDATES_US[step_of[f]],
@@ -911,14 +992,16 @@ pub fn fit_engine_costs(
                     eager,
                     ..ByGpu::of(&eager_of[f].1, &eager_of[f].2, &ar_eff_of[f])
                 },
+                unrecorded: named(&chosen),
             });
             for &i in &test {
-                held_out_ttft.push(errs[r][i].0);
-                held_out_tpot.push(errs[r][i].1);
+                let k = chosen[campaign[i]];
+                held_out_ttft.push(errs[k][i].0);
+                held_out_tpot.push(errs[k][i].1);
                 held_out_rows.push((i, f));
             }
         }
-        let r_all = best(at(&by_req, key_all), &idx, Score::Ttft);
+        let unrecorded = named(&settings_fit(at(&whole, (key_all, r_all)), &idx));
         let (eager_layer_us, eager) = shared_eager(&eager_all.0);
         fits.push(EngineFit {
             engine,
@@ -931,6 +1014,7 @@ pub fn fit_engine_costs(
                 eager,
                 ..ByGpu::of(&eager_all.1, &eager_all.2, &ar_eff_all)
             },
+            unrecorded,
             fold_fits,
             held_out_ttft,
             held_out_tpot,
@@ -946,6 +1030,79 @@ pub fn fit_engine_costs(
         });
     }
     Ok(fits)
+}
+
+/// The fewest training rows of a campaign on which its setting is chosen: a smaller
+/// campaign keeps its rows' settings (a median of a handful of rows picks by noise).
+pub const MIN_CAMPAIGN_ROWS: usize = 8;
+
+/// Parts of the k-fold inside a campaign's training rows that decides whether it takes a
+/// setting at all ([`holds_out`]).
+pub const INNER_FOLDS: usize = 4;
+
+/// Whether choosing a setting on part of a campaign's `rows` beats keeping them as
+/// recorded on the rest: over [`INNER_FOLDS`] parts, each part's errors under the setting
+/// (`errs[k]`, `errs[0]` as recorded) the other parts choose, scored as the stages score
+/// (the sum of the TTFT and TPOT medians of |error|), against the same rows as recorded.
+/// A setting that fits a campaign's training rows by chance (the best of several
+/// candidates on a few dozen rows always fits them a little better) then stays out.
+fn holds_out(errs: &[Errors], rows: &[usize]) -> bool {
+    let mut chosen: Errors = Vec::new();
+    let mut kept: Errors = Vec::new();
+    for j in 0..INNER_FOLDS {
+        let train: Vec<usize> = (0..rows.len())
+            .filter(|p| p % INNER_FOLDS != j)
+            .map(|p| rows[p])
+            .collect();
+        let k = best(errs, &train, Score::BOTH);
+        for p in (j..rows.len()).step_by(INNER_FOLDS) {
+            chosen.push(errs[k][rows[p]]);
+            kept.push(errs[0][rows[p]]);
+        }
+    }
+    let score = |e: &Errors| {
+        let (t, p): (Vec<f64>, Vec<f64>) = e.iter().copied().unzip();
+        median_abs(&t) + median_abs(&p)
+    };
+    score(&chosen) < score(&kept)
+}
+
+/// A row's campaign: its engine version (or `unversioned`), model and system, which one
+/// harness measured together in one sweep (`1.0.0rc3 meta-llama/Llama-3.1-8B-Instruct
+/// h100_sxm`).
+pub fn campaign_of(row: &AggregateRow) -> String {
+    let version = if row.backend_version.is_empty() {
+        "unversioned"
+    } else {
+        &row.backend_version
+    };
+    format!("{version} {} {}", row.model, row.system)
+}
+
+/// The campaigns of `rows` (sorted) and each simulated row's campaign, by row index
+/// (`index`: row line to index; `n` rows).
+fn campaigns_of(
+    rows: &[AggregateRow],
+    index: &HashMap<u64, usize>,
+    n: usize,
+) -> (Vec<String>, Vec<usize>) {
+    let mut names: Vec<String> = rows.iter().map(campaign_of).collect();
+    names.sort();
+    names.dedup();
+    let mut of = vec![0; n];
+    for r in rows {
+        if let Some(&i) = index.get(&r.line) {
+            of[i] = names.binary_search(&campaign_of(r)).unwrap_or(0);
+        }
+    }
+    (names, of)
+}
+
+/// ` / held-slot: 1.0.0rc3 meta-llama/Llama-3.1-8B-Instruct h100_sxm` (empty for none).
+fn describe_unrecorded(list: &[(String, Unrecorded)]) -> String {
+    list.iter()
+        .map(|(c, u)| format!(" / {}: {c}", u.name()))
+        .collect()
 }
 
 /// One eager floor's errors under each fp8 efficiency ([`FP8_CANDIDATES`], the first the
@@ -1010,6 +1167,12 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
         (&fit.baseline_ttft, &fit.baseline_tpot),
     )
     .quote("defaults", ["\n# ", " "]);
+    // Settings of the measured runs, not of a deployment: comments, which no scenario reads.
+    let unrecorded: String = fit
+        .unrecorded
+        .iter()
+        .map(|(c, u)| format!("\n# Campaign {c} measured as if {}.", u.name()))
+        .collect();
     // The same header either way; a fit that lost to the defaults says so, and its
     // `[cost]` names only the framework.
     let (verdict, kept, cost) = if fit.kept_defaults() {
@@ -1038,7 +1201,7 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
     format!(
         "# {engine}: the step overhead, tensor-parallel all-reduce latency, eager step floor, fp8, fp4 and all-reduce efficiencies per GPU and per-request front-end cost\n\
          # fitted by `sim calibrate --observed {source}` to {rows} measured closed-loop deployments of {engine}\n\
-         # (aiconfigurator silicon.csv), one term at a time{verdict}. {folds}-fold held-out: {held}; the folds' fits: {ff}.{edge}{kept}\n\
+         # (aiconfigurator silicon.csv), one term at a time{verdict}. {folds}-fold held-out: {held}; the folds' fits: {ff}.{edge}{kept}{unrecorded}\n\
          # Fitted under the engine's serving defaults (`sim validate-model`): [engine] {engine_keys}.\n\
          [cost]\nframework = \"{framework}\"\n{cost}",
         engine = fit.engine,
@@ -1240,6 +1403,7 @@ mod tests {
             eager_layer_us: 900.0,
             request_overhead_ms: 80.0,
             by_gpu: ByGpu::default(),
+            unrecorded: Vec::new(),
         };
         let mut fit = EngineFit {
             engine: "sglang".into(),
@@ -1249,6 +1413,7 @@ mod tests {
             allreduce_latency_us: None,
             eager_layer_us: 900.0,
             by_gpu: ByGpu::default(),
+            unrecorded: Vec::new(),
             fold_fits: vec![fold.clone(), fold],
             // Held out TTFT 0.15 and TPOT 0.05 median |err| against the defaults' 0.10 and 0.04.
             held_out_ttft: vec![0.1, -0.2, 0.15, -0.15],

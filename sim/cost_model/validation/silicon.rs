@@ -68,7 +68,52 @@ pub struct EngineCost {
     /// The spread of the aiperf clients' turnaround, milliseconds (`None`: the engine's,
     /// [`aiperf_turnaround_ms`]).
     pub aiperf_turnaround_ms: Option<f64>,
+    /// A setting of the benchmark the rows do not record (default: as they record it).
+    pub unrecorded: Unrecorded,
 }
+
+/// A setting of a measured run that its row does not record, which `sim calibrate
+/// --observed` chooses per campaign (the rows of one engine version, model and GPU, which
+/// one harness measured in one sweep) by the campaign's held-out error
+/// ([`crate::cost_model::calibration::observed`]). Each is something the rows' harnesses
+/// and engines are known to do in some configurations and that a row cannot show.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Unrecorded {
+    /// As the row and its generator's settings say.
+    #[default]
+    AsRecorded,
+    /// The engine runs one sequence fewer than the clients (at least one): a finished
+    /// request holds its slot until another ends, or the engine was given one slot less.
+    /// A closed loop then always has one request waiting for the next to finish, which
+    /// adds about `1/clients` of a request's duration to every TTFT.
+    HeldSlot,
+    /// The client's prompts repeat and the engine caches them: each request sends one of
+    /// [`PROMPT_POOL`] prompts drawn at random with replacement (aiperf's synthetic dataset
+    /// up to 0.2, `--num-dataset-entries` 100), with the prefix cache on (vLLM's and
+    /// SGLang's default), so a repeated prompt prefills only its last block.
+    PromptPool,
+}
+
+impl Unrecorded {
+    /// Every setting, the recorded one first.
+    pub const ALL: [Unrecorded; 3] = [
+        Unrecorded::AsRecorded,
+        Unrecorded::HeldSlot,
+        Unrecorded::PromptPool,
+    ];
+
+    /// The setting's name in calibration files (`held-slot`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Unrecorded::AsRecorded => "as-recorded",
+            Unrecorded::HeldSlot => "held-slot",
+            Unrecorded::PromptPool => "prompt-pool",
+        }
+    }
+}
+
+/// Distinct prompts of aiperf's synthetic dataset (`--num-dataset-entries`' default).
+pub const PROMPT_POOL: u32 = 100;
 
 /// `(why, rows)` of the rows not simulated.
 pub type Skipped = Vec<(String, usize)>;
@@ -725,6 +770,19 @@ fn simulate(
         mtp_settings(&mut cfg, row, p, k, acceptance);
     }
     cfg.engine.max_num_seqs = cfg.engine.max_num_seqs.max(c);
+    match engine.unrecorded {
+        Unrecorded::AsRecorded => {}
+        Unrecorded::HeldSlot => cfg.engine.max_num_seqs = c.saturating_sub(1).max(1),
+        Unrecorded::PromptPool => {
+            cfg.engine.enable_prefix_caching = true;
+            for class in &mut cfg.workload.classes {
+                class.prompt_pool = Some(crate::workload::PromptPool {
+                    size: PROMPT_POOL,
+                    sampling: crate::workload::PoolSampling::Random,
+                });
+            }
+        }
+    }
     // The simulator's prefill-first scheduler prefills whole prompts (SGLang chunks the
     // rare prompt beyond its 8,192 tokens): its budget must hold the longest.
     if cfg.engine.scheduler == engine::scheduler::SchedulerKind::Continuous {
