@@ -900,6 +900,22 @@ pub fn fit_engine_costs(
         needed.push(key_all.clone());
         needed.sort();
         needed.dedup();
+        // A pass under every term a fit chose (`key`), a front-end cost and a setting.
+        let run_whole = |key: &FullKey, request_ms: f64, setting: Unrecorded| {
+            let ((s, a, e, c8, c4), ar_choice) = key;
+            run_as(
+                *s,
+                *a,
+                &|gpu| eager_us(e, gpu),
+                request_ms,
+                &|gpu| Effs {
+                    fp8: pick(c8, &FP8_CANDIDATES, gpu),
+                    fp4: pick(c4, &FP4_CANDIDATES, gpu),
+                    allreduce: pick(ar_choice, &ALLREDUCE_EFF_CANDIDATES, gpu),
+                },
+                setting,
+            )
+        };
         let mut by_req: Vec<(FullKey, Vec<Errors>)> = Vec::new();
         for key in &needed {
             let ((s, a, e, c8, c4), ar_choice) = key;
@@ -907,11 +923,7 @@ pub fn fit_engine_costs(
             let ar_effs = at(&by_ar_eff, (*s, *a, e.clone(), c8.clone(), c4.clone()));
             let mut errs = vec![under(ar_effs, ar_choice, &gpus)];
             for &ms in &CANDIDATES_MS[1..] {
-                errs.push(run(*s, *a, &|gpu| eager_us(e, gpu), ms, &|gpu| Effs {
-                    fp8: pick(c8, &FP8_CANDIDATES, gpu),
-                    fp4: pick(c4, &FP4_CANDIDATES, gpu),
-                    allreduce: pick(ar_choice, &ALLREDUCE_EFF_CANDIDATES, gpu),
-                })?);
+                errs.push(run_whole(key, ms, Unrecorded::AsRecorded)?);
             }
             by_req.push((key.clone(), errs));
         }
@@ -931,21 +943,9 @@ pub fn fit_engine_costs(
         wanted.sort();
         wanted.dedup();
         for (key, r) in wanted {
-            let ((s, a, e, c8, c4), ar_choice) = &key;
             let mut errs = vec![at(&by_req, key.clone())[r].clone()];
             for &setting in &Unrecorded::ALL[1..] {
-                errs.push(run_as(
-                    *s,
-                    *a,
-                    &|gpu| eager_us(e, gpu),
-                    CANDIDATES_MS[r],
-                    &|gpu| Effs {
-                        fp8: pick(c8, &FP8_CANDIDATES, gpu),
-                        fp4: pick(c4, &FP4_CANDIDATES, gpu),
-                        allreduce: pick(ar_choice, &ALLREDUCE_EFF_CANDIDATES, gpu),
-                    },
-                    setting,
-                )?);
+                errs.push(run_whole(&key, CANDIDATES_MS[r], setting)?);
             }
             whole.push(((key, r), errs));
         }

@@ -192,8 +192,6 @@ pub struct ReplayedFit {
     pub model: String,
     /// The catalog GPU they replay on.
     pub gpu: String,
-    /// The deployment in words (`llama-3.1-8b on rtx-4090`).
-    pub deployment: String,
     /// The fit on every request of every run.
     pub fit: Fit,
     /// Each time fold's fit.
@@ -538,7 +536,6 @@ pub fn fit_runs(
     Ok(ReplayedFit {
         model: model.to_string(),
         gpu: gpu.to_string(),
-        deployment: format!("{model} on {gpu}"),
         fit,
         folds,
         run_folds,
@@ -569,6 +566,11 @@ fn pct(sim: f64, measured: f64) -> f64 {
 }
 
 impl ReplayedFit {
+    /// The deployment in words (`llama-3.1-8b on rtx-4090`).
+    pub fn deployment(&self) -> String {
+        format!("{} on {}", self.model, self.gpu)
+    }
+
     /// The median over runs of |error| of figure `i` ([`Figures::NAMES`]) under `pick`.
     fn median_abs(&self, i: usize, pick: impl Fn(&RunFigures) -> Option<Figures>) -> Option<f64> {
         let errs: Vec<f64> = self
@@ -585,7 +587,7 @@ impl ReplayedFit {
         let _ = writeln!(
             s,
             "{}: {} run{} replayed ({} replays); fit on every request: {}",
-            self.deployment,
+            self.deployment(),
             self.runs.len(),
             if self.runs.len() == 1 { "" } else { "s" },
             self.replays,
@@ -656,7 +658,7 @@ impl ReplayedFit {
         let _ = writeln!(
             s,
             "# {}: cost terms fitted by `sim calibrate --observed {source}` to replays of {} run{}",
-            self.deployment,
+            self.deployment(),
             self.runs.len(),
             if self.runs.len() == 1 { "" } else { "s" }
         );
@@ -686,7 +688,7 @@ impl ReplayedFit {
                 "sim calibrate --observed {source}: {} by replays of {} run(s) of {}, {}-fold by time",
                 TERMS.map(|t| t.key).join(", "),
                 self.runs.len(),
-                self.deployment,
+                self.deployment(),
                 self.folds.len()
             )
         );
