@@ -785,23 +785,28 @@ output = { dist = "fixed", value = 64 }
 /// The settings a row does not record, which `sim calibrate --observed` chooses per
 /// campaign, do to a closed loop what they say: on three TensorRT-LLM rows at 8 clients, a
 /// held slot makes one request wait for another to finish (TTFT grows by about an eighth
-/// of a request's duration, TPOT hardly moves), and a pool of 100 prompts drawn with
-/// replacement lets the prefix cache serve the repeats (TTFT falls).
+/// of a request's duration, TPOT hardly moves), a pool of 100 prompts drawn with
+/// replacement lets the prefix cache serve the repeats (TTFT falls), a step of one prompt
+/// changes only the rows whose budget held two (1,024-token prompts, not 2,048), and a
+/// campaign's serial front end caps the tokens delivered (8 updates of 5 ms a step: TPOT
+/// at least 40 ms).
 #[test]
 fn unrecorded_settings_move_a_closed_loop_as_they_say() {
     use sim::cost_model::validation::silicon::{silicon_checks_with, EngineCost, Unrecorded};
     let rows =
         observed::silicon::read(Path::new("tests/data/observed/silicon-small.csv")).expect("rows");
     let rows = &rows[..3];
-    let under = |unrecorded: Unrecorded| {
-        let cost = EngineCost {
-            unrecorded,
-            ..Default::default()
-        };
+    let under_cost = |cost: EngineCost| {
         let (checks, skipped) = silicon_checks_with(rows, None, &|_, _| cost).expect("simulated");
         assert!(skipped.is_empty(), "{skipped:?}");
         assert_eq!(checks.len(), 3);
         checks
+    };
+    let under = |unrecorded: Unrecorded| {
+        under_cost(EngineCost {
+            unrecorded,
+            ..Default::default()
+        })
     };
     let recorded = under(Unrecorded::AsRecorded);
     let held = under(Unrecorded::HeldSlot);
@@ -817,8 +822,23 @@ fn unrecorded_settings_move_a_closed_loop_as_they_say() {
         assert!((h.tpot_ms / r.tpot_ms - 1.0).abs() < 0.1, "{r:?} {h:?}");
         assert!(p.ttft_ms < r.ttft_ms * 0.95, "{r:?} {p:?}");
     }
+    let one = under(Unrecorded::OnePrompt);
+    for (r, o) in recorded.iter().zip(&one) {
+        let two_fit = 2 * r.row.isl <= r.row.isl + 1500;
+        assert_eq!(o.ttft_ms != r.ttft_ms, two_fit, "{r:?} {o:?}");
+    }
+    let fronted = under_cost(EngineCost {
+        frontend_update_us: Some(5000.0),
+        ..Default::default()
+    });
+    for (r, f) in recorded.iter().zip(&fronted) {
+        assert!(r.tpot_ms < 40.0 && f.tpot_ms >= 40.0 * 0.95, "{r:?} {f:?}");
+    }
     let names: Vec<&str> = Unrecorded::ALL.iter().map(|u| u.name()).collect();
-    assert_eq!(names, ["as-recorded", "held-slot", "prompt-pool"]);
+    assert_eq!(
+        names,
+        ["as-recorded", "held-slot", "prompt-pool", "one-prompt"]
+    );
 }
 
 /// SGLang's prefill batches run alone and first: with aiperf's fixed lengths the clients stay

@@ -24,11 +24,12 @@
 //! efficiencies are chosen on its own rows with fp8 or fp4 weights), then each GPU's
 //! all-reduce efficiency on its own rows at TP > 1 (the same score), then the front-end
 //! cost with the smallest median absolute TTFT error (one stage at a time, so the grid
-//! stays small), and last, per campaign (one engine version, model and GPU), a setting
-//! of the benchmark its rows do not record ([`Unrecorded`]: a held slot, repeated prompts)
+//! stays small), and last, per campaign (one engine version, model and GPU, which one
+//! harness measured on one host), a [`CampaignChoice`]: a setting of the benchmark its rows
+//! do not record ([`Unrecorded`]: a held slot, repeated prompts, a step of one prompt)
+//! together with the campaign's own eager floor, then a serial front end, each taken only
 //! where the campaign's training rows fit it better and a k-fold inside them says the
-//! choice holds out; the held-out fold's errors under that fit are
-//! kept. Reported errors are those held-out errors; the spread of the fold fits is the
+//! choice holds out; the held-out fold's errors under that fit are kept. Reported errors are those held-out errors; the spread of the fold fits is the
 //! fit's uncertainty. The fit on all rows is what the calibration file carries.
 
 use std::collections::HashMap;
@@ -39,6 +40,12 @@ use rand::SeedableRng;
 use super::memo::memo_pass;
 use crate::cost_model::validation::silicon::{self, silicon_checks_with, EngineCost, Unrecorded};
 use crate::observed::silicon::AggregateRow;
+
+/// The serial front end's times per streamed update a campaign may take, microseconds
+/// (`cost.frontend_update_us`; none is the campaign's pass before): 25,000 and 12,500
+/// updates a second, the ceilings SGLang 0.5.6's rows at 512 clients (about 22,000 tokens a
+/// second delivered at every TP) and TensorRT-LLM 1.0.0rc3's at 128 (12,600-13,100) show.
+pub const FRONTEND_CANDIDATES_US: [f64; 2] = [40.0, 80.0];
 
 /// The front-end costs tried, milliseconds (the first, none, is the stage before's pass).
 pub const CANDIDATES_MS: [f64; 8] = [0.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0];
@@ -239,6 +246,34 @@ fn candidate(
     }
 }
 
+/// What one campaign's rows are simulated with beyond its engine's fit: a setting of the
+/// benchmark they do not record, and the campaign's own eager floor and serial front end
+/// (`None`: the fit's floor for the GPU, no front end). The host's launch time and the
+/// front end's throughput are the campaign's host's, which no row records.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CampaignChoice {
+    /// The benchmark's setting.
+    pub setting: Unrecorded,
+    /// `cost.eager_layer_us` for the campaign's rows.
+    pub eager_layer_us: Option<f64>,
+    /// `cost.frontend_update_us` for the campaign's rows.
+    pub frontend_update_us: Option<f64>,
+}
+
+impl CampaignChoice {
+    /// `held-slot, eager floor 600 us, front end 80 us an update`.
+    pub fn describe(&self) -> String {
+        let mut text = self.setting.name().to_string();
+        if let Some(us) = self.eager_layer_us {
+            text += &format!(", eager floor {us:.0} us");
+        }
+        if let Some(us) = self.frontend_update_us {
+            text += &format!(", front end {us:.0} us an update");
+        }
+        text
+    }
+}
+
 /// One fold's fit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FoldFit {
@@ -253,9 +288,9 @@ pub struct FoldFit {
     /// `[cost.by_gpu.<gpu>]` `fp8_compute_eff`, `fp4_compute_eff`, `allreduce_eff` and
     /// `eager_layer_us` (GPUs not listed: the defaults, and `eager_layer_us` above).
     pub by_gpu: ByGpu,
-    /// The campaigns run with a setting their rows do not record ([`Unrecorded`]; the
-    /// others as recorded), by campaign ([`campaign_of`]).
-    pub unrecorded: Vec<(String, Unrecorded)>,
+    /// The campaigns simulated with a choice of their own ([`CampaignChoice`]; the others
+    /// as recorded under the fit), by campaign ([`campaign_of`]).
+    pub unrecorded: Vec<(String, CampaignChoice)>,
 }
 
 impl FoldFit {
@@ -311,8 +346,8 @@ pub struct EngineFit {
     /// The engine's fp8 and fp4 GEMM and all-reduce efficiencies on each GPU, fitted on
     /// every row.
     pub by_gpu: ByGpu,
-    /// The campaigns run with a setting their rows do not record, chosen on every row.
-    pub unrecorded: Vec<(String, Unrecorded)>,
+    /// The campaigns simulated with a choice of their own, chosen on every row.
+    pub unrecorded: Vec<(String, CampaignChoice)>,
     /// Each fold's fit.
     pub fold_fits: Vec<FoldFit>,
     /// Held-out signed TTFT errors (one per row).
@@ -900,21 +935,37 @@ pub fn fit_engine_costs(
         needed.push(key_all.clone());
         needed.sort();
         needed.dedup();
-        // A pass under every term a fit chose (`key`), a front-end cost and a setting.
-        let run_whole = |key: &FullKey, request_ms: f64, setting: Unrecorded| {
+        // A pass over `rows` (the others keeping `base`'s errors) under every term a fit
+        // chose (`key`), a front-end cost and a campaign's choice.
+        let run_choice = |key: &FullKey,
+                          request_ms: f64,
+                          choice: CampaignChoice,
+                          (rows, base): (&[AggregateRow], &Errors)| {
             let ((s, a, e, c8, c4), ar_choice) = key;
-            run_as(
-                *s,
-                *a,
-                &|gpu| eager_us(e, gpu),
-                request_ms,
-                &|gpu| Effs {
-                    fp8: pick(c8, &FP8_CANDIDATES, gpu),
-                    fp4: pick(c4, &FP4_CANDIDATES, gpu),
-                    allreduce: pick(ar_choice, &ALLREDUCE_EFF_CANDIDATES, gpu),
-                },
+            memo_pass(&memo, rows, &gpu_of, (&index, base), &|gpu| EngineCost {
+                unrecorded: choice.setting,
+                frontend_update_us: choice.frontend_update_us.or(prior.frontend_update_us),
+                ..candidate(
+                    STEP_CANDIDATES_US[*s],
+                    ALLREDUCE_CANDIDATES_US[*a],
+                    choice.eager_layer_us.unwrap_or_else(|| eager_us(e, gpu)),
+                    request_ms,
+                    Effs {
+                        fp8: pick(c8, &FP8_CANDIDATES, gpu),
+                        fp4: pick(c4, &FP4_CANDIDATES, gpu),
+                        allreduce: pick(ar_choice, &ALLREDUCE_EFF_CANDIDATES, gpu),
+                    },
+                    prior,
+                )
+            })
+        };
+        // Every row under `key`, a front-end cost and a setting.
+        let run_whole = |key: &FullKey, request_ms: f64, setting: Unrecorded| {
+            let choice = CampaignChoice {
                 setting,
-            )
+                ..CampaignChoice::default()
+            };
+            run_choice(key, request_ms, choice, (mine_ref, &baseline))
         };
         let mut by_req: Vec<(FullKey, Vec<Errors>)> = Vec::new();
         for key in &needed {
@@ -931,12 +982,20 @@ pub fn fit_engine_costs(
             .map(|f| best(at(&by_req, key_of(f)), &split(f).1, Score::Ttft))
             .collect();
         let r_all = best(at(&by_req, key_all.clone()), &idx, Score::Ttft);
-        // Last, the settings the rows do not record: every row under each fit's whole cost
-        // with each setting (as recorded is the front-end stage's pass), then each
-        // campaign's setting chosen on its own rows of `train` (the sum of the medians, as
-        // for the terms: a setting moves TTFT most, and TPOT with it), where a k-fold
-        // inside those rows says that choosing one holds out better than none.
+        // Last, per campaign: every row under each fit's whole cost with each setting (as
+        // recorded is the front-end stage's pass); then each campaign's setting and eager
+        // floor together, and its front end under them, each chosen on the campaign's own
+        // rows of `train` (the sum of the medians, as for the terms) where a k-fold inside
+        // those rows says that taking one holds out better than none.
         let (campaigns, campaign) = campaigns_of(&mine, &index, n);
+        let campaign_rows: Vec<Vec<AggregateRow>> = (0..campaigns.len())
+            .map(|c| {
+                mine.iter()
+                    .filter(|r| index.get(&r.line).is_some_and(|&i| campaign[i] == c))
+                    .cloned()
+                    .collect()
+            })
+            .collect();
         let mut whole: Vec<((FullKey, usize), Vec<Errors>)> = Vec::new();
         let mut wanted: Vec<(FullKey, usize)> = (0..folds).map(|f| (key_of(f), r_of[f])).collect();
         wanted.push((key_all.clone(), r_all));
@@ -949,28 +1008,90 @@ pub fn fit_engine_costs(
             }
             whole.push(((key, r), errs));
         }
-        let settings_fit = |errs: &[Errors], train: &[usize]| -> Vec<usize> {
-            (0..campaigns.len())
-                .map(|c| {
-                    let rows: Vec<usize> = train
-                        .iter()
-                        .copied()
-                        .filter(|&i| campaign[i] == c)
-                        .collect();
-                    if rows.len() < MIN_CAMPAIGN_ROWS || !holds_out(errs, &rows) {
-                        0
-                    } else {
-                        best(errs, &rows, Score::BOTH)
-                    }
-                })
-                .collect()
+        // The candidate of `errs` a campaign's training `rows` take (0: the first).
+        let choose = |errs: &[Errors], rows: &[usize]| -> usize {
+            if rows.len() < MIN_CAMPAIGN_ROWS || !holds_out(errs, rows) {
+                0
+            } else {
+                best(errs, rows, Score::BOTH)
+            }
         };
-        let named = |chosen: &[usize]| -> Vec<(String, Unrecorded)> {
+        // Each campaign's choice on `train` under the fit `(key, r)`, and every row's errors
+        // under its campaign's choice.
+        let campaign_fit = |key: &FullKey,
+                            r: usize,
+                            train: &[usize]|
+         -> Result<(Vec<CampaignChoice>, Errors), crate::SimError> {
+            let settings = at(&whole, (key.clone(), r));
+            let mut chosen = Vec::with_capacity(campaigns.len());
+            let mut out = settings[0].clone();
+            for (c, rows_c) in campaign_rows.iter().enumerate() {
+                let rows: Vec<usize> = train
+                    .iter()
+                    .copied()
+                    .filter(|&i| campaign[i] == c)
+                    .collect();
+                // The setting and the campaign's floor together (a setting can move the
+                // floor that suits the rows): each setting at the fit's floors (the passes
+                // over every row), then at each floor on every GPU (a pass over the
+                // campaign's rows); then its front end under both.
+                let mut joint: Vec<(CampaignChoice, Errors)> = Unrecorded::ALL
+                    .iter()
+                    .zip(settings)
+                    .map(|(&setting, errs)| {
+                        let choice = CampaignChoice {
+                            setting,
+                            ..CampaignChoice::default()
+                        };
+                        (choice, errs.clone())
+                    })
+                    .collect();
+                if rows.len() >= MIN_CAMPAIGN_ROWS {
+                    for (k, &setting) in Unrecorded::ALL.iter().enumerate() {
+                        for &us in &EAGER_CANDIDATES_US {
+                            let choice = CampaignChoice {
+                                setting,
+                                eager_layer_us: Some(us),
+                                ..CampaignChoice::default()
+                            };
+                            let errs =
+                                run_choice(key, CANDIDATES_MS[r], choice, (rows_c, &settings[k]))?;
+                            joint.push((choice, errs));
+                        }
+                    }
+                }
+                let (mut choice, mut current) = {
+                    let errs: Vec<Errors> = joint.iter().map(|j| j.1.clone()).collect();
+                    joint.swap_remove(choose(&errs, &rows))
+                };
+                if rows.len() >= MIN_CAMPAIGN_ROWS {
+                    let mut cands = vec![current.clone()];
+                    for &us in &FRONTEND_CANDIDATES_US {
+                        let ch = CampaignChoice {
+                            frontend_update_us: Some(us),
+                            ..choice
+                        };
+                        cands.push(run_choice(key, CANDIDATES_MS[r], ch, (rows_c, &current))?);
+                    }
+                    let j = choose(&cands, &rows);
+                    if j > 0 {
+                        choice.frontend_update_us = Some(FRONTEND_CANDIDATES_US[j - 1]);
+                        current = cands.swap_remove(j);
+                    }
+                }
+                for i in (0..n).filter(|&i| campaign[i] == c) {
+                    out[i] = current[i];
+                }
+                chosen.push(choice);
+            }
+            Ok((chosen, out))
+        };
+        let named = |chosen: &[CampaignChoice]| -> Vec<(String, CampaignChoice)> {
             chosen
                 .iter()
                 .enumerate()
-                .filter(|&(_, &k)| k != 0)
-                .map(|(c, &k)| (campaigns[c].clone(), Unrecorded::ALL[k]))
+                .filter(|&(_, ch)| *ch != CampaignChoice::default())
+                .map(|(c, ch)| (campaigns[c].clone(), *ch))
                 .collect()
         };
         let mut held_out_ttft = Vec::new();
@@ -979,15 +1100,13 @@ pub fn fit_engine_costs(
         let mut fold_fits = Vec::new();
         for f in 0..folds {
             let (test, train) = split(f);
-            let r = r_of[f];
-            let errs = at(&whole, (key_of(f), r));
-            let chosen = settings_fit(errs, &train);
+            let (chosen, errs) = campaign_fit(&key_of(f), r_of[f], &train)?;
             let (eager_layer_us, eager) = shared_eager(&eager_of[f].0);
             fold_fits.push(FoldFit {
                 step_overhead_us: STEP_CANDIDATES_US[step_of[f]],
                 allreduce_latency_us: ALLREDUCE_CANDIDATES_US[ar_of[f]],
                 eager_layer_us,
-                request_overhead_ms: CANDIDATES_MS[r],
+                request_overhead_ms: CANDIDATES_MS[r_of[f]],
                 by_gpu: ByGpu {
                     eager,
                     ..ByGpu::of(&eager_of[f].1, &eager_of[f].2, &ar_eff_of[f])
@@ -995,13 +1114,12 @@ pub fn fit_engine_costs(
                 unrecorded: named(&chosen),
             });
             for &i in &test {
-                let k = chosen[campaign[i]];
-                held_out_ttft.push(errs[k][i].0);
-                held_out_tpot.push(errs[k][i].1);
+                held_out_ttft.push(errs[i].0);
+                held_out_tpot.push(errs[i].1);
                 held_out_rows.push((i, f));
             }
         }
-        let unrecorded = named(&settings_fit(at(&whole, (key_all, r_all)), &idx));
+        let unrecorded = named(&campaign_fit(&key_all, r_all, &idx)?.0);
         let (eager_layer_us, eager) = shared_eager(&eager_all.0);
         fits.push(EngineFit {
             engine,
@@ -1098,10 +1216,10 @@ fn campaigns_of(
     (names, of)
 }
 
-/// ` / held-slot: 1.0.0rc3 meta-llama/Llama-3.1-8B-Instruct h100_sxm` (empty for none).
-fn describe_unrecorded(list: &[(String, Unrecorded)]) -> String {
+/// ` / held-slot, eager floor 600 us: 1.0.0rc3 meta-llama/Llama-3.1-8B-Instruct h100_sxm` (empty for none).
+fn describe_unrecorded(list: &[(String, CampaignChoice)]) -> String {
     list.iter()
-        .map(|(c, u)| format!(" / {}: {c}", u.name()))
+        .map(|(c, u)| format!(" / {}: {c}", u.describe()))
         .collect()
 }
 
@@ -1171,7 +1289,12 @@ pub fn fit_toml(fit: &EngineFit, source: &str, folds: usize) -> String {
     let unrecorded: String = fit
         .unrecorded
         .iter()
-        .map(|(c, u)| format!("\n# Campaign {c} measured as if {}.", u.name()))
+        .map(|(c, u)| {
+            format!(
+                "\n# Campaign {c} simulated with {} (its rows do not record it).",
+                u.describe()
+            )
+        })
         .collect();
     // The same header either way; a fit that lost to the defaults says so, and its
     // `[cost]` names only the framework.
@@ -1386,10 +1509,37 @@ pub fn fit_table(fits: &[EngineFit]) -> String {
 mod tests {
     use super::{
         all_reduces, candidate, fit_rows_csv, fit_toml, has_fp4_weights, has_fp8_weights,
-        loses_to_defaults, pass, pass_moving, pass_with_lines, per_gpu, ByGpu, Effs, EngineFit,
-        FoldFit, LowPrecision, ALLREDUCE_EFF_CANDIDATES, FP4_CANDIDATES, FP8_CANDIDATES,
+        holds_out, loses_to_defaults, pass, pass_moving, pass_with_lines, per_gpu, ByGpu,
+        CampaignChoice, Effs, EngineFit, FoldFit, LowPrecision, ALLREDUCE_EFF_CANDIDATES,
+        FP4_CANDIDATES, FP8_CANDIDATES,
     };
-    use crate::cost_model::validation::silicon::EngineCost;
+    use crate::cost_model::validation::silicon::{EngineCost, Unrecorded};
+
+    /// A campaign takes a choice only where the k-fold inside its training rows says the
+    /// choice holds out: one better on every row does; one far better on a quarter of the
+    /// rows and worse on the rest does not, nor one that only ties.
+    #[test]
+    fn a_campaign_takes_a_choice_only_where_it_holds_out() {
+        let rows: Vec<usize> = (0..16).collect();
+        let kept: Vec<(f64, f64)> = vec![(0.3, 0.05); 16];
+        let better: Vec<(f64, f64)> = vec![(0.1, 0.05); 16];
+        assert!(holds_out(&[kept.clone(), better], &rows));
+        let lucky: Vec<(f64, f64)> = (0..16)
+            .map(|p| if p % 4 == 0 { (0.0, 0.0) } else { (0.6, 0.05) })
+            .collect();
+        assert!(!holds_out(&[kept.clone(), lucky], &rows));
+        assert!(!holds_out(&[kept.clone(), kept], &rows));
+        let choice = CampaignChoice {
+            setting: Unrecorded::OnePrompt,
+            eager_layer_us: Some(600.0),
+            frontend_update_us: Some(80.0),
+        };
+        assert_eq!(
+            choice.describe(),
+            "one-prompt, eager floor 600 us, front end 80 us an update"
+        );
+        assert_eq!(CampaignChoice::default().describe(), "as-recorded");
+    }
 
     /// A fit that does not beat the defaults held out (the sum of its TTFT and TPOT median
     /// |error| is not below theirs) ships the defaults: a `[cost]` of the framework alone, a

@@ -70,6 +70,8 @@ pub struct EngineCost {
     pub aiperf_turnaround_ms: Option<f64>,
     /// A setting of the benchmark the rows do not record (default: as they record it).
     pub unrecorded: Unrecorded,
+    /// `cost.frontend_update_us`: the serial front end's time per streamed update.
+    pub frontend_update_us: Option<f64>,
 }
 
 /// A setting of a measured run that its row does not record, which `sim calibrate
@@ -92,14 +94,22 @@ pub enum Unrecorded {
     /// up to 0.2, `--num-dataset-entries` 100), with the prefix cache on (vLLM's and
     /// SGLang's default), so a repeated prompt prefills only its last block.
     PromptPool,
+    /// A step holds about one prompt: the token budget (`max_num_batched_tokens`, or
+    /// SGLang's `max_prefill_tokens` for its mixed steps) is the longest sequence the
+    /// scenario checks allow (prompt and output) plus one token per client and 64, rounded
+    /// up to 32, where the generator's rule gives clients + prompt + 1,500 (which holds two
+    /// 1,024-token prompts). Versions of the generator before its rules set the budget did
+    /// not record what they gave (see [`aiperf_settings`]).
+    OnePrompt,
 }
 
 impl Unrecorded {
     /// Every setting, the recorded one first.
-    pub const ALL: [Unrecorded; 3] = [
+    pub const ALL: [Unrecorded; 4] = [
         Unrecorded::AsRecorded,
         Unrecorded::HeldSlot,
         Unrecorded::PromptPool,
+        Unrecorded::OnePrompt,
     ];
 
     /// The setting's name in calibration files (`held-slot`).
@@ -108,6 +118,7 @@ impl Unrecorded {
             Unrecorded::AsRecorded => "as-recorded",
             Unrecorded::HeldSlot => "held-slot",
             Unrecorded::PromptPool => "prompt-pool",
+            Unrecorded::OnePrompt => "one-prompt",
         }
     }
 }
@@ -658,6 +669,9 @@ pub(crate) fn base_config(
     if engine.step_overhead_us.is_some() {
         cfg.cost.step_overhead_us = engine.step_overhead_us;
     }
+    if engine.frontend_update_us.is_some() {
+        cfg.cost.frontend_update_us = engine.frontend_update_us;
+    }
     if engine.allreduce_latency_us.is_some() {
         cfg.cost.allreduce_latency_us = engine.allreduce_latency_us;
     }
@@ -780,6 +794,14 @@ fn simulate(
                     size: PROMPT_POOL,
                     sampling: crate::workload::PoolSampling::Random,
                 });
+            }
+        }
+        Unrecorded::OnePrompt => {
+            let budget = Some((c + row.isl + row.osl + 64).div_ceil(32) * 32);
+            if cfg.engine.max_prefill_tokens.is_some() {
+                cfg.engine.max_prefill_tokens = budget;
+            } else {
+                cfg.engine.max_num_batched_tokens = budget;
             }
         }
     }
