@@ -151,6 +151,9 @@ impl BenchClient {
     }
 }
 
+/// The largest token count, client count or parallel size a row may give (100 million).
+pub const MAX_COUNT: u32 = 100_000_000;
+
 /// Reads every row of an aiconfigurator `silicon.csv`.
 pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
     let (mut rdr, cols) = super::open_csv(path)?;
@@ -183,16 +186,21 @@ pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
         let line = i as u64 + 2;
         let rec = rec.map_err(|e| super::malformed(path, line, &e))?;
         let text = |c: usize| rec.get(c).map(str::trim).unwrap_or("").to_string();
+        // Token counts, clients and GPUs add up in the simulated engine's budgets (clients +
+        // prompt + output), so each is held far below where a sum could overflow.
         let int = |c: usize, name: &str| -> Result<u32, ObservedError> {
             let t = text(c);
-            t.parse::<u32>().ok().filter(|&x| x > 0).ok_or_else(|| {
-                ObservedError::at(
-                    path,
-                    Some(line),
-                    name,
-                    format!("expected a positive integer, got {t:?}"),
-                )
-            })
+            t.parse::<u32>()
+                .ok()
+                .filter(|&x| x > 0 && x <= MAX_COUNT)
+                .ok_or_else(|| {
+                    ObservedError::at(
+                        path,
+                        Some(line),
+                        name,
+                        format!("expected a positive integer up to {MAX_COUNT}, got {t:?}"),
+                    )
+                })
         };
         let opt_int = |c: Option<usize>, name: &str| -> Result<Option<u32>, ObservedError> {
             // Empty or 0: not given (a size that does not apply to the row).
