@@ -29,8 +29,8 @@
 //! do not record ([`Unrecorded`]: a held slot, repeated prompts, a step of one prompt)
 //! together with the campaign's own eager floor, then a serial front end, each taken only
 //! where the campaign's training rows fit it better and a k-fold inside them says the
-//! choice holds out; the held-out fold's errors under that fit are kept. Reported errors are those held-out errors; the spread of the fold fits is the
-//! fit's uncertainty. The fit on all rows is what the calibration file carries.
+//! choice holds out; the held-out fold's errors under that fit are kept. Reported errors
+//! are those held-out errors; the spread of the fold fits is the fit's uncertainty. The fit on all rows is what the calibration file carries.
 
 use std::collections::HashMap;
 
@@ -690,28 +690,17 @@ pub fn fit_engine_costs(
         // fit, the catalog's).
         type EffsOf<'a> = &'a (dyn Fn(&str) -> Effs + Sync);
         type EagerOf<'a> = &'a (dyn Fn(&str) -> f64 + Sync);
-        let run_as = |s: usize,
-                      a: usize,
-                      eager: EagerOf,
-                      request_ms: f64,
-                      eff: EffsOf,
-                      unrecorded: Unrecorded| {
-            memo_pass(&memo, mine_ref, &gpu_of, (&index, &baseline), &|gpu| {
-                EngineCost {
-                    unrecorded,
-                    ..candidate(
-                        STEP_CANDIDATES_US[s],
-                        ALLREDUCE_CANDIDATES_US[a],
-                        eager(gpu),
-                        request_ms,
-                        eff(gpu),
-                        prior,
-                    )
-                }
-            })
-        };
         let run = |s: usize, a: usize, eager: EagerOf, request_ms: f64, eff: EffsOf| {
-            run_as(s, a, eager, request_ms, eff, Unrecorded::AsRecorded)
+            memo_pass(&memo, mine_ref, &gpu_of, (&index, &baseline), &|gpu| {
+                candidate(
+                    STEP_CANDIDATES_US[s],
+                    ALLREDUCE_CANDIDATES_US[a],
+                    eager(gpu),
+                    request_ms,
+                    eff(gpu),
+                    prior,
+                )
+            })
         };
         let none: EffsOf = &|_| Effs::default();
         // `run` over only the rows `moves` picks, the rest keeping `base`'s errors.
@@ -1010,10 +999,10 @@ pub fn fit_engine_costs(
         }
         // The candidate of `errs` a campaign's training `rows` take (0: the first).
         let choose = |errs: &[Errors], rows: &[usize]| -> usize {
-            if rows.len() < MIN_CAMPAIGN_ROWS || !holds_out(errs, rows) {
-                0
-            } else {
+            if holds_out(errs, rows) {
                 best(errs, rows, Score::BOTH)
+            } else {
+                0
             }
         };
         // Each campaign's choice on `train` under the fit `(key, r)`, and every row's errors
@@ -1031,53 +1020,55 @@ pub fn fit_engine_costs(
                     .copied()
                     .filter(|&i| campaign[i] == c)
                     .collect();
+                // A campaign of few training rows keeps the fit (a median of a handful of
+                // rows picks by noise).
+                if rows.len() < MIN_CAMPAIGN_ROWS {
+                    chosen.push(CampaignChoice::default());
+                    continue;
+                }
                 // The setting and the campaign's floor together (a setting can move the
                 // floor that suits the rows): each setting at the fit's floors (the passes
                 // over every row), then at each floor on every GPU (a pass over the
                 // campaign's rows); then its front end under both.
-                let mut joint: Vec<(CampaignChoice, Errors)> = Unrecorded::ALL
+                let mut choices: Vec<CampaignChoice> = Unrecorded::ALL
                     .iter()
-                    .zip(settings)
-                    .map(|(&setting, errs)| {
-                        let choice = CampaignChoice {
-                            setting,
-                            ..CampaignChoice::default()
-                        };
-                        (choice, errs.clone())
+                    .map(|&setting| CampaignChoice {
+                        setting,
+                        ..CampaignChoice::default()
                     })
                     .collect();
-                if rows.len() >= MIN_CAMPAIGN_ROWS {
-                    for (k, &setting) in Unrecorded::ALL.iter().enumerate() {
-                        for &us in &EAGER_CANDIDATES_US {
-                            let choice = CampaignChoice {
-                                setting,
-                                eager_layer_us: Some(us),
-                                ..CampaignChoice::default()
-                            };
-                            let errs =
-                                run_choice(key, CANDIDATES_MS[r], choice, (rows_c, &settings[k]))?;
-                            joint.push((choice, errs));
-                        }
+                let mut errs: Vec<Errors> = settings.to_vec();
+                for (k, &setting) in Unrecorded::ALL.iter().enumerate() {
+                    for &us in &EAGER_CANDIDATES_US {
+                        let choice = CampaignChoice {
+                            setting,
+                            eager_layer_us: Some(us),
+                            ..CampaignChoice::default()
+                        };
+                        errs.push(run_choice(
+                            key,
+                            CANDIDATES_MS[r],
+                            choice,
+                            (rows_c, &settings[k]),
+                        )?);
+                        choices.push(choice);
                     }
                 }
-                let (mut choice, mut current) = {
-                    let errs: Vec<Errors> = joint.iter().map(|j| j.1.clone()).collect();
-                    joint.swap_remove(choose(&errs, &rows))
-                };
-                if rows.len() >= MIN_CAMPAIGN_ROWS {
-                    let mut cands = vec![current.clone()];
-                    for &us in &FRONTEND_CANDIDATES_US {
-                        let ch = CampaignChoice {
-                            frontend_update_us: Some(us),
-                            ..choice
-                        };
-                        cands.push(run_choice(key, CANDIDATES_MS[r], ch, (rows_c, &current))?);
-                    }
-                    let j = choose(&cands, &rows);
-                    if j > 0 {
-                        choice.frontend_update_us = Some(FRONTEND_CANDIDATES_US[j - 1]);
-                        current = cands.swap_remove(j);
-                    }
+                let j = choose(&errs, &rows);
+                let mut choice = choices[j];
+                let mut current = errs.swap_remove(j);
+                let mut cands = vec![current.clone()];
+                for &us in &FRONTEND_CANDIDATES_US {
+                    let ch = CampaignChoice {
+                        frontend_update_us: Some(us),
+                        ..choice
+                    };
+                    cands.push(run_choice(key, CANDIDATES_MS[r], ch, (rows_c, &current))?);
+                }
+                let j = choose(&cands, &rows);
+                if j > 0 {
+                    choice.frontend_update_us = Some(FRONTEND_CANDIDATES_US[j - 1]);
+                    current = cands.swap_remove(j);
                 }
                 for i in (0..n).filter(|&i| campaign[i] == c) {
                     out[i] = current[i];
@@ -1150,12 +1141,12 @@ pub fn fit_engine_costs(
     Ok(fits)
 }
 
-/// The fewest training rows of a campaign on which its setting is chosen: a smaller
-/// campaign keeps its rows' settings (a median of a handful of rows picks by noise).
+/// The fewest training rows of a campaign on which its [`CampaignChoice`] is made: a
+/// smaller campaign keeps the fit (a median of a handful of rows picks by noise).
 pub const MIN_CAMPAIGN_ROWS: usize = 8;
 
 /// Parts of the k-fold inside a campaign's training rows that decides whether it takes a
-/// setting at all ([`holds_out`]).
+/// choice at all ([`holds_out`]).
 pub const INNER_FOLDS: usize = 4;
 
 /// Parts of that k-fold whose own choice must be the one all of a campaign's training rows
@@ -1225,7 +1216,8 @@ fn campaigns_of(
     (names, of)
 }
 
-/// ` / held-slot, eager floor 600 us: 1.0.0rc3 meta-llama/Llama-3.1-8B-Instruct h100_sxm` (empty for none).
+/// ` / held-slot, eager floor 600 us: 1.0.0rc3 meta-llama/Llama-3.1-8B-Instruct
+/// h100_sxm` (empty for none).
 fn describe_unrecorded(list: &[(String, CampaignChoice)]) -> String {
     list.iter()
         .map(|(c, u)| format!(" / {}: {c}", u.describe()))
