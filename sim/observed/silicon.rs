@@ -1,6 +1,8 @@
 //! Closed-loop aggregate rows: aiconfigurator's `silicon.csv` (measured deployments of
-//! vLLM, SGLang and TensorRT-LLM). Each row is one benchmark: `batch_size` clients in a closed
-//! loop (`silicon_concurrency` in `silicon_data_source` when it says), every request of
+//! vLLM, SGLang and TensorRT-LLM). Each row is one benchmark: clients in a closed loop
+//! (`silicon_concurrency` in `silicon_data_source`, else the id's `_c<N>_`; `batch_size` is
+//! one replica's share of them, and a row that names its clients nowhere is not taken to
+//! have `batch_size` of them), every request of
 //! `isl` prompt and `osl` output tokens, on `tp_size` GPUs of `system`, and the measured mean
 //! TTFT and TPOT (`silicon_ttft_ms`, `silicon_tpot_ms`). Aggregated (`agg`) rows run prefill
 //! and decode on the same GPUs; `disagg` rows split them over a prefill and a decode pool
@@ -39,8 +41,10 @@ pub struct AggregateRow {
     pub isl: u32,
     /// Output tokens of every request.
     pub osl: u32,
-    /// Clients in the closed loop (`silicon_concurrency`, else a disaggregated row's id
-    /// `_c<N>_`; `None`: a disaggregated row that says neither).
+    /// Clients in the closed loop (`silicon_concurrency`, else the id's `_c<N>_`; `None`:
+    /// a row that says neither, such as aiconfigurator's gap-analysis deployments of January
+    /// 2026 (`..._4000x1000_c_tp2_...`), whose `batch_size` is the deployment's batch size
+    /// and not its clients).
     pub concurrency: Option<u32>,
     /// `batch_size`: the clients one replica (one attention-DP rank) serves, when the
     /// deployment spreads `concurrency` over several (aggregated rows).
@@ -188,8 +192,7 @@ pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
         let text = |c: usize| rec.get(c).map(str::trim).unwrap_or("").to_string();
         // Token counts, clients and GPUs add up in the simulated engine's budgets (clients +
         // prompt + output), so each is held far below where a sum could overflow.
-        let int = |c: usize, name: &str| -> Result<u32, ObservedError> {
-            let t = text(c);
+        let count = |t: &str, name: &str| -> Result<u32, ObservedError> {
             t.parse::<u32>()
                 .ok()
                 .filter(|&x| x > 0 && x <= MAX_COUNT)
@@ -202,6 +205,7 @@ pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
                     )
                 })
         };
+        let int = |c: usize, name: &str| count(&text(c), name);
         let opt_int = |c: Option<usize>, name: &str| -> Result<Option<u32>, ObservedError> {
             // Empty or 0: not given (a size that does not apply to the row).
             match c {
@@ -247,30 +251,28 @@ pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
         } else {
             None
         };
-        // A disaggregated row without `silicon_concurrency` (aiconfigurator's gap
-        // analysis) may name its clients in its id (`..._15000x500_c480_...`); some do not
-        // (`_c_`).
-        let id_clients = text(id)
-            .split('_')
-            .find_map(|t| t.strip_prefix('c')?.parse::<u32>().ok())
-            .filter(|&c| c > 0);
-        // Disaggregated rows leave batch_size empty (their decode_batch_size counts).
-        let concurrency = source
-            .and_then(|c| {
-                let s = text(c);
-                let v = s
-                    .split(';')
-                    .find_map(|kv| kv.trim().strip_prefix("silicon_concurrency="))?;
-                v.trim().parse::<u32>().ok().filter(|&x| x > 0)
+        // A row without `silicon_concurrency` (aiconfigurator's gap analysis) may name its
+        // clients in its id (`..._15000x500_c480_...`); some do not (`_c_`), and then their
+        // clients were not recorded (an aggregated row's `batch_size` is the engine's batch
+        // size there: its TPOT is far from what that many clients on one replica give).
+        let recorded = source.and_then(|c| {
+            text(c).split(';').find_map(|kv| {
+                kv.trim()
+                    .strip_prefix("silicon_concurrency=")
+                    .map(|v| v.trim().to_string())
             })
-            .map(|c| Ok(Some(c)))
-            .unwrap_or_else(|| {
-                if mode_text == "disagg" && text(batch).is_empty() {
-                    Ok(id_clients)
-                } else {
-                    int(batch, "batch_size").map(Some)
-                }
-            })?;
+        });
+        let concurrency = match recorded {
+            Some(v) => Some(count(&v, "silicon_data_source: silicon_concurrency")?),
+            None => text(id)
+                .split('_')
+                .find_map(|t| {
+                    t.strip_prefix('c')
+                        .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                })
+                .map(|n| count(n, "id: _c<N>_"))
+                .transpose()?,
+        };
         rows.push(AggregateRow {
             line,
             id: text(id),

@@ -11,12 +11,16 @@
 //! of the key: delete the file after changing it.
 //!
 //! The file (`DIR/engines-<engine>.passes.tsv`) is appended to as passes finish, so a run
-//! stopped part way keeps what it simulated. Its first line names the rows it was kept for
-//! (their count and a hash of every field of each, as read); a file kept for other rows is
-//! replaced. Then `K <index> <cost>` lines name each cost once and
+//! stopped part way keeps what it simulated. Its first line names the engine. `H <line>
+//! <hash>` lines name each row by a hash of every field of it, as read, and what follows
+//! holds for that row as hashed (a later `H` for the same line replaces it), so a row whose
+//! settings changed, or that was left out, is not served errors it had under other ones while
+//! every other row keeps its own. `K <index> <cost>` lines name each cost once and
 //! `R <line> <index> <ttft error> <tpot error>` lines give a row's errors under it, tab
-//! separated. A last line cut short (a run stopped while writing) is dropped; any other bad
-//! line is refused with its file and line number.
+//! separated. A file whose first line still names its rows by one hash of them all (kept
+//! before stop 69) is read as naming the rows it was kept for. A last line cut short (a run
+//! stopped while writing) is dropped; any other bad line is refused with its file and line
+//! number.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -55,11 +59,23 @@ fn err(file: &Path, line: usize, msg: impl std::fmt::Display) -> crate::SimError
     })
 }
 
-/// The first line of a memo kept for `rows`: a hash of every field of every row (its
-/// `Debug` text, which names each field and prints floats exactly), so that a row whose
-/// settings changed (its version, weight format, parallelism, client) is not served the
-/// errors it had under the old ones.
-fn header(engine: &str, rows: &[AggregateRow]) -> String {
+/// The hash of one row: of every field (its `Debug` text, which names each field and prints
+/// floats exactly), so that a row whose settings changed (its version, weight format,
+/// parallelism, client) is not served the errors it had under the old ones.
+fn row_hash(r: &AggregateRow) -> u64 {
+    let mut h = rustc_hash::FxHasher::default();
+    format!("{r:?}").hash(&mut h);
+    h.finish()
+}
+
+/// The first line of a memo of `engine`.
+fn header(engine: &str) -> String {
+    format!("# sim calibrate --observed engines passes of {engine}: rows by hash")
+}
+
+/// The first line that memos kept before rows were hashed one by one gave `rows`: their
+/// count and one hash of them all.
+fn old_header(engine: &str, rows: &[AggregateRow]) -> String {
     let mut h = rustc_hash::FxHasher::default();
     for r in rows {
         format!("{r:?}").hash(&mut h);
@@ -83,41 +99,79 @@ impl Memo {
         }
     }
 
-    /// The memo kept in `dir` for `engine`'s `rows`: read back when it was kept for the same
-    /// rows, else started anew (the file replaced).
+    /// The memo kept in `dir` for `engine`'s `rows`: what it holds for each row as it is
+    /// now read back (a file of another engine or format is started anew), and every row
+    /// named by its hash for what is added.
     pub fn open(dir: &Path, engine: &str, rows: &[AggregateRow]) -> Result<Memo, crate::SimError> {
         std::fs::create_dir_all(dir).map_err(|e| err(dir, 0, e))?;
         let path = dir.join(format!("engines-{engine}.passes.tsv"));
-        let head = header(engine, rows);
+        let now: HashMap<u64, u64> = rows.iter().map(|r| (r.line, row_hash(r))).collect();
         let mut memo = Memo::in_memory();
-        let kept = match std::fs::read_to_string(&path) {
-            // Kept for these rows, its header line whole.
-            Ok(text) if text.starts_with(&format!("{head}\n")) => {
-                memo.read(&path, &text)?;
-                if !text.ends_with('\n') {
-                    // Drop the line cut short, so that appending starts on a line of its own.
-                    let whole = text.rfind('\n').map_or(0, |i| i + 1);
-                    std::fs::write(&path, &text[..whole]).map_err(|e| err(&path, 0, e))?;
-                }
-                true
-            }
-            _ => false,
+        let (head, old) = (header(engine), old_header(engine, rows));
+        let mut text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(err(&path, 0, e)),
         };
-        let file = if kept {
-            std::fs::OpenOptions::new().append(true).open(&path)
+        // A first line whole (a file cut inside it is started anew).
+        if text.starts_with(&format!("{old}\n")) {
+            // Kept before rows were hashed one by one, for these rows as they are now:
+            // rewritten with each row named.
+            let rest = text.split_once('\n').map_or("", |(_, rest)| rest);
+            let mut named: Vec<(u64, u64)> = now.iter().map(|(&l, &h)| (l, h)).collect();
+            named.sort_unstable();
+            let mut t = format!("{head}\n");
+            for (l, h) in named {
+                t.push_str(&format!("H\t{l}\t{h:016x}\n"));
+            }
+            t.push_str(rest);
+            std::fs::write(&path, &t).map_err(|e| err(&path, 0, e))?;
+            text = t;
+        }
+        let kept = if text.starts_with(&format!("{head}\n")) {
+            let named = memo.read(&path, &text, &now)?;
+            if !text.ends_with('\n') {
+                // Drop the line cut short, so that appending starts on a line of its own.
+                let whole = text.rfind('\n').map_or(0, |i| i + 1);
+                std::fs::write(&path, &text[..whole]).map_err(|e| err(&path, 0, e))?;
+            }
+            Some(named)
         } else {
-            std::fs::File::create(&path).and_then(|mut f| {
+            None
+        };
+        let mut file = match kept {
+            Some(_) => std::fs::OpenOptions::new().append(true).open(&path),
+            None => std::fs::File::create(&path).and_then(|mut f| {
                 writeln!(f, "{head}")?;
                 Ok(f)
-            })
+            }),
         }
         .map_err(|e| err(&path, 0, e))?;
+        // Name every row whose hash the file does not give it yet.
+        let named = kept.unwrap_or_default();
+        let mut lines: Vec<(u64, u64)> = now
+            .iter()
+            .filter(|(l, h)| named.get(l) != Some(h))
+            .map(|(&l, &h)| (l, h))
+            .collect();
+        lines.sort_unstable();
+        for (l, h) in lines {
+            writeln!(file, "H\t{l}\t{h:016x}").map_err(|e| err(&path, 0, e))?;
+        }
+        file.flush().map_err(|e| err(&path, 0, e))?;
         memo.file = Some((path, file));
         Ok(memo)
     }
 
-    /// Reads a memo's lines after its header.
-    fn read(&mut self, path: &Path, text: &str) -> Result<(), crate::SimError> {
+    /// Reads a memo's lines after its first, keeping the errors of rows as `now` hashes
+    /// them; returns each row's hash as the file last names it.
+    fn read(
+        &mut self,
+        path: &Path,
+        text: &str,
+        now: &HashMap<u64, u64>,
+    ) -> Result<HashMap<u64, u64>, crate::SimError> {
+        let mut named = HashMap::new();
         let lines: Vec<&str> = text.lines().collect();
         // A file that does not end in a newline was cut short: its last line is dropped.
         let whole = if text.ends_with('\n') {
@@ -128,7 +182,17 @@ impl Memo {
         for (i, line) in lines.iter().enumerate().take(whole).skip(1) {
             let n = i + 1;
             let mut f = line.split('\t');
+            let count = |s: &str, what: &str| {
+                s.parse::<u64>()
+                    .map_err(|_| err(path, n, format!("{what} `{s}` is not a count")))
+            };
             match (f.next(), f.next(), f.next(), f.next(), f.next(), f.next()) {
+                (Some("H"), Some(l), Some(h), None, None, None) => {
+                    let l = count(l, "row line")?;
+                    let h = u64::from_str_radix(h, 16)
+                        .map_err(|_| err(path, n, format!("row hash `{h}` is not hexadecimal")))?;
+                    named.insert(l, h);
+                }
                 (Some("K"), Some(k), Some(cost), None, None, None) => {
                     let k: usize = k
                         .parse()
@@ -143,25 +207,26 @@ impl Memo {
                         s.parse::<f64>()
                             .map_err(|_| err(path, n, format!("{what} `{s}` is not a number")))
                     };
-                    let l: u64 = l
-                        .parse()
-                        .map_err(|_| err(path, n, format!("row line `{l}` is not a count")))?;
+                    let l = count(l, "row line")?;
                     let k: usize = k
                         .parse()
                         .ok()
                         .filter(|&k| k < self.keys.len())
                         .ok_or_else(|| err(path, n, format!("cost `{k}` not named above")))?;
                     let e = (num(t, "TTFT error")?, num(p, "TPOT error")?);
-                    self.errors.insert((l, k), e);
+                    // Kept only for the row as it is now.
+                    if named.get(&l).is_some_and(|h| now.get(&l) == Some(h)) {
+                        self.errors.insert((l, k), e);
+                    }
                 }
                 _ => return Err(err(
                     path,
                     n,
-                    "expected `K<tab>index<tab>cost` or `R<tab>line<tab>cost<tab>ttft<tab>tpot`",
+                    "expected `H<tab>line<tab>hash`, `K<tab>index<tab>cost` or `R<tab>line<tab>cost<tab>ttft<tab>tpot`",
                 )),
             }
         }
-        Ok(())
+        Ok(named)
     }
 
     /// The index of `cost`, named in the file when new.
@@ -328,8 +393,8 @@ mod tests {
         let text = std::fs::read_to_string(&path).expect("file");
         assert_eq!(
             text.lines().count() as u64,
-            2 + n,
-            "a header, one cost, a line a row"
+            2 + 2 * n,
+            "a header, a line naming each row, one cost, a line a row"
         );
         // Cut inside the last line: it is dropped, and only its row simulated again.
         std::fs::write(&path, &text[..text.len() - 3]).expect("cut");
@@ -339,16 +404,44 @@ mod tests {
             (full.clone(), 0),
             "the cut row kept on a line of its own"
         );
-        // Kept for other rows: replaced.
-        let other = Memo::open(dir.path(), "vllm", &rows[1..]).expect("memo");
-        drop(other);
-        assert_eq!(kept(open()), (full.clone(), n));
-        // Kept for the same rows with a setting changed that no length or measurement shows
-        // (the engine's version): replaced too.
+        // Opened for some of the rows: every row keeps its errors.
+        drop(Memo::open(dir.path(), "vllm", &rows[1..]).expect("memo"));
+        assert_eq!(kept(open()), (full.clone(), 0));
+        // A row with a setting changed that no length or measurement shows (the engine's
+        // version): only it is simulated again, and the row as it was keeps its errors.
         let mut changed = rows.clone();
         changed[0].backend_version.push_str(".post1");
-        drop(Memo::open(dir.path(), "vllm", &changed).expect("memo"));
-        assert_eq!(kept(open()), (full.clone(), n));
+        let memo = RefCell::new(Memo::open(dir.path(), "vllm", &changed).expect("memo"));
+        memo_pass(&memo, &changed, &gpu_of, (&index, &first), &|_| slow).expect("memo");
+        assert_eq!(memo.borrow().simulated, 1);
+        drop(memo);
+        assert_eq!(kept(open()), (full.clone(), 0));
+        // A memo kept before rows were named one by one (one hash of them all), for these
+        // rows: read back, nothing simulated, and rewritten with each row named.
+        let old_dir = tempfile::tempdir().expect("tempdir");
+        let mut old = format!("{}\nK\t0\t{slow:?}\n", super::old_header("vllm", &rows));
+        for r in &rows {
+            if let Some(&i) = index.get(&r.line) {
+                old.push_str(&format!("R\t{}\t0\t{}\t{}\n", r.line, full[i].0, full[i].1));
+            }
+        }
+        let old_path = old_dir.path().join("engines-vllm.passes.tsv");
+        std::fs::write(&old_path, old).expect("old");
+        let memo = Memo::open(old_dir.path(), "vllm", &rows).expect("memo");
+        assert_eq!(kept(memo), (full.clone(), 0));
+        let text = std::fs::read_to_string(&old_path).expect("file");
+        assert!(
+            text.starts_with(&format!("{}\nH\t", super::header("vllm"))),
+            "{text}"
+        );
+        // Kept for other rows in that format: started anew.
+        let old = format!(
+            "{}\nK\t0\t{slow:?}\n",
+            super::old_header("vllm", &rows[1..])
+        );
+        std::fs::write(&old_path, old).expect("old");
+        let memo = Memo::open(old_dir.path(), "vllm", &rows).expect("memo");
+        assert_eq!(kept(memo), (full.clone(), n));
         // A bad line inside the file.
         let text = std::fs::read_to_string(&path).expect("file");
         let mut lines: Vec<&str> = text.lines().collect();

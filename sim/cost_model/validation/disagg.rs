@@ -66,7 +66,7 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
     let (prefill, decode) = (pool(&d.prefill)?, pool(&d.decode)?);
     let clients = row
         .concurrency
-        .ok_or_else(|| "clients not recorded".to_string())?;
+        .ok_or_else(|| super::silicon::NO_CLIENTS.to_string())?;
     let domain = crate::catalog::find_gpu(gpu).map_or(8, |g| g.nvlink_domain);
     let link = if pool_gpus(prefill) + pool_gpus(decode) <= u64::from(domain) {
         Link::Nvlink

@@ -240,6 +240,12 @@ pub struct Planned {
     pub ep: u32,
 }
 
+/// Why a row whose clients were not recorded is not simulated (no `silicon_concurrency` and
+/// no `_c<N>_` in its id: aiconfigurator's gap-analysis deployments of January 2026, whose
+/// `batch_size` is their engines' batch size, and disaggregated rows).
+pub(crate) const NO_CLIENTS: &str =
+    "clients not recorded (no `silicon_concurrency`, no `_c<N>_` in the id)";
+
 /// Why a row that repeats an earlier row's measurement is not simulated again.
 pub(crate) const REPEATED: &str =
     "the same measurement as an earlier row (InferenceX's dumps overlap; counted once)";
@@ -271,6 +277,9 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
     }
     if row.repeats.is_some() {
         return Err(REPEATED.into());
+    }
+    if row.concurrency.is_none() {
+        return Err(NO_CLIENTS.into());
     }
     if is_mislabelled_multinode(row) {
         return Err(MULTINODE.into());

@@ -516,6 +516,7 @@ CLI = [
     ("plan.json: deployment.model: missing", "replay {bad}/data/served-broken --out {tmp}"),
     ("not a run served on a real runtime", "calibrate --observed {bad}/data/served-model --out {tmp}"),
     ("up to 100000000", "calibrate --observed {bad}/data/silicon-huge-isl.csv --only engines --out {tmp}"),
+    ("silicon-zero-clients.csv:2: silicon_data_source: silicon_concurrency: expected a positive integer", "calibrate --observed {bad}/data/silicon-zero-clients.csv --only engines --out {tmp}"),
     ("--gpu-file", "replay {bad}/data/run-ok.csv --model llama-3-8b --gpu-file {tmp}/missing.toml --out {tmp}"),
     ("--time-scale: must be a positive number", "serve {bad}/ok.toml --time-scale 0 --port 0 --out {tmp}/s"),
     ("--time-scale: only the cost model", "serve {bad}/ok.toml --time-scale 2 --backend cpu --port 0 --out {tmp}/s"),
@@ -634,6 +635,7 @@ DATA_FILES = {
     "gemm-bad-gpu.csv": "gpu,m,k,n,ms\ntpu-v5,64,4096,4096,0.1\n",
     # An aiconfigurator row whose prompt length would overflow the engine's token budgets.
     "silicon-huge-isl.csv": 'id,silicon_data_source,backend,backend_version,model_path,system,precision,mode,isl,osl,gemm_quant_mode,moe_quant_mode,batch_size,tp_size,pp_size,attention_dp_size,moe_tp_size,moe_ep_size,prefill_batch_size,prefill_num_workers,prefill_tp_size,prefill_pp_size,prefill_attention_dp_size,prefill_moe_tp_size,prefill_moe_ep_size,decode_batch_size,decode_num_workers,decode_tp_size,decode_pp_size,decode_attention_dp_size,decode_moe_tp_size,decode_moe_ep_size,silicon_ttft_ms,silicon_tpot_ms\nqwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_trtllm_agg_1024x128_c8_tp1_epnone_1,source_file=/Users/harrli/projects/aic-auto-gap-analysis/data/h100_sxm/trtllm/1.0.0rc3/Qwen_Qwen3-32B.csv; silicon_concurrency=8,trtllm,1.0.0rc3,Qwen/Qwen3-32B,h100_sxm,fp8,agg,4294967295,128,fp8,fp8,8,1,1,,1,1,,,,,,,,,,,,,,,271.98266371874996,18.6519943125\n',
+    "silicon-zero-clients.csv": 'id,silicon_data_source,backend,backend_version,model_path,system,precision,mode,isl,osl,gemm_quant_mode,moe_quant_mode,batch_size,tp_size,pp_size,attention_dp_size,moe_tp_size,moe_ep_size,prefill_batch_size,prefill_num_workers,prefill_tp_size,prefill_pp_size,prefill_attention_dp_size,prefill_moe_tp_size,prefill_moe_ep_size,decode_batch_size,decode_num_workers,decode_tp_size,decode_pp_size,decode_attention_dp_size,decode_moe_tp_size,decode_moe_ep_size,silicon_ttft_ms,silicon_tpot_ms\nqwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_trtllm_agg_1024x128_c8_tp1_epnone_1,source_file=/Users/harrli/projects/aic-auto-gap-analysis/data/h100_sxm/trtllm/1.0.0rc3/Qwen_Qwen3-32B.csv; silicon_concurrency=0,trtllm,1.0.0rc3,Qwen/Qwen3-32B,h100_sxm,fp8,agg,1024,128,fp8,fp8,8,1,1,,1,1,,,,,,,,,,,,,,,271.98266371874996,18.6519943125\n',
     "run-ok.csv": "send_s,prompt_len,output_len,ttft_ms,e2el_ms\n0,100,10,20,120\n",
     "run-bad.csv": "send_s,prompt_len,output_len,ttft_ms,e2el_ms\n1,100,10,20,120\n0.5,100,10,20,120\n",
     "run-bench-burstiness.json": '{"request_rate": 2.0, "burstiness": -1.0, "input_lens": [100], "output_lens": [10], "ttfts": [0.02], "itls": [[0.01]], "errors": [""]}',
