@@ -147,6 +147,46 @@ fn silicon_rows_read_with_their_concurrency() {
         .any(|r| r.mode == "disagg" && r.id.contains("_c_tp") && r.concurrency.is_none()));
 }
 
+/// Without `silicon_concurrency`, a row's clients are the `c<N>` token right after its
+/// lengths in the id; `_c_` (or none) says nothing, whatever other token starts with `c`; a
+/// count out of range there is an error naming the file, line and field.
+#[test]
+fn silicon_clients_from_the_id() {
+    let small = std::fs::read_to_string("tests/data/observed/silicon-small.csv").expect("csv");
+    let mut lines = small.lines();
+    let header = lines.next().expect("header");
+    let row = lines.next().expect("row");
+    let (id, rest) = row.split_once(',').expect("id");
+    assert!(id.contains("_1024x128_c8_"), "{id}");
+    let (_, rest) = rest.split_once(',').expect("source");
+    let with = |id: &str| format!("{id},source_file=x.csv,{rest}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("silicon.csv");
+    let text = [
+        header.to_string(),
+        with(id),
+        with(&id.replace("_c8_", "_c_")),
+        with(&format!("c4_{}", id.replace("_c8_", "_c_"))),
+    ]
+    .join("\n");
+    std::fs::write(&path, text + "\n").expect("write");
+    let rows = observed::silicon::read(&path).unwrap_or_else(|e| panic!("{e}"));
+    let clients: Vec<Option<u32>> = rows.iter().map(|r| r.concurrency).collect();
+    assert_eq!(clients, [Some(8), None, None]);
+    std::fs::write(
+        &path,
+        format!("{header}\n{}\n", with(&id.replace("_c8_", "_c0_"))),
+    )
+    .expect("write");
+    let e = observed::silicon::read(&path)
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        e.contains("silicon.csv:2: id: _c<N>_: expected a positive integer"),
+        "{e}"
+    );
+}
+
 /// The aggregated rows that record their clients nowhere are not simulated with a guess at
 /// them (their `batch_size` is the deployment's batch size): every one is skipped, by that
 /// reason.

@@ -14,7 +14,7 @@
 //! - `sim_run.rs`: a folder `sim serve` (or `sim run`) wrote: its `requests.csv` and
 //!   `plan.json`;
 //! - `silicon.rs`: closed-loop aggregate rows (aiconfigurator's `silicon.csv`: mean TTFT and
-//!   TPOT of `batch_size` clients at fixed lengths), which are not per-request runs.
+//!   TPOT of a closed loop's clients at fixed lengths), which are not per-request runs.
 //!
 //! Readers of other tools' files ignore keys they do not use (those tools add keys between
 //! versions); every field they use is checked, and an error names the file, the line and the

@@ -47,7 +47,8 @@ pub struct AggregateRow {
     /// and not its clients).
     pub concurrency: Option<u32>,
     /// `batch_size`: the clients one replica (one attention-DP rank) serves, when the
-    /// deployment spreads `concurrency` over several (aggregated rows).
+    /// deployment spreads `concurrency` over several (aggregated rows); in a row that records
+    /// no clients, the deployment's batch size.
     pub batch_size: Option<u32>,
     /// The benchmark client that measured the row (from `silicon_data_source`).
     pub client: BenchClient,
@@ -264,12 +265,7 @@ pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
         });
         let concurrency = match recorded {
             Some(v) => Some(count(&v, "silicon_data_source: silicon_concurrency")?),
-            None => text(id)
-                .split('_')
-                .find_map(|t| {
-                    t.strip_prefix('c')
-                        .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-                })
+            None => id_clients(&text(id))
                 .map(|n| count(n, "id: _c<N>_"))
                 .transpose()?,
         };
@@ -313,6 +309,22 @@ pub fn read(path: &Path) -> Result<Vec<AggregateRow>, ObservedError> {
         read_speculative(&speculative, &mut rows)?;
     }
     Ok(rows)
+}
+
+/// The clients an id names: the digits of the `c<N>` token right after its lengths
+/// (`..._disagg_15000x500_c480_...`); `None` where that token is `c` alone (`_c_`) or absent.
+fn id_clients(id: &str) -> Option<&str> {
+    let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    let lengths = |t: &str| {
+        t.split_once('x')
+            .is_some_and(|(i, o)| digits(i) && digits(o))
+    };
+    let tokens: Vec<&str> = id.split('_').collect();
+    tokens
+        .windows(2)
+        .find(|w| lengths(w[0]))
+        .and_then(|w| w[1].strip_prefix('c'))
+        .filter(|n| digits(n))
 }
 
 /// Marks each row whose measurement an earlier row already holds ([`AggregateRow::repeats`]):

@@ -31,7 +31,7 @@ pub enum ArrivalConfig {
     /// Every request arrives at time 0 (offline batch); needs `num_requests`.
     AllAtOnce {},
     /// A closed loop of `concurrency` clients (vLLM's `bench serve --max-concurrency` with
-    /// an infinite rate, aiconfigurator's `batch_size`): each sends a request, waits for
+    /// an infinite rate, aiconfigurator's rows' clients): each sends a request, waits for
     /// its last token, thinks `think_time_s`, and sends the next. Needs `num_requests`.
     ClosedLoop {
         /// Requests in flight at once (clients).

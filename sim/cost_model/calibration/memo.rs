@@ -18,7 +18,8 @@
 //! every other row keeps its own. `K <index> <cost>` lines name each cost once and
 //! `R <line> <index> <ttft error> <tpot error>` lines give a row's errors under it, tab
 //! separated. A file whose first line still names its rows by one hash of them all (kept
-//! before stop 69) is read as naming the rows it was kept for. A last line cut short (a run
+//! before stop 69) is rewritten in this form when that hash is of exactly the rows it is
+//! opened for, and started anew otherwise. A last line cut short (a run
 //! stopped while writing) is dropped; any other bad line is refused with its file and line
 //! number.
 
@@ -100,19 +101,17 @@ impl Memo {
     }
 
     /// The memo kept in `dir` for `engine`'s `rows`: what it holds for each row as it is
-    /// now read back (a file of another engine or format is started anew), and every row
-    /// named by its hash for what is added.
+    /// now read back (a file of another engine or format, or one that cannot be read, is
+    /// started anew), and every row named by its hash for what is added.
     pub fn open(dir: &Path, engine: &str, rows: &[AggregateRow]) -> Result<Memo, crate::SimError> {
         std::fs::create_dir_all(dir).map_err(|e| err(dir, 0, e))?;
         let path = dir.join(format!("engines-{engine}.passes.tsv"));
         let now: HashMap<u64, u64> = rows.iter().map(|r| (r.line, row_hash(r))).collect();
         let mut memo = Memo::in_memory();
         let (head, old) = (header(engine), old_header(engine, rows));
-        let mut text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-            Err(e) => return Err(err(&path, 0, e)),
-        };
+        // Missing or unreadable (not UTF-8): started anew below, where creating it names
+        // the file if that fails too.
+        let mut text = std::fs::read_to_string(&path).unwrap_or_default();
         // A first line whole (a file cut inside it is started anew).
         if text.starts_with(&format!("{old}\n")) {
             // Kept before rows were hashed one by one, for these rows as they are now:

@@ -12,9 +12,9 @@
 //! aiconfigurator's generator gives those deployments (`aiperf_settings`), each client's
 //! next request reaching the engine a fitted spread of milliseconds after its last ended
 //! ([`aiperf_turnaround_ms`]): how the identical requests bunch into steps, and so how long
-//! each prompt queues, follows from it. Rows the
-//! simulator cannot take yet are counted by reason (MoE and MLA models, fp4, pipeline or
-//! attention data parallelism: issue 18).
+//! each prompt queues, follows from it. Rows not simulated are counted by reason (a model
+//! or GPU not in the catalog, pipeline parallelism, a repeated measurement, clients not
+//! recorded, a deployment that does not fit).
 //!
 //! In: the CSV. Out: one [`SiliconCheck`] per simulated row, and the skipped counts.
 
