@@ -319,12 +319,9 @@ fn id_clients(id: &str) -> Option<&str> {
         t.split_once('x')
             .is_some_and(|(i, o)| digits(i) && digits(o))
     };
-    let tokens: Vec<&str> = id.split('_').collect();
-    tokens
-        .windows(2)
-        .find(|w| lengths(w[0]))
-        .and_then(|w| w[1].strip_prefix('c'))
-        .filter(|n| digits(n))
+    let mut tokens = id.split('_');
+    tokens.find(|t| lengths(t))?;
+    tokens.next()?.strip_prefix('c').filter(|n| digits(n))
 }
 
 /// Marks each row whose measurement an earlier row already holds ([`AggregateRow::repeats`]):

@@ -30,7 +30,8 @@
 //! together with the campaign's own eager floor, then a serial front end, each taken only
 //! where the campaign's training rows fit it better and a k-fold inside them says the
 //! choice holds out; the held-out fold's errors under that fit are kept. Reported errors
-//! are those held-out errors; the spread of the fold fits is the fit's uncertainty. The fit on all rows is what the calibration file carries.
+//! are those held-out errors; the spread of the fold fits is the fit's uncertainty. The fit
+//! on all rows is what the calibration file carries.
 
 use std::collections::HashMap;
 
@@ -998,13 +999,7 @@ pub fn fit_engine_costs(
             whole.push(((key, r), errs));
         }
         // The candidate of `errs` a campaign's training `rows` take (0: the first).
-        let choose = |errs: &[Errors], rows: &[usize]| -> usize {
-            if holds_out(errs, rows) {
-                best(errs, rows, Score::BOTH)
-            } else {
-                0
-            }
-        };
+        let choose = |errs: &[Errors], rows: &[usize]| holds_out(errs, rows).unwrap_or(0);
         // Each campaign's choice on `train` under the fit `(key, r)`, and every row's errors
         // under its campaign's choice.
         let campaign_fit = |key: &FullKey,
@@ -1160,8 +1155,9 @@ pub const INNER_AGREE: usize = 3;
 /// (the sum of the TTFT and TPOT medians of |error|), against the same rows as recorded.
 /// A setting that fits a campaign's training rows by chance (the best of several
 /// candidates on a few dozen rows always fits them a little better) then stays out, and so
-/// does one that [`INNER_AGREE`] of the parts do not choose themselves.
-fn holds_out(errs: &[Errors], rows: &[usize]) -> bool {
+/// does one that [`INNER_AGREE`] of the parts do not choose themselves. Returns the choice
+/// all of `rows` make where it holds out.
+fn holds_out(errs: &[Errors], rows: &[usize]) -> Option<usize> {
     let mut chosen: Errors = Vec::new();
     let mut kept: Errors = Vec::new();
     let mut ks = Vec::new();
@@ -1182,7 +1178,8 @@ fn holds_out(errs: &[Errors], rows: &[usize]) -> bool {
         median_abs(&t) + median_abs(&p)
     };
     let all = best(errs, rows, Score::BOTH);
-    score(&chosen) < score(&kept) && ks.iter().filter(|&&k| k == all).count() >= INNER_AGREE
+    (score(&chosen) < score(&kept) && ks.iter().filter(|&&k| k == all).count() >= INNER_AGREE)
+        .then_some(all)
 }
 
 /// A row's campaign: its engine version (or `unversioned`), model and system, which one
@@ -1524,12 +1521,12 @@ mod tests {
         let rows: Vec<usize> = (0..16).collect();
         let kept: Vec<(f64, f64)> = vec![(0.3, 0.05); 16];
         let better: Vec<(f64, f64)> = vec![(0.1, 0.05); 16];
-        assert!(holds_out(&[kept.clone(), better], &rows));
+        assert_eq!(holds_out(&[kept.clone(), better], &rows), Some(1));
         let lucky: Vec<(f64, f64)> = (0..16)
             .map(|p| if p % 4 == 0 { (0.0, 0.0) } else { (0.6, 0.05) })
             .collect();
-        assert!(!holds_out(&[kept.clone(), lucky], &rows));
-        assert!(!holds_out(&[kept.clone(), kept.clone()], &rows));
+        assert_eq!(holds_out(&[kept.clone(), lucky], &rows), None);
+        assert_eq!(holds_out(&[kept.clone(), kept.clone()], &rows), None);
         // Two candidates, each far better on half the rows: the parts' choices flip
         // between them, so neither is taken even though each part's pick holds out.
         let halves = |odd: bool| -> Vec<(f64, f64)> {
@@ -1543,7 +1540,7 @@ mod tests {
                 })
                 .collect()
         };
-        assert!(!holds_out(&[kept, halves(false), halves(true)], &rows));
+        assert_eq!(holds_out(&[kept, halves(false), halves(true)], &rows), None);
         let choice = CampaignChoice {
             setting: Unrecorded::OnePrompt,
             eager_layer_us: Some(600.0),

@@ -238,6 +238,8 @@ pub struct Planned {
     pub dp: u32,
     /// Expert parallelism.
     pub ep: u32,
+    /// Clients in the closed loop (the row's, every replica's together).
+    pub clients: u32,
 }
 
 /// Why a row whose clients were not recorded is not simulated (no `silicon_concurrency` and
@@ -278,9 +280,7 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
     if row.repeats.is_some() {
         return Err(REPEATED.into());
     }
-    if row.concurrency.is_none() {
-        return Err(NO_CLIENTS.into());
-    }
+    let clients = row.concurrency.ok_or(NO_CLIENTS)?;
     if is_mislabelled_multinode(row) {
         return Err(MULTINODE.into());
     }
@@ -297,6 +297,7 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
         tp,
         dp,
         ep,
+        clients,
     })
 }
 
@@ -764,10 +765,9 @@ fn simulate(
     // router records its per-replica share as `batch_size`, and under attention data
     // parallelism its per-rank share (the run simulates one rank with its share).
     let c = if p.dp > 1 {
-        row.concurrency
-            .unwrap_or_else(|| row.batch_size.unwrap_or(1) * p.dp)
+        p.clients
     } else {
-        row.batch_size.or(row.concurrency).unwrap_or(1)
+        row.batch_size.unwrap_or(p.clients)
     };
     let mut cfg = base_config(scn, row, (p.model, p.gpu, p.dtype), engine, c);
     cfg.hardware.tp = p.tp;
