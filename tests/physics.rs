@@ -472,6 +472,21 @@ fn fp8_raises_the_compute_roof_on_hopper_only() {
 }
 
 #[test]
+fn fp8_checkpoints_keep_the_embedding_and_lm_head_in_16_bits() {
+    // Qwen3-32B: 31.2B linear parameters in fp8, and an untied embedding and LM head of
+    // 151,936 x 5,120 each in bf16 (3.1 GB), as Qwen's, NVIDIA's and Neural Magic's fp8
+    // checkpoints keep them: about 34.3 GB on one GPU, not the 32.8 GB of all-fp8 weights.
+    let d = deployment("qwen3-32b", "h100-sxm", 1, Dtype::Fp8);
+    let heads = 2.0 * 151_936.0 * 5_120.0;
+    assert_eq!(d.embedding_bytes_per_gpu(), heads * 2.0);
+    let gb = d.weight_bytes_per_gpu() / 1e9;
+    assert!((34.0..34.6).contains(&gb), "{gb} GB");
+    // Split over TP like the rest.
+    let tp4 = deployment("qwen3-32b", "h100-sxm", 4, Dtype::Fp8);
+    assert_eq!(tp4.embedding_bytes_per_gpu(), heads * 2.0 / 4.0);
+}
+
+#[test]
 fn fp8_and_fp4_weights_stream_at_their_own_fraction_of_the_bandwidth() {
     // A batch-1 decode of a 70B model is memory-bound: its linear layers take the weight
     // bytes over `mem_bw x gemm_memory_eff x fpN_memory_eff` (fitted: fp8 GEMMs stream

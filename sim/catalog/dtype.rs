@@ -121,8 +121,10 @@ impl Dtype {
         matches!(self, Dtype::Fp8 | Dtype::Fp8Block)
     }
 
-    /// Bytes per element of the embedding and LM head: AWQ, GPTQ and int8 schemes keep
-    /// them in 16 bits; GGUF files quantize them too.
+    /// Bytes per element of the embedding and LM head: AWQ, GPTQ, int8 and fp8 schemes keep
+    /// them in 16 bits (NVIDIA's ModelOpt fp8 checkpoints exclude `lm_head`, as do Neural
+    /// Magic's and Qwen's, and vLLM's online fp8 quantizes linear layers only); GGUF files
+    /// quantize them too.
     pub fn embedding_bytes(self) -> f64 {
         match self {
             Dtype::Int8
@@ -130,6 +132,7 @@ impl Dtype {
             | Dtype::Int4
             | Dtype::Int4G64
             | Dtype::Int4G32
+            | Dtype::Fp8
             | Dtype::Fp8Block
             | Dtype::Nvfp4
             | Dtype::Mxfp4 => 2.0,

@@ -43,10 +43,13 @@ use crate::cost_model::validation::silicon::{self, silicon_checks_with, EngineCo
 use crate::observed::silicon::AggregateRow;
 
 /// The serial front end's times per streamed update a campaign may take, microseconds
-/// (`cost.frontend_update_us`; none is the campaign's pass before): 25,000 and 12,500
-/// updates a second, the ceilings SGLang 0.5.6's rows at 512 clients (about 22,000 tokens a
-/// second delivered at every TP) and TensorRT-LLM 1.0.0rc3's at 128 (12,600-13,100) show.
-pub const FRONTEND_CANDIDATES_US: [f64; 2] = [40.0, 80.0];
+/// (`cost.frontend_update_us`; none is the campaign's pass before): 25,000, 12,500 and
+/// 9,100 updates a second. SGLang 0.5.6's Llama-3.1-8B rows at 512 clients deliver up to
+/// 19,600 tokens a second at TP4 and TP8 (clients x output / (TTFT + (output - 1) x TPOT)),
+/// and TensorRT-LLM 1.0.0rc3's at 128 clients up to 9,200 at TP2, TP4 and TP8 alike: a
+/// ceiling no TP raises, which 80 us an update, taken from the clients' count over TPOT as
+/// if all of them streamed, did not reach.
+pub const FRONTEND_CANDIDATES_US: [f64; 3] = [40.0, 80.0, 110.0];
 
 /// The front-end costs tried, milliseconds (the first, none, is the stage before's pass).
 pub const CANDIDATES_MS: [f64; 8] = [0.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0];

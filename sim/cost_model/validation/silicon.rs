@@ -828,8 +828,10 @@ fn simulate(
     if row.backend == "trtllm" {
         // TensorRT-LLM gives the KV cache 0.9 of what weights and activations leave:
         // the same plan with `0.9 + 0.1 x (weights + activations) / memory` of the GPU.
+        // aiconfigurator's deployments leave it what its own model of them does.
+        let reserved = (row.client == BenchClient::Aiperf).then(|| aiconfigurator_reserve(p.tp));
         cfg.engine.gpu_memory_utilization =
-            trtllm_memory_share_of(&v.memory, trtllm_free_fraction(row, p));
+            trtllm_memory_share_of(&v.memory, trtllm_free_fraction(row, p), reserved);
         v = match scn.resolve_config(&row.id, cfg) {
             Ok(v) => v,
             Err(e) => return Ok(Err(e.msg)),
@@ -863,14 +865,48 @@ fn skip_reason(msg: &str, id: &str, unfit: &str) -> String {
 /// TensorRT-LLM's KV cache takes 0.9 of the memory that weights and activations leave:
 /// the `gpu_memory_utilization` that gives `plan`'s deployment that cache.
 pub(crate) fn trtllm_memory_share(plan: &crate::cost_model::MemoryPlan) -> f64 {
-    trtllm_memory_share_of(plan, 0.9)
+    trtllm_memory_share_of(plan, 0.9, None)
 }
 
 /// The share of the GPU that leaves the KV cache `free_fraction` of what weights and
-/// activations leave (TensorRT-LLM's `kv_cache_config.free_gpu_memory_fraction`).
-fn trtllm_memory_share_of(plan: &crate::cost_model::MemoryPlan, free_fraction: f64) -> f64 {
-    free_fraction
-        + (1.0 - free_fraction) * (plan.weight_bytes + plan.activation_bytes) / plan.gpu_mem_bytes
+/// activations leave (TensorRT-LLM's `kv_cache_config.free_gpu_memory_fraction`), the plan's
+/// runtime reserve taken after it; with `reserved` bytes, `free_fraction` of what weights,
+/// activations and those leave, and no runtime reserve of the plan's (they stand for it).
+fn trtllm_memory_share_of(
+    plan: &crate::cost_model::MemoryPlan,
+    free_fraction: f64,
+    reserved: Option<f64>,
+) -> f64 {
+    let held = plan.weight_bytes + plan.activation_bytes;
+    match reserved {
+        None => free_fraction + (1.0 - free_fraction) * held / plan.gpu_mem_bytes,
+        // The plan's cache is `share x memory - held - runtime reserve`.
+        Some(r) => {
+            (free_fraction * (plan.gpu_mem_bytes - held - r) + held + plan.runtime_overhead_bytes)
+                / plan.gpu_mem_bytes
+        }
+    }
+}
+
+/// What aiconfigurator's model of a TensorRT-LLM deployment holds besides weights,
+/// activations and the KV cache, bytes per GPU at tensor-parallel degree `tp`: 3.5 GiB of
+/// CUDA context, libraries and allocator (`other_mem` of its system files, the same on every
+/// GPU it describes) and NCCL's buffers (`nccl_mem`: none at TP1, 342 MiB at TP2, 392 MiB
+/// from TP4). Its authors checked the KV capacity this leaves against 72 TensorRT-LLM runs
+/// of Qwen3-32B-FP8 and Llama-3.1-8B on H100 and GB300 (ai-dynamo/aiconfigurator, "add KV
+/// cache capacity check", March 2026, by the author of the gap analysis the aiperf rows
+/// come from: their `source_file` paths). Those rows whose KV cache binds (Qwen3-32B in fp8
+/// at TP1: 4,096 x 512 at 64 clients, 2,048 x 256 and 2,048 x 512 at 128) queue as it
+/// predicts; without it their TTFT came out 32-50% short. Not fitted: the value is
+/// aiconfigurator's.
+pub(crate) fn aiconfigurator_reserve(tp: u32) -> f64 {
+    const MIB: f64 = 1024.0 * 1024.0;
+    let nccl = match tp {
+        0 | 1 => 0.0,
+        2 => 342.0 * MIB,
+        _ => 392.0 * MIB,
+    };
+    3.5 * 1024.0 * MIB + nccl
 }
 
 /// TensorRT-LLM's `free_gpu_memory_fraction` for `row`: 0.9 (its default), 0.8 in
@@ -1008,6 +1044,60 @@ pub(crate) fn check_rows<'a, P: Sync>(
 #[cfg(test)]
 mod tests {
     use super::skip_reason;
+
+    /// TensorRT-LLM's KV cache is its free fraction of what weights and activations leave,
+    /// the plan's runtime reserve after it; aiconfigurator's deployments keep its reserve
+    /// (3.5 GiB and NCCL's buffers) out before the fraction, and no runtime reserve.
+    #[test]
+    fn trtllm_kv_cache_is_the_free_fraction_of_what_is_left() {
+        use crate::cost_model::{memory_plan, Deployment, MemoryInputs};
+        let d = Deployment {
+            parallel: Default::default(),
+            model: crate::catalog::find_model("qwen3-32b")
+                .expect("model")
+                .clone(),
+            gpu: crate::catalog::find_gpu("h100-sxm").expect("gpu").clone(),
+            tp: 1,
+            pp: 1,
+            dtype: crate::catalog::Dtype::Fp8,
+            kv_dtype: crate::catalog::Dtype::Fp8,
+        };
+        let plan_at = |util: f64| {
+            memory_plan(
+                &d,
+                &MemoryInputs {
+                    gpu_memory_utilization: util,
+                    block_size: 32,
+                    max_num_batched_tokens: 5664,
+                    max_num_seqs: 64,
+                    max_model_len: 4608,
+                    runtime_overhead_bytes: 0.66 * f64::from(1u32 << 30),
+                    num_gpu_blocks_override: None,
+                    draft_weight_bytes: 0.0,
+                    draft_kv_bytes_per_token: 0.0,
+                    disable_hybrid: false,
+                },
+            )
+            .expect("fits")
+        };
+        let base = plan_at(0.9);
+        let free = base.gpu_mem_bytes - base.weight_bytes - base.activation_bytes;
+        let kv = |share: f64| plan_at(share).kv_budget_bytes;
+        let plain = kv(super::trtllm_memory_share_of(&base, 0.8, None));
+        assert!((plain - (0.8 * free - base.runtime_overhead_bytes)).abs() < 1.0);
+        let r = super::aiconfigurator_reserve(1);
+        assert_eq!(r, 3.5 * f64::from(1u32 << 30));
+        let kept = kv(super::trtllm_memory_share_of(&base, 0.8, Some(r)));
+        assert!(
+            (kept - 0.8 * (free - r)).abs() < 1.0,
+            "{kept} vs {}",
+            0.8 * (free - r)
+        );
+        // NCCL's buffers from TP2.
+        let mib = f64::from(1u32 << 20);
+        assert_eq!(super::aiconfigurator_reserve(2) - r, 342.0 * mib);
+        assert_eq!(super::aiconfigurator_reserve(8) - r, 392.0 * mib);
+    }
 
     /// The engine keys InferenceX's MoE scripts set, on rows of the shipped `silicon.csv`.
     #[test]
