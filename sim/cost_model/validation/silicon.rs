@@ -826,9 +826,10 @@ fn simulate(
         Err(e) => return Ok(Err(e.msg)),
     };
     if row.backend == "trtllm" {
-        // TensorRT-LLM gives the KV cache 0.9 of what weights and activations leave:
-        // the same plan with `0.9 + 0.1 x (weights + activations) / memory` of the GPU.
-        // aiconfigurator's deployments leave it what its own model of them does.
+        // TensorRT-LLM gives the KV cache its free fraction (0.9 by default) of what
+        // weights and activations leave: the same plan with `f + (1 - f) x (weights +
+        // activations) / memory` of the GPU. aiconfigurator's deployments leave it what its
+        // own model of them does.
         let reserved = (row.client == BenchClient::Aiperf).then(|| aiconfigurator_reserve(p.tp));
         cfg.engine.gpu_memory_utilization =
             trtllm_memory_share_of(&v.memory, trtllm_free_fraction(row, p), reserved);
@@ -892,8 +893,9 @@ fn trtllm_memory_share_of(
 /// activations and the KV cache, bytes per GPU at tensor-parallel degree `tp`: 3.5 GiB of
 /// CUDA context, libraries and allocator (`other_mem` of its system files, the same on every
 /// GPU it describes) and NCCL's buffers (`nccl_mem`: none at TP1, 342 MiB at TP2, 392 MiB
-/// from TP4). Its authors checked the KV capacity this leaves against 72 TensorRT-LLM runs
-/// of Qwen3-32B-FP8 and Llama-3.1-8B on H100 and GB300 (ai-dynamo/aiconfigurator, "add KV
+/// from TP4). Its authors checked the KV capacity their model gives (this reserve, with
+/// their own estimates of weights and activations) against 72 TensorRT-LLM runs of
+/// Qwen3-32B-FP8 and Llama-3.1-8B on H100 and GB300 (ai-dynamo/aiconfigurator, "add KV
 /// cache capacity check", March 2026, by the author of the gap analysis the aiperf rows
 /// come from: their `source_file` paths). Those rows whose KV cache binds (Qwen3-32B in fp8
 /// at TP1: 4,096 x 512 at 64 clients, 2,048 x 256 and 2,048 x 512 at 128) queue as it
