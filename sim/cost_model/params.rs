@@ -417,7 +417,7 @@ const FP8_EFF: f64 = 0.6;
 const FP4_EFF: f64 = 0.4;
 
 /// `fp8_memory_eff`'s default: the value in `calibration/fp8-memory.toml` (a test ties them).
-const FP8_MEMORY_EFF: f64 = 0.8;
+const FP8_MEMORY_EFF: f64 = 0.85;
 
 /// `fp4_memory_eff`'s default: the value in `calibration/fp4-memory.toml` (a test ties them).
 const FP4_MEMORY_EFF: f64 = 0.6;
