@@ -15,8 +15,8 @@
 //! In: the CSV's rows. Out: one [`SiliconCheck`] per replayed row, and the skipped counts.
 
 use super::silicon::{
-    base_config, catalog_of, check_rows, engine_defaults, layout, run_quietly, trtllm_memory_share,
-    EngineCost, SiliconCheck, Skipped,
+    base_config, catalog_of, check_rows, engine_defaults, layout, run_quietly, sglang_memory_share,
+    trtllm_memory_share, EngineCost, SiliconCheck, Skipped,
 };
 use crate::observed::silicon::{AggregateRow, Stage};
 use crate::scenario::cluster::{
@@ -84,6 +84,10 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
     })
 }
 
+/// SGLang's `mem-fraction-static` in the disaggregated recipes InferenceX ran (the value
+/// most of their prefill and decode servers set).
+const SGLANG_DISAGG_MEM_FRACTION: f64 = 0.82;
+
 /// The GPUs of a replayed disaggregated row's prefill pool (workers x attention TP x
 /// attention-DP ranks); `None` for a row that is not replayed.
 pub(crate) fn prefill_gpus(row: &AggregateRow) -> Option<u64> {
@@ -110,6 +114,15 @@ fn pool(
     }
     let mut e = crate::scenario::EngineConfig::default();
     engine_defaults(&mut e, &row.backend, gpu, tp.saturating_mul(dp));
+    if row.backend == "sglang" {
+        // Every recipe InferenceX ran its disaggregated SGLang rows with sets
+        // `mem-fraction-static` (srt-slurm's `h200`, `gb200-fp8` and `gb200-fp4` recipes:
+        // 0.82 on nearly every decode server and most prefill servers, 0.70-0.95 on the
+        // rest); the rows do not say which recipe, so every pool takes the common value.
+        // SGLang's own heuristic ([`super::silicon::sglang_mem_fraction_static`]) would
+        // leave a DP32 decode rank almost nothing.
+        e.gpu_memory_utilization = SGLANG_DISAGG_MEM_FRACTION;
+    }
     let mut engine = toml::Table::new();
     let util = memory_utilization.unwrap_or(e.gpu_memory_utilization);
     engine.insert("gpu_memory_utilization".into(), toml::Value::Float(util));
@@ -208,18 +221,20 @@ fn simulate(
         Ok(v) => v,
         Err(why) => return Ok(Err(why)),
     };
-    if row.backend == "trtllm" {
-        // TensorRT-LLM's KV cache takes 0.9 of what weights and activations leave, in
-        // each pool (as for the aggregated rows).
+    if row.backend == "trtllm" || row.backend == "sglang" {
+        // TensorRT-LLM's KV cache takes 0.9 of what weights and activations leave, and
+        // SGLang's fraction holds weights and KV, in each pool (as for the aggregated rows).
         let Some(fleet) = &v.fleet else {
             return Ok(Err(format!("{}: resolved without its pools", row.id)));
         };
         let share = |name: &str| {
-            fleet
-                .pools
-                .iter()
-                .find(|p| p.name == name)
-                .map(|p| trtllm_memory_share(&p.engine.memory))
+            fleet.pools.iter().find(|p| p.name == name).map(|p| {
+                if row.backend == "trtllm" {
+                    trtllm_memory_share(&p.engine.memory)
+                } else {
+                    sglang_memory_share(&p.engine.memory)
+                }
+            })
         };
         let memory = [share("prefill"), share("decode")];
         v = match resolve(scn, row, p, cost, memory) {

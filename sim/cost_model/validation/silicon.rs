@@ -370,9 +370,9 @@ pub(crate) fn layout(row: &Parallelism, moe: bool) -> Result<(u32, u32, u32), St
 ///   `gpu_memory_utilization` 0.9.
 /// - SGLang 0.5: a prefill batch runs alone, decodes waiting (`enable_mixed_chunk` off), and
 ///   runs whenever a waiting request is admitted (prefill first), up to 8,192 tokens
-///   (`chunked_prefill_size`); admission by its new-token-ratio estimate; weights and KV
-///   take `mem_fraction_static = (M - 9.5 - tp/2 GiB) / M` of the GPU's M GiB
-///   (0.5.1's rule for H100-class GPUs).
+///   (`chunked_prefill_size`); admission by its new-token-ratio estimate. Its memory
+///   fraction depends on the version and the launch: [`sglang_mem_fraction_static`], set
+///   where the row's settings are known.
 /// - TensorRT-LLM (PyTorch backend): context and generation requests in one step up to
 ///   `max_num_tokens` 8,192; `GUARANTEED_NO_EVICT` reserves prompt + output at admission;
 ///   the KV cache takes 0.9 of the memory weights and activations leave (set in
@@ -391,9 +391,8 @@ pub(crate) fn engine_defaults(
             engine.scheduler = SchedulerKind::Continuous;
             engine.admission = AdmissionPolicy::Estimated;
             if let Some(g) = crate::catalog::find_gpu(gpu) {
-                let mem = g.mem_bytes / f64::from(1u32 << 30);
                 engine.gpu_memory_utilization =
-                    ((mem - 9.5 - f64::from(tp) / 2.0) / mem).clamp(0.5, 0.95);
+                    sglang_mem_fraction_static("", g.mem_bytes, SglangLaunch::plain(tp));
             }
         }
         "trtllm" => {
@@ -403,6 +402,121 @@ pub(crate) fn engine_defaults(
         _ => {
             engine.scheduler = SchedulerKind::Chunked;
         }
+    }
+}
+
+/// What an SGLang launch sets that its memory fraction depends on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct SglangLaunch {
+    /// `--tp-size` (with attention data parallelism, every rank's GPUs: attention TP x DP).
+    pub tp: u32,
+    /// `--dp-size` under `--enable-dp-attention`; 1 without it.
+    pub dp_attention: u32,
+    /// The largest `--cuda-graph-bs` the launch lists; `None`: SGLang's default for the GPU.
+    pub cuda_graph_max_bs: Option<u32>,
+    /// An EAGLE-style draft (multi-token prediction) runs beside the model.
+    pub speculative: bool,
+}
+
+impl SglangLaunch {
+    /// `tp` GPUs, nothing else set.
+    pub(crate) fn plain(tp: u32) -> Self {
+        Self {
+            tp,
+            dp_attention: 1,
+            cuda_graph_max_bs: None,
+            speculative: false,
+        }
+    }
+}
+
+/// SGLang's `--mem-fraction-static` where a launch sets none (`ServerArgs`' memory
+/// heuristics), for `version` on a GPU of `gpu_bytes` (SGLang reads the total nvidia-smi
+/// reports, in MiB, as the catalog records it). The fraction holds weights and KV cache;
+/// the rest is left for activations, CUDA graphs and the runtime.
+/// - Up to 0.5.2 a reserve per GPU class: 2.8 GiB + TP/10 below 35 GiB, 9.5 GiB + TP/2
+///   below 90 GiB (H100), 12 GiB + TP/2 below 160 GiB (H200), 32 GiB above (B200, GB200);
+///   2 GiB more with a draft model, 4 GiB more under attention data parallelism.
+/// - From 0.5.3 (sgl-project/sglang #10975 and #11076, merged at the end of September
+///   2025), and for rows that name no version (InferenceX's of 2026): 512 MiB, 1.5 MiB per
+///   token of the chunked-prefill size (2,048 below 35 GiB, 4,096 below 60 GiB, 8,192 below
+///   160 GiB, 16,384 above), 2 MiB per CUDA-graph batch size (its default largest: 256
+///   below TP4 and 512 from it from 60 GiB on; 512 above 160 GiB), 128 MiB per GPU of the
+///   TP group, under attention data parallelism 3 MiB per graph batch and rank (4.5 above
+///   300), at least 10 GiB on GPUs above 60 GiB, then 2 GiB more with a draft model.
+///
+/// The fraction is rounded to three decimals, as SGLang rounds it. The rows of
+/// `silicon.csv` are SGLang 0.5.1 (the first rule) and 0.5.5 to 0.5.9 and nightly builds
+/// (the second); 0.5.3 as the boundary is not exercised by them.
+pub(crate) fn sglang_mem_fraction_static(
+    version: &str,
+    gpu_bytes: f64,
+    launch: SglangLaunch,
+) -> f64 {
+    const GIB: f64 = 1024.0;
+    let mem = gpu_bytes / f64::from(1u32 << 20);
+    let tp = f64::from(launch.tp.max(1));
+    let dp = launch.dp_attention.max(1);
+    let reserved = if sglang_at_least(version, (0, 5, 3)).unwrap_or(true) {
+        let (chunk, graphs) = if mem < 35.0 * GIB {
+            (2048.0, if launch.tp < 4 { 24 } else { 80 })
+        } else if mem < 60.0 * GIB {
+            (4096.0, if launch.tp < 4 { 32 } else { 160 })
+        } else if mem < 160.0 * GIB {
+            (8192.0, if launch.tp < 4 { 256 } else { 512 })
+        } else {
+            (16384.0, 512)
+        };
+        let graphs = f64::from(launch.cuda_graph_max_bs.unwrap_or(graphs));
+        let mut r = 512.0 + 1.5 * chunk + 2.0 * graphs + tp / 8.0 * GIB;
+        if dp > 1 {
+            r += graphs * f64::from(dp) * if graphs > 300.0 { 4.5 } else { 3.0 };
+        }
+        if mem > 60.0 * GIB {
+            r = r.max(10.0 * GIB);
+        }
+        r + if launch.speculative { 2.0 * GIB } else { 0.0 }
+    } else {
+        let mut r = if mem < 35.0 * GIB {
+            (2.8 + tp / 10.0) * GIB
+        } else if mem < 90.0 * GIB {
+            (9.5 + tp / 2.0) * GIB
+        } else if mem < 160.0 * GIB {
+            (12.0 + tp / 2.0) * GIB
+        } else {
+            32.0 * GIB
+        };
+        if launch.speculative {
+            r += 2.0 * GIB;
+        }
+        if dp > 1 {
+            r += 4.0 * GIB;
+        }
+        r
+    };
+    (((mem - reserved) / mem) * 1000.0).round() / 1000.0
+}
+
+/// The `gpu_memory_utilization` that gives `plan`'s deployment SGLang's KV cache at the
+/// memory fraction the plan was made with: SGLang's fraction holds weights and KV cache
+/// only (activations are in the rest), so the cache is `fraction x memory - weights -`
+/// the runtime reserve (CUDA context and NCCL's buffers, which its free-memory probe after
+/// loading sees as taken), where the plan would also take the activations.
+pub(crate) fn sglang_memory_share(plan: &crate::cost_model::MemoryPlan) -> f64 {
+    (plan.gpu_memory_utilization + plan.activation_bytes / plan.gpu_mem_bytes).min(1.0)
+}
+
+/// Whether an SGLang `version` is at least `min`; `None` for a version that names no
+/// release (empty, or a nightly build: both current at the time of their rows).
+fn sglang_at_least(version: &str, min: (u32, u32, u32)) -> Option<bool> {
+    let mut parts = version
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(Some(major)), Some(Some(minor)), patch) => {
+            Some((major, minor, patch.flatten().unwrap_or(0)) >= min)
+        }
+        _ => None,
     }
 }
 
@@ -460,18 +574,7 @@ pub(crate) fn aiperf_settings(
 /// reached the generator on the 19th; the 0.5.6.post2 H100 rows are dated 23-25 January),
 /// and the nightly builds (February to April 2026). Earlier versions and unknown ones: no.
 pub(crate) fn sglang_mixes_chunks(version: &str) -> bool {
-    if version.starts_with("nightly") {
-        return true;
-    }
-    let mut parts = version
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u32>().ok());
-    match (parts.next(), parts.next(), parts.next()) {
-        (Some(Some(major)), Some(Some(minor)), patch) => {
-            (major, minor, patch.flatten().unwrap_or(0)) >= (0, 5, 6)
-        }
-        _ => false,
-    }
+    version.starts_with("nightly") || sglang_at_least(version, (0, 5, 6)) == Some(true)
 }
 
 /// What InferenceX's scripts for its dense rows (Llama-3.1/3.3-70B, `benchmarks/70b_*.sh`
@@ -510,7 +613,8 @@ pub(crate) fn inferencex_dense_settings(
 /// in fp8 at TP4): while sequences decode, new requests are taken in every 10 or 30 decode
 /// steps, which at 16 clients adds about 15 decode steps to every TTFT. The H200 scripts
 /// do not set it; the B200 scripts also set the prefill budget, memory fraction and an fp8
-/// KV cache. Its TensorRT-LLM scripts with attention data parallelism turn on its
+/// KV cache, and the H200 scripts their own (since stop 72; before, the engine's
+/// defaults). Its TensorRT-LLM scripts with attention data parallelism turn on its
 /// balancing (`attention_dp_config.enable_balance`), which holds new prompts back up to 60
 /// steps (50 for gpt-oss) until every rank has one, and all set `max_num_tokens` (the KV
 /// memory fraction is [`trtllm_free_fraction`]); its vLLM gpt-oss scripts turn prefix
@@ -560,6 +664,32 @@ pub(crate) fn inferencex_moe_settings(
             // 40`, `batch_wait_max_tokens_ratio: 0.8`.
             cfg.engine.batch_wait_timeout_iters = 40;
             cfg.engine.batch_wait_max_tokens_ratio = 0.8;
+        }
+        return;
+    }
+    if row.backend == "sglang" && p.gpu == "h200" && p.dp == 1 {
+        // `dsr1_fp8_h200.sh` (January to April 2026): `--chunked-prefill-size` and
+        // `--max-prefill-tokens` 32,768, `--mem-fraction-static 0.82`,
+        // `--max-running-requests` 512 at 1k/1k and 256 otherwise, no radix cache;
+        // `qwen3.5_fp8_h200.sh` (from March 2026): 16,384-token chunks,
+        // `--mem-fraction-static 0.8`, 128 requests, `--kv-cache-dtype fp8_e4m3`, no radix
+        // cache. Neither polls at an interval.
+        cfg.engine.enable_prefix_caching = false;
+        if p.model.starts_with("deepseek") {
+            cfg.engine.max_num_batched_tokens = Some(32_768);
+            cfg.engine.gpu_memory_utilization = 0.82;
+            cfg.engine.max_num_seqs = if row.isl == 1024 && row.osl == 1024 {
+                512
+            } else {
+                256
+            };
+        } else {
+            cfg.engine.max_num_batched_tokens = Some(16_384);
+            cfg.engine.gpu_memory_utilization = 0.8;
+            cfg.engine.max_num_seqs = 128;
+            if p.dtype != Dtype::Bf16 {
+                cfg.model.kv_dtype = Some(Dtype::Fp8);
+            }
         }
         return;
     }
@@ -774,6 +904,21 @@ fn simulate(
     cfg.hardware.dp = p.dp;
     cfg.hardware.ep = p.ep;
     engine_defaults(&mut cfg.engine, &row.backend, gpu, p.tp * p.dp);
+    if row.backend == "sglang" {
+        // The launch's memory fraction (the scripts' settings below may set their own):
+        // aiconfigurator's generator lists CUDA graphs for 1 to the row's `batch_size`.
+        let launch = SglangLaunch {
+            tp: p.tp * p.dp,
+            dp_attention: p.dp,
+            cuda_graph_max_bs: (row.client == BenchClient::Aiperf)
+                .then_some(row.batch_size.unwrap_or(c)),
+            speculative: row.mtp_drafts.is_some(),
+        };
+        if let Some(g) = crate::catalog::find_gpu(gpu) {
+            cfg.engine.gpu_memory_utilization =
+                sglang_mem_fraction_static(&row.backend_version, g.mem_bytes, launch);
+        }
+    }
     match row.client {
         BenchClient::InferenceX if row.is_moe() => inferencex_moe_settings(&mut cfg, row, p),
         BenchClient::InferenceX => inferencex_dense_settings(&mut cfg, row, p.tp),
@@ -833,6 +978,12 @@ fn simulate(
         let reserved = (row.client == BenchClient::Aiperf).then(|| aiconfigurator_reserve(p.tp));
         cfg.engine.gpu_memory_utilization =
             trtllm_memory_share_of(&v.memory, trtllm_free_fraction(row, p), reserved);
+        v = match scn.resolve_config(&row.id, cfg) {
+            Ok(v) => v,
+            Err(e) => return Ok(Err(e.msg)),
+        };
+    } else if row.backend == "sglang" {
+        cfg.engine.gpu_memory_utilization = sglang_memory_share(&v.memory);
         v = match scn.resolve_config(&row.id, cfg) {
             Ok(v) => v,
             Err(e) => return Ok(Err(e.msg)),
@@ -1047,13 +1198,9 @@ pub(crate) fn check_rows<'a, P: Sync>(
 mod tests {
     use super::skip_reason;
 
-    /// TensorRT-LLM's KV cache is its free fraction of what weights and activations leave,
-    /// the plan's runtime reserve after it; aiconfigurator's deployments keep its reserve
-    /// (3.5 GiB and NCCL's buffers) out before the fraction, and no runtime reserve.
-    #[test]
-    fn trtllm_kv_cache_is_the_free_fraction_of_what_is_left() {
-        use crate::cost_model::{memory_plan, Deployment, MemoryInputs};
-        let d = Deployment {
+    /// Qwen3-32B on one H100 in `dtype`, its KV cache too.
+    fn qwen3_32b_on_h100(dtype: crate::catalog::Dtype) -> crate::cost_model::Deployment {
+        crate::cost_model::Deployment {
             parallel: Default::default(),
             model: crate::catalog::find_model("qwen3-32b")
                 .expect("model")
@@ -1061,27 +1208,43 @@ mod tests {
             gpu: crate::catalog::find_gpu("h100-sxm").expect("gpu").clone(),
             tp: 1,
             pp: 1,
-            dtype: crate::catalog::Dtype::Fp8,
-            kv_dtype: crate::catalog::Dtype::Fp8,
-        };
-        let plan_at = |util: f64| {
-            memory_plan(
-                &d,
-                &MemoryInputs {
-                    gpu_memory_utilization: util,
-                    block_size: 32,
-                    max_num_batched_tokens: 5664,
-                    max_num_seqs: 64,
-                    max_model_len: 4608,
-                    runtime_overhead_bytes: 0.66 * f64::from(1u32 << 30),
-                    num_gpu_blocks_override: None,
-                    draft_weight_bytes: 0.0,
-                    draft_kv_bytes_per_token: 0.0,
-                    disable_hybrid: false,
-                },
-            )
-            .expect("fits")
-        };
+            dtype,
+            kv_dtype: dtype,
+        }
+    }
+
+    /// `d`'s memory plan at `util` with (block size, token budget, sequences, longest
+    /// sequence) and the default runtime reserve.
+    fn plan(
+        d: &crate::cost_model::Deployment,
+        util: f64,
+        (block_size, budget, seqs, len): (u32, u32, u32, u32),
+    ) -> crate::cost_model::MemoryPlan {
+        crate::cost_model::memory_plan(
+            d,
+            &crate::cost_model::MemoryInputs {
+                gpu_memory_utilization: util,
+                block_size,
+                max_num_batched_tokens: budget,
+                max_num_seqs: seqs,
+                max_model_len: len,
+                runtime_overhead_bytes: 0.66 * f64::from(1u32 << 30),
+                num_gpu_blocks_override: None,
+                draft_weight_bytes: 0.0,
+                draft_kv_bytes_per_token: 0.0,
+                disable_hybrid: false,
+            },
+        )
+        .expect("fits")
+    }
+
+    /// TensorRT-LLM's KV cache is its free fraction of what weights and activations leave,
+    /// the plan's runtime reserve after it; aiconfigurator's deployments keep its reserve
+    /// (3.5 GiB and NCCL's buffers) out before the fraction, and no runtime reserve.
+    #[test]
+    fn trtllm_kv_cache_is_the_free_fraction_of_what_is_left() {
+        let d = qwen3_32b_on_h100(crate::catalog::Dtype::Fp8);
+        let plan_at = |util: f64| plan(&d, util, (32, 5664, 64, 4608));
         let base = plan_at(0.9);
         let free = base.gpu_mem_bytes - base.weight_bytes - base.activation_bytes;
         let kv = |share: f64| plan_at(share).kv_budget_bytes;
@@ -1099,6 +1262,55 @@ mod tests {
         let mib = f64::from(1u32 << 20);
         assert_eq!(super::aiconfigurator_reserve(2) - r, 342.0 * mib);
         assert_eq!(super::aiconfigurator_reserve(8) - r, 392.0 * mib);
+    }
+
+    /// SGLang's memory fraction by version and launch, against the figures its heuristics
+    /// give (worked by hand from `ServerArgs`), and the KV cache a plan at it leaves.
+    #[test]
+    fn sglang_memory_fraction_follows_its_version_heuristics() {
+        use super::{sglang_mem_fraction_static as mfs, SglangLaunch};
+        let gpu = |name: &str| crate::catalog::find_gpu(name).expect("gpu").mem_bytes;
+        let (h100, h200, b200, gb200) = (gpu("h100-sxm"), gpu("h200"), gpu("b200"), gpu("gb200"));
+        // 0.5.1 on an H100 (81,559 MiB): 9.5 GiB + TP/2.
+        assert_eq!(mfs("0.5.1.post1", h100, SglangLaunch::plain(1)), 0.874);
+        assert_eq!(mfs("0.5.1.post1", h100, SglangLaunch::plain(4)), 0.856);
+        // On an H200, 12 GiB + TP/2; above 160 GiB, 32 GiB.
+        assert_eq!(mfs("0.5.1.post1", h200, SglangLaunch::plain(8)), 0.886);
+        assert_eq!(mfs("0.5.1-rc0.pre1", b200, SglangLaunch::plain(8)), 0.821);
+        // 0.5.8 on an H100 at 16 clients (graphs 1-16): 512 + 1.5 x 8,192 + 2 x 16 + 128 MiB.
+        let aiperf = |tp: u32, bs: u32| SglangLaunch {
+            cuda_graph_max_bs: Some(bs),
+            ..SglangLaunch::plain(tp)
+        };
+        assert_eq!(mfs("0.5.8.post1", h100, aiperf(1, 16)), 0.841);
+        // 0.5.6 on an H200, TP8 at 512 clients: + 1,024 + 1,024 MiB.
+        assert_eq!(mfs("0.5.6.post2", h200, aiperf(8, 512)), 0.897);
+        // At one client: 512 + 12,288 + 2 + 128 MiB, above the 10 GiB floor.
+        assert_eq!(mfs("0.5.6.post2", h200, aiperf(1, 1)), 0.91);
+        // Unversioned (2026) on a GB200 (177,357 MiB) under attention DP8: 16,384-token
+        // chunks, default graphs to 512, 4.5 MiB per graph batch and rank.
+        let adp = SglangLaunch {
+            dp_attention: 8,
+            ..SglangLaunch::plain(8)
+        };
+        assert_eq!(mfs("", gb200, adp), 0.743);
+        assert_eq!(mfs("nightly-dev-20260216-d3bae71e", gb200, adp), 0.743);
+        // A draft model takes 2 GiB more.
+        let spec = SglangLaunch {
+            speculative: true,
+            ..SglangLaunch::plain(8)
+        };
+        assert_eq!(mfs("0.5.9", b200, spec), 0.841);
+
+        // The plan at the share it gives holds SGLang's cache: fraction x memory - weights
+        // - the runtime reserve, the activations not taken again.
+        let d = qwen3_32b_on_h100(crate::catalog::Dtype::Bf16);
+        let plan_at = |util: f64| plan(&d, util, (16, 8192, 16, 4096));
+        let base = plan_at(0.841);
+        assert!(base.activation_bytes > 1e9, "{}", base.activation_bytes);
+        let kv = plan_at(super::sglang_memory_share(&base)).kv_budget_bytes;
+        let want = 0.841 * base.gpu_mem_bytes - base.weight_bytes - base.runtime_overhead_bytes;
+        assert!((kv - want).abs() < 1.0, "{kv} vs {want}");
     }
 
     /// The engine keys InferenceX's MoE scripts set, on rows of the shipped `silicon.csv`.
@@ -1123,6 +1335,22 @@ mod tests {
         let many = settings("qwen3_5_b200_sglang_fp8_agg_8192x1024_c64_cfg615");
         assert_eq!(many.engine.recv_interval, 30);
         assert_eq!(many.engine.adp_balance_timeout_iters, 0);
+        // SGLang on H200: the scripts' chunks, memory fraction and request cap, no polling.
+        let dsr1 = settings("dsr1_h200_sglang_fp8_agg_1024x1024_c4_cfg81");
+        assert_eq!(dsr1.engine.max_num_batched_tokens, Some(32_768));
+        assert_eq!(dsr1.engine.gpu_memory_utilization, 0.82);
+        assert_eq!(dsr1.engine.max_num_seqs, 512);
+        assert_eq!(dsr1.engine.recv_interval, 0);
+        assert!(!dsr1.engine.enable_prefix_caching);
+        let long = settings("dsr1_h200_sglang_fp8_agg_8192x1024_c4_cfg81");
+        assert_eq!(long.engine.max_num_seqs, 256);
+        let qwen = settings(
+            "2026_03_25_qwen3_5_397b_h200_sxm_sglang_fp8_agg_1024x1024_c64_tp8_0_ep8_0_586",
+        );
+        assert_eq!(qwen.engine.max_num_batched_tokens, Some(16_384));
+        assert_eq!(qwen.engine.gpu_memory_utilization, 0.8);
+        assert_eq!(qwen.engine.max_num_seqs, 128);
+        assert_eq!(qwen.model.kv_dtype, Some(crate::catalog::Dtype::Fp8));
         // TensorRT-LLM with attention data parallelism: the balancing's timeout.
         let adp = rows
             .iter()
