@@ -450,6 +450,34 @@ fn disaggregated_rows_replay_as_fleets() {
     );
 }
 
+/// Disaggregated SGLang rows replayed under the recipes InferenceX ran them with
+/// (`sglang_recipes`): DeepSeek-R1 in fp8 at TP4 on GB200 fits only at its recipe's
+/// `mem-fraction-static` of 0.95 with an fp8 KV cache (at 0.82 its 169 GB of weights a
+/// GPU do not), and a December 2025 row whose pools are labelled four attention-DP ranks
+/// ran TP4 servers (its decode TPOT came out 49% long under the labels). Nothing was
+/// fitted to either row: both within 25% on TPOT, and TTFT within 30% (they come out
+/// 8% and 20% short).
+#[test]
+fn disaggregated_sglang_rows_run_their_recipes() {
+    use sim::cost_model::validation::disagg::disagg_checks;
+    let rows = observed::silicon::read(Path::new("tests/data/observed/silicon-disagg-sglang.csv"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(rows.len(), 2);
+    let (checks, skipped) = disagg_checks(&rows, &|_| Default::default()).expect("replayed");
+    assert_eq!(checks.len(), 2, "{skipped:?}");
+    for c in &checks {
+        assert!(
+            c.ttft_error().abs() < 0.3 && c.tpot_error().abs() < 0.25,
+            "{}: TTFT {:.0} vs {:.0} ms, TPOT {:.2} vs {:.2} ms",
+            c.row.id,
+            c.ttft_ms,
+            c.row.ttft_ms,
+            c.tpot_ms,
+            c.row.tpot_ms
+        );
+    }
+}
+
 #[test]
 fn vllm_bench_json_reads_in_send_order_with_failures_kept() {
     let r = observed::open(Path::new("tests/data/observed/vllm_bench.json")).expect("reads");

@@ -14,6 +14,7 @@
 //!
 //! In: the CSV's rows. Out: one [`SiliconCheck`] per replayed row, and the skipped counts.
 
+use super::sglang_recipes::Recipe;
 use super::silicon::{
     base_config, catalog_of, check_rows, engine_defaults, layout, run_quietly, sglang_memory_share,
     trtllm_memory_share, EngineCost, SiliconCheck, Skipped,
@@ -41,6 +42,8 @@ struct Planned {
     decode: (u32, u32, u32, u32),
     link: Link,
     clients: u32,
+    /// The recipe an SGLang row ran ([`super::sglang_recipes`]).
+    recipe: Option<&'static Recipe>,
 }
 
 /// What a disaggregated row resolves to, or why it is not replayed.
@@ -63,7 +66,11 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
         let (tp, dp, ep) = layout(&s.parallel, moe)?;
         Ok((workers, tp, dp, ep))
     };
-    let (prefill, decode) = (pool(&d.prefill)?, pool(&d.decode)?);
+    let (mut prefill, mut decode) = (pool(&d.prefill)?, pool(&d.decode)?);
+    let recipe = super::sglang_recipes::find(row, [prefill, decode]);
+    if let Some([p, d]) = recipe.and_then(|r| r.layouts) {
+        (prefill, decode) = (p, d);
+    }
     let clients = row
         .concurrency
         .ok_or_else(|| super::silicon::NO_CLIENTS.to_string())?;
@@ -81,11 +88,12 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
         decode,
         link,
         clients,
+        recipe,
     })
 }
 
-/// SGLang's `mem-fraction-static` in the disaggregated recipes InferenceX ran (the value
-/// most of their prefill and decode servers set).
+/// SGLang's `mem-fraction-static` for a disaggregated row no recipe matches
+/// ([`super::sglang_recipes`]): the value most of InferenceX's recipes set.
 const SGLANG_DISAGG_MEM_FRACTION: f64 = 0.82;
 
 /// The GPUs of a replayed disaggregated row's prefill pool (workers x attention TP x
@@ -107,50 +115,64 @@ fn pool(
     (row, p): (&AggregateRow, &Planned),
     memory_utilization: Option<f64>,
 ) -> PoolConfig {
-    let gpu = p.gpu;
     let mut hardware = toml::Table::new();
     for (k, v) in [("tp", tp), ("dp", dp), ("ep", ep)] {
         hardware.insert(k.into(), toml::Value::Integer(i64::from(v)));
     }
     let mut e = crate::scenario::EngineConfig::default();
-    engine_defaults(&mut e, &row.backend, gpu, tp.saturating_mul(dp));
+    engine_defaults(&mut e, &row.backend);
+    let server = p.recipe.map(|r| match role {
+        Role::Prefill => r.prefill,
+        _ => r.decode,
+    });
     if row.backend == "sglang" {
         // Every recipe InferenceX ran its disaggregated SGLang rows with sets
-        // `mem-fraction-static` (srt-slurm's `h200`, `gb200-fp8` and `gb200-fp4` recipes:
-        // 0.82 on nearly every decode server and most prefill servers, 0.70-0.95 on the
-        // rest); the rows do not say which recipe, so every pool takes the common value.
-        // SGLang's own heuristic ([`super::silicon::sglang_mem_fraction_static`]) would
-        // leave a DP32 decode rank almost nothing.
-        e.gpu_memory_utilization = SGLANG_DISAGG_MEM_FRACTION;
+        // `mem-fraction-static` (0.6-0.95); SGLang's own heuristic
+        // ([`super::silicon::sglang_mem_fraction_static`]) would leave a DP32 decode rank
+        // almost nothing.
+        e.gpu_memory_utilization = server.map_or(SGLANG_DISAGG_MEM_FRACTION, |s| s.mem_fraction);
     }
     let mut engine = toml::Table::new();
     let util = memory_utilization.unwrap_or(e.gpu_memory_utilization);
     engine.insert("gpu_memory_utilization".into(), toml::Value::Float(util));
-    // The simulator's prefill-first scheduler prefills whole prompts (SGLang chunks the
-    // rare prompt beyond its 8,192 tokens): its budget must hold the longest, as for the
-    // aggregated rows.
+    if let Some(n) = server.and_then(|s| s.recv_interval) {
+        engine.insert("recv_interval".into(), toml::Value::Integer(i64::from(n)));
+    }
+    let chunked = |engine: &mut toml::Table| {
+        let kind = engine::scheduler::SchedulerKind::Chunked.as_str();
+        engine.insert("scheduler".into(), toml::Value::String(kind.to_string()));
+    };
     let mut budget = e.max_num_batched_tokens.unwrap_or(8192);
-    if e.scheduler == engine::scheduler::SchedulerKind::Continuous {
+    let chunk = server.and_then(|s| s.rank_chunk(dp));
+    if let (Some(chunk), Role::Prefill) = (chunk, role) {
+        // The recipe's prefill chunk, each rank its share: SGLang prefills a prompt longer
+        // than what is left of it in pieces, the rest of it first in the next batch, which
+        // the chunked scheduler does on a pool that only prefills.
+        chunked(&mut engine);
+        budget = chunk;
+    } else if e.scheduler == engine::scheduler::SchedulerKind::Continuous {
         if role == Role::Decode {
             // SGLang's decode servers add a request whose KV has arrived to the running
             // batch (no prefill batch of its own, which would pause every decode): the
             // mixed steps of the chunked scheduler.
-            engine.insert(
-                "scheduler".into(),
-                toml::Value::String(
-                    engine::scheduler::SchedulerKind::Chunked
-                        .as_str()
-                        .to_string(),
-                ),
-            );
+            chunked(&mut engine);
         } else {
+            // The simulator's prefill-first scheduler prefills whole prompts (SGLang chunks
+            // the rare prompt beyond its 8,192 tokens): its budget must hold the longest,
+            // as for the aggregated rows.
             budget = budget.max(row.isl + row.osl);
         }
     }
-    // Room for every rank's share of the clients (a rank may hold them all at once), and
-    // a budget that can decode them all in one step.
+    // The recipe's request cap, each rank its share, where it sets one (a prefill server's
+    // caps the requests one prefill batch takes); else room for every rank's share of the
+    // clients (a rank may hold them all at once). And a budget that can decode them all in
+    // one step.
     let ranks = workers.saturating_mul(dp).max(1);
-    let seqs = e.max_num_seqs.max(p.clients.div_ceil(ranks));
+    let seqs = match server.and_then(|s| s.rank_max_running(dp)) {
+        Some(cap) if role == Role::Prefill => cap.min(budget),
+        Some(cap) => cap,
+        None => e.max_num_seqs.max(p.clients.div_ceil(ranks)),
+    };
     engine.insert("max_num_seqs".into(), toml::Value::Integer(i64::from(seqs)));
     engine.insert(
         "max_num_batched_tokens".into(),
@@ -179,7 +201,16 @@ fn resolve(
 ) -> Result<Variant, String> {
     let mut cfg = base_config(scn, row, (p.model, p.gpu, p.dtype), cost, p.clients);
     cfg.workload.num_requests = Some(WAVES * u64::from(p.clients));
-    engine_defaults(&mut cfg.engine, &row.backend, p.gpu, 1);
+    engine_defaults(&mut cfg.engine, &row.backend);
+    if p.recipe.is_some_and(|r| r.kv_fp8) {
+        cfg.model.kv_dtype = Some(crate::catalog::Dtype::Fp8);
+    }
+    if row.backend == "sglang" {
+        // The decode pool's fraction: the whole configuration resolves on its layout.
+        cfg.engine.gpu_memory_utilization = p
+            .recipe
+            .map_or(SGLANG_DISAGG_MEM_FRACTION, |r| r.decode.mem_fraction);
+    }
     if cfg.engine.scheduler == engine::scheduler::SchedulerKind::Continuous {
         cfg.engine.max_num_batched_tokens = Some(8192.max(row.isl + row.osl));
     }

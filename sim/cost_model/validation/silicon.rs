@@ -372,17 +372,12 @@ pub(crate) fn layout(row: &Parallelism, moe: bool) -> Result<(u32, u32, u32), St
 ///   runs whenever a waiting request is admitted (prefill first), up to 8,192 tokens
 ///   (`chunked_prefill_size`); admission by its new-token-ratio estimate. Its memory
 ///   fraction depends on the version and the launch: [`sglang_mem_fraction_static`], set
-///   where the row's settings are known.
+///   where the row's settings are known (a disaggregated row's pools: its recipe's).
 /// - TensorRT-LLM (PyTorch backend): context and generation requests in one step up to
 ///   `max_num_tokens` 8,192; `GUARANTEED_NO_EVICT` reserves prompt + output at admission;
 ///   the KV cache takes 0.9 of the memory weights and activations leave (set in
 ///   [`simulate`] once the plan knows them).
-pub(crate) fn engine_defaults(
-    engine: &mut crate::scenario::EngineConfig,
-    backend: &str,
-    gpu: &str,
-    tp: u32,
-) {
+pub(crate) fn engine_defaults(engine: &mut crate::scenario::EngineConfig, backend: &str) {
     use engine::scheduler::{AdmissionPolicy, SchedulerKind};
     engine.max_num_batched_tokens = Some(8192);
     engine.max_num_seqs = 1024;
@@ -390,10 +385,6 @@ pub(crate) fn engine_defaults(
         "sglang" => {
             engine.scheduler = SchedulerKind::Continuous;
             engine.admission = AdmissionPolicy::Estimated;
-            if let Some(g) = crate::catalog::find_gpu(gpu) {
-                engine.gpu_memory_utilization =
-                    sglang_mem_fraction_static("", g.mem_bytes, SglangLaunch::plain(tp));
-            }
         }
         "trtllm" => {
             engine.scheduler = SchedulerKind::Chunked;
@@ -420,6 +411,7 @@ pub(crate) struct SglangLaunch {
 
 impl SglangLaunch {
     /// `tp` GPUs, nothing else set.
+    #[cfg(test)]
     pub(crate) fn plain(tp: u32) -> Self {
         Self {
             tp,
@@ -777,7 +769,7 @@ pub fn engine_framework(backend: &str) -> crate::cost_model::Framework {
 /// a scenario that opts into the engine's fit should set too.
 pub fn engine_keys(backend: &str) -> String {
     let mut e = crate::scenario::EngineConfig::default();
-    engine_defaults(&mut e, backend, "", 1);
+    engine_defaults(&mut e, backend);
     let name = |v: toml::Value| v.as_str().map(str::to_string).unwrap_or_default();
     let mut keys = vec![format!("scheduler = \"{}\"", e.scheduler.as_str())];
     if e.admission != engine::scheduler::AdmissionPolicy::default() {
@@ -903,7 +895,7 @@ fn simulate(
     cfg.hardware.tp = p.tp;
     cfg.hardware.dp = p.dp;
     cfg.hardware.ep = p.ep;
-    engine_defaults(&mut cfg.engine, &row.backend, gpu, p.tp * p.dp);
+    engine_defaults(&mut cfg.engine, &row.backend);
     if row.backend == "sglang" {
         // The launch's memory fraction (the scripts' settings below may set their own):
         // aiconfigurator's generator lists CUDA graphs for 1 to the row's `batch_size`.
@@ -1323,7 +1315,7 @@ mod tests {
             let row = rows.iter().find(|r| r.id == id).expect(id);
             let p = super::plan(row).expect("planned");
             let mut cfg = super::template().expect("template").base;
-            super::engine_defaults(&mut cfg.engine, &row.backend, p.gpu, p.tp * p.dp);
+            super::engine_defaults(&mut cfg.engine, &row.backend);
             super::inferencex_moe_settings(&mut cfg, row, &p);
             cfg
         };
@@ -1398,9 +1390,9 @@ mod tests {
                         && r.mode == "agg"
                 })
                 .expect(version);
-            let p = super::plan(row).expect("planned");
+            super::plan(row).expect("planned");
             let mut cfg = super::template().expect("template").base;
-            super::engine_defaults(&mut cfg.engine, &row.backend, p.gpu, p.tp * p.dp);
+            super::engine_defaults(&mut cfg.engine, &row.backend);
             let clients = row.batch_size.expect("batch_size");
             super::aiperf_settings(&mut cfg, row, clients, 0.0);
             (row.clone(), cfg)
