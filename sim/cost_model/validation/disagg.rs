@@ -14,7 +14,7 @@
 //!
 //! In: the CSV's rows. Out: one [`SiliconCheck`] per replayed row, and the skipped counts.
 
-use super::sglang_recipes::Recipe;
+use super::sglang_recipes::{Layout, Recipe};
 use super::silicon::{
     base_config, catalog_of, check_rows, engine_defaults, layout, run_quietly, sglang_memory_share,
     trtllm_memory_share, EngineCost, SiliconCheck, Skipped,
@@ -38,8 +38,8 @@ struct Planned {
     model: &'static str,
     gpu: &'static str,
     dtype: crate::catalog::Dtype,
-    prefill: (u32, u32, u32, u32),
-    decode: (u32, u32, u32, u32),
+    prefill: Layout,
+    decode: Layout,
     link: Link,
     clients: u32,
     /// The recipe an SGLang row ran ([`super::sglang_recipes`]).
@@ -56,7 +56,7 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
     }
     let (model, gpu, dtype) = catalog_of(row)?;
     let moe = crate::catalog::find_model(model).is_some_and(|m| m.is_moe());
-    let pool = |s: &Stage| -> Result<(u32, u32, u32, u32), String> {
+    let pool = |s: &Stage| -> Result<Layout, String> {
         if s.parallel.pp.unwrap_or(1) > 1 {
             return Err("pipeline parallelism".into());
         }
@@ -93,7 +93,8 @@ fn plan(row: &AggregateRow) -> Result<Planned, String> {
 }
 
 /// SGLang's `mem-fraction-static` for a disaggregated row no recipe matches
-/// ([`super::sglang_recipes`]): the value most of InferenceX's recipes set.
+/// ([`super::sglang_recipes`]): the value of InferenceX's GB200 DEP decode servers, which
+/// stop 72 gave every pool.
 const SGLANG_DISAGG_MEM_FRACTION: f64 = 0.82;
 
 /// The GPUs of a replayed disaggregated row's prefill pool (workers x attention TP x
@@ -103,7 +104,7 @@ pub(crate) fn prefill_gpus(row: &AggregateRow) -> Option<u64> {
 }
 
 /// A pool's GPUs: workers x attention TP x attention-DP ranks.
-fn pool_gpus((workers, tp, dp, _): (u32, u32, u32, u32)) -> u64 {
+fn pool_gpus((workers, tp, dp, _): Layout) -> u64 {
     u64::from(workers) * u64::from(tp) * u64::from(dp)
 }
 
@@ -111,7 +112,7 @@ fn pool_gpus((workers, tp, dp, _): (u32, u32, u32, u32)) -> u64 {
 /// that depend on it.
 fn pool(
     role: Role,
-    (workers, tp, dp, ep): (u32, u32, u32, u32),
+    (workers, tp, dp, ep): Layout,
     (row, p): (&AggregateRow, &Planned),
     memory_utilization: Option<f64>,
 ) -> PoolConfig {

@@ -69,8 +69,9 @@ pub(crate) struct Recipe {
     pub decode: Server,
     /// The pools as they really ran, where the row's labels were placeholders (InferenceX's
     /// December 2025 configuration: "tp, ep, and dp-attn do nothing because they are
-    /// hardcoded"; its low-latency GB200 servers ran at TP4, its DEP servers with EP over
-    /// every rank); `None`: as labelled.
+    /// hardcoded"; its low-latency servers and its 8k/1k max-throughput prefill servers ran
+    /// at TP4, and its DEP servers, mid-curve prefill and DP32 decode, with their experts
+    /// over every rank where the rows say EP1); `None`: as labelled.
     pub layouts: Option<[Layout; 2]>,
 }
 
@@ -294,9 +295,11 @@ const ENTRIES: &[Entry] = &[
 ];
 
 /// The recipe a disaggregated SGLang row of DeepSeek ran, matched by its GPU, version,
-/// weights' format, prompt length and labelled pools; `None` when none matches.
+/// weights' format, prompt length and labelled pools; `None` when none matches. Every
+/// recipe is a 1k/1k or 8k/1k one: a row with other outputs matches none.
 pub(crate) fn find(row: &AggregateRow, labelled: [Layout; 2]) -> Option<&'static Recipe> {
-    if row.backend != "sglang" || !row.model.starts_with("deepseek-ai/DeepSeek") {
+    if row.backend != "sglang" || !row.model.starts_with("deepseek-ai/DeepSeek") || row.osl != 1024
+    {
         return None;
     }
     ENTRIES
@@ -329,7 +332,8 @@ mod tests {
         let s = b200_fp8_stp_maxtpt("x", 128);
         assert_eq!(s.prefill.rank_chunk(8), Some(8192));
         assert_eq!(s.prefill.rank_max_running(8), Some(1));
-        assert_eq!(s.decode.rank_max_running(16), Some(8));
+        // Its two DEP8 decode servers: 128 requests each, 16 a rank.
+        assert_eq!(s.decode.rank_max_running(8), Some(16));
         // A TP server keeps the whole chunk; a decode server with no chunk setting has none.
         assert_eq!(GB200_FP4_8K_LOW.prefill.rank_chunk(1), Some(24_576));
         assert_eq!(B200_FP8_DEP8.decode.rank_chunk(8), None);

@@ -372,7 +372,7 @@ pub(crate) fn layout(row: &Parallelism, moe: bool) -> Result<(u32, u32, u32), St
 ///   runs whenever a waiting request is admitted (prefill first), up to 8,192 tokens
 ///   (`chunked_prefill_size`); admission by its new-token-ratio estimate. Its memory
 ///   fraction depends on the version and the launch: [`sglang_mem_fraction_static`], set
-///   where the row's settings are known (a disaggregated row's pools: its recipe's).
+///   where the row's settings are known (a disaggregated row's pools: its recipe's, else 0.82).
 /// - TensorRT-LLM (PyTorch backend): context and generation requests in one step up to
 ///   `max_num_tokens` 8,192; `GUARANTEED_NO_EVICT` reserves prompt + output at admission;
 ///   the KV cache takes 0.9 of the memory weights and activations leave (set in
