@@ -962,20 +962,26 @@ fn simulate(
         Ok(v) => v,
         Err(e) => return Ok(Err(e.msg)),
     };
-    if row.backend == "trtllm" {
+    // The plan again at the share that gives the engine's own KV cache.
+    let share = match row.backend.as_str() {
         // TensorRT-LLM gives the KV cache its free fraction (0.9 by default) of what
         // weights and activations leave: the same plan with `f + (1 - f) x (weights +
         // activations) / memory` of the GPU. aiconfigurator's deployments leave it what its
         // own model of them does.
-        let reserved = (row.client == BenchClient::Aiperf).then(|| aiconfigurator_reserve(p.tp));
-        cfg.engine.gpu_memory_utilization =
-            trtllm_memory_share_of(&v.memory, trtllm_free_fraction(row, p), reserved);
-        v = match scn.resolve_config(&row.id, cfg) {
-            Ok(v) => v,
-            Err(e) => return Ok(Err(e.msg)),
-        };
-    } else if row.backend == "sglang" {
-        cfg.engine.gpu_memory_utilization = sglang_memory_share(&v.memory);
+        "trtllm" => {
+            let reserved =
+                (row.client == BenchClient::Aiperf).then(|| aiconfigurator_reserve(p.tp));
+            Some(trtllm_memory_share_of(
+                &v.memory,
+                trtllm_free_fraction(row, p),
+                reserved,
+            ))
+        }
+        "sglang" => Some(sglang_memory_share(&v.memory)),
+        _ => None,
+    };
+    if let Some(share) = share {
+        cfg.engine.gpu_memory_utilization = share;
         v = match scn.resolve_config(&row.id, cfg) {
             Ok(v) => v,
             Err(e) => return Ok(Err(e.msg)),
