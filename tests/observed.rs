@@ -407,6 +407,21 @@ fn bad_speculative_files_name_the_line_and_field() {
     assert_eq!(marked, [(id, 2)]);
 }
 
+/// The disaggregated rows of `file` (which holds `rows` rows) replayed as fleets under the
+/// default cost model: the checks and the skipped rows by reason.
+fn replay_fleets(
+    file: &str,
+    rows: usize,
+) -> (
+    Vec<sim::cost_model::validation::silicon::SiliconCheck>,
+    sim::cost_model::validation::silicon::Skipped,
+) {
+    let read = observed::silicon::read(Path::new(file)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(read.len(), rows);
+    sim::cost_model::validation::disagg::disagg_checks(&read, &|_| Default::default())
+        .expect("replayed")
+}
+
 /// A disaggregated deployment replayed as the fleet it ran as (DeepSeek-R1 in NVFP4 on
 /// B200: one prefill worker of 4 attention-DP ranks, five decode workers of 8 GPUs), at 10 and
 /// 90 clients. Nothing was fitted to these rows: at 10 clients the replay is within 25% of
@@ -416,11 +431,7 @@ fn bad_speculative_files_name_the_line_and_field() {
 /// fleet check's.
 #[test]
 fn disaggregated_rows_replay_as_fleets() {
-    use sim::cost_model::validation::disagg::disagg_checks;
-    let rows = observed::silicon::read(Path::new("tests/data/observed/silicon-disagg.csv"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(rows.len(), 4);
-    let (checks, skipped) = disagg_checks(&rows, &|_| Default::default()).expect("replayed");
+    let (checks, skipped) = replay_fleets("tests/data/observed/silicon-disagg.csv", 4);
     assert_eq!(checks.len(), 2, "{skipped:?}");
     assert_eq!(skipped.len(), 1, "{skipped:?}");
     assert!(skipped[0].0.contains("worker counts"), "{skipped:?}");
@@ -459,11 +470,7 @@ fn disaggregated_rows_replay_as_fleets() {
 /// 8% and 20% short).
 #[test]
 fn disaggregated_sglang_rows_run_their_recipes() {
-    use sim::cost_model::validation::disagg::disagg_checks;
-    let rows = observed::silicon::read(Path::new("tests/data/observed/silicon-disagg-sglang.csv"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(rows.len(), 2);
-    let (checks, skipped) = disagg_checks(&rows, &|_| Default::default()).expect("replayed");
+    let (checks, skipped) = replay_fleets("tests/data/observed/silicon-disagg-sglang.csv", 2);
     assert_eq!(checks.len(), 2, "{skipped:?}");
     for c in &checks {
         assert!(

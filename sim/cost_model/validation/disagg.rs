@@ -14,7 +14,7 @@
 //!
 //! In: the CSV's rows. Out: one [`SiliconCheck`] per replayed row, and the skipped counts.
 
-use super::sglang_recipes::{Layout, Recipe};
+use super::sglang_recipes::{Layout, Recipe, Server};
 use super::silicon::{
     base_config, catalog_of, check_rows, engine_defaults, layout, run_quietly, sglang_memory_share,
     trtllm_memory_share, EngineCost, SiliconCheck, Skipped,
@@ -44,6 +44,22 @@ struct Planned {
     clients: u32,
     /// The recipe an SGLang row ran ([`super::sglang_recipes`]).
     recipe: Option<&'static Recipe>,
+}
+
+impl Planned {
+    /// The recipe's server for `role`'s pool, where an SGLang recipe matched.
+    fn server(&self, role: Role) -> Option<Server> {
+        self.recipe.map(|r| match role {
+            Role::Prefill => r.prefill,
+            _ => r.decode,
+        })
+    }
+
+    /// SGLang's `mem-fraction-static` for `role`'s pool: its recipe's, else the common value.
+    fn sglang_fraction(&self, role: Role) -> f64 {
+        self.server(role)
+            .map_or(SGLANG_DISAGG_MEM_FRACTION, |s| s.mem_fraction)
+    }
 }
 
 /// What a disaggregated row resolves to, or why it is not replayed.
@@ -122,16 +138,13 @@ fn pool(
     }
     let mut e = crate::scenario::EngineConfig::default();
     engine_defaults(&mut e, &row.backend);
-    let server = p.recipe.map(|r| match role {
-        Role::Prefill => r.prefill,
-        _ => r.decode,
-    });
+    let server = p.server(role);
     if row.backend == "sglang" {
         // Every recipe InferenceX ran its disaggregated SGLang rows with sets
         // `mem-fraction-static` (0.6-0.95); SGLang's own heuristic
         // ([`super::silicon::sglang_mem_fraction_static`]) would leave a DP32 decode rank
         // almost nothing.
-        e.gpu_memory_utilization = server.map_or(SGLANG_DISAGG_MEM_FRACTION, |s| s.mem_fraction);
+        e.gpu_memory_utilization = p.sglang_fraction(role);
     }
     let mut engine = toml::Table::new();
     let util = memory_utilization.unwrap_or(e.gpu_memory_utilization);
@@ -208,9 +221,7 @@ fn resolve(
     }
     if row.backend == "sglang" {
         // The decode pool's fraction: the whole configuration resolves on its layout.
-        cfg.engine.gpu_memory_utilization = p
-            .recipe
-            .map_or(SGLANG_DISAGG_MEM_FRACTION, |r| r.decode.mem_fraction);
+        cfg.engine.gpu_memory_utilization = p.sglang_fraction(Role::Decode);
     }
     if cfg.engine.scheduler == engine::scheduler::SchedulerKind::Continuous {
         cfg.engine.max_num_batched_tokens = Some(8192.max(row.isl + row.osl));
