@@ -764,9 +764,52 @@ impl Slots {
     }
 }
 
-/// How long moving a prompt's KV takes: `(from replica, to replica, tokens)` -> `(bytes,
-/// duration)`.
-pub type TransferTime<'a> = &'a dyn Fn(usize, usize, u32) -> (f64, Nanos);
+/// How long moving a prompt's KV takes: `(from replica, to replica, tokens)` -> its
+/// [`TransferCost`].
+pub type TransferTime<'a> = &'a dyn Fn(usize, usize, u32) -> TransferCost;
+
+/// A prompt's KV move between two replicas: the bytes each GPU sends, how long they hold
+/// the links, and the fixed cost on top (connection set-up, completion notice), which
+/// does not.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TransferCost {
+    /// Bytes over one GPU's link.
+    pub bytes: f64,
+    /// Time the bytes take at the link's bandwidth.
+    pub wire: Nanos,
+    /// Fixed cost after the bytes.
+    pub latency: Nanos,
+}
+
+/// The links KV moves over: each replica's send and receive side (its GPUs' links, each
+/// GPU sending or receiving its own shard). A transfer holds its prefill replica's send
+/// side and its decode replica's receive side for its bytes' time, starting when both
+/// are free (first come, first served), so transfers that end together on one replica
+/// queue rather than each taking the whole bandwidth.
+#[derive(Debug, Clone, Default)]
+struct Links {
+    send_free: Vec<Nanos>,
+    recv_free: Vec<Nanos>,
+}
+
+impl Links {
+    fn new(replicas: usize) -> Self {
+        Links {
+            send_free: vec![0; replicas],
+            recv_free: vec![0; replicas],
+        }
+    }
+
+    /// Books a transfer ready at `now` from `from` to `to`: when its bytes start to move,
+    /// and when it arrives.
+    fn book(&mut self, now: Nanos, from: usize, to: usize, c: TransferCost) -> (Nanos, Nanos) {
+        let start = now.max(self.send_free[from]).max(self.recv_free[to]);
+        let sent = start.saturating_add(c.wire);
+        self.send_free[from] = sent;
+        self.recv_free[to] = sent;
+        (start, sent.saturating_add(c.latency))
+    }
+}
 
 /// A fleet's front: its router, and the time KV takes between replicas (prefill/decode
 /// disaggregation).
@@ -794,8 +837,11 @@ pub struct Transfer {
     /// Bytes moved over one GPU's link (each GPU sends its own shard; the larger shard of
     /// the two pools' layouts).
     pub bytes: f64,
-    /// When the prefill finished and the transfer began.
+    /// When the prefill finished (the transfer was ready).
     pub start: Nanos,
+    /// When its bytes began to move: after `start` by the wait for the links (see
+    /// [`Links`]).
+    pub wire_start: Nanos,
     /// When the KV arrived (the decode replica admits the request then).
     pub end: Nanos,
 }
@@ -929,6 +975,7 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
         Some(f) => (Some(f.router), Some(f.transfer)),
         None => (None, None),
     };
+    let mut links = Links::new(n);
     // Disaggregated requests between arrival and decode (only live ones).
     let mut tickets: rustc_hash::FxHashMap<SeqId, Ticket> = rustc_hash::FxHashMap::default();
     let refresh_ns = router.as_ref().map_or(0, |r| r.refresh_ns());
@@ -1058,16 +1105,17 @@ pub async fn run_fleet<E: EngineHandle, R: RouterHandle>(
                                 sink.prefilled(r, &rec)?;
                                 stats.replicas[r].ended += 1;
                                 let tokens = t.request.prompt_len;
-                                let (bytes, ns) =
-                                    transfer.map_or((0.0, 0), |f| f(r, t.decode, tokens));
-                                let end = now.saturating_add(ns);
+                                let cost = transfer
+                                    .map_or(TransferCost::default(), |f| f(r, t.decode, tokens));
+                                let (wire_start, end) = links.book(now, r, t.decode, cost);
                                 sink.transfer(&Transfer {
                                     request: id,
                                     from: r,
                                     to: t.decode,
                                     tokens,
-                                    bytes,
+                                    bytes: cost.bytes,
                                     start: now,
+                                    wire_start,
                                     end,
                                 })?;
                                 if let Some(router) = router.as_deref_mut() {
@@ -1515,5 +1563,37 @@ pub fn run_fleet_to_end(
                 .await
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Links, TransferCost};
+
+    fn cost(wire: u64, latency: u64) -> TransferCost {
+        TransferCost {
+            bytes: 1.0,
+            wire,
+            latency,
+        }
+    }
+
+    /// Transfers from one sender queue for its link; the fixed latency does not hold it;
+    /// a receiver busy with another sender's bytes delays a transfer too; disjoint pairs
+    /// do not wait on each other.
+    #[test]
+    fn links_queue_transfers_that_share_a_side() {
+        let mut l = Links::new(4);
+        assert_eq!(l.book(100, 0, 2, cost(50, 7)), (100, 157));
+        // Same sender, other receiver: waits for the first's bytes, not its latency.
+        assert_eq!(l.book(100, 0, 3, cost(50, 7)), (150, 207));
+        // Other sender, first receiver (free since 150).
+        assert_eq!(l.book(120, 1, 2, cost(10, 0)), (150, 160));
+        // A pair nobody used runs at once.
+        let mut l = Links::new(4);
+        l.book(0, 0, 1, cost(1_000, 0));
+        assert_eq!(l.book(5, 2, 3, cost(10, 0)), (5, 15));
+        // A late transfer finds the links free.
+        assert_eq!(l.book(2_000, 0, 1, cost(10, 3)), (2_000, 2_013));
     }
 }

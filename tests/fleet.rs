@@ -505,3 +505,105 @@ output = { dist = "fixed", value = 128 }
         );
     }
 }
+
+/// KV transfers share their replicas' links: one prefill replica whose prompts finish
+/// together sends their KV one after another over its link (and a decode replica receives
+/// one at a time), each taking `bytes / bandwidth` of it, the fixed latency after that.
+/// On a slow link the transfers queue, and `transfers.csv` records the wait.
+#[test]
+fn kv_transfers_queue_on_shared_links() {
+    let temp = tmp();
+    let dir = temp.path();
+    let mut text = fleet_text(
+        &[
+            ("d".into(), 2, 4000, "decode"),
+            ("p".into(), 1, 4000, "prefill"),
+        ],
+        "round-robin",
+        0.0,
+        40,
+        400.0,
+    );
+    // Llama-3-8B: 128 KiB of KV a token; up to 300-token prompts are up to 39 MB, most of a
+    // second at 50 MB/s.
+    text.push_str("[cluster.disaggregation]\nbandwidth_gbs = 0.05\nlatency_us = 10\n");
+    let path = dir.join("links.toml");
+    std::fs::write(&path, &text).expect("write");
+    let scn = Scenario::load(&path, None).expect("loads");
+    let out = dir.join("out");
+    let opts = RunOptions {
+        out_dir: Some(out.clone()),
+        driver: DriverKind::Inline,
+        ..RunOptions::default()
+    };
+    run_scenario(&scn, &opts).expect("runs");
+    let mut r = csv::Reader::from_path(out.join("base").join("transfers.csv")).expect("csv");
+    let h = r.headers().expect("header").clone();
+    let col = |name: &str| h.iter().position(|c| c == name).expect(name);
+    let (from, to, bytes, start, end, wait) = (
+        col("prefill_replica"),
+        col("decode_replica"),
+        col("bytes"),
+        col("start_s"),
+        col("end_s"),
+        col("link_wait_ms"),
+    );
+    // (sender, receiver, wire start s, wire seconds, end s, wait s)
+    let mut moves: Vec<(String, String, f64, f64, f64, f64)> = r
+        .records()
+        .map(|rec| {
+            let rec = rec.expect("row");
+            let f = |i: usize| rec[i].parse::<f64>().expect("number");
+            let wire_start = f(start) + f(wait) / 1e3;
+            (
+                rec[from].to_string(),
+                rec[to].to_string(),
+                wire_start,
+                f(bytes) / 0.05e9,
+                f(end),
+                f(wait) / 1e3,
+            )
+        })
+        .collect();
+    assert_eq!(moves.len(), 40);
+    let tol = 3e-9;
+    for m in &moves {
+        assert!(
+            (m.4 - (m.2 + m.3 + 10e-6)).abs() < tol,
+            "end {} is not wire start {} + {} s + 10 us",
+            m.4,
+            m.2,
+            m.3
+        );
+    }
+    assert!(
+        moves.iter().filter(|m| m.5 > 0.0).count() > 10,
+        "too few transfers waited for a link"
+    );
+    moves.sort_by(|a, b| a.2.total_cmp(&b.2));
+    // No two transfers on one sender's or one receiver's link at once.
+    for side in [0, 1] {
+        let mut free: std::collections::HashMap<String, f64> = Default::default();
+        for m in &moves {
+            let link = if side == 0 { &m.0 } else { &m.1 };
+            let f = free.entry(link.clone()).or_insert(0.0);
+            assert!(
+                m.2 + tol >= *f,
+                "{link}: a transfer began before the last one's bytes"
+            );
+            *f = m.2 + m.3;
+        }
+    }
+    // One prefill replica sent everything: its link was busy for every transfer's bytes.
+    let (first, last) = (
+        moves[0].2,
+        moves.iter().map(|m| m.2 + m.3).fold(0.0, f64::max),
+    );
+    let busy: f64 = moves.iter().map(|m| m.3).sum();
+    assert!(
+        last - first + tol >= busy,
+        "{} s of bytes in {} s",
+        busy,
+        last - first
+    );
+}

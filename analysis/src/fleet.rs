@@ -131,6 +131,10 @@ pub struct FleetSummary {
     pub mean_kv_transfer_ms: f64,
     /// The longest (ms).
     pub max_kv_transfer_ms: f64,
+    /// Of the mean transfer time, the wait for the prefill replica's and the decode
+    /// replica's links (ms): transfers that meet on a link go one after another.
+    #[serde(default)]
+    pub mean_kv_link_wait_ms: f64,
     /// GB moved per GPU link, summed over transfers.
     pub kv_transfer_gb: f64,
     /// The pools.
@@ -186,6 +190,7 @@ impl FleetSummary {
             kv_transfers: 0,
             mean_kv_transfer_ms: 0.0,
             max_kv_transfer_ms: 0.0,
+            mean_kv_link_wait_ms: 0.0,
             kv_transfer_gb: 0.0,
             pools,
         }

@@ -21,7 +21,7 @@ use engine::request::Nanos;
 use indicatif::ProgressBar;
 
 use super::{engine_parts, io_err, BackendKind, VariantResult};
-use crate::driver::{run_fleet_to_end, DriverKind, Records, RunStats, Transfer};
+use crate::driver::{run_fleet_to_end, DriverKind, Records, RunStats, Transfer, TransferCost};
 use crate::router::{Decision, Router};
 use crate::scenario::cluster::Fleet;
 use crate::scenario::{Scenario, Variant};
@@ -44,7 +44,7 @@ const ROUTES_HEADER: [&str; 11] = [
 ];
 
 /// `transfers.csv`'s columns.
-const TRANSFERS_HEADER: [&str; 8] = [
+const TRANSFERS_HEADER: [&str; 9] = [
     "request_id",
     "prefill_replica",
     "decode_replica",
@@ -53,6 +53,7 @@ const TRANSFERS_HEADER: [&str; 8] = [
     "start_s",
     "end_s",
     "transfer_ms",
+    "link_wait_ms",
 ];
 
 /// The fleet's records, split three ways (the fleet, each pool, each replica), and the
@@ -75,6 +76,7 @@ struct FleetSink {
 struct TransferStats {
     count: u64,
     sum_ms: f64,
+    wait_ms: f64,
     max_ms: f64,
     bytes: f64,
 }
@@ -108,6 +110,7 @@ impl Records for FleetSink {
         let st = &mut self.transfer_stats;
         st.count += 1;
         st.sum_ms += ms;
+        st.wait_ms += (t.wire_start - t.start) as f64 / 1e6;
         st.max_ms = st.max_ms.max(ms);
         st.bytes += t.bytes;
         self.routed[t.to] += 1;
@@ -123,6 +126,7 @@ impl Records for FleetSink {
             format!("{:.9}", t.start as f64 / 1e9),
             format!("{:.9}", t.end as f64 / 1e9),
             format!("{ms:.6}"),
+            format!("{:.6}", (t.wire_start - t.start) as f64 / 1e6),
         ])
         .map_err(|e| AnalysisError::csv(path.as_path(), e))
     }
@@ -240,7 +244,8 @@ pub(super) fn run_fleet_variant(
     }
     let router = Router::new(&fleet.config, &fleet.replica_roles(), scenario.seed);
     // A prompt's KV between two replicas: each GPU sends its shard over its own link (the
-    // larger shard of the two pools' layouts sets the time).
+    // larger shard of the two pools' layouts sets the time); the driver queues transfers
+    // that meet on a replica's link.
     let pool_of = sink.pool_of.clone();
     let transfer = |from: usize, to: usize, tokens: u32| {
         let (a, b) = (&fleet.pools[pool_of[from]], &fleet.pools[pool_of[to]]);
@@ -251,11 +256,13 @@ pub(super) fn run_fleet_variant(
             .max(b.engine.memory.kv_bytes_per_token);
         let bytes = f64::from(tokens) * per_token;
         let (bw, latency) = fleet.link(a, b);
-        // A bandwidth a user set absurdly low saturates rather than overflows the clock.
-        (
+        // A bandwidth a user set absurdly low saturates rather than overflows the clock
+        // (a float-to-integer cast saturates).
+        TransferCost {
             bytes,
-            latency.saturating_add((bytes / bw * 1e9).round() as Nanos),
-        )
+            wire: (bytes / bw * 1e9).round() as Nanos,
+            latency,
+        }
     };
     let client = crate::driver::Client {
         frontend_ns: variant.config.cost.request_overhead_ns(),
@@ -398,6 +405,7 @@ pub(super) fn run_fleet_variant(
         fleet_summary.kv_transfers = t.count;
         fleet_summary.mean_kv_transfer_ms = t.sum_ms / t.count as f64;
         fleet_summary.max_kv_transfer_ms = t.max_ms;
+        fleet_summary.mean_kv_link_wait_ms = t.wait_ms / t.count as f64;
         fleet_summary.kv_transfer_gb = t.bytes / 1e9;
     }
     let warnings = warnings(variant, &summary, &total, &replica_rows, &workload);

@@ -103,13 +103,16 @@ pub fn fleet_section(variants: &[VariantData]) -> String {
             ("prefix cache hit rate", |f| {
                 format!("{:.1}%", 100.0 * f.prefix_cache_hit_rate)
             }),
-            ("KV transfers (mean / max ms)", |f| {
+            ("KV transfers (mean / max ms; mean link wait ms)", |f| {
                 if f.kv_transfers == 0 {
                     "-".into()
                 } else {
                     format!(
-                        "{} ({:.2} / {:.2})",
-                        f.kv_transfers, f.mean_kv_transfer_ms, f.max_kv_transfer_ms
+                        "{} ({:.2} / {:.2}; {:.2})",
+                        f.kv_transfers,
+                        f.mean_kv_transfer_ms,
+                        f.max_kv_transfer_ms,
+                        f.mean_kv_link_wait_ms
                     )
                 }
             }),
