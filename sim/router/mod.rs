@@ -16,6 +16,7 @@ mod least_outstanding;
 mod power_of_two;
 mod prefix_aware;
 mod prefix_index;
+mod random;
 mod round_robin;
 mod session_affinity;
 mod shortest_queue;
@@ -92,10 +93,16 @@ pub trait RoutingPolicy: Send {
     fn choose(&mut self, req: &Request, views: &[ReplicaView], rng: &mut ChaCha8Rng) -> Choice;
 }
 
-/// The policy a scenario names.
+/// The policy a scenario names (`cluster.routing`).
 pub fn policy(cfg: &ClusterConfig, replicas: usize) -> Box<dyn RoutingPolicy> {
-    match cfg.routing {
+    policy_of(cfg.routing, cfg, replicas)
+}
+
+/// Policy `kind` over `replicas`, with `cfg`'s scorers and prefix index.
+fn policy_of(kind: RoutingKind, cfg: &ClusterConfig, replicas: usize) -> Box<dyn RoutingPolicy> {
+    match kind {
         RoutingKind::RoundRobin => Box::new(round_robin::RoundRobin::default()),
+        RoutingKind::Random => Box::new(random::Random),
         RoutingKind::LeastOutstanding => Box::new(least_outstanding::LeastOutstanding),
         RoutingKind::ShortestQueue => Box::new(shortest_queue::ShortestQueue),
         RoutingKind::PowerOfTwo => Box::new(power_of_two::PowerOfTwo),
@@ -232,7 +239,8 @@ pub struct Router {
 impl Router {
     /// A router over replicas of these roles, as `cfg` says, its random draws seeded by
     /// `seed`. With prefill and decode replicas, a request goes first to a prefill replica
-    /// and then to a decode replica, each picked by its own instance of the policy.
+    /// and then to a decode replica, each picked by its own instance of the policy (the
+    /// decode stage's own, `cluster.disaggregation.decode_routing`, where set).
     pub fn new(cfg: &ClusterConfig, roles: &[Role], seed: u64) -> Self {
         let replicas = roles.len().max(1);
         let of = |r: Role| -> Vec<usize> { (0..roles.len()).filter(|&i| roles[i] == r).collect() };
@@ -245,7 +253,11 @@ impl Router {
                     members: Some(prefill),
                 },
                 Some(Stage {
-                    policy: policy(cfg, decode.len()),
+                    policy: policy_of(
+                        cfg.disaggregation.decode_routing.unwrap_or(cfg.routing),
+                        cfg,
+                        decode.len(),
+                    ),
                     members: Some(decode),
                 }),
             )
@@ -427,6 +439,26 @@ mod tests {
         assert_eq!(r.in_flight(), 5);
     }
 
+    /// Uniform draws, whatever the load: over 4,000 requests each of 4 replicas gets its
+    /// quarter within 5 standard deviations (sqrt(4000 x 1/4 x 3/4) = 27), and the same seed
+    /// draws the same replicas.
+    #[test]
+    fn random_spreads_uniformly_and_repeats_with_its_seed() {
+        let picks = |seed| {
+            let mut r = Router::new(&cfg(RoutingKind::Random), &[Role::Mixed; 4], seed);
+            (0..4000)
+                .map(|i| r.route(&Request::new(i, 0, 10, 5), 0).unwrap().replica)
+                .collect::<Vec<_>>()
+        };
+        let a = picks(7);
+        for k in 0..4 {
+            let n = a.iter().filter(|&&x| x == k).count() as f64;
+            assert!((n - 1000.0).abs() < 5.0 * 27.4, "replica {k}: {n}");
+        }
+        assert_eq!(a, picks(7));
+        assert_ne!(a, picks(8));
+    }
+
     #[test]
     fn least_outstanding_fills_the_emptiest() {
         let mut r = Router::new(&cfg(RoutingKind::LeastOutstanding), &[Role::Mixed; 3], 1);
@@ -516,6 +548,32 @@ mod tests {
         assert!(r.handoff(0, 1, 0).is_err(), "already handed off");
         r.ended(0, 0).unwrap();
         assert_eq!(r.in_flight(), 2);
+    }
+
+    /// `decode_routing` gives the decode stage its own policy: prefill replicas drawn at
+    /// random (both get some of 200 requests, in no fixed order) while decode replicas
+    /// still alternate.
+    #[test]
+    fn the_decode_stage_may_route_by_its_own_policy() {
+        let mut c = cfg(RoutingKind::Random);
+        c.disaggregation.decode_routing = Some(RoutingKind::RoundRobin);
+        let roles = [Role::Prefill, Role::Prefill, Role::Decode, Role::Decode];
+        let mut r = Router::new(&c, &roles, 3);
+        let picks: Vec<(usize, Option<usize>)> = (0..200)
+            .map(|i| {
+                let d = r.route(&Request::new(i, 0, 500, 5), 0).unwrap();
+                (d.replica, d.decode)
+            })
+            .collect();
+        let decodes: Vec<usize> = picks.iter().map(|p| p.1.unwrap()).collect();
+        assert!(decodes.chunks(2).all(|c| c == [2, 3]), "decode in turn");
+        let firsts = picks.iter().filter(|p| p.0 == 0).count();
+        assert!(
+            (60..140).contains(&firsts),
+            "prefill at random: {firsts} of 200 on 0"
+        );
+        let alternating = picks.windows(2).all(|w| w[0].0 != w[1].0);
+        assert!(!alternating, "prefill replicas not in turn");
     }
 
     #[test]

@@ -36,6 +36,9 @@ pub enum RoutingKind {
     /// Replicas in turn (Vidur's and Kubernetes Services' default).
     #[default]
     RoundRobin,
+    /// A replica drawn uniformly at random (Vidur's `random`; SGLang's attention-DP ranks
+    /// in prefill/decode disaggregation, chosen by a random bootstrap room).
+    Random,
     /// Fewest requests in flight (the router's own count; Vidur's `lor`).
     LeastOutstanding,
     /// Join the shortest queue by tokens: fewest prompt + output tokens in flight.
@@ -54,6 +57,7 @@ impl RoutingKind {
     pub fn as_str(self) -> &'static str {
         match self {
             RoutingKind::RoundRobin => "round-robin",
+            RoutingKind::Random => "random",
             RoutingKind::LeastOutstanding => "least-outstanding",
             RoutingKind::ShortestQueue => "shortest-queue",
             RoutingKind::PowerOfTwo => "power-of-two",
@@ -206,6 +210,11 @@ pub struct DisaggregationConfig {
     /// Fixed cost of a transfer (connection set-up, completion notice), microseconds.
     #[serde(default = "default_latency_us")]
     pub latency_us: f64,
+    /// The decode stage's routing policy (default: `cluster.routing`, as for the prefill
+    /// stage): engines may pick the two differently (SGLang's prefill ranks by a random
+    /// bootstrap room, its decode ranks in turn under `--load-balance-method auto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_routing: Option<RoutingKind>,
 }
 
 fn default_latency_us() -> f64 {
@@ -220,6 +229,7 @@ impl Default for DisaggregationConfig {
             link: Link::Rdma,
             bandwidth_gbs: None,
             latency_us: default_latency_us(),
+            decode_routing: None,
         }
     }
 }

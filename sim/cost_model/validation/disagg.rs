@@ -3,8 +3,9 @@
 //! attention-data and expert parallelism, in the `prefill_*` and `decode_*` columns) is
 //! replayed as the fleet it ran as — a prefill pool and a decode pool of the row's workers,
 //! every attention-DP rank an engine of the fleet (a worker's ranks stepping in lockstep),
-//! round-robin routing (Dynamo's default),
-//! each prompt's KV sent to its decode rank over NVLink when both pools fit in one NVLink
+//! the workers taken in turn (Dynamo's default) with SGLang's prefill servers placing a
+//! request on a random attention-DP rank (its random bootstrap room modulo the ranks),
+//! every other stage its ranks in turn, each prompt's KV sent to its decode rank over NVLink when both pools fit in one NVLink
 //! domain (a GB200 NVL72 rack) and over RDMA otherwise — and its mean TTFT and TPOT set
 //! against the measured ones. The clients, the request stream and each engine's serving
 //! defaults are the aggregated rows' ([`super::silicon`]): the row's `silicon_concurrency`
@@ -230,6 +231,18 @@ fn resolve(
     // pool's layout.
     (_, cfg.hardware.tp, cfg.hardware.dp, cfg.hardware.ep) = p.decode;
     let mut pools = std::collections::BTreeMap::new();
+    // Where a request lands: Dynamo's router takes the workers in turn (its default), and
+    // a worker with attention-DP ranks places it on one of them. SGLang's prefill servers
+    // take rank `bootstrap_room % dp`, the room a random 63-bit number from the frontend
+    // (Dynamo's and SGLang's `_generate_bootstrap_room`): a random rank, so the lockstep
+    // ranks of a prefill server are unevenly loaded, and the busiest sets the step. Its
+    // decode servers, and TensorRT-LLM's ranks (attention-DP balancing), take them in
+    // turn. One draw over every rank of the pool stands for both levels.
+    let prefill_routing = if row.backend == "sglang" {
+        RoutingKind::Random
+    } else {
+        RoutingKind::RoundRobin
+    };
     pools.insert(
         "prefill".to_string(),
         pool(Role::Prefill, p.prefill, (row, p), memory[0]),
@@ -239,13 +252,14 @@ fn resolve(
         pool(Role::Decode, p.decode, (row, p), memory[1]),
     );
     cfg.cluster = Some(ClusterConfig {
-        routing: RoutingKind::RoundRobin,
+        routing: prefill_routing,
         refresh_ms: 50.0,
         scorers: ScorerWeights::default(),
         prefix_index: PrefixIndexConfig::default(),
         usd_per_gpu_hour: None,
         disaggregation: DisaggregationConfig {
             link: p.link,
+            decode_routing: Some(RoutingKind::RoundRobin),
             ..DisaggregationConfig::default()
         },
         pools,
