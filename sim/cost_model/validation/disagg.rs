@@ -5,8 +5,9 @@
 //! every attention-DP rank an engine of the fleet (a worker's ranks stepping in lockstep),
 //! the workers taken in turn (Dynamo's default) with SGLang's prefill servers placing a
 //! request on a random attention-DP rank (its random bootstrap room modulo the ranks),
-//! every other stage its ranks in turn, each prompt's KV sent to its decode rank over NVLink when both pools fit in one NVLink
-//! domain (a GB200 NVL72 rack) and over RDMA otherwise — and its mean TTFT and TPOT set
+//! every other stage its ranks in turn, each prompt's KV sent to its decode rank over
+//! NVLink when both pools fit in one NVLink domain (a GB200 NVL72 rack) and over RDMA
+//! otherwise — and its mean TTFT and TPOT set
 //! against the measured ones. The clients, the request stream and each engine's serving
 //! defaults are the aggregated rows' ([`super::silicon`]): the row's `silicon_concurrency`
 //! clients in a closed loop (or the `_c<N>_` its id names), InferenceX's lengths uniform in
